@@ -1,0 +1,100 @@
+"""LoRA adapter aggregation (weighted mean of every tensor, A and B separately, as the PubSwap paper does), robust
+variants (coordinate-wise median, trimmed mean, update-norm clipping) and parameter-space drift. Pure numpy."""
+
+from __future__ import annotations
+
+from itertools import combinations
+from typing import Sequence
+
+import numpy as np
+
+Adapter = dict[str, np.ndarray]
+
+
+class AggregationError(ValueError):
+    """Adapters cannot be combined (no inputs, key or shape mismatch, bad weights)."""
+
+
+def _check(adapters: Sequence[Adapter], weights: Sequence[float] | None = None) -> list[str]:
+    if not adapters:
+        raise AggregationError("no adapters to aggregate")
+    keys = sorted(adapters[0])
+    for i, adapter in enumerate(adapters[1:], start=1):
+        if sorted(adapter) != keys:
+            raise AggregationError(f"adapter {i} has different tensor keys")
+        for key in keys:
+            if adapter[key].shape != adapters[0][key].shape:
+                raise AggregationError(f"adapter {i}: {key} has shape {adapter[key].shape}, "
+                                       f"expected {adapters[0][key].shape}")
+    if weights is not None:
+        if len(weights) != len(adapters):
+            raise AggregationError(f"{len(weights)} weights for {len(adapters)} adapters")
+        if any(w < 0 or not np.isfinite(w) for w in weights) or sum(weights) <= 0:
+            raise AggregationError(f"weights must be finite, >= 0 and not all 0: {list(weights)}")
+    return keys
+
+
+def weighted_mean(adapters: Sequence[Adapter], weights: Sequence[float]) -> Adapter:
+    """Σ w_i·x_i / Σ w_i per tensor, in fp32 (inputs may be fp16)."""
+    keys = _check(adapters, weights)
+    w = np.asarray(weights, dtype=np.float64)
+    w = w / w.sum()
+    return {k: np.sum([wi * a[k].astype(np.float64) for wi, a in zip(w, adapters)], axis=0).astype(np.float32)
+            for k in keys}
+
+
+def coordinate_median(adapters: Sequence[Adapter]) -> Adapter:
+    keys = _check(adapters)
+    return {k: np.median(np.stack([a[k].astype(np.float32) for a in adapters]), axis=0) for k in keys}
+
+
+def trimmed_mean(adapters: Sequence[Adapter], trim_fraction: float) -> Adapter:
+    """Per coordinate, drop the floor(trim·n) largest and smallest values, average the rest."""
+    keys = _check(adapters)
+    n = len(adapters)
+    cut = int(trim_fraction * n)
+    if n - 2 * cut < 1:
+        raise AggregationError(f"trim fraction {trim_fraction} leaves no values from {n} adapters")
+    out = {}
+    for k in keys:
+        stacked = np.sort(np.stack([a[k].astype(np.float32) for a in adapters]), axis=0)
+        out[k] = stacked[cut:n - cut].mean(axis=0)
+    return out
+
+
+def update_norm(adapter: Adapter, reference: Adapter) -> float:
+    return float(np.sqrt(sum(np.sum((adapter[k].astype(np.float64) - reference[k]) ** 2) for k in reference)))
+
+
+def clip_update(adapter: Adapter, reference: Adapter, max_norm: float) -> Adapter:
+    """Scale the update (adapter − reference) down to `max_norm` when it is longer."""
+    norm = update_norm(adapter, reference)
+    if max_norm <= 0 or norm <= max_norm:
+        return {k: v.astype(np.float32) for k, v in adapter.items()}
+    scale = max_norm / norm
+    return {k: (reference[k] + scale * (adapter[k].astype(np.float32) - reference[k])).astype(np.float32)
+            for k in reference}
+
+
+def aggregate(adapters: Sequence[Adapter], weights: Sequence[float], *, method: str = "mean",
+              trim_fraction: float = 0.2, reference: Adapter | None = None, clip_norm: float = 0.0) -> Adapter:
+    """Combine client adapters with `method` ("mean" | "median" | "trimmed-mean"), clipping updates first."""
+    if clip_norm > 0:
+        if reference is None:
+            raise AggregationError("update clipping needs the reference (global) adapter")
+        adapters = [clip_update(a, reference, clip_norm) for a in adapters]
+    if method == "mean":
+        return weighted_mean(adapters, weights)
+    if method == "median":
+        return coordinate_median(adapters)
+    if method == "trimmed-mean":
+        return trimmed_mean(adapters, trim_fraction)
+    raise AggregationError(f"unknown aggregation {method!r}")
+
+
+def mean_pairwise_l2(adapters: Sequence[Adapter]) -> float:
+    """Parameter-space drift: mean L2 distance over client pairs (0 for fewer than two)."""
+    if len(adapters) < 2:
+        return 0.0
+    return float(np.mean([update_norm(a, {k: v.astype(np.float64) for k, v in b.items()})
+                          for a, b in combinations(adapters, 2)]))

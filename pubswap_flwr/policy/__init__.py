@@ -1,0 +1,94 @@
+"""The policy: a causal LM with a LoRA adapter that samples completions and learns from rollout groups."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from ..rollouts import RolloutGroup
+from ..tasks import PromptFormatter, TaskItem
+from .grpo import GRPOLearner, GRPOSettings, UpdateStats
+from .lora import (LoraSettings, MergedSampling, adapter_state, attach_lora, from_wire, load_adapter_state,
+                   to_wire)
+from .model import ModelError, load_causal_lm, load_tokenizer, resolve_model
+from .sampling import GenerationSettings, Sample, generate
+
+__all__ = [
+    "GRPOSettings",
+    "GenerationSettings",
+    "LoraSettings",
+    "ModelError",
+    "Policy",
+    "PolicySpec",
+    "Sample",
+    "UpdateStats",
+    "from_wire",
+    "to_wire",
+]
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    model_name: str = "embedded:tiny"
+    dtype: str = "float32"
+    lora: LoraSettings = LoraSettings()
+    generation: GenerationSettings = GenerationSettings()
+    grpo: GRPOSettings = GRPOSettings()
+    template: str = "auto"
+
+
+class Policy:
+    """Base model + LoRA adapter + optimizer; samples with the adapter merged and updates with GRPO."""
+
+    def __init__(self, spec: PolicySpec):
+        self.spec = spec
+        self.location = resolve_model(spec.model_name)
+        self.tokenizer = load_tokenizer(self.location)
+        self.model = attach_lora(load_causal_lm(self.location, spec.dtype), spec.lora)
+        self.model.eval()
+        self.sampler = MergedSampling(self.model)
+        self.learner = GRPOLearner(self.model, self.tokenizer, spec.grpo)
+        self.formatter = PromptFormatter(self.tokenizer, spec.template)
+        self.initial_adapter = adapter_state(self.model)
+
+    # -- adapter ---------------------------------------------------------------------------------------------
+    def adapter(self) -> dict[str, torch.Tensor]:
+        return adapter_state(self.model)
+
+    def load_adapter(self, state: dict[str, torch.Tensor]) -> None:
+        load_adapter_state(self.model, state)
+
+    def reset(self) -> None:
+        """Back to the freshly initialised adapter with an empty optimizer (a new node)."""
+        self.load_adapter(self.initial_adapter)
+        self.learner.reset_optimizer()
+
+    # -- sampling --------------------------------------------------------------------------------------------
+    def prompts(self, items: Sequence[TaskItem]) -> list[str]:
+        return [self.formatter(item) for item in items]
+
+    def sample(self, items: Sequence[TaskItem], k: int, *, greedy: bool = False,
+               with_logprobs: bool = True) -> list[list[Sample]]:
+        with self.sampler.merged():
+            return generate(self.model, self.tokenizer, self.prompts(items), num_return=k,
+                            settings=self.spec.generation, greedy=greedy, with_logprobs=with_logprobs)
+
+    # -- learning --------------------------------------------------------------------------------------------
+    def update(self, groups: Sequence[RolloutGroup], proximal_reference: dict[str, torch.Tensor] | None = None,
+               proximal_mu: float | None = None) -> UpdateStats:
+        return self.learner.update(groups, proximal_reference, proximal_mu)
+
+
+_CACHE: dict[PolicySpec, Policy] = {}
+_CACHE_SIZE = 3  # a simulation actor may serve nodes with different models (heterogeneous SAPO swarms)
+
+
+def cached_policy(spec: PolicySpec) -> Policy:
+    """One Policy per spec per process (Flower simulation reuses actors across nodes); load node state on it."""
+    policy = _CACHE.pop(spec, None) or Policy(spec)
+    _CACHE[spec] = policy  # most recently used last
+    while len(_CACHE) > _CACHE_SIZE:
+        _CACHE.pop(next(iter(_CACHE)))
+    return policy

@@ -1,0 +1,287 @@
+"""GRPO/DAPO update on rollout groups from any source, over the LoRA parameters.
+
+Semantics follow TRL 1.16 `GRPOTrainer._compute_loss` (tests/unit/test_grpo_oracle.py checks loss and gradients
+against it): group advantages (r - mean) / (std + 1e-4) with the unbiased std over own + foreign members;
+per-token ratio clipped to [1 - eps_low, 1 + eps_high]; "dapo" normalises the token sum by the number of active
+tokens in the whole batch, "grpo" averages per sequence then over sequences; optional k3 KL to the base model
+(adapter disabled) with TRL's importance-sampling correction. Own samples keep their sampled ids; foreign text is
+re-tokenized locally with EOS appended, then truncated. With one inner iteration the old policy is the current one
+(ratio 1, as in TRL); with more, a no-grad pass scores the old log-probs first. Foreign completions are treated as
+on-policy samples of the local model, as TRL does without vLLM (notes/grpo-peft.md §2.1).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from ..rollouts import RolloutGroup
+
+LOSS_TYPES = ("dapo", "grpo")
+
+
+@dataclass(frozen=True)
+class GRPOSettings:
+    learning_rate: float = 1e-3
+    loss_type: str = "dapo"
+    epsilon_low: float = 0.2
+    epsilon_high: float = 0.28
+    kl_beta: float = 0.0
+    inner_iterations: int = 1
+    micro_batch_size: int = 64
+    max_grad_norm: float = 1.0
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.99
+    temperature: float = 1.0
+    max_prompt_tokens: int = 256
+    max_completion_tokens: int = 16
+    proximal_mu: float = 0.0
+
+
+@dataclass
+class Batch:
+    prompt_ids: torch.Tensor  # (B, P) left-padded
+    prompt_mask: torch.Tensor
+    completion_ids: torch.Tensor  # (B, C) right-padded
+    completion_mask: torch.Tensor
+    rewards: torch.Tensor  # (B,)
+    group_sizes: list[int]
+    foreign: torch.Tensor  # (B,) bool
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        return torch.cat([self.prompt_ids, self.completion_ids], dim=1)
+
+    @property
+    def attention_mask(self) -> torch.Tensor:
+        return torch.cat([self.prompt_mask, self.completion_mask], dim=1)
+
+
+@dataclass
+class UpdateStats:
+    loss: float = 0.0
+    groups: int = 0
+    completions: int = 0
+    foreign_completions: int = 0
+    tokens: int = 0
+    mean_reward: float = 0.0
+    zero_advantage_groups: int = 0
+    clip_low_fraction: float = 0.0
+    clip_high_fraction: float = 0.0
+    kl: float = 0.0
+    proximal: float = 0.0
+    grad_norm: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+    def as_metrics(self, prefix: str = "") -> dict[str, float]:
+        return {f"{prefix}{k}": float(v) for k, v in self.__dict__.items() if k != "extra"}
+
+
+def group_advantages(rewards: torch.Tensor, group_sizes: Sequence[int], eps: float = 1e-4) -> torch.Tensor:
+    """(r - group mean) / (group std + eps) with the unbiased std; a group of one gets advantage 0."""
+    out = torch.zeros_like(rewards, dtype=torch.float32)
+    start = 0
+    for size in group_sizes:
+        group = rewards[start:start + size].float()
+        if size > 1:
+            out[start:start + size] = (group - group.mean()) / (group.std(unbiased=True) + eps)
+        start += size
+    return out
+
+
+def encode_completion(tokenizer, completion, max_tokens: int) -> list[int]:
+    """Own samples: their sampled ids. Foreign text: local ids + EOS, truncated to `max_tokens`."""
+    if completion.token_ids is not None:
+        ids = list(completion.token_ids)
+    else:
+        ids = tokenizer(completion.text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    return ids[:max_tokens]
+
+
+def build_batch(tokenizer, groups: Sequence[RolloutGroup], settings: GRPOSettings) -> Batch:
+    prompts: list[str] = []
+    completions: list[list[int]] = []
+    rewards: list[float] = []
+    foreign: list[bool] = []
+    sizes: list[int] = []
+    for group in groups:
+        sizes.append(len(group.completions))
+        for completion, reward in zip(group.completions, group.rewards):
+            prompts.append(group.prompt)
+            ids = encode_completion(tokenizer, completion, settings.max_completion_tokens)
+            completions.append(ids if ids else [tokenizer.eos_token_id])
+            rewards.append(float(reward))
+            foreign.append(not completion.is_own)
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, truncation=True,
+                    max_length=settings.max_prompt_tokens, add_special_tokens=False)
+    width = max(len(c) for c in completions)
+    pad = tokenizer.pad_token_id
+    comp_ids = torch.full((len(completions), width), pad, dtype=torch.long)
+    comp_mask = torch.zeros((len(completions), width), dtype=torch.long)
+    for row, ids in enumerate(completions):
+        comp_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        comp_mask[row, : len(ids)] = 1
+    return Batch(enc["input_ids"], enc["attention_mask"], comp_ids, comp_mask,
+                 torch.tensor(rewards, dtype=torch.float32), sizes, torch.tensor(foreign))
+
+
+def per_token_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
+                    temperature: float = 1.0) -> torch.Tensor:
+    """Log-prob of each of the last `logits_to_keep` tokens under `model` (B, logits_to_keep)."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=logits_to_keep + 1).logits
+    logits = logits[:, :-1, :].float() / temperature
+    targets = input_ids[:, -logits_to_keep:]
+    return torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
+def clipped_token_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Tensor,
+                       eps_low: float, eps_high: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token -min(r·A, clip(r)·A) and the ratio r = exp(logp - old)."""
+    ratio = torch.exp(logps - old_logps)
+    adv = advantages.unsqueeze(1)
+    clipped = torch.clamp(ratio, 1 - eps_low, 1 + eps_high)
+    return -torch.min(ratio * adv, clipped * adv), ratio
+
+
+def aggregate_loss(per_token: torch.Tensor, mask: torch.Tensor, loss_type: str, total_tokens: float,
+                   total_sequences: int) -> torch.Tensor:
+    """Reduce a micro-batch's per-token loss so that summing micro-batches gives the full-batch loss."""
+    mask = mask.to(per_token.dtype)
+    if loss_type == "dapo":
+        return (per_token * mask).sum() / max(total_tokens, 1.0)
+    if loss_type == "grpo":
+        return ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).sum() / total_sequences
+    raise ValueError(f"unknown loss type {loss_type!r}; expected one of {LOSS_TYPES}")
+
+
+def proximal_term(params: dict[str, torch.nn.Parameter], reference: dict[str, torch.Tensor], mu: float) -> torch.Tensor:
+    """FedProx: mu/2 · ||w - w_ref||² over the trainable (LoRA) parameters."""
+    total = torch.zeros(())
+    for name, param in params.items():
+        total = total + (param - reference[name].to(param.dtype)).pow(2).sum()
+    return 0.5 * mu * total
+
+
+@dataclass
+class MicroBatchLoss:
+    loss: torch.Tensor
+    clip_low: float  # active tokens whose negative-advantage ratio fell below 1 - eps_low
+    clip_high: float  # active tokens whose positive-advantage ratio rose above 1 + eps_high
+    kl: float  # summed per-token KL over active tokens (0 without a reference)
+
+
+def micro_batch_loss(model, batch: Batch, rows: slice, advantages: torch.Tensor, old_logps: torch.Tensor | None,
+                     ref_logps: torch.Tensor | None, settings: GRPOSettings, total_tokens: float) -> MicroBatchLoss:
+    """The loss of rows `rows`, scaled so that the micro-batch losses of a batch sum to the batch loss."""
+    s = settings
+    logps = per_token_logps(model, batch.input_ids[rows], batch.attention_mask[rows], batch.completion_ids.shape[1],
+                            s.temperature)
+    old = logps.detach() if old_logps is None else old_logps
+    per_token, ratio = clipped_token_loss(logps, old, advantages[rows], s.epsilon_low, s.epsilon_high)
+    mask = batch.completion_mask[rows].float()
+    kl_total = 0.0
+    if ref_logps is not None and s.kl_beta > 0:
+        diff = ref_logps - logps
+        kl = (torch.exp(diff) - diff - 1) * ratio  # k3 estimator with TRL's importance-sampling correction
+        per_token = per_token + s.kl_beta * kl
+        kl_total = float((kl.detach() * mask).sum())
+    loss = aggregate_loss(per_token, mask, s.loss_type, total_tokens, batch.rewards.shape[0])
+    adv = advantages[rows].unsqueeze(1)
+    clip_low = float((((ratio < 1 - s.epsilon_low) & (adv < 0)).float() * mask).sum())
+    clip_high = float((((ratio > 1 + s.epsilon_high) & (adv > 0)).float() * mask).sum())
+    return MicroBatchLoss(loss, clip_low, clip_high, kl_total)
+
+
+class GRPOLearner:
+    """Holds the optimizer over a PeftModel's trainable parameters and applies GRPO updates on rollout groups."""
+
+    def __init__(self, model, tokenizer, settings: GRPOSettings):
+        if settings.loss_type not in LOSS_TYPES:
+            raise ValueError(f"train.loss-type must be one of {LOSS_TYPES}, got {settings.loss_type!r}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.settings = settings
+        self.params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+        if not self.params:
+            raise RuntimeError("model has no trainable parameters (a frozen adapter would train nothing)")
+        self.optimizer = torch.optim.AdamW(list(self.params.values()), lr=settings.learning_rate,
+                                           betas=(settings.adam_beta1, settings.adam_beta2),
+                                           weight_decay=settings.weight_decay)
+
+    # -- optimizer state -------------------------------------------------------------------------------------
+    def optimizer_state(self) -> dict:
+        return self.optimizer.state_dict()
+
+    def load_optimizer_state(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state)
+
+    def reset_optimizer(self) -> None:
+        self.optimizer.state.clear()
+
+    # -- update ----------------------------------------------------------------------------------------------
+    def _logps(self, batch: Batch, rows: slice) -> torch.Tensor:
+        return per_token_logps(self.model, batch.input_ids[rows], batch.attention_mask[rows],
+                               batch.completion_ids.shape[1], self.settings.temperature)
+
+    def update(self, groups: Sequence[RolloutGroup], proximal_reference: dict[str, torch.Tensor] | None = None,
+               proximal_mu: float | None = None) -> UpdateStats:
+        """One GRPO update (inner_iterations optimizer steps) on `groups`; returns its statistics."""
+        s = self.settings
+        mu = s.proximal_mu if proximal_mu is None else proximal_mu
+        stats = UpdateStats(groups=len(groups))
+        if not groups:
+            return stats
+        batch = build_batch(self.tokenizer, groups, s)
+        n = batch.rewards.shape[0]
+        advantages = group_advantages(batch.rewards, batch.group_sizes)
+        mask = batch.completion_mask.float()
+        total_tokens = float(mask.sum())
+        chunks = [slice(i, min(i + s.micro_batch_size, n)) for i in range(0, n, s.micro_batch_size)]
+        stats.completions = n
+        stats.foreign_completions = int(batch.foreign.sum())
+        stats.tokens = int(total_tokens)
+        stats.mean_reward = float(batch.rewards.mean())
+        start = 0
+        for size in batch.group_sizes:
+            group = batch.rewards[start:start + size]
+            stats.zero_advantage_groups += int(bool((group.max() - group.min()).abs() < 1e-12))
+            start += size
+        self.model.train()
+        old = None
+        if s.inner_iterations > 1:
+            with torch.no_grad():
+                old = torch.cat([self._logps(batch, c) for c in chunks])
+        ref = None
+        if s.kl_beta > 0:
+            with torch.no_grad(), self.model.disable_adapter():
+                ref = torch.cat([self._logps(batch, c) for c in chunks])
+        clip_low = clip_high = kl_sum = loss_sum = 0.0
+        for _ in range(s.inner_iterations):
+            self.optimizer.zero_grad(set_to_none=True)
+            for rows in chunks:
+                part = micro_batch_loss(self.model, batch, rows, advantages, None if old is None else old[rows],
+                                        None if ref is None else ref[rows], s, total_tokens)
+                part.loss.backward()
+                loss_sum += float(part.loss.detach())
+                clip_low += part.clip_low
+                clip_high += part.clip_high
+                kl_sum += part.kl
+            if mu > 0 and proximal_reference is not None:
+                prox = proximal_term(self.params, proximal_reference, mu)
+                prox.backward()
+                stats.proximal = float(prox.detach())
+            norm = torch.nn.utils.clip_grad_norm_(list(self.params.values()),
+                                                  s.max_grad_norm if s.max_grad_norm > 0 else math.inf)
+            stats.grad_norm = float(norm)
+            self.optimizer.step()
+        self.model.eval()
+        denom = max(total_tokens * s.inner_iterations, 1.0)
+        stats.loss = loss_sum / s.inner_iterations
+        stats.clip_low_fraction = clip_low / denom
+        stats.clip_high_fraction = clip_high / denom
+        stats.kl = kl_sum / denom
+        return stats

@@ -1,0 +1,115 @@
+"""Model and tokenizer loading: the embedded models shipped under data/models, a local path, or a Hub id."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from functools import lru_cache
+from importlib import metadata
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+import torch
+
+log = logging.getLogger(__name__)
+
+EMBEDDED_PREFIX = "embedded:"
+DATA_DIR_ENV = "PUBSWAP_DATA_DIR"
+
+
+class ModelError(ValueError):
+    """A model name cannot be resolved or loaded."""
+
+
+def _editable_source_dir() -> Path | None:
+    """The checkout an editable `pip install -e .` points at (the FAB copy that Flower runs has no data/)."""
+    try:
+        dist = metadata.distribution("pubswap-flwr")
+    except metadata.PackageNotFoundError:
+        return None
+    text = dist.read_text("direct_url.json")
+    if not text:
+        return None
+    url = json.loads(text).get("url", "")
+    if not url.startswith("file://"):
+        return None
+    return Path(unquote(urlparse(url).path))
+
+
+def data_dir() -> Path:
+    """The project's data/ folder, wherever Flower runs the app from (it never changes directory)."""
+    candidates = []
+    if os.environ.get(DATA_DIR_ENV):
+        candidates.append(Path(os.environ[DATA_DIR_ENV]).expanduser())
+    candidates.append(Path(__file__).resolve().parents[2] / "data")
+    source = _editable_source_dir()
+    if source is not None:
+        candidates.append(source / "data")
+    for candidate in candidates:
+        if (candidate / "models").is_dir():
+            return candidate.resolve()
+    raise ModelError(
+        "cannot find the project's data/ folder (looked in: " + ", ".join(str(c) for c in candidates) + "); "
+        f"install the project with `pip install -e .` or set {DATA_DIR_ENV}"
+    )
+
+
+def embedded_models() -> list[str]:
+    return sorted(p.name for p in (data_dir() / "models").iterdir() if (p / "config.json").is_file())
+
+
+def resolve_model(name: str) -> str:
+    """A loadable location for `name`: `embedded:<n>`, an existing local directory, or a Hub id (left as is)."""
+    if not name or not name.strip():
+        raise ModelError("model.name is empty")
+    if name.startswith(EMBEDDED_PREFIX):
+        short = name[len(EMBEDDED_PREFIX):]
+        path = data_dir() / "models" / short
+        if not (path / "config.json").is_file():
+            raise ModelError(f"no embedded model {short!r}; available: {', '.join(embedded_models()) or 'none'}")
+        return str(path)
+    local = Path(name).expanduser()
+    if local.exists():
+        if not (local / "config.json").is_file():
+            raise ModelError(f"{local} exists but has no config.json; it is not a Hugging Face model directory")
+        return str(local.resolve())
+    return name
+
+
+def load_tokenizer(location: str):
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(location)
+    except OSError as err:
+        raise ModelError(f"cannot load tokenizer for {location!r} (offline? set HF_HUB_OFFLINE=1 and use a local "
+                         f"path or a cached id): {err}") from err
+    tokenizer.padding_side = "left"
+    tokenizer.truncation_side = "left"
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if tokenizer.eos_token_id is None:
+        raise ModelError(f"tokenizer of {location!r} has no EOS token")
+    return tokenizer
+
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def load_causal_lm(location: str, dtype: str = "float32"):
+    from transformers import AutoModelForCausalLM
+
+    if dtype not in _DTYPES:
+        raise ModelError(f"model.dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(location, dtype=_DTYPES[dtype])
+    except OSError as err:
+        raise ModelError(f"cannot load model {location!r} (offline? use a local path or a cached id): {err}") from err
+    model.eval()
+    return model
+
+
+@lru_cache(maxsize=4)
+def cached_tokenizer(location: str):
+    return load_tokenizer(location)

@@ -1,0 +1,88 @@
+"""SAPO (Swarm sAmpling Policy Optimization): rollout packets, the relay pool, and the I local + J external
+selection. Pure functions.
+
+A node trains on I of its own rollout groups and J external groups drawn uniformly from other nodes' packets,
+after the receiver re-scores every external completion with its own verifier and discards zero-advantage groups
+(all rewards equal: no learning signal).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from .tasks import TaskItem
+
+
+@dataclass(frozen=True)
+class Packet:
+    """A shared rollout: the question with its answer and task metadata, and the sender's completions."""
+
+    sender: str
+    item: TaskItem
+    completions: tuple[str, ...]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"sender": self.sender, "item": self.item.to_dict(), "completions": list(self.completions)}
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> "Packet":
+        return cls(str(data["sender"]), TaskItem.from_dict(data["item"]), tuple(data["completions"]))
+
+
+def relay(pool: Sequence[Packet], receiver: str) -> list[Packet]:
+    """The packets `receiver` gets: everyone else's (a node never receives its own)."""
+    return [p for p in pool if p.sender != receiver]
+
+
+@dataclass(frozen=True)
+class ScoredPacket:
+    packet: Packet
+    rewards: tuple[float, ...]
+
+    @property
+    def has_signal(self) -> bool:
+        return max(self.rewards) - min(self.rewards) > 1e-12
+
+
+@dataclass
+class Selection:
+    chosen: list[ScoredPacket]
+    received: int = 0
+    zero_advantage: int = 0  # discarded: all rewards equal
+    rejected: int = 0  # could not be re-scored (reasons in `rejections`)
+    shortfall: int = 0  # J minus what could be used
+    rejections: list[str] = field(default_factory=list)
+
+
+def select_external(packets: Sequence[Packet], j: int, rescore: Callable[[Packet], Sequence[float]],
+                    rng: random.Random) -> Selection:
+    """Re-score every packet with the receiver's verifier, drop zero-advantage groups, draw J uniformly.
+
+    `rescore` raises ValueError for a packet it cannot score (unknown verifier, forged answer...); such packets
+    are rejected with the reason recorded.
+    """
+    selection = Selection(chosen=[], received=len(packets))
+    usable: list[ScoredPacket] = []
+    for packet in packets:
+        try:
+            rewards = tuple(float(r) for r in rescore(packet))
+        except ValueError as err:
+            selection.rejected += 1
+            selection.rejections.append(f"{packet.sender}/{packet.item.uid}: {err}")
+            continue
+        scored = ScoredPacket(packet, rewards)
+        if not scored.has_signal:
+            selection.zero_advantage += 1
+            continue
+        usable.append(scored)
+    take = min(j, len(usable))
+    selection.chosen = rng.sample(usable, take) if take else []
+    selection.shortfall = j - take
+    return selection
+
+
+def select_local(groups: Sequence[Any], i: int, rng: random.Random) -> list[Any]:
+    """I of the node's own B groups, uniformly without replacement."""
+    return rng.sample(list(groups), min(i, len(groups)))

@@ -1,0 +1,102 @@
+"""PubSwap response-set construction for one public prompt: the Balanced and Random rules. Pure functions.
+
+Balanced (PubSwap): client n with c_n correct of its own K responses keeps its own K when c_n >= K/2; otherwise
+it gets up to K/2 − c_n of its *incorrect* responses replaced by *correct* responses from *other* clients (fewer when
+fewer donors exist). For odd K the count is rounded up, ceil(K/2) − c_n: the smallest number of swaps after which
+the rule's own keep condition c >= K/2 holds. Which incorrect responses are replaced, and which donors fill them,
+is uniform at random from a seeded RNG. Random: K responses drawn uniformly without replacement from the pooled
+N·K responses to that prompt (the client's own included).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Sequence
+
+
+@dataclass(frozen=True)
+class Response:
+    """One client's response to a public prompt, scored by the server's verifier."""
+
+    client: str
+    index: int  # position in that client's K responses
+    text: str
+    reward: float
+
+
+def is_correct(response: Response, threshold: float) -> bool:
+    return response.reward >= threshold
+
+
+def swaps_needed(correct: int, k: int) -> int:
+    """Responses to swap in for a client with `correct` of `k` right: ceil(k/2) − correct, or 0."""
+    return max(0, math.ceil(k / 2) - correct)
+
+
+def balanced(own: Sequence[Response], pool: Sequence[Response], threshold: float, rng: random.Random) -> list[Response]:
+    """The Balanced response set for the client that wrote `own`; `pool` is every client's responses to the prompt.
+
+    Positions are kept: a replaced response's slot holds its donor, so the set has len(own) entries.
+    """
+    if not own:
+        return []
+    me = own[0].client
+    k = len(own)
+    correct = sum(is_correct(r, threshold) for r in own)
+    need = swaps_needed(correct, k)
+    if need == 0:
+        return list(own)
+    donors = [r for r in pool if r.client != me and is_correct(r, threshold)]
+    wrong_slots = [i for i, r in enumerate(own) if not is_correct(r, threshold)]
+    count = min(need, len(donors), len(wrong_slots))
+    if count == 0:
+        return list(own)
+    slots = rng.sample(wrong_slots, count)
+    chosen = rng.sample(donors, count)
+    out = list(own)
+    for slot, donor in zip(slots, chosen):
+        out[slot] = donor
+    return out
+
+
+def random_set(pool: Sequence[Response], k: int, rng: random.Random) -> list[Response]:
+    """K responses uniformly without replacement from the pooled responses to the prompt."""
+    if k > len(pool):
+        raise ValueError(f"cannot draw {k} responses from a pool of {len(pool)}")
+    return rng.sample(list(pool), k)
+
+
+@dataclass(frozen=True)
+class SwapOutcome:
+    """A client's response set for one prompt, with what changed."""
+
+    responses: list[Response]
+    swapped: int  # responses in the set that came from other clients
+    donors_available: int  # correct responses from other clients for this prompt
+    own_correct: int
+
+
+def build_response_sets(pool: Sequence[Response], rule: str, threshold: float, k: int,
+                        rng: random.Random) -> dict[str, SwapOutcome]:
+    """Every client's response set for one prompt under `rule` ("balanced" | "random")."""
+    by_client: dict[str, list[Response]] = {}
+    for response in pool:
+        by_client.setdefault(response.client, []).append(response)
+    out = {}
+    for client in sorted(by_client):
+        own = sorted(by_client[client], key=lambda r: r.index)
+        if rule == "balanced":
+            chosen = balanced(own, pool, threshold, rng)
+        elif rule == "random":
+            chosen = random_set(pool, k, rng)
+        else:
+            raise ValueError(f"unknown swap rule {rule!r}")
+        out[client] = SwapOutcome(
+            responses=chosen,
+            swapped=sum(r.client != client for r in chosen),
+            donors_available=sum(r.client != client and is_correct(r, threshold) for r in pool),
+            own_correct=sum(is_correct(r, threshold) for r in own),
+        )
+    return out

@@ -1,0 +1,31 @@
+"""Tasks: reasoning-gym specs and mixtures, organization data files, disjoint splits, prompts and verifiers."""
+
+from .files import load_items
+from .items import TaskItem
+from .prompts import PromptFormatter, user_message
+from .specs import DEFAULT_MIX, PRESETS, TaskError, TaskSpec, parse_custom_tasks, parse_mix
+from .splits import HeldOutSet, ItemListStream, MixtureStream, PublicSet, StreamCursor, node_mixes
+from .verifiers import Score, extract_answer, is_correct, score_completion
+
+__all__ = [
+    "DEFAULT_MIX",
+    "HeldOutSet",
+    "ItemListStream",
+    "MixtureStream",
+    "PRESETS",
+    "PromptFormatter",
+    "PublicSet",
+    "Score",
+    "StreamCursor",
+    "TaskError",
+    "TaskItem",
+    "TaskSpec",
+    "extract_answer",
+    "is_correct",
+    "load_items",
+    "node_mixes",
+    "parse_custom_tasks",
+    "parse_mix",
+    "score_completion",
+    "user_message",
+]

@@ -1,0 +1,211 @@
+"""Verifiers: reward in [0, 1] for (completion, item), with a reason whenever the reward is 0 by failure.
+
+reasoning-gym items are scored by the dataset instance that generated them (its config sets tolerances). The
+generators whose `score_answer` calls `eval()` on model or entry text are scored by safe re-implementations here;
+no model or peer text is ever evaluated as code.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import logging
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .items import TaskItem
+from .specs import TaskError, generator_dataset
+
+log = logging.getLogger(__name__)
+
+ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+DEFAULT_MAX_COMPLETION_CHARS = 4096
+MAX_LITERAL_CHARS = 20_000
+
+
+@dataclass(frozen=True)
+class Score:
+    reward: float
+    reason: str | None = None  # why the reward is 0 when it is a failure (no tag, scorer error, ...)
+
+    @property
+    def failed(self) -> bool:
+        return self.reason is not None
+
+
+def extract_answer(completion: str) -> str | None:
+    """The stripped text of the last <answer>...</answer>, or None when there is none."""
+    matches = ANSWER_RE.findall(completion)
+    return matches[-1].strip() if matches else None
+
+
+# --- reasoning-gym -----------------------------------------------------------------------------------------------
+
+
+def _literal(text: str) -> Any:
+    if len(text) > MAX_LITERAL_CHARS:
+        raise ValueError("literal too long")
+    return ast.literal_eval(text)
+
+
+def _safe_binary_matrix(dataset, answer: str, entry: dict) -> float:
+    oracle = entry["answer"]
+    if answer == oracle:
+        return 1.0
+    try:
+        return 0.1 if dataset._matrix_to_str(_literal(answer)) == oracle else 0.0
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return 0.0
+
+
+def _safe_spiral_matrix(dataset, answer: str, entry: dict) -> float:
+    oracle = entry["answer"].strip()
+    answer = answer.strip()
+    if not answer:
+        return 0.0
+    if answer == oracle:
+        return 1.0
+    try:
+        return 0.1 if " ".join(str(x) for x in _literal(answer)) == oracle else 0.0
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return 0.0
+
+
+def _safe_string_insertion(dataset, answer: str, entry: dict) -> float:
+    oracle = entry["answer"]
+    if answer == oracle:
+        return 1.0
+    try:
+        return 0.1 if "".join(_literal(answer)) == oracle else 0.0
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return 0.0
+
+
+def _safe_n_queens(dataset, answer: str, entry: dict) -> float:
+    valid = entry["metadata"]["valid_answers"]
+    if answer in valid:
+        return 1.0
+    try:
+        return 0.5 if dataset._board_to_string(_literal(answer)) in valid else 0.0
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError, IndexError, AttributeError):
+        return 0.0
+
+
+def _safe_number_sorting(dataset, answer: str, entry: dict) -> float:
+    # The stock scorer falls back to eval() on entry["answer"] when it is not JSON; peers control entries in SAPO.
+    try:
+        json.loads(entry["answer"])
+    except (json.JSONDecodeError, TypeError) as err:
+        raise ValueError("reference answer is not a JSON list") from err
+    return float(dataset.score_answer(answer, entry))
+
+
+# Generators whose stock score_answer calls eval() (reasoning-gym 0.1.25; tests/unit/test_verifiers.py re-scans the
+# installed package so a new eval() scorer is caught).
+SAFE_RG_SCORERS: dict[str, Callable[[Any, str, dict], float]] = {
+    "binary_matrix": _safe_binary_matrix,
+    "spiral_matrix": _safe_spiral_matrix,
+    "string_insertion": _safe_string_insertion,
+    "n_queens": _safe_n_queens,
+    "number_sorting": _safe_number_sorting,
+}
+
+
+def _score_reasoning_gym(answer: str, item: TaskItem) -> float:
+    prov = item.provenance
+    generator = prov.get("generator")
+    if not generator:
+        raise ValueError("reasoning-gym item has no provenance.generator")
+    dataset = generator_dataset(generator, prov.get("config") or {}, int(prov.get("seed", 0)))
+    entry = {"question": item.question, "answer": item.answer, "metadata": item.metadata}
+    safe = SAFE_RG_SCORERS.get(generator)
+    if safe is not None:
+        return float(safe(dataset, answer, entry))
+    return float(dataset.score_answer(answer, entry))
+
+
+# --- plain data --------------------------------------------------------------------------------------------------
+
+_NUMBER_RE = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$")
+
+
+def _normalize_text(text: str) -> str:
+    return " ".join(text.strip().split()).casefold()
+
+
+def _score_exact(answer: str, item: TaskItem) -> float:
+    if item.answer is None:
+        raise ValueError("item has no reference answer")
+    return 1.0 if _normalize_text(answer) == _normalize_text(item.answer) else 0.0
+
+
+def parse_number(text: str) -> float | None:
+    """A plain decimal number ("1,000", "-2.5", "3e2", "1/4"), or None; never evaluates text."""
+    cleaned = text.strip().replace(",", "").replace("$", "").rstrip(".")
+    if _NUMBER_RE.match(cleaned):
+        return float(cleaned)
+    num, slash, den = cleaned.partition("/")
+    if slash and _NUMBER_RE.match(num.strip()) and _NUMBER_RE.match(den.strip()):
+        denominator = float(den)
+        return float(num) / denominator if denominator != 0 else None
+    return None
+
+
+def _score_numeric(answer: str, item: TaskItem) -> float:
+    if item.answer is None:
+        raise ValueError("item has no reference answer")
+    gold = parse_number(item.answer)
+    if gold is None:
+        raise ValueError(f"reference answer {item.answer!r} is not a number")
+    got = parse_number(answer)
+    if got is None:
+        return 0.0
+    tolerance = float(item.metadata.get("tolerance", 1e-6))
+    return 1.0 if math.isclose(got, gold, rel_tol=tolerance, abs_tol=tolerance) else 0.0
+
+
+# name -> scorer(answer, item) -> float in [0, 1]. Exceptions become reward 0 with the reason logged.
+VERIFIERS: dict[str, Callable[[str, TaskItem], float]] = {
+    "rg": _score_reasoning_gym,
+    "exact": _score_exact,
+    "numeric": _score_numeric,
+}
+
+
+def register_verifier(name: str, scorer: Callable[[str, TaskItem], float]) -> None:
+    VERIFIERS[name] = scorer
+
+
+def check_verifier(name: str, where: str = "verifier") -> None:
+    if name not in VERIFIERS:
+        raise TaskError(f"{where}: unknown verifier {name!r}; known: {', '.join(sorted(VERIFIERS))}")
+
+
+def score_completion(
+    completion: str, item: TaskItem, *, max_chars: int = DEFAULT_MAX_COMPLETION_CHARS
+) -> Score:
+    """Reward of `completion` for `item`; never raises for bad model text."""
+    if not isinstance(completion, str):
+        return Score(0.0, f"completion is {type(completion).__name__}, not text")
+    if len(completion) > max_chars:
+        return Score(0.0, f"completion has {len(completion)} chars, over the {max_chars} limit")
+    scorer = VERIFIERS.get(item.verifier)
+    if scorer is None:
+        return Score(0.0, f"unknown verifier {item.verifier!r}")
+    answer = extract_answer(completion)
+    if answer is None:
+        return Score(0.0, "no <answer>...</answer> in completion")
+    try:
+        reward = scorer(answer, item)
+    except Exception as err:  # noqa: BLE001 - third-party scorer code: any failure is reward 0, logged with reason
+        log.warning("scorer %s failed on item %s: %s: %s", item.verifier, item.uid, type(err).__name__, err)
+        return Score(0.0, f"scorer error: {type(err).__name__}: {err}")
+    if not math.isfinite(reward):
+        return Score(0.0, f"scorer returned {reward}")
+    return Score(min(1.0, max(0.0, float(reward))))
+
+
+def is_correct(reward: float, threshold: float = 1.0) -> bool:
+    return reward >= threshold
