@@ -25,8 +25,10 @@ from .config import ExperimentConfig
 from .policy import GenerationSettings, GRPOSettings, LoraSettings, Policy, PolicySpec
 from .policy import cached_policy
 from .rollouts import Completion, RolloutGroup
+from .sapo import Packet, Selection, select_external, select_local
 from .tasks import (HeldOutSet, ItemListStream, MixtureStream, PublicSet, StreamCursor, TaskItem, load_items,
                     node_mixes, parse_custom_tasks, parse_mix, score_completion)
+from .tasks.verifiers import VERIFIERS
 
 log = logging.getLogger(__name__)
 
@@ -219,7 +221,7 @@ class Node:
     # -- persistence -----------------------------------------------------------------------------------------
     def _load_state(self) -> NodeState:
         path = self.state_dir / STATE_FILE
-        self.policy.reset()
+        self.policy.reset(derive_seed(self.cfg.seed, self.identity.index, "init"))
         if not path.is_file():
             return NodeState(model_name=self.identity.model_name)
         state = NodeState.from_dict(json.loads(path.read_text()))
@@ -301,6 +303,9 @@ class Node:
             groups.append(RolloutGroup(prompt, completions, rewards, item.uid, item.task))
         return groups, time.perf_counter() - started
 
+    def formatter_prompt(self, item: TaskItem) -> str:
+        return self.policy.formatter(item)
+
     def learn(self, groups: Sequence[RolloutGroup]):
         started = time.perf_counter()
         stats = self.policy.update(groups, self.proximal_reference)
@@ -321,7 +326,123 @@ class Node:
                                   update_s, stats.zero_advantage_groups, stats.foreign_completions))
 
 
+    # -- PubSwap public steps ------------------------------------------------------------------------------
+    def _public_items(self, uids: Sequence[str]) -> list[TaskItem]:
+        items = []
+        for uid in uids:
+            item = self.universe.public.get(uid)
+            if item is None:
+                raise ValueError(f"unknown public prompt id {uid!r}")
+            items.append(item)
+        return items
+
+    def public_generate(self, uids: Sequence[str], k: int) -> tuple[dict[str, list[str]], float]:
+        """K responses per public prompt with the node's current policy; own ids are kept for the public step."""
+        items = self._public_items(uids)
+        self._seed_sampling()
+        started = time.perf_counter()
+        samples = self.policy.sample(items, k)
+        self.state.pending_public = {item.uid: [{"text": s.text, "ids": s.token_ids} for s in row]
+                                     for item, row in zip(items, samples)}
+        texts = {uid: [s["text"] for s in rows] for uid, rows in self.state.pending_public.items()}
+        return texts, time.perf_counter() - started
+
+    def public_update(self, response_sets: dict[str, list[dict]], report: WorkReport) -> None:
+        """One GRPO step on the server-built response sets. Own responses keep their sampled ids; foreign text is
+        re-tokenized; rewards are the server's (it re-verified every response)."""
+        groups = []
+        for uid, responses in response_sets.items():
+            item = self._public_items([uid])[0]
+            own = self.state.pending_public.get(uid, [])
+            completions, rewards = [], []
+            for response in responses:
+                index = int(response.get("own_index", -1))
+                if index >= 0:
+                    if index >= len(own):
+                        raise ValueError(f"response set for {uid!r} names own response {index}, "
+                                         f"but only {len(own)} exist")
+                    completions.append(Completion(own[index]["text"], tuple(own[index]["ids"])))
+                else:
+                    completions.append(Completion(str(response["text"]), None, str(response.get("source", "peer"))))
+                rewards.append(float(response["reward"]))
+            groups.append(RolloutGroup(self.formatter_prompt(item), completions, rewards, uid, item.task))
+        if not groups:
+            return
+        stats, update_s = self.learn(groups)
+        self.state.steps += 1
+        self.state.pending_public = {}
+        report.add(StepRecord(self.state.steps, "public", stats.mean_reward, stats.completions, 0.0, update_s,
+                              stats.zero_advantage_groups, stats.foreign_completions))
+
+
+    # -- SAPO rounds -----------------------------------------------------------------------------------------
+    def sapo_generate(self, round_number: int, report: WorkReport) -> list[Packet]:
+        """Sample B questions x L completions, keep them for training, return the `share` groups to share."""
+        scfg = self.cfg.sapo
+        items = self.stream.take(scfg.questions, self.state.cursor)
+        groups, sample_s = self.rollout(items, scfg.completions)
+        self.state.pending_sapo = [
+            {"item": item.to_dict(), "texts": [c.text for c in g.completions],
+             "ids": [list(c.token_ids or ()) for c in g.completions], "rewards": g.rewards}
+            for item, g in zip(items, groups)]
+        rewards = [r for g in groups for r in g.rewards]
+        mean = sum(rewards) / len(rewards)
+        self.state.cumulative_reward += mean
+        report.add(StepRecord(self.state.steps, "rollout", mean, len(rewards), sample_s, 0.0,
+                              sum(not g.has_signal for g in groups), 0))
+        chosen = shuffled(range(len(items)), derive_seed(self.cfg.seed, self.identity.index, round_number, "share"))
+        return [Packet("", items[i], tuple(c.text for c in groups[i].completions)) for i in chosen[: scfg.share]]
+
+    def _pending_groups(self) -> list[RolloutGroup]:
+        out = []
+        for row in self.state.pending_sapo:
+            item = TaskItem.from_dict(row["item"])
+            completions = [Completion(t, tuple(ids)) for t, ids in zip(row["texts"], row["ids"])]
+            out.append(RolloutGroup(self.formatter_prompt(item), completions, list(row["rewards"]), item.uid, item.task))
+        return out
+
+    def rescore(self, packet: Packet) -> list[float]:
+        """Rewards of a peer's completions under this node's own verifier; ValueError when it cannot score them."""
+        item = packet.item
+        if item.verifier not in VERIFIERS:
+            raise ValueError(f"unknown verifier {item.verifier!r}")
+        if item.answer is None and item.verifier != "rg":
+            raise ValueError("packet has no answer")
+        if not packet.completions:
+            raise ValueError("packet has no completions")
+        if len(packet.completions) > self.cfg.sapo.completions * 4:
+            raise ValueError(f"packet has {len(packet.completions)} completions")
+        scores = [score_completion(text, item, max_chars=self.cfg.generation.max_completion_chars)
+                  for text in packet.completions]
+        return [s.reward for s in scores]
+
+    def sapo_train(self, pool: Sequence[Packet], round_number: int, report: WorkReport) -> Selection:
+        """Train on I own groups + J external groups (re-scored here, zero-advantage ones dropped)."""
+        scfg = self.cfg.sapo
+        rng = random.Random(derive_seed(self.cfg.seed, self.identity.index, round_number, "select"))
+        local = select_local(self._pending_groups(), scfg.local, rng)
+        selection = select_external(pool, scfg.external, self.rescore, rng)
+        for problem in selection.rejections:
+            log.warning("node %d dropped a peer packet: %s", self.identity.index, problem)
+        if selection.shortfall and scfg.external:
+            log.info("node %d: %d of J=%d external groups available after filtering (%d zero-advantage, "
+                     "%d rejected, %d received)", self.identity.index, len(selection.chosen), scfg.external,
+                     selection.zero_advantage, selection.rejected, selection.received)
+        external = [RolloutGroup(self.formatter_prompt(s.packet.item),
+                                 [Completion(t, None, s.packet.sender) for t in s.packet.completions],
+                                 list(s.rewards), s.packet.item.uid, s.packet.item.task) for s in selection.chosen]
+        groups = local + external
+        if groups:
+            stats, update_s = self.learn(groups)
+            self.state.steps += 1
+            report.num_examples += stats.completions
+            report.add(StepRecord(self.state.steps, "sapo", stats.mean_reward, stats.completions, 0.0, update_s,
+                                  stats.zero_advantage_groups, stats.foreign_completions))
+        self.state.pending_sapo = []
+        return selection
+
 def shuffled(seq: Sequence, seed: int) -> list:
     out = list(seq)
     random.Random(seed).shuffle(out)
     return out
+

@@ -51,7 +51,6 @@ class Policy:
         self.sampler = MergedSampling(self.model)
         self.learner = GRPOLearner(self.model, self.tokenizer, spec.grpo)
         self.formatter = PromptFormatter(self.tokenizer, spec.template)
-        self.initial_adapter = adapter_state(self.model)
 
     # -- adapter ---------------------------------------------------------------------------------------------
     def adapter(self) -> dict[str, torch.Tensor]:
@@ -60,9 +59,9 @@ class Policy:
     def load_adapter(self, state: dict[str, torch.Tensor]) -> None:
         load_adapter_state(self.model, state)
 
-    def reset(self) -> None:
-        """Back to the freshly initialised adapter with an empty optimizer (a new node)."""
-        self.load_adapter(self.initial_adapter)
+    def reset(self, seed: int = 0) -> None:
+        """A freshly initialised adapter (LoRA A random from `seed`, B zero) and an empty optimizer."""
+        initial_adapter(self.model, seed)
         self.learner.reset_optimizer()
 
     # -- sampling --------------------------------------------------------------------------------------------
@@ -79,6 +78,19 @@ class Policy:
     def update(self, groups: Sequence[RolloutGroup], proximal_reference: dict[str, torch.Tensor] | None = None,
                proximal_mu: float | None = None) -> UpdateStats:
         return self.learner.update(groups, proximal_reference, proximal_mu)
+
+
+def initial_adapter(model, seed: int) -> None:
+    """Re-initialise every LoRA layer deterministically: the same seed gives the same adapter in any process."""
+    state = torch.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        for module in model.modules():
+            if hasattr(module, "reset_lora_parameters") and hasattr(module, "lora_A"):
+                for name in module.lora_A.keys():
+                    module.reset_lora_parameters(name, True)
+    finally:
+        torch.set_rng_state(state)
 
 
 _CACHE: dict[PolicySpec, Policy] = {}

@@ -1,0 +1,96 @@
+"""Run outputs: the run directory, metrics.jsonl (one JSON row per round), the config used, and console progress."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from .config import ExperimentConfig
+
+log = logging.getLogger("pubswap_flwr")
+
+METRICS_FILE = "metrics.jsonl"
+CONFIG_FILE = "config.json"
+STATUS_FILE = "status.json"
+
+
+class RunExistsError(FileExistsError):
+    """The run directory already holds metrics from another run."""
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe copy: non-finite floats become None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+class RunRecorder:
+    """Writes everything a run produces under one absolute directory."""
+
+    def __init__(self, run_dir: Path, cfg: ExperimentConfig, run_id: int | str, *, resume: bool = False):
+        self.run_dir = run_dir
+        self.cfg = cfg
+        self.started = time.time()
+        metrics = run_dir / METRICS_FILE
+        if metrics.exists() and metrics.stat().st_size > 0 and not resume:
+            raise RunExistsError(f"{run_dir} already holds a run's metrics; choose another run-name "
+                                 "(or remove the directory)")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / CONFIG_FILE).write_text(json.dumps({"run_id": str(run_id), "config": cfg.to_flat()}, indent=2))
+        self.write_status("running")
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.run_dir / METRICS_FILE
+
+    def write_row(self, row: dict) -> None:
+        with self.metrics_path.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(_clean(row), separators=(",", ":")) + "\n")
+
+    def write_status(self, status: str, detail: str = "") -> None:
+        (self.run_dir / STATUS_FILE).write_text(json.dumps(
+            {"status": status, "detail": detail, "elapsed_s": round(time.time() - self.started, 2)}))
+
+    def progress(self, row: dict) -> None:
+        """One console line per round."""
+        parts = [f"[round {row['round']}/{self.cfg.num_server_rounds}]"]
+        if row.get("train_reward") is not None:
+            parts.append(f"train reward {row['train_reward']:.3f} (cumulative {row.get('cumulative_reward', 0):.2f})")
+        held = row.get("eval")
+        if held:
+            text = f"held-out greedy {held['greedy_accuracy']:.3f}"
+            if "sampled_accuracy" in held:
+                text += f" sampled {held['sampled_accuracy']:.3f} (reward {held['sampled_reward']:.3f})"
+            parts.append(text)
+        if "clients" in row:
+            text = f"{len(row['clients'])} clients"
+            if row.get("dropped"):
+                text += f", {len(row['dropped'])} dropped"
+            parts.append(text)
+        if "swap" in row:
+            parts.append(f"swapped pairs {row['swap']['swapped_pair_fraction']:.2f}")
+        if "time" in row:
+            parts.append(f"{row['time']['round_s']:.1f} s")
+        log.info(" | ".join(parts))
+
+
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    path = Path(run_dir) / METRICS_FILE
+    rows = []
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as err:
+                    raise ValueError(f"{path}:{number}: not a JSON row ({err.msg})") from err
+    return rows

@@ -1,0 +1,57 @@
+"""In-process simulation through Flower's own engine (`run_simulation`), for tests and scripted experiments.
+
+`run_simulation` does not read pyproject.toml (context.run_config is empty), so the run config is injected into
+both apps' contexts here; everything else is the same code path as `flwr run .`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Callable
+
+from flwr.app import Context, Message
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+
+from .client import handle
+from .server import run
+
+log = logging.getLogger(__name__)
+
+
+def build_apps(run_config: dict[str, Any],
+               client_hook: Callable[[Message, Context], None] | None = None) -> tuple[ServerApp, ClientApp]:
+    """Server and client apps whose contexts carry `run_config`; `client_hook(msg, context)` runs before each
+    client message (tests use it to inject failures)."""
+    server = ServerApp()
+    client = ClientApp()
+
+    @server.main()
+    def _main(grid: Grid, context: Context) -> None:
+        context.run_config = {**context.run_config, **run_config}
+        run(grid, context)
+
+    def _handle(msg: Message, context: Context) -> Message:
+        if client_hook is not None:
+            client_hook(msg, context)
+        return handle(msg, context, {**context.run_config, **run_config})
+
+    client.train()(_handle)
+    client.query("generate")(_handle)
+    return server, client
+
+
+def simulate(run_config: dict[str, Any], num_nodes: int, *, cpus_per_client: float = 1.0, total_cpus: int | None = None,
+             client_hook: Callable[[Message, Context], None] | None = None, verbose: bool = False) -> None:
+    """Run one experiment in-process with `num_nodes` simulated SuperNodes (Ray backend)."""
+    from flwr.simulation import run_simulation
+
+    os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
+    server, client = build_apps(run_config, client_hook)
+    total = total_cpus or os.cpu_count() or 2
+    run_simulation(server_app=server, client_app=client, num_supernodes=num_nodes, backend_name="ray",
+                   backend_config={"client_resources": {"num_cpus": cpus_per_client, "num_gpus": 0.0},
+                                   "init_args": {"num_cpus": total, "num_gpus": 0, "include_dashboard": False,
+                                                 "logging_level": logging.ERROR, "log_to_driver": verbose}},
+                   verbose_logging=verbose)

@@ -1,0 +1,13 @@
+"""pubswap-flwr ServerApp: reads the run config and runs the PubSwap strategy (fedavg | fedprox | pubswap | sapo)."""
+
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+
+from pubswap_flwr.server import run
+
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    run(grid, context)
