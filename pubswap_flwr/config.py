@@ -100,7 +100,9 @@ class TasksConfig:
     custom: str = opt("", doc='JSON {"name": {"generator": ..., "config": {...}}}')
     data_seed: int = opt(0, non_negative)
     template: str = opt("auto", one_of("auto", "plain", "math", "mc"))
-    data_format: str = opt("generic", doc="row format of node data files (node-config data-path)")
+    data_paths: str = opt("", doc="simulation: comma-separated JSONL/parquet files assigned to partitions round "
+                               "robin (deployment: node-config data-path)")
+    data_format: str = opt("generic", doc="row format of node data files")
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,7 @@ class EvalConfig:
     items_per_task: int = opt(100, at_least_one)
     sampled: bool = opt(True, doc="also report sampled (T=1) accuracy/reward, which RL moves first")
     batch_size: int = opt(256, at_least_one)
+    data_path: str = opt("", doc="JSONL/parquet file used as the held-out set instead of generated task items")
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from safetensors.torch import load_file, save_file
 from .config import ExperimentConfig
 from .policy import GenerationSettings, GRPOSettings, LoraSettings, Policy, PolicySpec
 from .policy import cached_policy
+from .policy.model import ModelError, data_dir
 from .rollouts import Completion, RolloutGroup
 from .sapo import Packet, Selection, select_external, select_local
 from .tasks import (HeldOutSet, ItemListStream, MixtureStream, PublicSet, StreamCursor, TaskItem, load_items,
@@ -52,9 +53,26 @@ class TaskUniverse:
         return self.held_out.questions | {item.question for item in self.public.items}
 
 
+def resolve_data_path(path: str) -> Path:
+    """A data file path: absolute, or relative to the working directory or to the project (data/samples/...)."""
+    candidate = Path(path).expanduser()
+    if candidate.is_absolute():
+        tried = [candidate]
+    else:
+        tried = [Path.cwd() / candidate]
+        try:
+            tried.append(data_dir().parent / candidate)
+        except ModelError:
+            pass
+    for option in tried:
+        if option.is_file():
+            return option.resolve()
+    raise FileNotFoundError(f"data file {path!r} not found (looked in: {', '.join(str(t) for t in tried)})")
+
+
 @lru_cache(maxsize=4)
 def _universe(mix: str, public_mix: str, custom: str, per_task: int, public_size: int, data_seed: int,
-              node_mixes_text: str) -> TaskUniverse:
+              node_mixes_text: str, eval_path: str, data_format: str) -> TaskUniverse:
     custom_specs = parse_custom_tasks(custom)
     tasks = parse_mix(mix, custom_specs)
     names = [t.name for t in tasks]
@@ -67,7 +85,10 @@ def _universe(mix: str, public_mix: str, custom: str, per_task: int, public_size
                     names.append(spec.name)
                     extra.append(spec)
     tasks = tasks + extra
-    held_out = HeldOutSet.build(tasks, per_task, data_seed)
+    if eval_path:
+        held_out = HeldOutSet(load_items(resolve_data_path(eval_path), fmt=data_format, uid_prefix="eval"))
+    else:
+        held_out = HeldOutSet.build(tasks, per_task, data_seed)
     public_tasks = parse_mix(public_mix, custom_specs, key="pubswap.public-mix") if public_mix.strip() else tasks[
         : len(tasks) - len(extra)]
     public = PublicSet.build(public_tasks, tasks, public_size, held_out.questions, data_seed, seed=data_seed)
@@ -76,7 +97,8 @@ def _universe(mix: str, public_mix: str, custom: str, per_task: int, public_size
 
 def task_universe(cfg: ExperimentConfig) -> TaskUniverse:
     return _universe(cfg.tasks.mix, cfg.pubswap.public_mix, cfg.tasks.custom, cfg.eval.items_per_task,
-                     cfg.pubswap.public_size, cfg.tasks.data_seed, cfg.tasks.node_mixes)
+                     cfg.pubswap.public_size, cfg.tasks.data_seed, cfg.tasks.node_mixes, cfg.eval.data_path,
+                     cfg.tasks.data_format)
 
 
 def policy_spec(cfg: ExperimentConfig, model_name: str | None = None) -> PolicySpec:
@@ -129,14 +151,16 @@ class NodeIdentity:
             state_dir = Path(run_dir) / "nodes" / f"partition-{index}"
         else:
             state_dir = Path.home() / ".pubswap" / "state" / run_name / f"node-{node_id}"
-        model = node_config.get("model-name") or _assigned_model(cfg, index)
-        return cls(index, state_dir, str(model), node_config.get("data-path") or None,
+        model = node_config.get("model-name") or _round_robin(cfg.model.node_models, index) or cfg.model.name
+        data_path = node_config.get("data-path") or _round_robin(cfg.tasks.data_paths, index)
+        return cls(index, state_dir, str(model), str(data_path) if data_path else None,
                    node_config.get("task-mix") or None)
 
 
-def _assigned_model(cfg: ExperimentConfig, index: int) -> str:
-    names = [n.strip() for n in cfg.model.node_models.split(",") if n.strip()]
-    return names[index % len(names)] if names else cfg.model.name
+def _round_robin(text: str, index: int) -> str | None:
+    """Entry `index` (modulo length) of a comma-separated run-config list, or None when the list is empty."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    return names[index % len(names)] if names else None
 
 
 @dataclass
@@ -251,7 +275,7 @@ class Node:
         cfg = self.cfg
         exclude = self.universe.training_exclude
         if self.identity.data_path:
-            items = load_items(self.identity.data_path, fmt=cfg.tasks.data_format,
+            items = load_items(resolve_data_path(self.identity.data_path), fmt=cfg.tasks.data_format,
                                uid_prefix=f"node{self.identity.index}")
             return ItemListStream(items, exclude, seed=derive_seed(cfg.seed, self.identity.index, "data"))
         custom = parse_custom_tasks(cfg.tasks.custom)
