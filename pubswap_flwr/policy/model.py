@@ -47,7 +47,8 @@ def data_dir() -> Path:
     if source is not None:
         candidates.append(source / "data")
     for candidate in candidates:
-        if (candidate / "models").is_dir():
+        # Flower's app bundle copies data/*.json but never weights, so a data/ without weights is not the one.
+        if any((candidate / "models").glob("*/model.safetensors")):
             return candidate.resolve()
     raise ModelError(
         "cannot find the project's data/ folder (looked in: " + ", ".join(str(c) for c in candidates) + "); "

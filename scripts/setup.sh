@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Set up pubswap-flwr on a fresh machine (idempotent): a .venv with the CPU build of torch first, then the project
+# and its test dependencies. Activating the venv also disables Flower's per-run `uv sync` of dependencies.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+.venv/bin/python -m pip install --quiet --upgrade pip
+# torch first and pinned: a plain `torch` requirement on a machine without torch pulls a multi-GB CUDA build.
+.venv/bin/python -m pip install --quiet "torch==2.13.0"
+.venv/bin/python -m pip install --quiet -e ".[test]"
+if ! grep -q FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION .venv/bin/activate; then
+    cat >> .venv/bin/activate <<'ENV'
+# pubswap-flwr: dependencies are preinstalled in this venv; never let Flower `uv sync` them per run.
+export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
+ENV
+fi
+echo "pubswap-flwr is set up: . .venv/bin/activate"
