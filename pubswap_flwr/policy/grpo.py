@@ -12,6 +12,7 @@ on-policy samples of the local model, as TRL does without vLLM (notes/grpo-peft.
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -214,10 +215,11 @@ class GRPOLearner:
 
     # -- optimizer state -------------------------------------------------------------------------------------
     def optimizer_state(self) -> dict:
-        return self.optimizer.state_dict()
+        """A copy of the optimizer state (state_dict() alone aliases the live moment tensors)."""
+        return copy.deepcopy(self.optimizer.state_dict())
 
     def load_optimizer_state(self, state: dict) -> None:
-        self.optimizer.load_state_dict(state)
+        self.optimizer.load_state_dict(copy.deepcopy(state))  # load_state_dict may alias the given tensors
 
     def reset_optimizer(self) -> None:
         self.optimizer.state.clear()

@@ -1,0 +1,182 @@
+"""Policy: model resolution, tokenizer consistency, LoRA state io, merged sampling, and the GRPO update's direction."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from pubswap_flwr.policy import from_wire, to_wire
+from pubswap_flwr.policy.grpo import GRPOSettings, build_batch, group_advantages, per_token_logps
+from pubswap_flwr.policy.model import ModelError, resolve_model
+from pubswap_flwr.rollouts import Completion, RolloutGroup
+from pubswap_flwr.tasks import TaskItem
+
+
+def test_resolve_model_embedded_and_errors(tmp_path):
+    path = resolve_model("embedded:tiny")
+    assert path.endswith("data/models/tiny")
+    with pytest.raises(ModelError, match="no embedded model 'nope'; available: tiny, tiny-b"):
+        resolve_model("embedded:nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelError, match="has no config.json"):
+        resolve_model(str(tmp_path / "empty"))
+    assert resolve_model("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"  # hub ids pass through
+
+
+def test_tokenizer_ids_agree_across_loaders(tiny_location):
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    auto = AutoTokenizer.from_pretrained(tiny_location)
+    fast = PreTrainedTokenizerFast.from_pretrained(tiny_location)
+    text = "<|im_start|>user\nCalculate 51 + 20.\n<answer>71</answer><|im_end|> naïve ünïcode 0x3f 12345"
+    assert auto(text)["input_ids"] == fast(text)["input_ids"]
+    assert auto.eos_token == "<|im_end|>" and auto.pad_token == "<|endoftext|>"
+    rendered = auto.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    assert rendered == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_adapter_wire_round_trip_is_fp16_and_loads_back(tiny_policy):
+    state = tiny_policy.adapter()
+    assert all(v.dtype == torch.float32 for v in state.values())
+    wire = to_wire(state)
+    assert all(a.dtype == np.float16 for a in wire.values())
+    back = from_wire(wire)
+    worst = max(float((back[k] - state[k]).abs().max()) for k in state)
+    assert 0 < worst < 1e-3  # fp16 rounding, nothing else
+    tiny_policy.load_adapter(back)
+    assert all(torch.equal(tiny_policy.adapter()[k], back[k]) for k in state)
+    with pytest.raises(ValueError, match="adapter keys do not match"):
+        tiny_policy.load_adapter({"nope": torch.zeros(1)})
+    key = next(iter(state))
+    with pytest.raises(ValueError, match="has shape"):
+        tiny_policy.load_adapter({**state, key: torch.zeros(3, 3)})
+
+
+def test_merged_sampling_restores_base_weights_exactly(tiny_policy):
+    with torch.no_grad():
+        for p in tiny_policy.model.parameters():
+            if p.requires_grad:
+                p.add_(0.1)
+    before = {n: p.detach().clone() for n, p in tiny_policy.model.named_parameters()}
+    item = TaskItem("u", "gcd", "What is 2+2?", "4", "exact")
+    for _ in range(3):
+        out = tiny_policy.sample([item], 4)
+    assert len(out) == 1 and len(out[0]) == 4
+    after = dict(tiny_policy.model.named_parameters())
+    assert all(torch.equal(before[n], after[n]) for n in before)
+
+
+def test_sampling_returns_ids_text_and_logprobs_consistent_with_scoring(tiny_policy):
+    items = [TaskItem("a", "t", "Calculate 4 + 7.", "11", "exact"), TaskItem("b", "t", "Spell lamp backward", "pmal", "exact")]
+    torch.manual_seed(3)
+    out = tiny_policy.sample(items, 3)
+    tok = tiny_policy.tokenizer
+    sample = out[1][0]
+    assert sample.prompt_index == 1
+    assert len(sample.logprobs) == len(sample.token_ids)
+    assert all(lp <= 0 for lp in sample.logprobs)
+    if sample.finished:
+        assert sample.token_ids[-1] == tok.eos_token_id
+    assert sample.text == tok.decode(sample.token_ids, skip_special_tokens=True)
+    # The behaviour log-probs equal the training-time log-probs of the same ids under the (unmerged) policy.
+    group = RolloutGroup(tiny_policy.prompts([items[1]])[0], [Completion(sample.text, tuple(sample.token_ids))], [1.0])
+    batch = build_batch(tok, [group], GRPOSettings(max_completion_tokens=64))
+    with torch.no_grad():
+        lp = per_token_logps(tiny_policy.model, batch.input_ids, batch.attention_mask, batch.completion_ids.shape[1])
+    n = len(sample.token_ids)
+    assert np.allclose(lp[0, :n].numpy(), np.array(sample.logprobs), atol=1e-4)
+
+
+def test_foreign_text_is_retokenized_with_eos_and_truncated(tiny_policy):
+    tok = tiny_policy.tokenizer
+    long_text = "<answer>" + "x" * 200 + "</answer>"
+    group = RolloutGroup("<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n",
+                         [Completion("<answer>5</answer>", source="peer"), Completion(long_text, source="peer")], [1, 0])
+    batch = build_batch(tok, [group], GRPOSettings(max_completion_tokens=8))
+    ids = tok("<answer>5</answer>", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    assert batch.completion_ids[0, : len(ids)].tolist() == ids[:8]
+    assert int(batch.completion_mask[1].sum()) == 8  # truncated to the limit
+    assert batch.foreign.tolist() == [True, True]
+
+
+def test_group_advantages_match_grpo_definition():
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.5, 0.5, 0.5])
+    adv = group_advantages(rewards, [4, 3])
+    std = torch.tensor([1.0, 0.0, 0.0, 1.0]).std(unbiased=True)
+    assert torch.allclose(adv[:4], (torch.tensor([1.0, 0, 0, 1]) - 0.5) / (std + 1e-4))
+    assert torch.equal(adv[4:], torch.zeros(3))  # equal rewards: no signal
+    assert group_advantages(torch.tensor([1.0]), [1]).item() == 0.0
+
+
+def _sum_logp(policy, group: RolloutGroup) -> list[float]:
+    batch = build_batch(policy.tokenizer, [group], policy.learner.settings)
+    with torch.no_grad():
+        lp = per_token_logps(policy.model, batch.input_ids, batch.attention_mask, batch.completion_ids.shape[1])
+    return (lp * batch.completion_mask).sum(-1).tolist()
+
+
+def test_update_direction_rewarded_completions_rise_penalised_fall(tiny_policy):
+    """After a few updates, log-probs of reward-1 completions (one of them foreign text) rise, reward-0 ones fall."""
+    policy = tiny_policy
+    item = TaskItem("u", "basic_arithmetic", "Calculate 4 + 7.", "11", "exact")
+    prompt = policy.prompts([item])[0]
+    eos = policy.tokenizer.eos_token_id
+    own = lambda t: Completion(t, tuple(policy.tokenizer(t, add_special_tokens=False)["input_ids"] + [eos]))
+    group = RolloutGroup(prompt, [own("<answer>11</answer>"), own("<answer>9</answer>"),
+                                  Completion("<answer>11</answer>!", source="peer"), own("<answer>7</answer>")],
+                         [1.0, 0.0, 1.0, 0.0])
+    before = _sum_logp(policy, group)
+    for _ in range(3):
+        stats = policy.update([group])
+    after = _sum_logp(policy, group)
+    assert stats.foreign_completions == 1 and stats.completions == 4
+    assert after[0] > before[0] and after[2] > before[2]
+    assert after[1] < before[1] and after[3] < before[3]
+
+
+def test_proximal_term_changes_the_update_and_vanishes_at_mu_zero(tiny_policy):
+    policy = tiny_policy
+    item = TaskItem("u", "t", "Calculate 1 + 1.", "2", "exact")
+    prompt = policy.prompts([item])[0]
+    group = RolloutGroup(prompt, [Completion("<answer>2</answer>"), Completion("<answer>3</answer>")], [1.0, 0.0])
+    start = {k: v.clone() for k, v in policy.adapter().items()}
+    # Move away from the reference first so the proximal gradient is non-zero.
+    policy.update([group])
+    moved = policy.adapter()
+    reference = {n: start_tensor for n, start_tensor in zip(policy.learner.params, start.values())}
+    optimizer_state = policy.learner.optimizer_state()
+
+    def step(mu: float | None) -> dict:
+        policy.load_adapter(moved)
+        policy.learner.load_optimizer_state(optimizer_state)
+        torch.manual_seed(0)
+        stats = policy.update([group], proximal_reference=reference if mu is not None else None,
+                              proximal_mu=mu if mu is not None else 0.0)
+        return policy.adapter(), stats
+
+    plain, _ = step(None)
+    zero, zero_stats = step(0.0)
+    prox, prox_stats = step(10.0)
+    assert zero_stats.proximal == 0.0
+    assert all(torch.equal(plain[k], zero[k]) for k in plain)  # mu = 0: identical update
+    assert prox_stats.proximal > 0
+    assert max(float((plain[k] - prox[k]).abs().max()) for k in plain) > 1e-6
+    # The proximal pull brings the adapter closer to the reference.
+    dist = lambda s: sum(float((s[k] - start[k]).pow(2).sum()) for k in s)
+    assert dist(prox) < dist(plain)
+
+
+def test_optimizer_state_survives_save_and_restore(tiny_policy, tmp_path):
+    policy = tiny_policy
+    group = RolloutGroup(policy.prompts([TaskItem("u", "t", "q", "2", "exact")])[0],
+                         [Completion("<answer>2</answer>"), Completion("<answer>3</answer>")], [1.0, 0.0])
+    policy.update([group])
+    torch.save(policy.learner.optimizer_state(), tmp_path / "opt.pt")
+    steps_before = [s["step"] for s in policy.learner.optimizer.state.values()]
+    policy.learner.reset_optimizer()
+    assert not policy.learner.optimizer.state
+    policy.learner.load_optimizer_state(torch.load(tmp_path / "opt.pt", weights_only=True))
+    assert [s["step"] for s in policy.learner.optimizer.state.values()] == steps_before
+    policy.update([group])
+    assert all(float(s["step"]) == float(b) + 1 for s, b in zip(policy.learner.optimizer.state.values(), steps_before))
