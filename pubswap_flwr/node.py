@@ -29,6 +29,7 @@ from .rollouts import Completion, RolloutGroup
 from .sapo import Packet, Selection, select_external, select_local
 from .tasks import (HeldOutSet, ItemListStream, MixtureStream, PublicSet, StreamCursor, TaskItem, load_items,
                     node_mixes, parse_custom_tasks, parse_mix, score_completion)
+from .tasks.splits import MAX_NODES
 from .tasks.verifiers import VERIFIERS
 
 log = logging.getLogger(__name__)
@@ -144,7 +145,7 @@ class NodeIdentity:
         """Simulation: partition-id from Flower, state under the run dir. Deployment: node-config keys
         `state-dir`, `data-path`, `model-name`, `task-mix`, optional `partition-id`."""
         partition = node_config.get("partition-id")
-        index = int(partition) if partition is not None else int(node_id) % 10_000
+        index = int(partition) if partition is not None else int(node_id) % MAX_NODES
         if node_config.get("state-dir"):
             state_dir = Path(str(node_config["state-dir"])).expanduser().resolve() / run_name
         elif run_dir and partition is not None:

@@ -43,7 +43,7 @@ class ScoredPacket:
 
     @property
     def has_signal(self) -> bool:
-        return max(self.rewards) - min(self.rewards) > 1e-12
+        return bool(self.rewards) and max(self.rewards) - min(self.rewards) > 1e-12
 
 
 @dataclass

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Mapping
@@ -106,8 +107,8 @@ def parse_mix(text: str, custom: Mapping[str, TaskSpec] | None = None, *, key: s
             weight = float(weight_text) if weight_text.strip() else 1.0
         except ValueError as err:
             raise TaskError(f"{key}: weight of {name!r} is not a number: {weight_text!r}") from err
-        if weight <= 0:
-            raise TaskError(f"{key}: weight of {name!r} must be > 0, got {weight}")
+        if not math.isfinite(weight) or weight <= 0:
+            raise TaskError(f"{key}: weight of {name!r} must be a finite number > 0, got {weight}")
         if name in seen:
             raise TaskError(f"{key}: task {name!r} is listed twice")
         seen.add(name)

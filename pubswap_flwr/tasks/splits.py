@@ -17,9 +17,11 @@ from .items import TaskItem
 from .specs import TaskSpec, generate_entry
 
 RANGE = 10_000_000  # items per stream; indices never reach this
-SPLIT_BASE = {"public": 1_000_000_000, "eval": 2_000_000_000, "private": 3_000_000_000, "sft": 4_000_000_000}
 MAX_TASKS = 90  # tasks per split namespace (keeps private node ranges apart)
-DATA_SEED_STRIDE = 100_000_000_000
+MAX_NODES = 10_000  # node indices (deployment: node id modulo this)
+# public/eval/sft take one 1e9 block each; private streams start above them: MAX_NODES * MAX_TASKS * RANGE = 9e12.
+SPLIT_BASE = {"public": 1_000_000_000, "eval": 2_000_000_000, "sft": 4_000_000_000, "private": 10_000_000_000}
+DATA_SEED_STRIDE = 10_000_000_000_000  # > private base + the whole private block
 
 
 def stream_seed(split: str, task_index: int, node: int = 0, data_seed: int = 0) -> int:
@@ -28,8 +30,8 @@ def stream_seed(split: str, task_index: int, node: int = 0, data_seed: int = 0) 
         raise ValueError(f"unknown split {split!r}")
     if not 0 <= task_index < MAX_TASKS:
         raise ValueError(f"task index {task_index} out of range")
-    if node < 0:
-        raise ValueError("node index must be >= 0")
+    if not 0 <= node < MAX_NODES:
+        raise ValueError(f"node index {node} out of range [0, {MAX_NODES})")
     base = SPLIT_BASE[split] + data_seed * DATA_SEED_STRIDE
     if split == "private":
         return base + (node * MAX_TASKS + task_index) * RANGE

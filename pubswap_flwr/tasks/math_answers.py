@@ -1,0 +1,348 @@
+"""Math answers: the last \\boxed{} of a text, and the "math" verifier comparing answers by equivalence (math-verify).
+
+The reference and the model's answer (the text inside the last <answer> tag; a \\boxed{...} inside it is used when
+present) are parsed as LaTeX by math-verify and compared by mathematical equivalence: 1/2 = 0.5 = \\frac{1}{2},
+{1, 2} = {2, 1}, [2, 5) intervals, 2\\sqrt{2} = \\sqrt{8}, x = 3 against 3, 50\\% = 0.5, and so on. Text that is
+not LaTeX math (a broken \\frac{1}{, an empty box) is reward 0 with a reason (a ValueError that `score_completion`
+records). Only math-verify's LaTeX extraction is used, never its sympy `parse_expr` path (which calls eval()), so no
+model text is evaluated as code.
+
+Timeouts. math-verify's own timeouts use signal.alarm, which only works in the main thread, and Flower runs client
+code in worker threads and Ray actors. So parsing and comparison never run in the caller's process: a `MathChecker`
+keeps one long-lived worker process (`_math_worker.py`, started with subprocess, so it works from any thread, from
+Ray actors and from daemonic processes, and forks nothing that holds the caller's locks) and talks to it over
+JSON lines on pipes. Each check has two bounds:
+
+* soft: the worker's main thread arms a signal timer of `timeout_s` around parse + verify; when it fires the check
+  answers "timeout" and the worker stays up for the next check;
+* hard: the caller waits at most `timeout_s + grace_s` for the reply; a computation that ignores the signal (a long
+  C-level big-integer operation, a library that catches everything) gets the worker killed and restarted on the next
+  check.
+
+Either way the caller gets a `MathTimeout` (a ValueError) within the hard bound, from any thread. The worker's
+address space is capped (`memory_mb`) so a huge power or factorial fails fast with an out-of-memory reason. Checks
+are serialized per checker (a lock); repeated (reference, answer) pairs are answered from a small cache, which
+matters for GRPO groups where many completions give the same answer.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import queue
+import re
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+from .items import TaskItem
+from .verifiers import register_verifier
+
+log = logging.getLogger(__name__)
+
+WORKER_SCRIPT = Path(__file__).with_name("_math_worker.py")
+DEFAULT_TIMEOUT_S = 5.0
+DEFAULT_GRACE_S = 2.0
+DEFAULT_MEMORY_MB = 2048
+DEFAULT_STARTUP_TIMEOUT_S = 120.0
+MAX_MATH_CHARS = 2000  # longer answers are refused before any parsing
+PLAIN_WORDS = frozenset({"yes", "no", "true", "false"})  # compared as text: LaTeX would read "Yes" as Y*e*s
+
+_BOX_COMMANDS = ("\\boxed", "\\fbox")
+_DELIMITERS = ("$", "\\(", "\\[")
+
+
+class MathTimeout(ValueError):
+    """A math check did not finish within its timeout."""
+
+
+# --- text ---------------------------------------------------------------------------------------------------------
+
+
+def _braced(text: str, start: int) -> str | None:
+    """Content of the brace group opening at text[start] ("{"), or None when it is not closed; skips \\{ and \\}."""
+    depth = 0
+    i = start
+    while i < len(text):
+        char = text[i]
+        if char == "\\":
+            i += 2
+            continue
+        if char == "{":
+            depth += 1
+        elif char == "}":
+            depth -= 1
+            if depth == 0:
+                return text[start + 1:i]
+        i += 1
+    return None
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last \\boxed{...} (or \\fbox{...}, or "\\boxed 5") in `text`, or None when there is none.
+
+    An unclosed last box gives None rather than an earlier box: the last box is the final answer.
+    """
+    position, command = max((text.rfind(name), name) for name in _BOX_COMMANDS)
+    if position < 0:
+        return None
+    i = position + len(command)
+    if i < len(text) and text[i] == "{":
+        return _braced(text, i)
+    match = re.match(r"\s+([^\s$]+)", text[i:])  # "\boxed 5" (no braces) as in some MATH solutions
+    return match.group(1) if match else None
+
+
+def math_text(text: str) -> str:
+    """`text` as math-verify input: the last box's content in $...$, text with its own delimiters as is, else $text$."""
+    text = text.strip()
+    if not text:
+        raise ValueError("empty math answer")
+    if len(text) > MAX_MATH_CHARS:
+        raise ValueError(f"math answer has {len(text)} chars, over the {MAX_MATH_CHARS} limit")
+    if any(command in text for command in _BOX_COMMANDS):
+        boxed = last_boxed(text)
+        if boxed is None:
+            raise ValueError("unclosed \\boxed{ in math answer")
+        if not boxed.strip():
+            raise ValueError("empty \\boxed{} in math answer")
+        return f"${boxed.strip()}$"
+    if any(delimiter in text for delimiter in _DELIMITERS):
+        return text
+    return f"${text}$"
+
+
+def _fast_key(latex: str) -> str:
+    return "".join(latex.strip().strip("$").split())
+
+
+def _plain_word(latex: str) -> str | None:
+    inner = _fast_key(latex)
+    match = re.fullmatch(r"(?:\\text\{)?([A-Za-z]+)\}?\.?", inner)
+    word = match.group(1).casefold() if match else None
+    return word if word in PLAIN_WORDS else None
+
+
+# --- the worker ---------------------------------------------------------------------------------------------------
+
+
+def _pump(stream: Any, lines: "queue.Queue[str | None]") -> None:
+    for line in stream:
+        lines.put(line)
+    lines.put(None)
+
+
+def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.kill()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            log.warning("math worker %s did not exit after kill", process.pid)
+    for stream in (process.stdin, process.stdout):
+        if stream is not None:
+            try:
+                stream.close()
+            except OSError as err:
+                log.debug("closing math worker pipe: %s", err)
+
+
+class _Worker:
+    """One worker process with a reader thread feeding its reply lines into a queue."""
+
+    def __init__(self, memory_mb: int, startup_timeout_s: float):
+        self.process = subprocess.Popen(
+            [sys.executable, str(WORKER_SCRIPT), "--memory-mb", str(int(memory_mb))],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, encoding="utf-8", bufsize=1,
+        )
+        self._finalizer = weakref.finalize(self, _stop, self.process)
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=_pump, args=(self.process.stdout, self.lines), daemon=True,
+                         name=f"math-worker-{self.process.pid}").start()
+        reply = self.read(time.monotonic() + startup_timeout_s)
+        if reply is None or not reply.get("ready"):
+            self.stop()
+            raise RuntimeError(f"math worker did not start within {startup_timeout_s:g} s "
+                               f"(exit code {self.process.poll()})")
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def read(self, deadline: float) -> dict | None:
+        """The next reply, or None when the deadline passes or the worker exits."""
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            try:
+                line = self.lines.get(timeout=remaining)
+            except queue.Empty:
+                return None
+            if line is None:
+                return None
+            try:
+                return json.loads(line)
+            except json.JSONDecodeError:
+                log.warning("math worker wrote a non-JSON line: %.200s", line)
+
+    def send(self, request: dict) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps(request) + "\n")
+        self.process.stdin.flush()
+
+    def stop(self) -> None:
+        self._finalizer()
+
+
+_LIVE_CHECKERS: "weakref.WeakSet[MathChecker]" = weakref.WeakSet()
+
+
+class MathChecker:
+    """Equivalence of two math answers, computed in a worker process with soft and hard timeouts (module docstring)."""
+
+    def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S, *, grace_s: float = DEFAULT_GRACE_S,
+                 memory_mb: int = DEFAULT_MEMORY_MB, startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
+                 soft_timeout: bool = True, cache_size: int = 4096):
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        self.timeout_s = float(timeout_s)
+        self.grace_s = float(grace_s)
+        self.memory_mb = int(memory_mb)
+        self.startup_timeout_s = float(startup_timeout_s)
+        self.soft_timeout = soft_timeout
+        self.cache_size = cache_size
+        self.restarts = 0  # workers killed at the hard deadline or found dead
+        self._lock = threading.Lock()
+        self._worker: _Worker | None = None
+        self._next_id = 0
+        self._cache: OrderedDict[tuple[str, str], tuple[str, Any]] = OrderedDict()
+        _LIVE_CHECKERS.add(self)
+
+    def equivalent(self, gold: str, answer: str, *, fast_path: bool = True) -> bool:
+        """Whether `answer` equals `gold` mathematically. Raises ValueError (MathTimeout on timeout) with the reason
+        when either cannot be parsed or the check does not finish; RuntimeError when the worker cannot start."""
+        gold_latex, answer_latex = math_text(gold), math_text(answer)
+        if fast_path:
+            if _fast_key(gold_latex) == _fast_key(answer_latex):
+                return True
+            word = _plain_word(gold_latex)
+            if word is not None:
+                return _plain_word(answer_latex) == word
+        outcome, value = self._check(gold_latex, answer_latex)
+        if outcome == "equal":
+            return bool(value)
+        if outcome == "timeout":
+            raise MathTimeout(value)
+        raise ValueError(value)
+
+    def _check(self, gold_latex: str, answer_latex: str) -> tuple[str, Any]:
+        key = (gold_latex, answer_latex)
+        with self._lock:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                return self._cache[key]
+            outcome = self._ask(gold_latex, answer_latex)
+            if self.cache_size > 0:
+                self._cache[key] = outcome
+                while len(self._cache) > self.cache_size:
+                    self._cache.popitem(last=False)
+            return outcome
+
+    def _ask(self, gold_latex: str, answer_latex: str) -> tuple[str, Any]:
+        if self._worker is not None and not self._worker.alive:
+            log.warning("math worker exited (code %s); restarting", self._worker.process.poll())
+            self._worker.stop()
+            self._worker = None
+            self.restarts += 1
+        if self._worker is None:
+            self._worker = _Worker(self.memory_mb, self.startup_timeout_s)
+        worker = self._worker
+        self._next_id += 1
+        request_id = self._next_id
+        hard_s = self.timeout_s + self.grace_s
+        try:
+            worker.send({"id": request_id, "gold": gold_latex, "answer": answer_latex,
+                         "timeout_s": self.timeout_s if self.soft_timeout else 0})
+        except OSError as err:  # broken pipe: the worker died between checks
+            self._kill(worker)
+            raise RuntimeError(f"math worker pipe failed: {err}") from err
+        deadline = time.monotonic() + hard_s
+        while True:
+            reply = worker.read(deadline)
+            if reply is None:
+                died = not worker.alive
+                self._kill(worker)
+                if died:
+                    raise RuntimeError(f"math worker exited (code {worker.process.poll()}) during a check")
+                return ("timeout", f"math check hit the {hard_s:g} s hard timeout; worker killed")
+            if reply.get("id") == request_id:
+                break
+        if "equal" in reply:
+            return ("equal", bool(reply["equal"]))
+        error, message = reply.get("error"), str(reply.get("message"))
+        if error == "timeout":
+            return ("timeout", message)
+        if error == "gold_unparsed":
+            return ("error", f"could not parse reference answer {gold_latex[:80]!r} as math")
+        if error == "answer_unparsed":
+            return ("error", f"could not parse answer {answer_latex[:80]!r} as math")
+        return ("error", f"math check failed: {message}")
+
+    def _kill(self, worker: _Worker) -> None:
+        worker.stop()
+        if self._worker is worker:
+            self._worker = None
+        self.restarts += 1
+
+    def close(self) -> None:
+        with self._lock:
+            if self._worker is not None:
+                self._worker.stop()
+                self._worker = None
+
+
+@atexit.register
+def _close_all() -> None:
+    for checker in list(_LIVE_CHECKERS):
+        checker.close()
+
+
+# --- the verifier -------------------------------------------------------------------------------------------------
+
+_default_checker: MathChecker | None = None
+_default_lock = threading.Lock()
+
+
+def default_checker() -> MathChecker:
+    """The checker the "math" verifier uses (created on first use)."""
+    global _default_checker
+    with _default_lock:
+        if _default_checker is None:
+            _default_checker = MathChecker()
+        return _default_checker
+
+
+def set_default_checker(checker: MathChecker | None) -> MathChecker | None:
+    """Replace the verifier's checker (None: a default one on next use); returns the previous one (not closed)."""
+    global _default_checker
+    with _default_lock:
+        previous, _default_checker = _default_checker, checker
+        return previous
+
+
+def score_math(answer: str, item: TaskItem) -> float:
+    """1.0 when `answer` is mathematically equal to the item's reference answer, else 0.0; ValueError with a reason
+    when either does not parse or the check times out."""
+    if item.answer is None:
+        raise ValueError("item has no reference answer")
+    return 1.0 if default_checker().equivalent(item.answer, answer) else 0.0
+
+
+register_verifier("math", score_math)

@@ -1,0 +1,102 @@
+"""The Flower app end to end through `flwr run` (hermetic FLWR_HOME and ports): fedavg and fedprox runs, outputs,
+a bad config failing the run with the key named, and the saved adapter loading with PEFT."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors.numpy import load_file
+
+from pubswap_flwr.config import ExperimentConfig
+from pubswap_flwr.metrics import read_metrics
+
+from .flower_harness import LocalFlower
+
+pytestmark = pytest.mark.integration
+
+SMALL = ("num-server-rounds=2 train.local-steps=2 train.prompts-per-step=4 train.completions-per-prompt=4 "
+         "eval.items-per-task=10 seed=3")
+
+
+@pytest.fixture(scope="module")
+def flower(tmp_path_factory):
+    harness = LocalFlower(tmp_path_factory.mktemp("flower"))
+    yield harness
+    harness.close()
+
+
+def _overrides(tmp_path, name: str, extra: str = "") -> list[str]:
+    """Base settings, then `extra` as a second -c (a key may appear once per -c string)."""
+    return [f"{SMALL} output.dir='{tmp_path}' run-name='{name}'"] + ([extra] if extra else [])
+
+
+def test_fedavg_run_writes_metrics_and_adapters_and_changes_the_global_adapter(flower, tmp_path):
+    row = flower.run(_overrides(tmp_path, "fedavg"))
+    assert row["status"] == "finished:completed", row
+    run_dir = tmp_path / "fedavg"
+    rows = read_metrics(run_dir)
+    assert [r["round"] for r in rows] == [0, 1, 2]
+    assert all("greedy_accuracy" in r["eval"] and "sampled_reward" in r["eval"] for r in rows)
+    for r in rows[1:]:
+        assert len(r["clients"]) == 2 and not r["dropped"]
+        assert all(c["bytes_sent"] > 0 and c["bytes_received"] > 0 for c in r["clients"].values())
+        assert r["aggregated"] is True and r["parameter_drift"] > 0
+        assert set(r["time"]) >= {"round_s", "sampling_s", "update_s", "evaluation_s", "comm_orchestration_s"}
+        assert 0 <= r["train_reward"] <= 1
+    assert rows[2]["cumulative_reward"] == pytest.approx(rows[1]["train_reward"] + rows[2]["train_reward"])
+    for name in ("round-0001", "round-0002", "final"):
+        assert (run_dir / "adapters" / name / "adapter_config.json").is_file()
+        assert (run_dir / "adapters" / name / "adapter_model.safetensors").is_file()
+    assert json.loads((run_dir / "status.json").read_text())["status"] == "completed"
+    # The global adapter moved away from its seeded initialisation.
+    from pubswap_flwr.server import GlobalEvaluator
+
+    initial = GlobalEvaluator(ExperimentConfig.from_flat({"seed": 3})).initial_adapter()
+    final = load_file(str(run_dir / "adapters" / "final" / "adapter_model.safetensors"))
+    assert len(final) == len(initial)
+    moved = max(float(np.abs(final[k] - initial[k]).max()) for k in final)
+    assert moved > 1e-4
+
+
+def test_fedprox_run_completes(flower, tmp_path):
+    row = flower.run(_overrides(tmp_path, "fedprox", "strategy.mode='fedprox' strategy.proximal-mu=0.01"))
+    assert row["status"] == "finished:completed", row
+    rows = read_metrics(tmp_path / "fedprox")
+    assert rows[-1]["mode"] == "fedprox" and rows[-1]["aggregated"] is True
+
+
+@pytest.mark.parametrize("override, key", [
+    ("strategy.mode='fedsgd'", "strategy.mode"),
+    ("train.local-steps=0", "train.local-steps"),
+    ("strategy.fraction-train=1.5", "strategy.fraction-train"),
+])
+def test_invalid_config_fails_the_run_at_start_naming_the_key(flower, tmp_path, override, key):
+    row = flower.run(_overrides(tmp_path, "bad", override))
+    assert row["status"] == "finished:failed"
+    assert key in row["status-details"]
+    assert not (tmp_path / "bad" / "metrics.jsonl").exists()  # stopped before any round
+
+
+def test_saved_adapter_loads_with_peft_and_generates(flower, tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    row = flower.run(_overrides(tmp_path, "peft", "num-server-rounds=1"))
+    assert row["status"] == "finished:completed", row
+    adapter_dir = tmp_path / "peft" / "adapters" / "final"
+    config = json.loads((adapter_dir / "adapter_config.json").read_text())
+    base = AutoModelForCausalLM.from_pretrained(config["base_model_name_or_path"])
+    model = PeftModel.from_pretrained(base, str(adapter_dir))
+    tokenizer = AutoTokenizer.from_pretrained(config["base_model_name_or_path"])
+    prompt = "<|im_start|>user\nCalculate 4 + 7.\nReply with only the final answer as <answer>X</answer>.<|im_end|>\n" \
+             "<|im_start|>assistant\n"
+    ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)
+    out = model.generate(**ids, max_new_tokens=12, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    text = tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+    assert "<answer>" in text
+    loaded = {n: p for n, p in model.named_parameters() if "lora_" in n}
+    assert loaded and any(float(p.abs().sum()) > 0 for n, p in loaded.items() if "lora_B" in n)
+    assert torch.is_tensor(next(iter(loaded.values())))

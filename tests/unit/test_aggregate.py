@@ -1,0 +1,214 @@
+"""LoRA adapter aggregation: weighted mean, robust variants, clipping and drift."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pubswap_flwr.aggregate import (
+    AggregationError,
+    aggregate,
+    clip_update,
+    coordinate_median,
+    mean_pairwise_l2,
+    trimmed_mean,
+    update_norm,
+    weighted_mean,
+)
+
+
+def adapter(a, b) -> dict[str, np.ndarray]:
+    return {"layer.lora_A": np.asarray(a, dtype=np.float32), "layer.lora_B": np.asarray(b, dtype=np.float32)}
+
+
+# --- weighted mean ----------------------------------------------------------------------------------------------
+
+
+def test_weighted_mean_exact_values():
+    x = adapter([[1.0, 2.0]], [[4.0], [0.0]])
+    y = adapter([[5.0, -2.0]], [[0.0], [8.0]])
+    out = weighted_mean([x, y], [1, 3])
+    np.testing.assert_array_equal(out["layer.lora_A"], np.array([[4.0, -1.0]], dtype=np.float32))
+    np.testing.assert_array_equal(out["layer.lora_B"], np.array([[1.0], [6.0]], dtype=np.float32))
+    assert all(v.dtype == np.float32 for v in out.values())
+    assert set(out) == {"layer.lora_A", "layer.lora_B"}
+
+
+def test_weights_are_normalised():
+    x = adapter([[1.0, 2.0]], [[3.0]])
+    y = adapter([[3.0, 6.0]], [[5.0]])
+    a = weighted_mean([x, y], [1, 1])
+    b = weighted_mean([x, y], [50, 50])
+    c = weighted_mean([x, y], [0.25, 0.25])
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k])
+        np.testing.assert_array_equal(a[k], c[k])
+    np.testing.assert_array_equal(a["layer.lora_A"], [[2.0, 4.0]])
+    # a zero weight ignores that adapter entirely
+    only_y = weighted_mean([x, y], [0, 7])
+    np.testing.assert_array_equal(only_y["layer.lora_A"], y["layer.lora_A"])
+
+
+def test_single_adapter_mean_is_itself():
+    x = adapter([[0.1, -0.7]], [[1.5]])
+    out = weighted_mean([x], [3.0])
+    for k in x:
+        np.testing.assert_allclose(out[k], x[k], rtol=0, atol=1e-7)
+
+
+def test_fp16_transport_error_is_bounded_and_output_is_fp32():
+    rng = np.random.default_rng(0)
+    clients = [{"A": rng.normal(0, 0.05, (8, 64)).astype(np.float32), "B": rng.normal(0, 0.05, (64, 8)).astype(np.float32)}
+               for _ in range(4)]
+    weights = [10, 20, 30, 40]
+    exact = weighted_mean(clients, weights)
+    sent = [{k: v.astype(np.float16) for k, v in c.items()} for c in clients]
+    received = weighted_mean(sent, weights)
+    for k in exact:
+        assert received[k].dtype == np.float32
+        bound = max(np.abs(c[k]).max() for c in clients) * 2.0**-11 + 1e-7  # half an fp16 ulp, relative
+        err = np.abs(received[k] - exact[k]).max()
+        assert err <= bound
+        assert err > 0  # fp16 did round something: the bound is exercised, not vacuous
+
+
+def test_a_and_b_are_averaged_separately_not_their_products():
+    # Client 1: B1 A1 = [[1]]*[[1]]; client 2: B2 A2 = [[3]]*[[3]] (rank 1, 1x1 for clarity).
+    c1 = {"A": np.array([[1.0]], dtype=np.float32), "B": np.array([[1.0]], dtype=np.float32)}
+    c2 = {"A": np.array([[3.0]], dtype=np.float32), "B": np.array([[3.0]], dtype=np.float32)}
+    out = weighted_mean([c1, c2], [1, 1])
+    assert out["A"][0, 0] == 2.0 and out["B"][0, 0] == 2.0
+    product_of_means = (out["B"] @ out["A"])[0, 0]
+    mean_of_products = ((c1["B"] @ c1["A"] + c2["B"] @ c2["A"]) / 2)[0, 0]
+    assert product_of_means == 4.0
+    assert mean_of_products == 5.0  # the two differ; aggregation is per tensor (the PubSwap paper's choice)
+
+
+def test_key_mismatch_raises():
+    with pytest.raises(AggregationError, match="adapter 1 has different tensor keys"):
+        weighted_mean([{"A": np.zeros(2)}, {"B": np.zeros(2)}], [1, 1])
+    with pytest.raises(AggregationError, match="adapter 2 has different tensor keys"):
+        coordinate_median([{"A": np.zeros(2)}, {"A": np.zeros(2)}, {"A": np.zeros(2), "B": np.zeros(2)}])
+
+
+def test_shape_mismatch_raises_naming_key_and_shapes():
+    with pytest.raises(AggregationError, match=r"adapter 1: A has shape \(3,\), expected \(2,\)"):
+        weighted_mean([{"A": np.zeros(2)}, {"A": np.zeros(3)}], [1, 1])
+
+
+@pytest.mark.parametrize("weights,match", [
+    ([1.0], "1 weights for 2 adapters"),
+    ([1.0, -1.0], "weights must be finite"),
+    ([0.0, 0.0], "weights must be finite"),
+    ([float("nan"), 1.0], "weights must be finite"),
+    ([float("inf"), 1.0], "weights must be finite"),
+])
+def test_bad_weights_raise(weights, match):
+    with pytest.raises(AggregationError, match=match):
+        weighted_mean([{"A": np.zeros(2)}, {"A": np.ones(2)}], weights)
+
+
+def test_no_adapters_raises():
+    with pytest.raises(AggregationError, match="no adapters"):
+        weighted_mean([], [])
+    with pytest.raises(AggregationError, match="no adapters"):
+        trimmed_mean([], 0.2)
+
+
+# --- robust aggregation -----------------------------------------------------------------------------------------
+
+
+def _honest_and_outlier():
+    rng = np.random.default_rng(1)
+    truth = rng.normal(0, 1, (16, 16)).astype(np.float32)
+    honest = [{"W": truth + rng.normal(0, 0.01, truth.shape).astype(np.float32)} for _ in range(4)]
+    outlier = {"W": truth * 100}
+    return truth, honest + [outlier]
+
+
+def test_median_and_trimmed_mean_resist_a_x100_outlier():
+    truth, clients = _honest_and_outlier()
+    err = lambda out: float(np.abs(out["W"] - truth).max())  # noqa: E731
+    mean_err = err(weighted_mean(clients, [1] * 5))
+    median_err = err(coordinate_median(clients))
+    trimmed_err = err(trimmed_mean(clients, 0.2))
+    assert mean_err > 10  # the outlier drags the mean by ~99/5 of |truth|
+    assert median_err < 0.05
+    assert trimmed_err < 0.05
+    assert median_err * 100 < mean_err and trimmed_err * 100 < mean_err
+
+
+def test_median_values():
+    xs = [{"W": np.array([1.0, 10.0])}, {"W": np.array([2.0, -5.0])}, {"W": np.array([100.0, 0.0])}]
+    np.testing.assert_array_equal(coordinate_median(xs)["W"], [2.0, 0.0])
+    even = xs + [{"W": np.array([3.0, 1.0])}]
+    np.testing.assert_array_equal(coordinate_median(even)["W"], [2.5, 0.5])
+
+
+def test_trimmed_mean_values():
+    xs = [{"W": np.array([v], dtype=np.float32)} for v in [1, 2, 3, 4, 100]]
+    np.testing.assert_allclose(trimmed_mean(xs, 0.2)["W"], [3.0])  # drops 1 and 100
+    np.testing.assert_allclose(trimmed_mean(xs, 0.0)["W"], [22.0])  # plain mean
+    np.testing.assert_allclose(trimmed_mean(xs, 0.19)["W"], [22.0])  # floor(0.95) = 0 cut
+
+
+def test_trimmed_mean_that_leaves_nothing_raises():
+    xs = [{"W": np.zeros(1)}, {"W": np.ones(1)}]
+    with pytest.raises(AggregationError, match="leaves no values"):
+        trimmed_mean(xs, 0.5)
+
+
+# --- clipping ---------------------------------------------------------------------------------------------------
+
+
+def test_clip_update_caps_the_update_norm():
+    ref = {"A": np.array([1.0, 1.0], dtype=np.float32), "B": np.zeros(1, dtype=np.float32)}
+    big = {"A": np.array([4.0, 5.0], dtype=np.float32), "B": np.array([0.0], dtype=np.float32)}  # update (3, 4)
+    assert update_norm(big, ref) == pytest.approx(5.0)
+    clipped = clip_update(big, ref, 1.0)
+    assert update_norm(clipped, ref) == pytest.approx(1.0, rel=1e-6)
+    np.testing.assert_allclose(clipped["A"], [1.6, 1.8], rtol=1e-6)  # same direction, length 1
+    assert all(v.dtype == np.float32 for v in clipped.values())
+
+
+def test_clip_update_leaves_short_updates_and_disabled_clipping_alone():
+    ref = {"A": np.zeros(2, dtype=np.float32)}
+    small = {"A": np.array([0.3, 0.4], dtype=np.float32)}
+    np.testing.assert_array_equal(clip_update(small, ref, 1.0)["A"], small["A"])
+    big = {"A": np.array([30.0, 40.0], dtype=np.float16)}
+    out = clip_update(big, ref, 0.0)
+    np.testing.assert_array_equal(out["A"], [30.0, 40.0])
+    assert out["A"].dtype == np.float32
+
+
+def test_aggregate_dispatch_and_clipping():
+    ref = {"W": np.zeros(2, dtype=np.float32)}
+    xs = [{"W": np.array([3.0, 4.0], dtype=np.float32)}, {"W": np.array([0.0, 0.0], dtype=np.float32)}]
+    np.testing.assert_allclose(aggregate(xs, [1, 1])["W"], [1.5, 2.0])
+    clipped = aggregate(xs, [1, 1], reference=ref, clip_norm=1.0)
+    np.testing.assert_allclose(clipped["W"], [0.3, 0.4], rtol=1e-6)
+    np.testing.assert_allclose(aggregate(xs, [1, 1], method="median")["W"], [1.5, 2.0])
+    three = xs + [{"W": np.array([1.0, 1.0], dtype=np.float32)}]
+    np.testing.assert_allclose(aggregate(three, [1, 1, 1], method="trimmed-mean", trim_fraction=0.34)["W"], [1.0, 1.0])
+    with pytest.raises(AggregationError, match="needs the reference"):
+        aggregate(xs, [1, 1], clip_norm=1.0)
+    with pytest.raises(AggregationError, match="unknown aggregation 'krum'"):
+        aggregate(xs, [1, 1], method="krum")
+
+
+# --- drift ------------------------------------------------------------------------------------------------------
+
+
+def test_mean_pairwise_l2_values():
+    xs = [{"W": np.array([0.0, 0.0])}, {"W": np.array([3.0, 4.0])}, {"W": np.array([6.0, 8.0])}]
+    assert mean_pairwise_l2(xs) == pytest.approx((5 + 10 + 5) / 3)
+    assert mean_pairwise_l2(xs[:2]) == pytest.approx(5.0)
+    assert mean_pairwise_l2(xs[:1]) == 0.0
+    assert mean_pairwise_l2([]) == 0.0
+    same = [{"W": np.ones(3)}, {"W": np.ones(3)}]
+    assert mean_pairwise_l2(same) == 0.0
+
+
+def test_mean_pairwise_l2_sums_over_all_tensors():
+    xs = [{"A": np.array([0.0]), "B": np.array([0.0])}, {"A": np.array([3.0]), "B": np.array([4.0])}]
+    assert mean_pairwise_l2(xs) == pytest.approx(5.0)
