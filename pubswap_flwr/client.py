@@ -46,6 +46,8 @@ def handle(msg: Message, context: Context, run_config: dict | None = None) -> Me
     metrics: dict[str, float] = {}
     payload: dict = {}
 
+    if bool(config.get("evaluate-initial", False)):  # SAPO: each node's own starting point (round 0)
+        payload["eval-initial"] = _evaluate(node, cfg)
     if task in ("fedavg-round", "pubswap-segment") and ADAPTER_KEY in msg.content:
         node.receive_global(from_wire(adapter_from_record(msg.content[ADAPTER_KEY])))
     if task == "fedavg-round":
@@ -79,10 +81,7 @@ def handle(msg: Message, context: Context, run_config: dict | None = None) -> Me
         payload["rejections"] = selection.rejections[:20]
         if bool(config.get("evaluate", False)):
             ev_started = time.perf_counter()
-            result = evaluate(node.policy, node.universe.held_out.items, sampled=cfg.eval.sampled,
-                              batch_size=cfg.eval.batch_size, seed=cfg.seed,
-                              max_chars=cfg.generation.max_completion_chars)
-            payload["eval"] = result
+            payload["eval"] = _evaluate(node, cfg)
             metrics["eval-seconds"] = time.perf_counter() - ev_started
         if bool(config.get("save-adapter", False)):
             node.policy.model.save_pretrained(str(node.state_dir / "adapter"))
@@ -111,3 +110,8 @@ def handle(msg: Message, context: Context, run_config: dict | None = None) -> Me
     content[METRICS_KEY] = metrics_record(metrics)
     content[PAYLOAD_KEY] = payload_record(payload)
     return Message(content, reply_to=msg)
+
+
+def _evaluate(node: Node, cfg: ExperimentConfig) -> dict:
+    return evaluate(node.policy, node.universe.held_out.items, sampled=cfg.eval.sampled,
+                    batch_size=cfg.eval.batch_size, seed=cfg.seed, max_chars=cfg.generation.max_completion_chars)

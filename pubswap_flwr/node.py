@@ -396,6 +396,7 @@ class Node:
         stats, update_s = self.learn(groups)
         self.state.steps += 1
         self.state.pending_public = {}
+        report.num_examples += stats.completions
         report.add(StepRecord(self.state.steps, "public", stats.mean_reward, stats.completions, 0.0, update_s,
                               stats.zero_advantage_groups, stats.foreign_completions))
 

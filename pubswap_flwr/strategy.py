@@ -60,6 +60,7 @@ class Exchange:
     busy: float = 0.0  # union of the clients' handler intervals (shared clock in simulation/one host)
     bytes_out: dict[int, int] = field(default_factory=dict)
     bytes_in: dict[int, int] = field(default_factory=dict)
+    array_records: int = 0  # ArrayRecords sent plus received (weights on the wire)
 
 
 @dataclass
@@ -74,6 +75,7 @@ class RoundLog:
     exchange_busy: float = 0.0
     server_seconds: float = 0.0  # aggregation, verification, swap construction
     eval_seconds: float = 0.0
+    array_records: int = 0
     extra: dict = field(default_factory=dict)
 
     def client(self, node: int) -> dict:
@@ -83,6 +85,7 @@ class RoundLog:
     def absorb(self, exchange: Exchange) -> None:
         self.exchange_wall += exchange.wall
         self.exchange_busy += exchange.busy
+        self.array_records += exchange.array_records
         for node, size in exchange.bytes_out.items():
             self.client(node)["bytes_received"] += size  # what the client received = what the server sent
         for node, size in exchange.bytes_in.items():
@@ -96,6 +99,9 @@ class RoundLog:
             row["update_s"] += float(m.get("update-seconds", 0.0))
             row["handler_s"] += float(m.get("t-end", 0.0)) - float(m.get("t-start", 0.0))
             row["node_index"] = int(m.get("node-index", -1))
+            examples = m.get("num-examples", 0)
+            if isinstance(examples, (int, float)) and math.isfinite(examples) and examples > 0:
+                row["examples"] = row.get("examples", 0) + int(examples)
 
     def drop(self, node: int, reason: str) -> None:
         self.dropped[node] = reason
@@ -250,6 +256,7 @@ class PubSwapStrategy(Strategy):
         by_id: dict[str, int] = {}
         for msg in messages:
             out.bytes_out[msg.metadata.dst_node_id] = record_bytes(msg.content)
+            out.array_records += len(msg.content.array_records)
         started = time.perf_counter()
         replies = list(grid.send_and_receive(messages, timeout=self.cfg.strategy.timeout))
         out.wall = time.perf_counter() - started
@@ -269,6 +276,7 @@ class PubSwapStrategy(Strategy):
                 continue
             out.replies[node] = reply
             out.bytes_in[node] = record_bytes(reply.content)
+            out.array_records += len(reply.content.array_records)
             m = reply.content[METRICS_KEY]
             intervals.append((float(m.get("t-start", 0.0)), float(m.get("t-end", 0.0))))
         for node in by_id.values():
@@ -279,7 +287,9 @@ class PubSwapStrategy(Strategy):
         out.busy = min(_union_length(intervals), out.wall)
         return out
 
-    def _validated_adapter(self, reply: Message) -> tuple[Adapter, float]:
+    def _validated_adapter(self, reply: Message, weight: float | None = None) -> tuple[Adapter, float]:
+        """The reply's adapter after key/shape/finiteness checks, and its aggregation weight (the reply's
+        num-examples unless the caller counted the client's examples over the whole round)."""
         if ADAPTER_KEY not in reply.content:
             raise ReplyRejected("reply has no adapter")
         try:
@@ -297,7 +307,8 @@ class PubSwapStrategy(Strategy):
                 raise ReplyRejected(f"adapter tensor {key} has shape {value.shape}, expected {self.master[key].shape}")
             if not np.all(np.isfinite(value)):
                 raise ReplyRejected(f"adapter tensor {key} has NaN or Inf values")
-        weight = reply.content[METRICS_KEY].get("num-examples", 0)
+        if weight is None:
+            weight = reply.content[METRICS_KEY].get("num-examples", 0)
         if not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight <= 0:
             raise ReplyRejected(f"num-examples must be a positive number, got {weight!r}")
         return {k: v.astype(np.float32) for k, v in adapter.items()}, float(weight)
@@ -318,7 +329,7 @@ class PubSwapStrategy(Strategy):
         valid: dict[int, tuple[Adapter, float]] = {}
         for node, reply in final_replies.items():
             try:
-                valid[node] = self._validated_adapter(reply)
+                valid[node] = self._validated_adapter(reply, round_log.client(node).get("examples", 0))
             except ReplyRejected as err:
                 round_log.drop(node, f"rejected reply: {err}")
         if len(valid) < self.cfg.strategy.min_clients:
@@ -487,6 +498,9 @@ class PubSwapStrategy(Strategy):
     def _pool(self, exchange: Exchange, round_log: RoundLog) -> list[Packet]:
         pool = []
         for node, reply in exchange.replies.items():
+            initial = payload_from_record(reply.content[PAYLOAD_KEY]).get("eval-initial")
+            if initial:
+                round_log.extra.setdefault("initial_eval", {})[str(node)] = initial
             try:
                 payload = payload_from_record(reply.content[PAYLOAD_KEY])
                 raw = payload.get("packets", []) if isinstance(payload, dict) else None
@@ -509,7 +523,8 @@ class PubSwapStrategy(Strategy):
         messages = []
         for node in nodes:
             config = self._base_config(round_number, task)
-            config.update({"evaluate": evaluate, "save-adapter": final})
+            config.update({"evaluate": evaluate, "save-adapter": final,
+                           "evaluate-initial": round_number == 1 and task == "sapo-async"})
             others = [p.to_wire() for p in pool if p.sender != str(node)]
             content = RecordDict({CONFIG_KEY: config, PAYLOAD_KEY: payload_record({"pool": others})})
             messages.append(Message(content, dst_node_id=node, message_type="train"))
@@ -528,6 +543,7 @@ class PubSwapStrategy(Strategy):
             generate = []
             for node in nodes:
                 config = self._base_config(round_log.number, "sapo-generate")
+                config["evaluate-initial"] = round_log.number == 1
                 generate.append(Message(RecordDict({CONFIG_KEY: config}), dst_node_id=node,
                                         message_type="query.generate"))
             exchange = self._exchange(grid, generate)
@@ -559,6 +575,11 @@ class PubSwapStrategy(Strategy):
         return number == 0 or final or (every > 0 and number % every == 0)
 
     def _evaluate_and_record(self, round_log: RoundLog, final: bool) -> None:
+        initial = round_log.extra.pop("initial_eval", None)
+        if initial:  # SAPO: the nodes' own starting points, measured at the start of round 1
+            row0 = {"round": 0, "mode": self.mode, "node_eval": initial, "eval": _mean_eval(list(initial.values()))}
+            self.recorder.write_row(row0)
+            self.recorder.progress(row0)
         row: dict = {"round": round_log.number, "mode": self.mode}
         if self.evaluator is not None and self.master is not None and self._eval_due(round_log.number, final):
             started = time.perf_counter()
@@ -596,7 +617,8 @@ class PubSwapStrategy(Strategy):
                            "evaluation_s": round_log.eval_seconds, "client_busy_s": round_log.exchange_busy,
                            "comm_orchestration_s": comm}
             row["bytes"] = {"sent_by_clients": sum(c["bytes_sent"] for c in round_log.clients.values()),
-                            "received_by_clients": sum(c["bytes_received"] for c in round_log.clients.values())}
+                            "received_by_clients": sum(c["bytes_received"] for c in round_log.clients.values()),
+                            "array_records": round_log.array_records}
         self.recorder.write_row(row)
         self.recorder.progress(row)
 

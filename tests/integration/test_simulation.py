@@ -1,0 +1,75 @@
+"""All four modes end to end through Flower's simulation engine (in-process `run_simulation`): a client failing
+mid-round, PubSwap with both swap rules, and a heterogeneous SAPO swarm."""
+
+from __future__ import annotations
+
+import pytest
+
+from pubswap_flwr.metrics import read_metrics
+from pubswap_flwr.simulation import simulate
+
+pytestmark = pytest.mark.integration
+
+TINY = {"train.prompts-per-step": 2, "train.completions-per-prompt": 4, "eval.items-per-task": 8, "seed": 1}
+
+
+def _fail_partition_one_in_round_two(msg, context):
+    if int(context.node_config["partition-id"]) == 1 and int(msg.content["config"]["server-round"]) == 2:
+        raise RuntimeError("injected failure in round 2")
+
+
+def test_a_client_raising_mid_round_is_dropped_and_the_round_completes(tmp_path):
+    simulate({**TINY, "num-server-rounds": 3, "train.local-steps": 1, "output.dir": str(tmp_path),
+              "run-name": "dropout"}, 3, client_hook=_fail_partition_one_in_round_two)
+    rows = read_metrics(tmp_path / "dropout")
+    assert [len(r.get("clients", {})) for r in rows] == [0, 3, 2, 3]
+    dropped = rows[2]["dropped"]
+    assert len(dropped) == 1 and "injected failure in round 2" in next(iter(dropped.values()))
+    assert rows[2]["aggregated"] is True and len(rows[2]["aggregated_clients"]) == 2
+    assert {c["node_index"] for c in rows[2]["clients"].values()} == {0, 2}
+
+
+@pytest.mark.parametrize("rule", ["balanced", "random"])
+def test_pubswap_swaps_public_responses_and_records_them(tmp_path, rule):
+    simulate({**TINY, "strategy.mode": "pubswap", "pubswap.swap": rule, "num-server-rounds": 2,
+              "train.local-steps": 2, "pubswap.tau-swap": 1, "pubswap.public-prompts": 4,
+              "pubswap.public-mix": "gcd:1,count_bits:1", "output.dir": str(tmp_path), "run-name": rule}, 3)
+    rows = read_metrics(tmp_path / rule)
+    assert [r["round"] for r in rows] == [0, 1, 2]
+    steps = [s for r in rows[1:] for s in r["public_steps"]]
+    assert len(steps) == 4  # tau = 2, tau_swap = 1: two public steps per round
+    assert all(s["clients"] == 3 and len(s["prompts"]) == 4 for s in steps)
+    swapped = sum(sum(s["responses_swapped"].values()) for s in steps)
+    assert swapped > 0
+    assert rows[2]["swap"]["responses_swapped"] == sum(sum(s["responses_swapped"].values()) for s in rows[2]["public_steps"])
+    for s in steps:
+        assert 0 <= s["swapped_pair_fraction"] <= 1 and 0 <= s["policy_disagreement"] <= 1
+        assert set(s["public_reward_before_swap"]) == set(s["responses_swapped"])
+    # Balanced replaces at most ceil(K/2) = 2 of a client's K = 4 responses per prompt; Random may replace all.
+    cap = 2 if rule == "balanced" else 4
+    assert all(count <= cap * 4 for s in steps for count in s["responses_swapped"].values())
+    assert all(r["aggregated"] is True and r["parameter_drift"] > 0 for r in rows[1:])
+
+
+def test_sapo_heterogeneous_swarm_trains_on_external_groups_without_sharing_weights(tmp_path):
+    simulate({**TINY, "strategy.mode": "sapo", "num-server-rounds": 2, "sapo.local": 4, "sapo.external": 4,
+              "sapo.questions": 4, "sapo.completions": 4, "sapo.share": 4,
+              "model.node-models": "embedded:tiny,embedded:tiny-b", "output.dir": str(tmp_path), "run-name": "sapo"},
+             4)
+    rows = read_metrics(tmp_path / "sapo")
+    assert [r["round"] for r in rows] == [0, 1, 2]
+    assert len(rows[0]["node_eval"]) == 4  # each node's own starting point
+    used: dict[int, int] = {}
+    models = {}
+    for r in rows[1:]:
+        assert len(r["clients"]) == 4 and not r["dropped"]
+        assert r["bytes"]["array_records"] == 0  # no weights crossed the network in this mode
+        for c in r["clients"].values():
+            used[c["node_index"]] = used.get(c["node_index"], 0) + c["external_used"]
+            models[c["node_index"]] = c["model"]
+            assert c["external_received"] == 3 * 4  # every other node's shared groups, never its own
+    assert set(models.values()) == {"embedded:tiny", "embedded:tiny-b"}
+    assert all(count > 0 for count in used.values()), used
+    assert rows[-1]["cumulative_reward"] > 0
+    assert all((tmp_path / "sapo" / "nodes" / f"partition-{i}" / "adapter" / "adapter_config.json").is_file()
+               for i in range(4))
