@@ -24,7 +24,7 @@ def main() -> None:
     args = parser.parse_args()
     policy = Policy(PolicySpec())
     lora_values = sum(v.numel() for v in policy.adapter().values())
-    model_values = sum(p.numel() for p in policy.model.get_base_model().parameters())
+    model_values = sum(p.numel() for n, p in policy.model.named_parameters() if "lora_" not in n)
     with tempfile.TemporaryDirectory() as out:
         simulate({"num-server-rounds": args.rounds, "train.local-steps": args.local_steps, "output.dir": out,
                   "run-name": "bench", "eval.every": 0}, args.nodes)
