@@ -18,6 +18,7 @@ from flwr.app import Context, Message, RecordDict
 
 from .config import ExperimentConfig
 from .evaluation import evaluate
+from .metrics import route_logs_to_flower
 from .node import Node, NodeIdentity, WorkReport
 from .policy import from_wire, to_wire
 from .sapo import Packet
@@ -32,6 +33,7 @@ TASKS = ("fedavg-round", "pubswap-segment", "sapo-generate", "sapo-train", "sapo
 def handle(msg: Message, context: Context, run_config: dict | None = None) -> Message:
     """Do what the message asks; `run_config` replaces context.run_config (in-process simulation has none)."""
     started = time.time()
+    route_logs_to_flower()
     cfg = ExperimentConfig.from_flat(run_config if run_config is not None else context.run_config)
     config = msg.content[CONFIG_KEY]
     task = str(config.get("task", ""))

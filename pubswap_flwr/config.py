@@ -76,8 +76,8 @@ class GenerationConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    learning_rate: float = opt(1e-3, positive)
-    local_steps: int = opt(10, at_least_one, "tau: GRPO steps per client per round")
+    learning_rate: float = opt(2e-3, positive)
+    local_steps: int = opt(15, at_least_one, "tau: GRPO steps per client per round")
     prompts_per_step: int = opt(8, at_least_one)
     completions_per_prompt: int = opt(8, at_least_two, "K (GRPO group size)")
     loss_type: str = opt("dapo", one_of("dapo", "grpo"))
@@ -112,6 +112,7 @@ class EvalConfig:
     sampled: bool = opt(True, doc="also report sampled (T=1) accuracy/reward, which RL moves first")
     batch_size: int = opt(256, at_least_one)
     data_path: str = opt("", doc="JSONL/parquet file used as the held-out set instead of generated task items")
+    data_format: str = opt("", doc="row format of eval.data-path (empty = tasks.data-format)")
 
 
 @dataclass(frozen=True)
@@ -168,7 +169,7 @@ SECTIONS = {
 
 @dataclass(frozen=True)
 class ExperimentConfig:
-    num_server_rounds: int = opt(3, at_least_one)
+    num_server_rounds: int = opt(10, at_least_one)
     seed: int = opt(0, non_negative)
     run_name: str = opt("", doc="run directory name (default <mode>-s<seed>-<run id>)")
     model: ModelConfig = field(default_factory=ModelConfig)

@@ -13,6 +13,18 @@ from .config import ExperimentConfig
 
 log = logging.getLogger("pubswap_flwr")
 
+
+def route_logs_to_flower() -> None:
+    """Send this package's log lines through Flower's console handler, so `flwr run --stream` and `flwr log` show
+    the per-round progress (a logger without a handler would only print warnings)."""
+    package = logging.getLogger("pubswap_flwr")
+    flower = logging.getLogger("flwr")
+    if flower.handlers and not package.handlers:
+        for handler in flower.handlers:
+            package.addHandler(handler)
+        package.setLevel(logging.INFO)
+        package.propagate = False
+
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.json"
 STATUS_FILE = "status.json"

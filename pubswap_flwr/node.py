@@ -99,7 +99,7 @@ def _universe(mix: str, public_mix: str, custom: str, per_task: int, public_size
 def task_universe(cfg: ExperimentConfig) -> TaskUniverse:
     return _universe(cfg.tasks.mix, cfg.pubswap.public_mix, cfg.tasks.custom, cfg.eval.items_per_task,
                      cfg.pubswap.public_size, cfg.tasks.data_seed, cfg.tasks.node_mixes, cfg.eval.data_path,
-                     cfg.tasks.data_format)
+                     cfg.eval.data_format or cfg.tasks.data_format)
 
 
 def policy_spec(cfg: ExperimentConfig, model_name: str | None = None) -> PolicySpec:

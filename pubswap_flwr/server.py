@@ -13,7 +13,7 @@ from flwr.serverapp import Grid
 
 from .config import ExperimentConfig
 from .evaluation import evaluate
-from .metrics import RunRecorder
+from .metrics import RunRecorder, route_logs_to_flower
 from .node import derive_seed, policy_spec, task_universe
 from .policy import Policy
 from .strategy import PubSwapStrategy
@@ -51,6 +51,7 @@ class GlobalEvaluator:
 
 def run(grid: Grid, context: Context) -> None:
     """The whole run: config → run dir → strategy rounds → final status."""
+    route_logs_to_flower()
     cfg = ExperimentConfig.from_flat(context.run_config)  # stops the run at start on a bad key or value
     torch.manual_seed(cfg.seed)
     run_dir = cfg.run_dir(context.run_id)

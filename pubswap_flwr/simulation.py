@@ -20,10 +20,15 @@ from .server import run
 log = logging.getLogger(__name__)
 
 
-def build_apps(run_config: dict[str, Any],
-               client_hook: Callable[[Message, Context], None] | None = None) -> tuple[ServerApp, ClientApp]:
-    """Server and client apps whose contexts carry `run_config`; `client_hook(msg, context)` runs before each
-    client message (tests use it to inject failures)."""
+ClientHook = Callable[[Message, Context], None]
+ReplyHook = Callable[[Message, Context, Message], Message]
+
+
+def build_apps(run_config: dict[str, Any], client_hook: ClientHook | None = None,
+               reply_hook: ReplyHook | None = None) -> tuple[ServerApp, ClientApp]:
+    """Server and client apps whose contexts carry `run_config`. `client_hook(msg, context)` runs before each
+    client message and `reply_hook(msg, context, reply)` may replace its reply (tests inject failures and hostile
+    replies with them)."""
     server = ServerApp()
     client = ClientApp()
 
@@ -35,7 +40,8 @@ def build_apps(run_config: dict[str, Any],
     def _handle(msg: Message, context: Context) -> Message:
         if client_hook is not None:
             client_hook(msg, context)
-        return handle(msg, context, {**context.run_config, **run_config})
+        reply = handle(msg, context, {**context.run_config, **run_config})
+        return reply_hook(msg, context, reply) if reply_hook is not None else reply
 
     client.train()(_handle)
     client.query("generate")(_handle)
@@ -43,12 +49,13 @@ def build_apps(run_config: dict[str, Any],
 
 
 def simulate(run_config: dict[str, Any], num_nodes: int, *, cpus_per_client: float = 1.0, total_cpus: int | None = None,
-             client_hook: Callable[[Message, Context], None] | None = None, verbose: bool = False) -> None:
+             client_hook: ClientHook | None = None, reply_hook: ReplyHook | None = None,
+             verbose: bool = False) -> None:
     """Run one experiment in-process with `num_nodes` simulated SuperNodes (Ray backend)."""
     from flwr.simulation import run_simulation
 
     os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
-    server, client = build_apps(run_config, client_hook)
+    server, client = build_apps(run_config, client_hook, reply_hook)
     total = total_cpus or os.cpu_count() or 2
     run_simulation(server_app=server, client_app=client, num_supernodes=num_nodes, backend_name="ray",
                    backend_config={"client_resources": {"num_cpus": cpus_per_client, "num_gpus": 0.0},

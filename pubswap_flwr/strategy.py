@@ -38,16 +38,14 @@ from .metrics import RunRecorder
 from .sapo import Packet
 from .swap import Response, build_response_sets
 from .tasks import PublicSet, extract_answer, score_completion
+from .validate import (Limits, Rejected, check_adapter, check_eval, check_packets, check_public_responses,
+                       check_weight)
 from .wire import (ADAPTER_KEY, CONFIG_KEY, METRICS_KEY, PAYLOAD_KEY, WireError, adapter_from_record,
                    adapter_record, payload_from_record, payload_record, record_bytes)
 
 log = logging.getLogger("pubswap_flwr")
 
 Adapter = dict[str, np.ndarray]
-
-
-class ReplyRejected(ValueError):
-    """A reply failed validation; the message is the reason recorded for the dropped client."""
 
 
 @dataclass
@@ -61,6 +59,7 @@ class Exchange:
     bytes_out: dict[int, int] = field(default_factory=dict)
     bytes_in: dict[int, int] = field(default_factory=dict)
     array_records: int = 0  # ArrayRecords sent plus received (weights on the wire)
+    payloads: dict[int, dict] = field(default_factory=dict)  # each accepted reply's decoded JSON payload
 
 
 @dataclass
@@ -141,6 +140,7 @@ class PubSwapStrategy(Strategy):
         self.cumulative_reward = 0.0
         self.public_cursor = 0
         self.sapo_pool: list[Packet] = []  # async mode: the previous round's packets
+        self.limits = Limits(max_completion_chars=cfg.generation.max_completion_chars)
 
     # -- Flower Strategy interface ---------------------------------------------------------------------------
     def summary(self) -> None:
@@ -178,7 +178,7 @@ class PubSwapStrategy(Strategy):
                 continue
             try:
                 adapter, weight = self._validated_adapter(reply)
-            except ReplyRejected as err:
+            except Rejected as err:
                 log.warning("round %d: rejected reply from node %d: %s", server_round, reply.metadata.src_node_id,
                             err)
                 continue
@@ -274,6 +274,15 @@ class PubSwapStrategy(Strategy):
             if METRICS_KEY not in reply.content or PAYLOAD_KEY not in reply.content:
                 out.dropped[node] = "reply lacks its metrics or payload record"
                 continue
+            try:
+                payload = payload_from_record(reply.content[PAYLOAD_KEY])
+            except WireError as err:
+                out.dropped[node] = f"rejected reply: {err}"
+                continue
+            if not isinstance(payload, dict):
+                out.dropped[node] = "rejected reply: payload is not a JSON object"
+                continue
+            out.payloads[node] = payload
             out.replies[node] = reply
             out.bytes_in[node] = record_bytes(reply.content)
             out.array_records += len(reply.content.array_records)
@@ -291,27 +300,14 @@ class PubSwapStrategy(Strategy):
         """The reply's adapter after key/shape/finiteness checks, and its aggregation weight (the reply's
         num-examples unless the caller counted the client's examples over the whole round)."""
         if ADAPTER_KEY not in reply.content:
-            raise ReplyRejected("reply has no adapter")
+            raise Rejected("reply has no adapter")
         try:
             adapter = adapter_from_record(reply.content[ADAPTER_KEY])
         except WireError as err:
-            raise ReplyRejected(str(err)) from err
+            raise Rejected(str(err)) from err
         assert self.master is not None
-        missing = sorted(set(self.master) - set(adapter))
-        extra = sorted(set(adapter) - set(self.master))
-        if missing or extra:
-            raise ReplyRejected(f"adapter keys differ from the global adapter (missing {missing[:2]}, "
-                                f"unexpected {extra[:2]})")
-        for key, value in adapter.items():
-            if value.shape != self.master[key].shape:
-                raise ReplyRejected(f"adapter tensor {key} has shape {value.shape}, expected {self.master[key].shape}")
-            if not np.all(np.isfinite(value)):
-                raise ReplyRejected(f"adapter tensor {key} has NaN or Inf values")
-        if weight is None:
-            weight = reply.content[METRICS_KEY].get("num-examples", 0)
-        if not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight <= 0:
-            raise ReplyRejected(f"num-examples must be a positive number, got {weight!r}")
-        return {k: v.astype(np.float32) for k, v in adapter.items()}, float(weight)
+        checked = check_adapter(adapter, self.master)
+        return checked, check_weight(reply.content[METRICS_KEY].get("num-examples", 0) if weight is None else weight)
 
     def _client_metrics(self, round_log: RoundLog, exchange: Exchange) -> None:
         for node, reply in exchange.replies.items():
@@ -320,7 +316,7 @@ class PubSwapStrategy(Strategy):
             for key in ("train-reward", "rollout-reward", "cumulative-reward", "num-examples", "total-steps"):
                 if key in m:
                     row[key.replace("-", "_")] = float(m[key])
-            payload = payload_from_record(reply.content[PAYLOAD_KEY])
+            payload = exchange.payloads[node]
             row["model"] = payload.get("model")
             row["tasks"] = payload.get("tasks")
 
@@ -330,7 +326,7 @@ class PubSwapStrategy(Strategy):
         for node, reply in final_replies.items():
             try:
                 valid[node] = self._validated_adapter(reply, round_log.client(node).get("examples", 0))
-            except ReplyRejected as err:
+            except Rejected as err:
                 round_log.drop(node, f"rejected reply: {err}")
         if len(valid) < self.cfg.strategy.min_clients:
             log.warning("round %d: %d valid adapters (< strategy.min-clients = %d): global adapter kept",
@@ -411,8 +407,8 @@ class PubSwapStrategy(Strategy):
             responses = {}
             for node in list(active):
                 try:
-                    responses[node] = self._verified_responses(exchange.replies[node], uids, k)
-                except ReplyRejected as err:
+                    responses[node] = self._verified_responses(exchange.payloads[node], uids, k)
+                except Rejected as err:
                     round_log.drop(node, f"rejected public responses: {err}")
                     active.remove(node)
             pending_sets, step_metrics = self._swap(responses, uids, k, round_log.number, segment)
@@ -423,35 +419,13 @@ class PubSwapStrategy(Strategy):
         self._aggregate_round(round_log, final_replies)
         round_log.extra["swap"] = _summarise_public_steps(round_log.extra["public_steps"])
 
-    def _verified_responses(self, reply: Message, uids: list[str], k: int) -> dict[str, list[tuple[str, float]]]:
+    def _verified_responses(self, payload: dict, uids: list[str], k: int) -> dict[str, list[tuple[str, float]]]:
         """The client's responses with rewards from the server's own verifier; client-claimed rewards ignored."""
         assert self.public is not None
-        try:
-            payload = payload_from_record(reply.content[PAYLOAD_KEY])
-        except WireError as err:
-            raise ReplyRejected(str(err)) from err
-        responses = payload.get("responses") if isinstance(payload, dict) else None
-        if not isinstance(responses, dict):
-            raise ReplyRejected("payload has no 'responses' object")
-        if set(responses) != set(uids):
-            unknown = sorted(set(responses) - set(uids))[:3]
-            missing = sorted(set(uids) - set(responses))[:3]
-            raise ReplyRejected(f"responses do not match the requested prompts (unknown {unknown}, missing {missing})")
-        limit = self.cfg.generation.max_completion_chars
-        out = {}
-        for uid in uids:
-            texts = responses[uid]
-            if not isinstance(texts, list) or len(texts) != k:
-                raise ReplyRejected(f"prompt {uid}: expected a list of {k} responses, got "
-                                    f"{len(texts) if isinstance(texts, list) else type(texts).__name__}")
-            if not all(isinstance(t, str) for t in texts):
-                raise ReplyRejected(f"prompt {uid}: responses must be text")
-            too_long = [len(t) for t in texts if len(t) > limit]
-            if too_long:
-                raise ReplyRejected(f"prompt {uid}: a response has {max(too_long)} chars, over the {limit} limit")
-            item = self.public.get(uid)
-            out[uid] = [(t, score_completion(t, item, max_chars=limit).reward) for t in texts]
-        return out
+        texts = check_public_responses(payload, uids, k, self.limits)
+        limit = self.limits.max_completion_chars
+        return {uid: [(t, score_completion(t, self.public.get(uid), max_chars=limit).reward) for t in texts[uid]]
+                for uid in uids}
 
     def _swap(self, responses: dict[int, dict[str, list[tuple[str, float]]]], uids: list[str], k: int,
               round_number: int, segment: int) -> tuple[dict[int, dict], dict]:
@@ -496,26 +470,25 @@ class PubSwapStrategy(Strategy):
 
     # -- sapo ------------------------------------------------------------------------------------------------
     def _pool(self, exchange: Exchange, round_log: RoundLog) -> list[Packet]:
+        """Every valid packet of the round, tagged with the node that sent it; bad packets are dropped one by one."""
         pool = []
-        for node, reply in exchange.replies.items():
-            initial = payload_from_record(reply.content[PAYLOAD_KEY]).get("eval-initial")
-            if initial:
-                round_log.extra.setdefault("initial_eval", {})[str(node)] = initial
+        for node, payload in exchange.payloads.items():
             try:
-                payload = payload_from_record(reply.content[PAYLOAD_KEY])
-                raw = payload.get("packets", []) if isinstance(payload, dict) else None
-                if not isinstance(raw, list):
-                    raise ReplyRejected("payload has no 'packets' list")
-                for entry in raw:
-                    try:
-                        packet = Packet.from_wire(entry)
-                    except (KeyError, TypeError, ValueError, AttributeError) as err:
-                        log.warning("round %d: node %d sent a malformed packet, skipped: %s", round_log.number, node,
-                                    err)
-                        continue
-                    pool.append(Packet(str(node), packet.item, packet.completions))  # sender is who sent it
-            except (WireError, ReplyRejected) as err:
+                packets, reasons = check_packets(payload, self.limits, self.cfg.sapo.completions)
+            except Rejected as err:
                 round_log.drop(node, f"rejected packets: {err}")
+                continue
+            if payload.get("eval-initial"):
+                try:
+                    round_log.extra.setdefault("initial_eval", {})[str(node)] = check_eval(payload["eval-initial"])
+                except Rejected as err:
+                    log.warning("round %d: ignored node %d's initial evaluation: %s", round_log.number, node, err)
+            for reason in reasons:
+                log.warning("round %d: dropped a packet from node %d: %s", round_log.number, node, reason)
+            if reasons:
+                round_log.client(node)["packets_rejected"] = len(reasons)
+                round_log.extra.setdefault("rejected_packets", {})[str(node)] = reasons[:10]
+            pool.extend(Packet(str(node), p.item, p.completions) for p in packets)  # sender = who sent it
         return pool
 
     def _sapo_messages(self, nodes: list[int], round_number: int, task: str, pool: list[Packet],
@@ -562,9 +535,12 @@ class PubSwapStrategy(Strategy):
             for key in ("external-received", "external-used", "external-zero-advantage", "external-rejected",
                         "external-shortfall"):
                 row[key.replace("-", "_")] = int(m.get(key, 0))
-            payload = payload_from_record(reply.content[PAYLOAD_KEY])
+            payload = train_exchange.payloads[node]
             if "eval" in payload:
-                evals[str(node)] = payload["eval"]
+                try:
+                    evals[str(node)] = check_eval(payload["eval"])
+                except Rejected as err:
+                    log.warning("round %d: ignored node %d's evaluation: %s", round_log.number, node, err)
             round_log.eval_seconds += float(m.get("eval-seconds", 0.0))
         if evals:
             round_log.extra["node_eval"] = evals

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import warnings
 from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
@@ -78,6 +79,16 @@ def resolve_model(name: str) -> str:
     return name
 
 
+def quiet_transformers() -> None:
+    """No per-load progress bars or rename FutureWarnings in run logs (they repeat for every simulated client)."""
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
+    warnings.filterwarnings("ignore", message=r".*is_gradient_checkpointing.*", category=FutureWarning)
+    warnings.filterwarnings("ignore", message=r".*gradient_checkpointing.*deprecated.*", category=FutureWarning)
+
+
 def load_tokenizer(location: str):
     from transformers import AutoTokenizer
 
@@ -101,6 +112,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 def load_causal_lm(location: str, dtype: str = "float32"):
     from transformers import AutoModelForCausalLM
 
+    quiet_transformers()
     if dtype not in _DTYPES:
         raise ModelError(f"model.dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
     try:

@@ -29,7 +29,7 @@ def test_defaults_round_trip_through_flat():
     flat = default.to_flat()
     assert ExperimentConfig.from_flat(flat) == default
     assert ExperimentConfig.from_flat({}) == default
-    assert flat["train.local-steps"] == 10
+    assert flat["train.local-steps"] == 15
     assert flat["sapo.async"] is False  # field async_mode is exposed under its key "async"
     assert "sapo.async-mode" not in flat
 
@@ -184,8 +184,8 @@ def test_async_mode_attribute_name_is_not_a_key():
 
 def test_pubswap_tau_swap_must_not_exceed_local_steps():
     with pytest.raises(ConfigError, match=r"pubswap.tau-swap = 11 exceeds train.local-steps = 10"):
-        build(**{"strategy.mode": "pubswap", "pubswap.tau-swap": 11})
-    ok = build(**{"strategy.mode": "pubswap", "pubswap.tau-swap": 10})
+        build(**{"strategy.mode": "pubswap", "pubswap.tau-swap": 11, "train.local-steps": 10})
+    ok = build(**{"strategy.mode": "pubswap", "pubswap.tau-swap": 10, "train.local-steps": 10})
     assert ok.pubswap.tau_swap == 10
     # only pubswap mode cares
     assert build(**{"strategy.mode": "fedavg", "pubswap.tau-swap": 11}).pubswap.tau_swap == 11
@@ -267,3 +267,15 @@ def test_load_toml_invalid_raises_config_error(tmp_path):
 
 def test_flatten_deeply_nested():
     assert flatten({"a": {"b": {"c": 1}, "d": 2}, "e": 3}) == {"a.b.c": 1, "a.d": 2, "e": 3}
+
+
+@pytest.mark.parametrize("preset", sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.toml")),
+                         ids=lambda p: p.name)
+def test_every_preset_loads_with_ours_and_flowers_parser(preset):
+    from flwr.common.config import flatten_dict, parse_config_args
+
+    ours = load_toml(preset)
+    config = ExperimentConfig.from_flat(ours)  # valid keys and values
+    assert ours and all(key in config.to_flat() for key in ours)
+    flowers = parse_config_args([str(preset)])
+    assert flatten_dict(flowers) == ours

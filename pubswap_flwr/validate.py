@@ -1,0 +1,175 @@
+"""Reply validation, used by every mode before anything is aggregated, verified or pooled.
+
+Each check raises `Rejected` with a reason that names what was wrong; the strategy drops the client from the round
+(or, for a SAPO packet, just that packet) and records the reason in the log and in metrics.jsonl.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .sapo import Packet
+from .tasks import TaskItem
+from .tasks.verifiers import VERIFIERS
+
+Adapter = dict[str, np.ndarray]
+
+
+class Rejected(ValueError):
+    """A reply (or one packet of it) failed validation; the message is the reason."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_completion_chars: int = 4096
+    max_question_chars: int = 8192
+    max_answer_chars: int = 2048
+    max_completions: int = 64  # per packet
+    max_packets: int = 256  # per reply
+    max_metadata_chars: int = 65536
+
+
+def check_adapter(adapter: Adapter, reference: Adapter) -> Adapter:
+    """Same tensor keys and shapes as the global adapter, floating point, finite; returns fp32 copies."""
+    missing = sorted(set(reference) - set(adapter))
+    extra = sorted(set(adapter) - set(reference))
+    if missing or extra:
+        raise Rejected(f"adapter keys differ from the global adapter (missing {missing[:2]}, unexpected {extra[:2]})")
+    out = {}
+    for key, value in adapter.items():
+        if value.dtype.kind != "f":
+            raise Rejected(f"adapter tensor {key} has dtype {value.dtype}, expected floating point")
+        if value.shape != reference[key].shape:
+            raise Rejected(f"adapter tensor {key} has shape {value.shape}, expected {reference[key].shape}")
+        if not np.all(np.isfinite(value)):
+            raise Rejected(f"adapter tensor {key} has NaN or Inf values")
+        out[key] = value.astype(np.float32)
+    return out
+
+
+def check_weight(weight: Any) -> float:
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight <= 0:
+        raise Rejected(f"num-examples must be a positive number, got {weight!r}")
+    return float(weight)
+
+
+def check_public_responses(payload: Any, uids: list[str], k: int, limits: Limits) -> dict[str, list[str]]:
+    """Exactly the requested prompt ids, each with exactly K text responses within the size limit. Anything else the
+    client put in the payload (claimed rewards included) is ignored: the server scores responses itself."""
+    responses = payload.get("responses") if isinstance(payload, dict) else None
+    if not isinstance(responses, dict):
+        raise Rejected("payload has no 'responses' object")
+    if set(responses) != set(uids):
+        unknown = sorted(set(responses) - set(uids))[:3]
+        missing = sorted(set(uids) - set(responses))[:3]
+        raise Rejected(f"responses do not match the requested prompts (unknown ids {unknown}, missing ids {missing})")
+    out = {}
+    for uid in uids:
+        texts = responses[uid]
+        if not isinstance(texts, list) or len(texts) != k:
+            got = len(texts) if isinstance(texts, list) else type(texts).__name__
+            raise Rejected(f"prompt {uid}: expected a list of {k} responses, got {got}")
+        if not all(isinstance(t, str) for t in texts):
+            raise Rejected(f"prompt {uid}: responses must be text")
+        longest = max((len(t) for t in texts), default=0)
+        if longest > limits.max_completion_chars:
+            raise Rejected(f"prompt {uid}: a response has {longest} chars, over the {limits.max_completion_chars} "
+                           "limit")
+        out[uid] = texts
+    return out
+
+
+def _text(entry: dict, key: str, limit: int, *, optional: bool = False) -> str | None:
+    value = entry.get(key)
+    if value is None and optional:
+        return None
+    if not isinstance(value, str):
+        raise Rejected(f"'{key}' must be text, got {type(value).__name__}")
+    if len(value) > limit:
+        raise Rejected(f"'{key}' has {len(value)} chars, over the {limit} limit")
+    return value
+
+
+def check_packet(entry: Any, limits: Limits, max_completions: int) -> Packet:
+    """One shared SAPO rollout: item fields typed and bounded, a known verifier, an answer, 1..L completions."""
+    if not isinstance(entry, dict):
+        raise Rejected(f"packet is {type(entry).__name__}, not an object")
+    item = entry.get("item")
+    if not isinstance(item, dict):
+        raise Rejected("packet has no 'item' object")
+    question = _text(item, "question", limits.max_question_chars)
+    if not question.strip():
+        raise Rejected("'question' is empty")
+    verifier = _text(item, "verifier", 64)
+    if verifier not in VERIFIERS:
+        raise Rejected(f"unknown verifier {verifier!r}")
+    answer = _text(item, "answer", limits.max_answer_chars, optional=True)
+    if answer is None and verifier != "rg":
+        raise Rejected("'answer' is missing")
+    for key in ("uid", "task"):
+        _text(item, key, 256)
+    for key in ("metadata", "provenance"):
+        value = item.get(key, {})
+        if not isinstance(value, dict):
+            raise Rejected(f"'{key}' must be an object")
+        if len(repr(value)) > limits.max_metadata_chars:
+            raise Rejected(f"'{key}' is over the {limits.max_metadata_chars}-char limit")
+    completions = entry.get("completions")
+    if not isinstance(completions, list) or not completions:
+        raise Rejected("'completions' must be a non-empty list")
+    if len(completions) > max_completions:
+        raise Rejected(f"{len(completions)} completions, more than L = {max_completions}")
+    for text in completions:
+        if not isinstance(text, str):
+            raise Rejected(f"a completion is {type(text).__name__}, not text")
+        if len(text) > limits.max_completion_chars:
+            raise Rejected(f"a completion has {len(text)} chars, over the {limits.max_completion_chars} limit")
+    return Packet("", TaskItem.from_dict(item), tuple(completions))
+
+
+def check_packets(payload: Any, limits: Limits, max_completions: int) -> tuple[list[Packet], list[str]]:
+    """Valid packets and a reason per rejected one. A reply without a packets list is rejected as a whole."""
+    raw = payload.get("packets") if isinstance(payload, dict) else None
+    if not isinstance(raw, list):
+        raise Rejected("payload has no 'packets' list")
+    if len(raw) > limits.max_packets:
+        raise Rejected(f"{len(raw)} packets, over the {limits.max_packets} limit")
+    packets, reasons = [], []
+    for index, entry in enumerate(raw):
+        try:
+            packets.append(check_packet(entry, limits, max_completions))
+        except Rejected as err:
+            reasons.append(f"packet {index}: {err}")
+    return packets, reasons
+
+
+def check_eval(result: Any) -> dict:
+    """A node's self-reported held-out metrics (SAPO): numbers in [0, 1] for the known fields, per task likewise."""
+    if not isinstance(result, dict):
+        raise Rejected("evaluation result is not an object")
+    fields = ("greedy_accuracy", "greedy_reward", "sampled_accuracy", "sampled_reward")
+
+    def numbers(row: Any, where: str) -> dict:
+        if not isinstance(row, dict):
+            raise Rejected(f"{where} is not an object")
+        out = {}
+        for key in fields:
+            if key in row:
+                value = row[key]
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+                    raise Rejected(f"{where}.{key} = {value!r} is not a number in [0, 1]")
+                out[key] = float(value)
+        if "greedy_accuracy" not in out:
+            raise Rejected(f"{where} has no greedy_accuracy")
+        return out
+
+    clean = numbers(result, "eval")
+    per_task = result.get("per_task", {})
+    if not isinstance(per_task, dict) or len(per_task) > 256:
+        raise Rejected("eval.per_task is not an object of at most 256 tasks")
+    clean["per_task"] = {str(task)[:128]: numbers(row, f"eval.per_task[{task!r}]") for task, row in per_task.items()}
+    return clean
