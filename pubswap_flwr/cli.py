@@ -24,12 +24,24 @@ class FlowerRunError(RuntimeError):
     """`flwr run` could not submit the run, or the run finished in a failed state."""
 
 
+BIN_DIR = Path(sys.executable).parent  # the venv's bin: flwr, flower-superlink, flower-supernode live here
+
+
 def _flwr(args: list[str], env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(["flwr", *args], env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    return subprocess.run([flwr_executable(), *args], env=env, capture_output=True, text=True, timeout=timeout,
+                          check=False)
+
+
+def flwr_executable(name: str = "flwr") -> str:
+    local = BIN_DIR / name
+    return str(local) if local.is_file() else name
 
 
 def flower_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    return {**os.environ, **FLWR_ENV, **(extra or {})}
+    """The environment for Flower commands: runtime dependency installation off, this venv's bin first on PATH
+    (the CLI starts `flower-superlink` by name)."""
+    path = f"{BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}"
+    return {**os.environ, **FLWR_ENV, "PATH": path, **(extra or {})}
 
 
 def submit(app: str | Path, overrides: list[str], federation_config: str, env: dict[str, str],
@@ -69,7 +81,7 @@ def wait(run_id: str, env: dict[str, str], connection: str | None = None, poll: 
 
 
 def stream_logs(run_id: str, env: dict[str, str], connection: str | None = None) -> subprocess.Popen:
-    return subprocess.Popen(["flwr", "log", run_id] + ([connection] if connection else []) + ["--stream"],
+    return subprocess.Popen([flwr_executable(), "log", run_id] + ([connection] if connection else []) + ["--stream"],
                             env=env)
 
 

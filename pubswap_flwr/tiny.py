@@ -14,7 +14,7 @@ import json
 import logging
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -119,8 +119,11 @@ def evaluate_greedy(model, tokenizer, items: list[TaskItem], batch: int = 250) -
 
 
 def build(preset_name: str, out: Path, seed: int, steps: int | None, mix_text: str, eval_per_task: int,
-          eval_every: int) -> dict:
+          eval_every: int, pool_per_task: int | None = None) -> dict:
     preset = PRESETS[preset_name]
+    if pool_per_task is not None:
+        preset = replace(preset, pool_per_task=pool_per_task, tokenizer_lines=min(preset.tokenizer_lines,
+                                                                                  pool_per_task * 4))
     steps = preset.steps if steps is None else steps
     torch.manual_seed(seed)
     rng = random.Random(seed)
@@ -170,8 +173,9 @@ def build(preset_name: str, out: Path, seed: int, steps: int | None, mix_text: s
         schedule.step()
         if step % eval_every == 0 or step == steps:
             report = evaluate_greedy(model, tokenizer, held_out.items)
-            curve.append({"step": step, "loss": round(float(loss), 4), "accuracy": round(report["mix"]["accuracy"], 4)})
-            log.info("step %5d  loss %.3f  held-out greedy accuracy %.3f  (%.0f s)", step, float(loss),
+            curve.append({"step": step, "loss": round(float(loss.detach()), 4),
+                          "accuracy": round(report["mix"]["accuracy"], 4)})
+            log.info("step %5d  loss %.3f  held-out greedy accuracy %.3f  (%.0f s)", step, float(loss.detach()),
                      report["mix"]["accuracy"], time.time() - started)
     report = evaluate_greedy(model, tokenizer, held_out.items)
     out.mkdir(parents=True, exist_ok=True)
@@ -230,12 +234,14 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--tasks", default=DEFAULT_MIX, help="task mix, name:weight,... (default %(default)s)")
     b.add_argument("--eval-per-task", type=int, default=200)
     b.add_argument("--eval-every", type=int, default=100)
+    b.add_argument("--pool-per-task", type=int, help="warm-up items generated per task (default from the preset)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     from .policy.model import data_dir
 
     out = args.out or data_dir() / "models" / args.preset
-    info = build(args.preset, out, args.seed, args.steps, args.tasks, args.eval_per_task, args.eval_every)
+    info = build(args.preset, out, args.seed, args.steps, args.tasks, args.eval_per_task, args.eval_every,
+                 args.pool_per_task)
     print(json.dumps(info["held_out_greedy"], indent=2))
     return 0
 

@@ -73,3 +73,17 @@ def test_sapo_heterogeneous_swarm_trains_on_external_groups_without_sharing_weig
     assert rows[-1]["cumulative_reward"] > 0
     assert all((tmp_path / "sapo" / "nodes" / f"partition-{i}" / "adapter" / "adapter_config.json").is_file()
                for i in range(4))
+
+
+def test_sapo_async_trains_on_the_previous_rounds_pool(tmp_path):
+    simulate({**TINY, "strategy.mode": "sapo", "sapo.async": True, "num-server-rounds": 3, "sapo.local": 2,
+              "sapo.external": 2, "sapo.questions": 3, "sapo.completions": 4, "sapo.share": 3, "eval.every": 0,
+              "output.dir": str(tmp_path), "run-name": "async"}, 3)
+    rows = read_metrics(tmp_path / "async")
+    assert [r["round"] for r in rows] == [0, 1, 2, 3]
+    first = rows[1]["clients"].values()
+    assert all(c["external_received"] == 0 and c["external_used"] == 0 for c in first)  # no pool yet
+    later = [c for r in rows[2:] for c in r["clients"].values()]
+    assert all(c["external_received"] == 2 * 3 for c in later)  # the other two nodes' packets of the round before
+    assert sum(c["external_used"] for c in later) > 0
+    assert all(r["bytes"]["array_records"] == 0 for r in rows[1:])
