@@ -1,7 +1,10 @@
-"""The `pubswap` command: list config keys, run an app through `flwr run` and fail when the run fails.
+"""The `pubswap` command.
 
-    pubswap keys                         every run-config key with its default and meaning
-    pubswap run [-c OVERRIDES] [--nodes 4]   `flwr run . --stream` plus a status check (`flwr run` exits 0 on failure)
+    pubswap keys                              every run-config key with its default and meaning
+    pubswap run [-c OVERRIDES] [--nodes 4]    `flwr run . --stream` plus a status check (`flwr run` exits 0 on failure)
+    pubswap simulate -c FILE --nodes N        one run in-process through Flower's simulation engine
+    pubswap compare SWEEP.toml                arms x seeds, then report.md and plots
+    pubswap report RUN_DIR...                 the report again, from metrics.jsonl alone
 """
 
 from __future__ import annotations
@@ -122,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--cpus-per-client", type=int, default=1)
     run.add_argument("--quiet", action="store_true", help="do not stream the run's log")
     run.set_defaults(func=cmd_run)
+    from .compare import register
+
+    register(sub)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

@@ -1,0 +1,266 @@
+"""Comparison runner: one sweep file names a base config, the arms and the seeds; every (arm, seed) run goes
+through Flower's simulation engine in its own process, completed runs are skipped, failed ones are reported, and
+the report (tables and plots) is written from the runs' metrics.jsonl.
+
+    pubswap compare configs/compare-pubswap.toml [--out results] [--only ARM ...] [--dry-run]
+    pubswap simulate -c configs/smoke.toml --nodes 2 --run-name x --out runs     (one run, in-process)
+
+Sweep file:
+
+    name = "compare-pubswap"
+    nodes = 4                        # simulated SuperNodes
+    seeds = [0, 1, 2]
+    base = "fedavg.toml"             # optional: a preset (relative to the sweep file) applied first
+    [config]                         # overrides for every arm (nested tables or dotted keys)
+    num-server-rounds = 8
+    [arms.fedavg]
+    strategy.mode = "fedavg"
+    [arms.balanced]
+    strategy.mode = "pubswap"
+    pubswap.swap = "balanced"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import subprocess
+import sys
+import time
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .config import ConfigError, ExperimentConfig, flatten, load_toml
+from .metrics import STATUS_FILE
+
+log = logging.getLogger("pubswap_flwr.compare")
+
+
+class SweepError(ValueError):
+    """The sweep file is invalid."""
+
+
+@dataclass
+class Arm:
+    name: str
+    overrides: dict[str, Any]
+    error: str | None = None  # set when the arm's config is invalid: it is reported, never run
+
+
+@dataclass
+class Sweep:
+    name: str
+    nodes: int
+    seeds: list[int]
+    base: dict[str, Any]
+    arms: list[Arm]
+    source: Path
+    cpus_per_client: int = 1
+    timeout_s: float = 4 * 3600
+    notes: str = ""
+
+    def run_name(self, arm: str, seed: int) -> str:
+        return f"{arm}-s{seed}"
+
+    def config_for(self, arm: Arm, seed: int, out: Path) -> dict[str, Any]:
+        return {**self.base, **arm.overrides, "seed": seed, "run-name": self.run_name(arm.name, seed),
+                "output.dir": str(out / "runs")}
+
+
+def load_sweep(path: str | Path) -> Sweep:
+    """Parse and check a sweep file; an arm with an unknown key or a bad value is kept with its error."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as err:
+        raise SweepError(f"{path}: cannot read the sweep file: {err}") from err
+    known = {"name", "nodes", "seeds", "base", "config", "arms", "cpus-per-client", "timeout-s", "notes"}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise SweepError(f"{path}: unknown sweep keys {unknown}; known: {sorted(known)}")
+    arms_raw = raw.get("arms")
+    if not isinstance(arms_raw, dict) or not arms_raw:
+        raise SweepError(f"{path}: no [arms.<name>] tables")
+    seeds = raw.get("seeds", [0])
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and s >= 0 for s in seeds):
+        raise SweepError(f"{path}: seeds must be a non-empty list of integers >= 0")
+    base: dict[str, Any] = {}
+    if raw.get("base"):
+        base.update(load_toml(path.parent / str(raw["base"])))
+    base.update(flatten(raw.get("config", {})))
+    try:
+        ExperimentConfig.from_flat(base)
+    except ConfigError as err:
+        raise SweepError(f"{path}: the base config is invalid: {err}") from err
+    arms = []
+    for name, body in arms_raw.items():
+        if not isinstance(body, dict):
+            raise SweepError(f"{path}: arm {name!r} must be a table of config keys")
+        arm = Arm(str(name), flatten(body))
+        try:
+            ExperimentConfig.from_flat({**base, **arm.overrides})
+        except ConfigError as err:
+            arm.error = f"arm {name!r}: {err}"
+        arms.append(arm)
+    nodes = raw.get("nodes", 4)
+    if not isinstance(nodes, int) or nodes < 1:
+        raise SweepError(f"{path}: nodes must be a positive integer")
+    return Sweep(str(raw.get("name") or path.stem), nodes, seeds, base, arms, path,
+                 int(raw.get("cpus-per-client", 1)), float(raw.get("timeout-s", 4 * 3600)), str(raw.get("notes", "")))
+
+
+@dataclass
+class RunOutcome:
+    arm: str
+    seed: int
+    run_dir: Path
+    status: str  # completed | failed | skipped-invalid
+    detail: str = ""
+    seconds: float = 0.0
+    reused: bool = False
+
+
+def run_status(run_dir: Path) -> dict:
+    path = run_dir / STATUS_FILE
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return {}
+
+
+def run_one(config: dict[str, Any], nodes: int, cpus_per_client: int, timeout_s: float, log_path: Path) -> tuple[int, str]:
+    """One run in a fresh process through Flower's simulation engine; (exit code, last lines of its log)."""
+    command = [sys.executable, "-m", "pubswap_flwr.cli", "simulate", "--nodes", str(nodes), "--cpus-per-client",
+               str(cpus_per_client), "--json", json.dumps(config)]
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("w") as handle:
+        try:
+            code = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, timeout=timeout_s,
+                                  check=False).returncode
+        except subprocess.TimeoutExpired:
+            code = 124
+    tail = log_path.read_text(errors="replace").strip().splitlines()[-5:]
+    return code, "\n".join(tail)
+
+
+def run_sweep(sweep: Sweep, out: Path, only: list[str] | None = None, dry_run: bool = False) -> list[RunOutcome]:
+    outcomes: list[RunOutcome] = []
+    for arm in sweep.arms:
+        if only and arm.name not in only:
+            continue
+        for seed in sweep.seeds:
+            run_dir = out / "runs" / sweep.run_name(arm.name, seed)
+            if arm.error:
+                log.error("%s", arm.error)
+                outcomes.append(RunOutcome(arm.name, seed, run_dir, "skipped-invalid", arm.error))
+                continue
+            status = run_status(run_dir)
+            if status.get("status") == "completed":
+                log.info("%s seed %d: already complete, skipped", arm.name, seed)
+                outcomes.append(RunOutcome(arm.name, seed, run_dir, "completed", status.get("detail", ""),
+                                           float(status.get("elapsed_s", 0)), reused=True))
+                continue
+            if dry_run:
+                log.info("%s seed %d: would run %s", arm.name, seed, sweep.config_for(arm, seed, out))
+                continue
+            if run_dir.exists():  # an interrupted or failed attempt: start that run over
+                _clear(run_dir)
+            started = time.time()
+            log.info("%s seed %d: running (%d nodes)", arm.name, seed, sweep.nodes)
+            code, tail = run_one(sweep.config_for(arm, seed, out), sweep.nodes, sweep.cpus_per_client,
+                                 sweep.timeout_s, out / "logs" / f"{sweep.run_name(arm.name, seed)}.log")
+            status = run_status(run_dir)
+            ok = code == 0 and status.get("status") == "completed"
+            detail = status.get("detail") or tail
+            outcome = RunOutcome(arm.name, seed, run_dir, "completed" if ok else "failed",
+                                 detail if ok else f"exit {code}: {detail}", time.time() - started)
+            (log.info if ok else log.error)("%s seed %d: %s in %.0f s%s", arm.name, seed, outcome.status,
+                                            outcome.seconds, "" if ok else f" — {outcome.detail}")
+            outcomes.append(outcome)
+    return outcomes
+
+
+def _clear(run_dir: Path) -> None:
+    import shutil
+
+    shutil.rmtree(run_dir)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from .report import write_report
+
+    sweep = load_sweep(args.sweep)
+    out = Path(args.out) / sweep.name
+    out.mkdir(parents=True, exist_ok=True)
+    outcomes = run_sweep(sweep, out, args.only, args.dry_run)
+    if args.dry_run:
+        return 0
+    (out / "outcomes.json").write_text(json.dumps(
+        [{"arm": o.arm, "seed": o.seed, "status": o.status, "detail": o.detail, "seconds": round(o.seconds, 1),
+          "reused": o.reused, "run_dir": str(o.run_dir)} for o in outcomes], indent=2))
+    # Every completed run of the sweep on disk (an --only invocation keeps the other arms in the report).
+    completed = [out / "runs" / sweep.run_name(arm.name, seed) for arm in sweep.arms for seed in sweep.seeds
+                 if run_status(out / "runs" / sweep.run_name(arm.name, seed)).get("status") == "completed"]
+    report = write_report(out, completed,
+                          failures={(o.arm, o.seed): o.detail for o in outcomes if o.status != "completed"},
+                          title=sweep.name, notes=sweep.notes, command=" ".join(sys.argv))
+    print(f"report: {report}")
+    failed = [o for o in outcomes if o.status != "completed"]
+    for o in failed:
+        print(f"FAILED {o.arm} seed {o.seed}: {o.detail}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .report import write_report
+
+    runs = [Path(p) for p in args.runs]
+    out = Path(args.out) if args.out else (runs[0].parent.parent if len(runs) > 0 else Path("."))
+    print(f"report: {write_report(out, runs, title=args.title)}")
+    return 0
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from .simulation import simulate
+
+    config: dict[str, Any] = json.loads(args.json) if args.json else {}
+    for path in args.config or []:
+        config.update(load_toml(path))
+    if args.run_name:
+        config["run-name"] = args.run_name
+    if args.out:
+        config["output.dir"] = str(Path(args.out).resolve())
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    simulate(config, args.nodes, cpus_per_client=args.cpus_per_client)
+    run_dir = ExperimentConfig.from_flat(config).run_dir(run_id="local") if config.get("run-name") else None
+    if run_dir is not None and run_status(run_dir).get("status") != "completed":
+        print(f"run did not complete: {run_status(run_dir)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def register(sub) -> None:
+    compare = sub.add_parser("compare", help="run a sweep of arms x seeds and write the report")
+    compare.add_argument("sweep", help="sweep TOML file (see configs/compare-*.toml)")
+    compare.add_argument("--out", default="results", help="results root (default: results/<sweep name>)")
+    compare.add_argument("--only", nargs="*", help="run only these arms")
+    compare.add_argument("--dry-run", action="store_true", help="print what would run")
+    compare.set_defaults(func=cmd_compare)
+    report = sub.add_parser("report", help="write report.md and plots from run directories' metrics.jsonl")
+    report.add_argument("runs", nargs="+", help="run directories (named <arm>-s<seed>)")
+    report.add_argument("--out", help="where report.md and plots/ go (default: two levels above the first run)")
+    report.add_argument("--title", default="pubswap-flwr comparison")
+    report.set_defaults(func=cmd_report)
+    simulate = sub.add_parser("simulate", help="one in-process run through Flower's simulation engine")
+    simulate.add_argument("-c", "--config", action="append", help="TOML preset(s) applied in order")
+    simulate.add_argument("--json", help="flat config as JSON (applied first)")
+    simulate.add_argument("--nodes", type=int, default=4)
+    simulate.add_argument("--cpus-per-client", type=int, default=1)
+    simulate.add_argument("--run-name")
+    simulate.add_argument("--out", help="output.dir")
+    simulate.set_defaults(func=cmd_simulate)

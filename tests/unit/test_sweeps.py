@@ -1,0 +1,53 @@
+"""Sweep files: the shipped comparison presets parse with valid arms; bad sweep files give clear errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pubswap_flwr.compare import SweepError, load_sweep
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+@pytest.mark.parametrize("name, arms, nodes", [
+    ("compare-pubswap.toml", ["fedavg", "fedprox", "pubswap-random", "pubswap-balanced"], 4),
+    ("compare-sapo.toml", ["sapo-8-0", "sapo-6-2", "sapo-4-4", "sapo-2-6"], 8),
+])
+def test_shipped_sweeps_are_valid(name, arms, nodes):
+    sweep = load_sweep(CONFIGS / name)
+    assert [a.name for a in sweep.arms] == arms
+    assert all(a.error is None for a in sweep.arms)
+    assert sweep.nodes == nodes and sweep.seeds == [0, 1, 2]
+    config = sweep.config_for(sweep.arms[0], 1, Path("/tmp/out"))
+    assert config["seed"] == 1 and config["run-name"] == f"{arms[0]}-s1" and config["output.dir"] == "/tmp/out/runs"
+
+
+def test_sapo_sweep_ratios_sum_to_eight():
+    sweep = load_sweep(CONFIGS / "compare-sapo.toml")
+    for arm in sweep.arms:
+        local, external = arm.overrides["sapo.local"], arm.overrides["sapo.external"]
+        assert local + external == 8 and arm.name == f"sapo-{local}-{external}"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("name = 'x'\n", "no [arms.<name>] tables"),
+    ("seeds = []\n[arms.a]\nseed = 1\n", "seeds must be a non-empty list"),
+    ("colour = 1\n[arms.a]\nseed = 1\n", "unknown sweep keys ['colour']"),
+    ("[config]\ntrain.local-steps = 0\n[arms.a]\nseed = 1\n", "the base config is invalid: train.local-steps = 0"),
+    ("[arms]\na = 3\n", "arm 'a' must be a table"),
+])
+def test_bad_sweep_files_are_refused_with_a_reason(tmp_path, text, message):
+    path = tmp_path / "s.toml"
+    path.write_text(text)
+    with pytest.raises(SweepError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        load_sweep(path)
+
+
+def test_an_arm_with_an_unknown_key_is_kept_with_its_error(tmp_path):
+    path = tmp_path / "s.toml"
+    path.write_text("[arms.good]\nstrategy.mode = 'fedprox'\n[arms.bad]\nstrategy.mdoe = 'fedprox'\n")
+    sweep = load_sweep(path)
+    assert sweep.arms[0].error is None
+    assert sweep.arms[1].error == "arm 'bad': unknown config key 'strategy.mdoe' (did you mean 'strategy.mode'?)"
