@@ -48,6 +48,8 @@ def handle(msg: Message, context: Context, run_config: dict | None = None) -> Me
     metrics: dict[str, float] = {}
     payload: dict = {}
 
+    if bool(config.get("round-start", False)):
+        node.begin_round(round_number)
     if bool(config.get("evaluate-initial", False)):  # SAPO: each node's own starting point (round 0)
         payload["eval-initial"] = _evaluate(node, cfg)
     if task in ("fedavg-round", "pubswap-segment") and ADAPTER_KEY in msg.content:

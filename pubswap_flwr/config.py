@@ -172,6 +172,7 @@ class ExperimentConfig:
     num_server_rounds: int = opt(10, at_least_one)
     seed: int = opt(0, non_negative)
     run_name: str = opt("", doc="run directory name (default <mode>-s<seed>-<run id>)")
+    resume: bool = opt(False, doc="continue the run in output.dir/run-name from its last checkpoint")
     model: ModelConfig = field(default_factory=ModelConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -215,6 +216,8 @@ class ExperimentConfig:
 
     def validate(self) -> None:
         """Checks that involve more than one key."""
+        if self.resume and not self.run_name:
+            raise ConfigError("resume = true needs run-name: the run to continue is output.dir/run-name")
         if self.strategy.mode == "pubswap" and self.pubswap.tau_swap > self.train.local_steps:
             raise ConfigError(f"pubswap.tau-swap = {self.pubswap.tau_swap} exceeds train.local-steps = "
                               f"{self.train.local_steps}: no public step would run")

@@ -48,14 +48,18 @@ def _clean(value: Any) -> Any:
 class RunRecorder:
     """Writes everything a run produces under one absolute directory."""
 
-    def __init__(self, run_dir: Path, cfg: ExperimentConfig, run_id: int | str, *, resume: bool = False):
+    def __init__(self, run_dir: Path, cfg: ExperimentConfig, run_id: int | str, *, resume_after: int | None = None):
+        """`resume_after`: continue a run from its checkpoint at that round (rows after it are dropped)."""
         self.run_dir = run_dir
         self.cfg = cfg
         self.started = time.time()
         metrics = run_dir / METRICS_FILE
-        if metrics.exists() and metrics.stat().st_size > 0 and not resume:
-            raise RunExistsError(f"{run_dir} already holds a run's metrics; choose another run-name "
-                                 "(or remove the directory)")
+        if resume_after is None and metrics.exists() and metrics.stat().st_size > 0:
+            raise RunExistsError(f"{run_dir} already holds a run's metrics; choose another run-name, remove the "
+                                 "directory, or set resume = true to continue it")
+        if resume_after is not None and metrics.exists():
+            kept = [row for row in read_metrics(run_dir) if row["round"] <= resume_after]
+            metrics.write_text("".join(json.dumps(row, separators=(",", ":")) + "\n" for row in kept))
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / CONFIG_FILE).write_text(json.dumps({"run_id": str(run_id), "config": cfg.to_flat()}, indent=2))
         self.write_status("running")

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import random
+import shutil
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -37,6 +38,7 @@ log = logging.getLogger(__name__)
 STATE_FILE = "node.json"
 ADAPTER_FILE = "adapter.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
+ROUND_START_DIR = "round-start"
 
 
 # --- shared task universe (identical on server and every client: built from the run config alone) ---------------
@@ -271,6 +273,34 @@ class Node:
         tmp = self.state_dir / f".{STATE_FILE}.tmp"
         tmp.write_text(json.dumps(self.state.to_dict()))
         os.replace(tmp, self.state_dir / STATE_FILE)
+
+    def begin_round(self, round_number: int) -> bool:
+        """Called by a round's first message. A node that already worked on this round (the server was restarted
+        and resumed from an earlier checkpoint) restores the state it had at the start of the round, so the
+        round is repeated exactly; otherwise its current state is kept as that round's starting point.
+        Returns True when it restored."""
+        snapshot = self.state_dir / ROUND_START_DIR
+        marker = snapshot / "round"
+        if self.state.last_round >= round_number and marker.is_file() and int(marker.read_text()) == round_number:
+            for name in (STATE_FILE, ADAPTER_FILE, OPTIMIZER_FILE):
+                if (snapshot / name).is_file():
+                    shutil.copy2(snapshot / name, self.state_dir / name)
+            self.state = self._load_state()
+            self.stream = self._build_stream()
+            log.info("node %d: repeating round %d from its saved start", self.identity.index, round_number)
+            return True
+        self.save()
+        tmp = self.state_dir / f".{ROUND_START_DIR}.tmp"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        for name in (STATE_FILE, ADAPTER_FILE, OPTIMIZER_FILE):
+            shutil.copy2(self.state_dir / name, tmp / name)
+        (tmp / "round").write_text(str(round_number))
+        if snapshot.exists():
+            shutil.rmtree(snapshot)
+        os.replace(tmp, snapshot)
+        return False
 
     def _build_stream(self):
         cfg = self.cfg

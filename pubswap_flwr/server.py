@@ -11,6 +11,7 @@ import torch
 from flwr.app import ArrayRecord, Context
 from flwr.serverapp import Grid
 
+from . import checkpoint
 from .config import ExperimentConfig
 from .evaluation import evaluate
 from .metrics import RunRecorder, route_logs_to_flower
@@ -55,14 +56,20 @@ def run(grid: Grid, context: Context) -> None:
     cfg = ExperimentConfig.from_flat(context.run_config)  # stops the run at start on a bad key or value
     torch.manual_seed(cfg.seed)
     run_dir = cfg.run_dir(context.run_id)
-    recorder = RunRecorder(run_dir, cfg, context.run_id)
+    saved = None
+    if cfg.resume:
+        saved = checkpoint.load(run_dir)
+        if saved is None:
+            raise FileNotFoundError(f"resume = true but {run_dir} has no checkpoint to continue from")
+        checkpoint.check_compatible(saved, cfg)
+    recorder = RunRecorder(run_dir, cfg, context.run_id, resume_after=saved.round if saved else None)
     log.info("pubswap-flwr run %s: mode %s, outputs in %s", context.run_id, cfg.strategy.mode, run_dir)
     started = time.time()
     try:
         universe = task_universe(cfg)
         evaluator = None if cfg.strategy.mode == "sapo" else GlobalEvaluator(cfg)
         initial = adapter_record(evaluator.initial_adapter()) if evaluator else ArrayRecord()
-        strategy = PubSwapStrategy(cfg, recorder, evaluator, universe.public)
+        strategy = PubSwapStrategy(cfg, recorder, evaluator, universe.public, resume_from=saved)
         strategy.start(grid, initial, num_rounds=cfg.num_server_rounds, timeout=cfg.strategy.timeout)
     except BaseException as err:
         recorder.write_status("failed", f"{type(err).__name__}: {err}")

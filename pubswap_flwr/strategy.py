@@ -32,6 +32,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
+from . import checkpoint
 from .aggregate import aggregate, mean_pairwise_l2
 from .config import ExperimentConfig
 from .metrics import RunRecorder
@@ -127,7 +128,7 @@ class PubSwapStrategy(Strategy):
     """FedAvg-GRPO, FedProx-GRPO, PubSwap (Balanced/Random) and SAPO over LoRA adapters, selected by config."""
 
     def __init__(self, cfg: ExperimentConfig, recorder: RunRecorder, evaluator=None,
-                 public: PublicSet | None = None):
+                 public: PublicSet | None = None, resume_from: checkpoint.ServerCheckpoint | None = None):
         self.cfg = cfg
         self.recorder = recorder
         self.evaluator = evaluator
@@ -135,7 +136,8 @@ class PubSwapStrategy(Strategy):
         self.run_dir = str(recorder.run_dir)
         self.run_name = recorder.run_dir.name
         self.mode = cfg.strategy.mode
-        self.rng = random.Random(cfg.seed)
+        self.node_index: dict[int, int] = {}  # Flower node id -> node index reported by the client
+        self.resume_from = resume_from
         self.master: Adapter | None = None  # fp32 global adapter (fedavg/fedprox/pubswap)
         self.cumulative_reward = 0.0
         self.public_cursor = 0
@@ -161,6 +163,7 @@ class PubSwapStrategy(Strategy):
         """fedavg/fedprox: the global adapter and the round's settings to every selected node."""
         nodes = self._select_nodes(grid, server_round)
         cfg = self._base_config(server_round, "fedavg-round")
+        cfg["round-start"] = True
         cfg["local-steps"] = self.cfg.train.local_steps
         cfg["proximal-mu"] = self.cfg.strategy.proximal_mu if self.cfg.uses_proximal else 0.0
         for key, value in config.items():
@@ -208,11 +211,15 @@ class PubSwapStrategy(Strategy):
               evaluate_fn=None) -> Result:
         self.summary()
         result = Result()
-        if self.mode != "sapo":
+        first = 1
+        if self.resume_from is not None:
+            first = self._restore(self.resume_from) + 1
+            log.info("resuming after round %d of %d", first - 1, num_rounds)
+        elif self.mode != "sapo":
             self.master = {k: v.astype(np.float32) for k, v in adapter_from_record(initial_arrays).items()}
             result.arrays = initial_arrays
             self._evaluate_and_record(RoundLog(0), final=False)
-        for number in range(1, num_rounds + 1):
+        for number in range(first, num_rounds + 1):
             round_log = RoundLog(number)
             if self.mode in ("fedavg", "fedprox"):
                 self._round_fedavg(grid, round_log)
@@ -223,7 +230,23 @@ class PubSwapStrategy(Strategy):
             if self.master is not None:
                 result.arrays = adapter_record(self.master)
             self._evaluate_and_record(round_log, final=number == num_rounds)
+            self._checkpoint(number)
         return result
+
+    # -- checkpoints -----------------------------------------------------------------------------------------
+    def _checkpoint(self, number: int) -> None:
+        checkpoint.save(self.recorder.run_dir, checkpoint.ServerCheckpoint(
+            round=number, config=self.cfg.to_flat(), public_cursor=self.public_cursor,
+            cumulative_reward=self.cumulative_reward, node_index=self.node_index,
+            sapo_pool=[p.to_wire() for p in self.sapo_pool], master=self.master))
+
+    def _restore(self, saved: checkpoint.ServerCheckpoint) -> int:
+        self.master = saved.master
+        self.public_cursor = saved.public_cursor
+        self.cumulative_reward = saved.cumulative_reward
+        self.node_index = dict(saved.node_index)
+        self.sapo_pool = [Packet.from_wire(p) for p in saved.sapo_pool]
+        return saved.round
 
     # -- plumbing --------------------------------------------------------------------------------------------
     def _base_config(self, server_round: int, task: str) -> ConfigRecord:
@@ -284,6 +307,9 @@ class PubSwapStrategy(Strategy):
                 continue
             out.payloads[node] = payload
             out.replies[node] = reply
+            index = reply.content[METRICS_KEY].get("node-index")
+            if isinstance(index, int) and not isinstance(index, bool):
+                self.node_index[node] = index
             out.bytes_in[node] = record_bytes(reply.content)
             out.array_records += len(reply.content.array_records)
             m = reply.content[METRICS_KEY]
@@ -295,6 +321,14 @@ class PubSwapStrategy(Strategy):
             log.warning("dropped client %d: %s", node, reason)
         out.busy = min(_union_length(intervals), out.wall)
         return out
+
+    def label(self, node: int) -> str:
+        """A client's name in swaps and pools: sorts by node index, so results do not depend on Flower's random
+        node ids or on reply arrival order (a resumed run repeats an uninterrupted one)."""
+        return f"{self.node_index.get(node, 99999):05d}-{node}"
+
+    def ordered(self, nodes) -> list[int]:
+        return sorted(nodes, key=self.label)
 
     def _validated_adapter(self, reply: Message, weight: float | None = None) -> tuple[Adapter, float]:
         """The reply's adapter after key/shape/finiteness checks, and its aggregation weight (the reply's
@@ -323,7 +357,8 @@ class PubSwapStrategy(Strategy):
     def _aggregate_round(self, round_log: RoundLog, final_replies: dict[int, Message]) -> None:
         started = time.perf_counter()
         valid: dict[int, tuple[Adapter, float]] = {}
-        for node, reply in final_replies.items():
+        for node in self.ordered(final_replies):
+            reply = final_replies[node]
             try:
                 valid[node] = self._validated_adapter(reply, round_log.client(node).get("examples", 0))
             except Rejected as err:
@@ -389,7 +424,7 @@ class PubSwapStrategy(Strategy):
             for node in active:
                 config = self._base_config(round_log.number, "pubswap-segment")
                 config.update({"private-steps": private, "public-uids": "\n".join(uids), "k": k,
-                               "final": is_final, "segment": segment})
+                               "final": is_final, "segment": segment, "round-start": segment == 0})
                 content = RecordDict({CONFIG_KEY: config})
                 if segment == 0:
                     content[ADAPTER_KEY] = adapter_record(self.master)
@@ -431,20 +466,22 @@ class PubSwapStrategy(Strategy):
               round_number: int, segment: int) -> tuple[dict[int, dict], dict]:
         p = self.cfg.pubswap
         rng = random.Random(f"{self.cfg.seed}:swap:{round_number}:{segment}")
-        sets: dict[int, dict] = {node: {} for node in responses}
-        swapped = {node: 0 for node in responses}
+        nodes = self.ordered(responses)
+        sets: dict[int, dict] = {node: {} for node in nodes}
+        swapped = {node: 0 for node in nodes}
         swapped_pairs = 0
         donors = []
         disagreement = []
-        own_reward = {node: [] for node in responses}
+        own_reward: dict[int, list[float]] = {node: [] for node in nodes}
         for uid in uids:
-            pool = [Response(str(node), i, text, reward) for node, per_uid in responses.items()
-                    for i, (text, reward) in enumerate(per_uid[uid])]
+            pool = [Response(self.label(node), i, text, reward) for node in nodes
+                    for i, (text, reward) in enumerate(responses[node][uid])]
             outcomes = build_response_sets(pool, p.swap, p.correct_threshold, k, rng) if pool else {}
-            for node in responses:
-                outcome = outcomes[str(node)]
+            for node in nodes:
+                me = self.label(node)
+                outcome = outcomes[me]
                 sets[node][uid] = [
-                    {"own_index": r.index, "reward": r.reward} if r.client == str(node)
+                    {"own_index": r.index, "reward": r.reward} if r.client == me
                     else {"own_index": -1, "text": r.text, "reward": r.reward, "source": r.client}
                     for r in outcome.responses]
                 swapped[node] += outcome.swapped
@@ -452,14 +489,14 @@ class PubSwapStrategy(Strategy):
                 donors.append(outcome.donors_available)
                 own_reward[node].extend(reward for _, reward in responses[node][uid])
             modal = [Counter(extract_answer(t) for t, _ in responses[node][uid]).most_common(1)[0][0]
-                     for node in responses]
+                     for node in nodes]
             pairs = list(combinations(modal, 2))
             if pairs:
                 disagreement.append(sum(a != b for a, b in pairs) / len(pairs))
-        pair_count = max(len(responses) * len(uids), 1)
+        pair_count = max(len(nodes) * len(uids), 1)
         metrics = {
             "prompts": uids,
-            "clients": len(responses),
+            "clients": len(nodes),
             "swapped_pair_fraction": swapped_pairs / pair_count,
             "responses_swapped": {str(n): c for n, c in swapped.items()},
             "mean_donors": float(np.mean(donors)) if donors else 0.0,
@@ -472,7 +509,8 @@ class PubSwapStrategy(Strategy):
     def _pool(self, exchange: Exchange, round_log: RoundLog) -> list[Packet]:
         """Every valid packet of the round, tagged with the node that sent it; bad packets are dropped one by one."""
         pool = []
-        for node, payload in exchange.payloads.items():
+        for node in self.ordered(exchange.payloads):
+            payload = exchange.payloads[node]
             try:
                 packets, reasons = check_packets(payload, self.limits, self.cfg.sapo.completions)
             except Rejected as err:
@@ -488,7 +526,7 @@ class PubSwapStrategy(Strategy):
             if reasons:
                 round_log.client(node)["packets_rejected"] = len(reasons)
                 round_log.extra.setdefault("rejected_packets", {})[str(node)] = reasons[:10]
-            pool.extend(Packet(str(node), p.item, p.completions) for p in packets)  # sender = who sent it
+            pool.extend(Packet(self.label(node), p.item, p.completions) for p in packets)  # sender = who sent it
         return pool
 
     def _sapo_messages(self, nodes: list[int], round_number: int, task: str, pool: list[Packet],
@@ -496,9 +534,9 @@ class PubSwapStrategy(Strategy):
         messages = []
         for node in nodes:
             config = self._base_config(round_number, task)
-            config.update({"evaluate": evaluate, "save-adapter": final,
+            config.update({"evaluate": evaluate, "save-adapter": final, "round-start": task == "sapo-async",
                            "evaluate-initial": round_number == 1 and task == "sapo-async"})
-            others = [p.to_wire() for p in pool if p.sender != str(node)]
+            others = [p.to_wire() for p in pool if p.sender != self.label(node)]
             content = RecordDict({CONFIG_KEY: config, PAYLOAD_KEY: payload_record({"pool": others})})
             messages.append(Message(content, dst_node_id=node, message_type="train"))
         return messages
@@ -517,6 +555,7 @@ class PubSwapStrategy(Strategy):
             for node in nodes:
                 config = self._base_config(round_log.number, "sapo-generate")
                 config["evaluate-initial"] = round_log.number == 1
+                config["round-start"] = True
                 generate.append(Message(RecordDict({CONFIG_KEY: config}), dst_node_id=node,
                                         message_type="query.generate"))
             exchange = self._exchange(grid, generate)
