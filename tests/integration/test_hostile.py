@@ -116,3 +116,111 @@ def test_malformed_sapo_packets_are_dropped_one_by_one(tmp_path):
     for node, c in row["clients"].items():
         if node != sender:
             assert c["external_received"] == 1 + 3
+
+
+def _hang_partition_three_in_round_two(msg, context):
+    if _partition(context) == 3 and int(msg.content["config"]["server-round"]) == 2:
+        import time
+
+        time.sleep(40)  # longer than strategy.timeout: the server must not wait for it
+
+
+def test_a_client_timing_out_is_dropped_and_the_run_finishes(tmp_path):
+    simulate({**TINY, "num-server-rounds": 2, "train.local-steps": 1, "strategy.timeout": 25.0,
+              "output.dir": str(tmp_path), "run-name": "timeout"}, 4, client_hook=_hang_partition_three_in_round_two)
+    rows = read_metrics(tmp_path / "timeout")
+    assert [len(r.get("clients", {})) for r in rows] == [0, 4, 3]
+    assert list(rows[2]["dropped"].values()) == ["no reply within strategy.timeout = 25 s"]
+    assert rows[2]["aggregated"] is True
+
+
+def _hostile_adapters(msg, context, reply):
+    """Partitions 0-3 each send one kind of broken adapter; 4 and 5 are honest."""
+    import numpy as np
+    from flwr.app import Array, ArrayRecord
+
+    from pubswap_flwr.wire import ADAPTER_KEY
+
+    node = _partition(context)
+    if reply.has_error() or node > 3:
+        return reply
+    arrays = {k: a.numpy().copy() for k, a in reply.content[ADAPTER_KEY].items()}
+    first = sorted(arrays)[0]
+    if node == 0:
+        arrays[first][0, 0] = np.nan
+    elif node == 1:
+        arrays[first] = np.zeros((3, 3), dtype=np.float16)
+    elif node == 2:
+        del arrays[first]
+    else:
+        arrays["base_model.model.backdoor.weight"] = np.ones(4, dtype=np.float16)
+    reply.content[ADAPTER_KEY] = ArrayRecord({k: Array(v) for k, v in arrays.items()})
+    return reply
+
+
+def test_broken_adapters_are_rejected_each_with_its_reason(tmp_path):
+    simulate({**TINY, "num-server-rounds": 1, "train.local-steps": 1, "output.dir": str(tmp_path),
+              "run-name": "adapters"}, 6, reply_hook=_hostile_adapters)
+    row = read_metrics(tmp_path / "adapters")[-1]
+    assert row["aggregated"] is True and len(row["aggregated_clients"]) == 2
+    reasons = sorted(row["dropped"].values())
+    assert len(reasons) == 4
+    assert any("has NaN or Inf values" in r for r in reasons)
+    assert any("has shape (3, 3), expected" in r for r in reasons)
+    assert any("adapter keys differ from the global adapter (missing ['base_model" in r for r in reasons)
+    assert any("unexpected ['base_model.model.backdoor.weight']" in r for r in reasons)
+
+
+def _oversized_response(msg, context, reply):
+    config = msg.content["config"]
+    if config["task"] != "pubswap-segment" or _partition(context) != 0 or reply.has_error():
+        return reply
+
+    def change(payload):
+        for texts in (payload.get("responses") or {}).values():
+            texts[0] = "<answer>" + "9" * 5000 + "</answer>"
+        return payload
+
+    return _rewrite_payload(reply, change)
+
+
+def test_oversized_public_response_is_rejected(tmp_path):
+    simulate({**TINY, "strategy.mode": "pubswap", "num-server-rounds": 1, "train.local-steps": 1,
+              "pubswap.tau-swap": 1, "pubswap.public-prompts": 2, "output.dir": str(tmp_path), "run-name": "big"},
+             3, reply_hook=_oversized_response)
+    row = read_metrics(tmp_path / "big")[-1]
+    assert row["aggregated"] is True and len(row["clients"]) == 2
+    (reason,) = row["dropped"].values()
+    assert "a response has 5017 chars, over the 4096 limit" in reason
+
+
+def _scaled_adapter(msg, context, reply):
+    """Partition 0 sends its adapter scaled x100 (a poisoning attempt)."""
+    from flwr.app import Array, ArrayRecord
+
+    from pubswap_flwr.wire import ADAPTER_KEY
+
+    if _partition(context) != 0 or reply.has_error():
+        return reply
+    reply.content[ADAPTER_KEY] = ArrayRecord({k: Array((a.numpy().astype("float32") * 100).astype("float16"))
+                                              for k, a in reply.content[ADAPTER_KEY].items()})
+    return reply
+
+
+def test_median_and_trimmed_mean_resist_a_scaled_adapter(tmp_path):
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    from pubswap_flwr.config import ExperimentConfig
+    from pubswap_flwr.server import GlobalEvaluator
+
+    initial = GlobalEvaluator(ExperimentConfig.from_flat({"seed": 2})).initial_adapter()
+    moved = {}
+    for method in ("mean", "median", "trimmed-mean"):
+        simulate({**TINY, "num-server-rounds": 1, "train.local-steps": 1, "strategy.aggregation": method,
+                  "strategy.trim-fraction": 0.25, "output.dir": str(tmp_path), "run-name": method}, 4,
+                 reply_hook=_scaled_adapter)
+        final = load_file(str(tmp_path / method / "checkpoint" / "global.safetensors"))
+        moved[method] = float(np.sqrt(sum(np.sum((final[k] - initial[k]) ** 2) for k in initial)))
+    assert moved["median"] * 10 < moved["mean"], moved
+    assert moved["trimmed-mean"] * 10 < moved["mean"], moved
