@@ -146,6 +146,9 @@ class SapoConfig:
     completions: int = opt(8, at_least_two, "L: completions per question")
     share: int = opt(8, non_negative, "groups each node shares per round")
     async_mode: bool = opt(False, doc="one message per round, training on the previous round's pool", key="async")
+    verify_provenance: bool = opt(True, doc="regenerate reasoning-gym packets from their provenance and drop "
+                                            "forged ones")
+    reputation: bool = opt(False, doc="sample external groups in proportion to each sender's verification record")
 
 
 @dataclass(frozen=True)

@@ -27,10 +27,11 @@ from .policy import GenerationSettings, GRPOSettings, LoraSettings, Policy, Poli
 from .policy import cached_policy
 from .policy.model import ModelError, data_dir
 from .rollouts import Completion, RolloutGroup
-from .sapo import Packet, Selection, select_external, select_local
+from .sapo import Packet, Selection, reputation, select_external, select_local
 from .tasks import (HeldOutSet, ItemListStream, MixtureStream, PublicSet, StreamCursor, TaskItem, load_items,
                     node_mixes, parse_custom_tasks, parse_mix, score_completion)
-from .tasks.splits import MAX_NODES
+from .tasks.specs import generate_entry
+from .tasks.splits import MAX_NODES, RANGE
 from .tasks.verifiers import VERIFIERS
 
 log = logging.getLogger(__name__)
@@ -179,6 +180,7 @@ class NodeState:
     cursor: StreamCursor = field(default_factory=StreamCursor)
     pending_public: dict[str, list[dict]] = field(default_factory=dict)  # uid -> own samples (text, ids)
     pending_sapo: list[dict] = field(default_factory=list)  # own groups of the current SAPO round
+    peers: dict[str, tuple[int, int]] = field(default_factory=dict)  # sender -> (packets passed, failed)
 
     def to_dict(self) -> dict:
         return {
@@ -186,6 +188,7 @@ class NodeState:
             "sample_calls": self.sample_calls, "cumulative_reward": self.cumulative_reward,
             "last_round": self.last_round, "cursor": self.cursor.to_dict(),
             "pending_public": self.pending_public, "pending_sapo": self.pending_sapo,
+            "peers": {k: list(v) for k, v in self.peers.items()},
         }
 
     @classmethod
@@ -196,6 +199,7 @@ class NodeState:
             cumulative_reward=float(data.get("cumulative_reward", 0.0)), last_round=int(data.get("last_round", 0)),
             cursor=StreamCursor.from_dict(data.get("cursor", {})),
             pending_public=dict(data.get("pending_public", {})), pending_sapo=list(data.get("pending_sapo", [])),
+            peers={str(k): (int(v[0]), int(v[1])) for k, v in dict(data.get("peers", {})).items()},
         )
 
 
@@ -457,9 +461,33 @@ class Node:
             out.append(RolloutGroup(self.formatter_prompt(item), completions, list(row["rewards"]), item.uid, item.task))
         return out
 
+    def verified_item(self, item: TaskItem) -> TaskItem:
+        """A peer's reasoning-gym item checked against its provenance: the receiver regenerates it (only for task
+        specs in its own run, so a peer cannot make it build arbitrary generators) and scores with the regenerated
+        entry, so a forged answer or tampered metadata is caught. Items from organization files cannot be
+        regenerated and are scored as sent."""
+        if item.verifier != "rg" or not self.cfg.sapo.verify_provenance:
+            return item
+        prov = item.provenance
+        spec = next((t for t in self.universe.tasks if t.generator == prov.get("generator")
+                     and dict(t.config) == dict(prov.get("config") or {})), None)
+        if spec is None:
+            raise ValueError(f"provenance names a task this node does not run: {prov.get('generator')!r}")
+        seed, index = prov.get("seed"), prov.get("index")
+        if not isinstance(seed, int) or not isinstance(index, int) or seed < 0 or not 0 <= index < RANGE:
+            raise ValueError("provenance has no valid seed and index")
+        entry = generate_entry(spec.generator, spec.config, seed, index)
+        if entry["question"] != item.question:
+            raise ValueError("question does not match its provenance")
+        if (None if entry["answer"] is None else str(entry["answer"])) != item.answer:
+            raise ValueError("answer does not match its provenance (forged)")
+        return TaskItem(item.uid, spec.name, entry["question"], item.answer, "rg", entry["metadata"],
+                        {"generator": spec.generator, "config": dict(spec.config), "seed": seed, "index": index},
+                        item.family)
+
     def rescore(self, packet: Packet) -> list[float]:
         """Rewards of a peer's completions under this node's own verifier; ValueError when it cannot score them."""
-        item = packet.item
+        item = self.verified_item(packet.item)
         if item.verifier not in VERIFIERS:
             raise ValueError(f"unknown verifier {item.verifier!r}")
         if item.answer is None and item.verifier != "rg":
@@ -477,7 +505,15 @@ class Node:
         scfg = self.cfg.sapo
         rng = random.Random(derive_seed(self.cfg.seed, self.identity.index, round_number, "select"))
         local = select_local(self._pending_groups(), scfg.local, rng)
-        selection = select_external(pool, scfg.external, self.rescore, rng)
+        weight = None
+        if scfg.reputation:
+            weight = lambda sender: reputation(*self.state.peers.get(sender, (0, 0)))  # noqa: E731
+        selection = select_external(pool, scfg.external, self.rescore, rng, weight)
+        for sender in sorted({p.sender for p in pool}):  # verification record per peer (reputation)
+            passed, failed = self.state.peers.get(sender, (0, 0))
+            count = sum(r.startswith(sender + "/") for r in selection.rejections)
+            sent = sum(p.sender == sender for p in pool)
+            self.state.peers[sender] = (passed + sent - count, failed + count)
         for problem in selection.rejections:
             log.warning("node %d dropped a peer packet: %s", self.identity.index, problem)
         if selection.shortfall and scfg.external:

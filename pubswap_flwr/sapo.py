@@ -57,8 +57,9 @@ class Selection:
 
 
 def select_external(packets: Sequence[Packet], j: int, rescore: Callable[[Packet], Sequence[float]],
-                    rng: random.Random) -> Selection:
-    """Re-score every packet with the receiver's verifier, drop zero-advantage groups, draw J uniformly.
+                    rng: random.Random, sender_weight: Callable[[str], float] | None = None) -> Selection:
+    """Re-score every packet with the receiver's verifier, drop zero-advantage groups, draw J uniformly (or, with
+    `sender_weight`, in proportion to the sender's weight: reputation-weighted sampling).
 
     `rescore` raises ValueError for a packet it cannot score (unknown verifier, forged answer...); such packets
     are rejected with the reason recorded.
@@ -78,9 +79,33 @@ def select_external(packets: Sequence[Packet], j: int, rescore: Callable[[Packet
             continue
         usable.append(scored)
     take = min(j, len(usable))
-    selection.chosen = rng.sample(usable, take) if take else []
+    if sender_weight is None:
+        selection.chosen = rng.sample(usable, take) if take else []
+    else:
+        selection.chosen = weighted_sample(usable, [sender_weight(s.packet.sender) for s in usable], take, rng)
     selection.shortfall = j - take
     return selection
+
+
+def weighted_sample(items: Sequence[Any], weights: Sequence[float], k: int, rng: random.Random) -> list[Any]:
+    """k items without replacement, each draw in proportion to the remaining items' weights (all > 0)."""
+    pool = list(zip(items, weights))
+    chosen = []
+    for _ in range(min(k, len(pool))):
+        total = sum(w for _, w in pool)
+        point = rng.random() * total
+        for position, (item, weight) in enumerate(pool):
+            point -= weight
+            if point <= 0 or position == len(pool) - 1:
+                chosen.append(item)
+                pool.pop(position)
+                break
+    return chosen
+
+
+def reputation(passed: int, failed: int) -> float:
+    """A sender's sampling weight: its Laplace-smoothed share of packets that passed verification."""
+    return (passed + 1) / (passed + failed + 2)
 
 
 def select_local(groups: Sequence[Any], i: int, rng: random.Random) -> list[Any]:

@@ -575,6 +575,9 @@ class PubSwapStrategy(Strategy):
                         "external-shortfall"):
                 row[key.replace("-", "_")] = int(m.get(key, 0))
             payload = train_exchange.payloads[node]
+            reasons = payload.get("rejections")
+            if isinstance(reasons, list) and reasons:
+                row["external_rejections"] = [str(r)[:300] for r in reasons[:5]]
             if "eval" in payload:
                 try:
                     evals[str(node)] = check_eval(payload["eval"])

@@ -224,3 +224,31 @@ def test_median_and_trimmed_mean_resist_a_scaled_adapter(tmp_path):
         moved[method] = float(np.sqrt(sum(np.sum((final[k] - initial[k]) ** 2) for k in initial)))
     assert moved["median"] * 10 < moved["mean"], moved
     assert moved["trimmed-mean"] * 10 < moved["mean"], moved
+
+
+def _forge_answers(msg, context, reply):
+    config = msg.content["config"]
+    if config["task"] != "sapo-generate" or _partition(context) != 0 or reply.has_error():
+        return reply
+
+    def change(payload):
+        for packet in payload["packets"]:
+            packet["item"]["answer"] = "424242"
+            packet["completions"] = ["<answer>424242</answer>"] + packet["completions"][1:]
+        return payload
+
+    return _rewrite_payload(reply, change)
+
+
+def test_sapo_receivers_drop_packets_with_forged_answers(tmp_path):
+    simulate({**TINY, "strategy.mode": "sapo", "num-server-rounds": 1, "sapo.local": 2, "sapo.external": 4,
+              "sapo.questions": 3, "sapo.completions": 4, "sapo.share": 3, "output.dir": str(tmp_path),
+              "run-name": "forged-sapo"}, 3, reply_hook=_forge_answers)
+    row = read_metrics(tmp_path / "forged-sapo")[-1]
+    assert not row["dropped"] and len(row["clients"]) == 3
+    for c in row["clients"].values():
+        if c["node_index"] == 0:
+            assert c["external_rejected"] == 0
+        else:
+            assert c["external_rejected"] == 3 and c["external_received"] == 6
+            assert all("answer does not match its provenance (forged)" in r for r in c["external_rejections"])

@@ -1,0 +1,92 @@
+"""A SAPO receiver checks peers' packets: regenerated from provenance (forged answers and tampered metadata are
+dropped), never evaluates code in shared completions, and can weight senders by their verification record."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+
+from pubswap_flwr.config import ExperimentConfig
+from pubswap_flwr.node import Node, NodeIdentity, task_universe
+from pubswap_flwr.sapo import Packet, reputation, select_external, weighted_sample
+
+MIX = "gcd:1,rg:binary_matrix:1"
+
+
+@pytest.fixture()
+def node(tmp_path):
+    cfg = ExperimentConfig.from_flat({"strategy.mode": "sapo", "tasks.mix": MIX, "tasks.per-node": 0,
+                                      "eval.items-per-task": 5, "sapo.completions": 4})
+    return Node(cfg, NodeIdentity(0, tmp_path / "node", "embedded:tiny"))
+
+
+def _peer_item(node, task: str):
+    """An item a peer would have drawn from its own private stream (another node's seed range)."""
+    from pubswap_flwr.tasks import MixtureStream, StreamCursor
+
+    spec = next(t for t in node.universe.tasks if t.name == task)
+    stream = MixtureStream([spec], node.universe.tasks, node=5, exclude=set())
+    return stream.take(1, StreamCursor())[0]
+
+
+def test_honest_packet_is_rescored_with_the_regenerated_entry(node):
+    item = _peer_item(node, "gcd")
+    packet = Packet("peer", item, (f"<answer>{item.answer}</answer>", "<answer>nope</answer>"))
+    assert node.rescore(packet) == [1.0, 0.0]
+
+
+def test_forged_answer_and_foreign_task_specs_are_rejected(node):
+    item = _peer_item(node, "gcd")
+    wrong = str(int(item.answer) + 1)
+    forged = Packet("peer", replace(item, answer=wrong), (f"<answer>{wrong}</answer>",) * 2)
+    with pytest.raises(ValueError, match="answer does not match its provenance"):
+        node.rescore(forged)
+    other_config = replace(item, provenance={**item.provenance, "config": {"max_value": 10**9}})
+    with pytest.raises(ValueError, match="provenance names a task this node does not run"):
+        node.rescore(Packet("peer", other_config, ("<answer>1</answer>",)))
+    moved = replace(item, provenance={**item.provenance, "index": item.provenance["index"] + 1})
+    with pytest.raises(ValueError, match="question does not match its provenance"):
+        node.rescore(Packet("peer", moved, ("<answer>1</answer>",)))
+
+
+def test_tampered_metadata_does_not_change_the_score(node):
+    item = _peer_item(node, "rg:binary_matrix")
+    lying = replace(item, metadata={**item.metadata, "solution": [[0]]})
+    packet = Packet("peer", lying, (f"<answer>{item.answer}</answer>",))
+    assert node.rescore(packet) == [1.0]
+
+
+def test_eval_payload_in_a_shared_completion_is_never_executed(node, tmp_path):
+    item = _peer_item(node, "rg:binary_matrix")
+    marker = tmp_path / "pwned"
+    payload = f"__import__('pathlib').Path({str(marker)!r}).write_text('x')"
+    packet = Packet("peer", item, (f"<answer>{payload}</answer>", f"<answer>{item.answer}</answer>"))
+    assert node.rescore(packet) == [0.0, 1.0]
+    assert not marker.exists()
+
+
+def test_rejections_feed_reputation_and_weighted_sampling(node):
+    good = _peer_item(node, "gcd")
+    honest = [Packet("honest", good, (f"<answer>{good.answer}</answer>", "<answer>x</answer>"))] * 3
+    forged = [Packet("liar", replace(good, answer="1234"), ("<answer>1234</answer>", "<answer>x</answer>"))] * 3
+    selection = select_external(honest + forged, 2, node.rescore, random.Random(0))
+    assert selection.rejected == 3 and all(s.packet.sender == "honest" for s in selection.chosen)
+    assert all("liar/" in r and "forged" in r for r in selection.rejections)
+    assert reputation(10, 0) > 0.9 and reputation(0, 10) < 0.1 and reputation(0, 0) == 0.5
+    picks = [weighted_sample(["a", "b"], [1000.0, 1e-6], 1, random.Random(s))[0] for s in range(50)]
+    assert picks.count("a") == 50
+    assert sorted(weighted_sample(["a", "b", "c"], [1, 1, 1], 3, random.Random(1))) == ["a", "b", "c"]
+
+
+def test_reputation_is_recorded_per_sender_in_node_state(node):
+    from pubswap_flwr.node import WorkReport
+
+    good = _peer_item(node, "gcd")
+    pool = [Packet("honest", good, (f"<answer>{good.answer}</answer>", "<answer>x</answer>")),
+            Packet("liar", replace(good, answer="999"), ("<answer>999</answer>",) * 2)]
+    node.sapo_generate(1, WorkReport())
+    node.sapo_train(pool, 1, WorkReport())
+    assert node.state.peers == {"honest": (1, 0), "liar": (0, 1)}
+    assert task_universe(node.cfg).tasks[1].generator == "binary_matrix"
