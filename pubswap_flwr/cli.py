@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -129,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
 
     register(sub)
     args = parser.parse_args(argv)
+    if args.command in ("compare", "report"):
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     try:
         return args.func(args)
     except FlowerRunError as err:
