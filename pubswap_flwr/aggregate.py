@@ -77,12 +77,26 @@ def clip_update(adapter: Adapter, reference: Adapter, max_norm: float) -> Adapte
 
 
 def aggregate(adapters: Sequence[Adapter], weights: Sequence[float], *, method: str = "mean",
-              trim_fraction: float = 0.2, reference: Adapter | None = None, clip_norm: float = 0.0) -> Adapter:
-    """Combine client adapters with `method` ("mean" | "median" | "trimmed-mean"), clipping updates first."""
+              trim_fraction: float = 0.2, reference: Adapter | None = None, clip_norm: float = 0.0,
+              noise_multiplier: float = 0.0, rng: np.random.Generator | None = None) -> Adapter:
+    """Combine client adapters with `method` ("mean" | "median" | "trimmed-mean"), clipping updates first.
+
+    With `noise_multiplier` > 0 this is central DP-FedAvg with fixed clipping (McMahan et al. 2018, as in
+    Flower's DifferentialPrivacyServerSideFixedClipping): updates clipped to `clip_norm`, averaged with equal
+    weights, and Gaussian noise of std noise_multiplier·clip_norm/n added to the average (Flower's compute_stdv).
+    """
     if clip_norm > 0:
         if reference is None:
             raise AggregationError("update clipping needs the reference (global) adapter")
         adapters = [clip_update(a, reference, clip_norm) for a in adapters]
+    if noise_multiplier > 0:
+        from flwr.supercore.differential_privacy import compute_stdv
+
+        if clip_norm <= 0 or method != "mean" or rng is None:
+            raise AggregationError("differential privacy needs clip_norm > 0, the mean, and a seeded rng")
+        average = weighted_mean(adapters, [1.0] * len(adapters))
+        std = compute_stdv(noise_multiplier, clip_norm, len(adapters))
+        return {k: (v + rng.normal(0.0, std, v.shape)).astype(np.float32) for k, v in average.items()}
     if method == "mean":
         return weighted_mean(adapters, weights)
     if method == "median":

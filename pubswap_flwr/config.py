@@ -125,6 +125,8 @@ class StrategyConfig:
     aggregation: str = opt("mean", one_of(*AGGREGATORS))
     trim_fraction: float = opt(0.2, below_half, "trimmed-mean: fraction cut at each end")
     clip_norm: float = opt(0.0, non_negative, "clip each client's update norm before aggregating (0 = off)")
+    dp_noise_multiplier: float = opt(0.0, non_negative, "central DP: Gaussian noise std = this x clip-norm / clients "
+                                                        "(0 = off; needs clip-norm > 0 and aggregation mean)")
 
 
 @dataclass(frozen=True)
@@ -231,6 +233,9 @@ class ExperimentConfig:
                 raise ConfigError(f"sapo.local = {self.sapo.local} exceeds sapo.questions = {self.sapo.questions}")
             if self.sapo.share > self.sapo.questions:
                 raise ConfigError(f"sapo.share = {self.sapo.share} exceeds sapo.questions = {self.sapo.questions}")
+        if self.strategy.dp_noise_multiplier > 0 and (self.strategy.clip_norm <= 0 or self.strategy.aggregation != "mean"):
+            raise ConfigError("strategy.dp-noise-multiplier > 0 needs strategy.clip-norm > 0 and "
+                              "strategy.aggregation = 'mean'")
         if self.strategy.aggregation != "mean" and self.strategy.mode == "sapo":
             raise ConfigError("strategy.aggregation applies to adapter averaging; sapo mode averages nothing")
 

@@ -193,7 +193,8 @@ class PubSwapStrategy(Strategy):
             return None, None
         s = self.cfg.strategy
         self.master = aggregate(adapters, weights, method=s.aggregation, trim_fraction=s.trim_fraction,
-                                reference=self.master, clip_norm=s.clip_norm)
+                                reference=self.master, clip_norm=s.clip_norm, noise_multiplier=s.dp_noise_multiplier,
+                                rng=np.random.default_rng([self.cfg.seed, server_round]))
         return adapter_record(self.master), MetricRecord({"clients": len(adapters),
                                                           "num-examples": float(sum(weights))})
 
@@ -372,7 +373,9 @@ class PubSwapStrategy(Strategy):
             s = self.cfg.strategy
             round_log.extra["parameter_drift"] = mean_pairwise_l2(adapters)
             self.master = aggregate(adapters, [w for _, w in valid.values()], method=s.aggregation,
-                                    trim_fraction=s.trim_fraction, reference=self.master, clip_norm=s.clip_norm)
+                                    trim_fraction=s.trim_fraction, reference=self.master, clip_norm=s.clip_norm,
+                                    noise_multiplier=s.dp_noise_multiplier,
+                                    rng=np.random.default_rng([self.cfg.seed, round_log.number]))
             round_log.extra["aggregated"] = True
         round_log.extra["aggregated_clients"] = sorted(valid)
         round_log.server_seconds += time.perf_counter() - started

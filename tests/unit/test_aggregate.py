@@ -212,3 +212,24 @@ def test_mean_pairwise_l2_values():
 def test_mean_pairwise_l2_sums_over_all_tensors():
     xs = [{"A": np.array([0.0]), "B": np.array([0.0])}, {"A": np.array([3.0]), "B": np.array([4.0])}]
     assert mean_pairwise_l2(xs) == pytest.approx(5.0)
+
+
+def test_dp_fedavg_clips_averages_equally_and_adds_calibrated_noise():
+    import numpy as np
+
+    from pubswap_flwr.aggregate import AggregationError, aggregate
+
+    reference = {"w": np.zeros(20000, dtype=np.float32)}
+    big = {"w": np.full(20000, 10.0, dtype=np.float32)}  # update norm 1414, clipped to 1
+    small = {"w": np.zeros(20000, dtype=np.float32)}
+    out = aggregate([big, small], [100.0, 1.0], reference=reference, clip_norm=1.0, noise_multiplier=2.0,
+                    rng=np.random.default_rng(0))
+    clipped_mean = 0.5 * (10.0 / np.sqrt(20000 * 100.0))  # equal weights despite num-examples 100 vs 1
+    noise = out["w"] - clipped_mean
+    assert abs(float(noise.mean())) < 0.02
+    assert float(noise.std()) == pytest.approx(2.0 * 1.0 / 2, rel=0.02)  # Flower's compute_stdv: z*C/n
+    again = aggregate([big, small], [1.0, 1.0], reference=reference, clip_norm=1.0, noise_multiplier=2.0,
+                      rng=np.random.default_rng(0))
+    assert np.array_equal(out["w"], again["w"])  # seeded: a resumed run repeats it
+    with pytest.raises(AggregationError, match="needs clip_norm > 0"):
+        aggregate([big, small], [1.0, 1.0], reference=reference, noise_multiplier=1.0, rng=np.random.default_rng(0))
