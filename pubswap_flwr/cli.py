@@ -129,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     from .compare import register
 
     register(sub)
+    from .deploy import register as register_deploy; register_deploy(sub)  # noqa: E702
     args = parser.parse_args(argv)
     if args.command in ("compare", "report"):
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")

@@ -108,6 +108,7 @@ def handle(msg: Message, context: Context, run_config: dict | None = None) -> Me
                       ("sapo", "sapo-update-reward")):
         if any(s.kind == kind for s in report.steps):
             metrics[key] = report.mean_reward(kind)
+    metrics["train-completions"] = sum(s.completions for s in report.steps if s.kind == "private")
     payload["step-rewards"] = [[s.kind, round(s.mean_reward, 5)] for s in report.steps]
     payload["model"] = identity.model_name
     payload["tasks"] = node.task_names

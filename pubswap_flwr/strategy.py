@@ -345,10 +345,18 @@ class PubSwapStrategy(Strategy):
         return checked, check_weight(reply.content[METRICS_KEY].get("num-examples", 0) if weight is None else weight)
 
     def _client_metrics(self, round_log: RoundLog, exchange: Exchange) -> None:
+        """Fold one exchange's client metrics into the round: rewards of private steps are averaged over all the
+        round's messages (PubSwap runs private steps in several segments), counters keep the latest value."""
         for node, reply in exchange.replies.items():
             m = reply.content[METRICS_KEY]
             row = round_log.client(node)
-            for key in ("train-reward", "rollout-reward", "cumulative-reward", "num-examples", "total-steps"):
+            if "train-reward" in m and float(m.get("train-completions", 0)) > 0:
+                count = float(m["train-completions"])
+                total = row.get("_train_sum", 0.0) + float(m["train-reward"]) * count
+                row["_train_count"] = row.get("_train_count", 0.0) + count
+                row["_train_sum"] = total
+                row["train_reward"] = total / row["_train_count"]
+            for key in ("rollout-reward", "cumulative-reward", "num-examples", "total-steps"):
                 if key in m:
                     row[key.replace("-", "_")] = float(m[key])
             payload = exchange.payloads[node]
@@ -436,10 +444,10 @@ class PubSwapStrategy(Strategy):
                 messages.append(Message(content, dst_node_id=node, message_type="train"))
             exchange = self._exchange(grid, messages)
             round_log.absorb(exchange)
+            self._client_metrics(round_log, exchange)
             active = [n for n in active if n in exchange.replies]
             if is_final:
                 final_replies = exchange.replies
-                self._client_metrics(round_log, exchange)
                 break
             started = time.perf_counter()
             responses = {}
@@ -617,7 +625,8 @@ class PubSwapStrategy(Strategy):
             if final:
                 self.evaluator.save(self.master, self.recorder.run_dir / "adapters" / "final")
         if round_log.number > 0:
-            clients = {str(n): c for n, c in round_log.clients.items() if n not in round_log.dropped}
+            clients = {str(n): {k: v for k, v in c.items() if not k.startswith("_")}
+                       for n, c in round_log.clients.items() if n not in round_log.dropped}
             rewards = [c.get("rollout_reward") if self.mode == "sapo" else c.get("train_reward")
                        for c in clients.values()]
             rewards = [r for r in rewards if r is not None]

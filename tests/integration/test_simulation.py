@@ -32,12 +32,17 @@ def test_a_client_raising_mid_round_is_dropped_and_the_round_completes(tmp_path)
 @pytest.mark.parametrize("rule", ["balanced", "random"])
 def test_pubswap_swaps_public_responses_and_records_them(tmp_path, rule):
     simulate({**TINY, "strategy.mode": "pubswap", "pubswap.swap": rule, "num-server-rounds": 2,
-              "train.local-steps": 2, "pubswap.tau-swap": 1, "pubswap.public-prompts": 4,
+              "train.local-steps": 4, "pubswap.tau-swap": 2, "pubswap.public-prompts": 4,
               "pubswap.public-mix": "gcd:1,count_bits:1", "output.dir": str(tmp_path), "run-name": rule}, 3)
     rows = read_metrics(tmp_path / rule)
     assert [r["round"] for r in rows] == [0, 1, 2]
     steps = [s for r in rows[1:] for s in r["public_steps"]]
-    assert len(steps) == 4  # tau = 2, tau_swap = 1: two public steps per round
+    assert len(steps) == 4  # tau = 4, tau_swap = 2: public steps 2 and 4, private steps 1 and 3
+    # The private steps of both segments count in each client's train reward (and so in the cumulative reward).
+    for r in rows[1:]:
+        assert all(c["train_reward"] is not None for c in r["clients"].values())
+        assert r["train_reward"] == pytest.approx(sum(c["train_reward"] for c in r["clients"].values()) / 3)
+    assert rows[2]["cumulative_reward"] == pytest.approx(rows[1]["train_reward"] + rows[2]["train_reward"])
     assert all(s["clients"] == 3 and len(s["prompts"]) == 4 for s in steps)
     swapped = sum(sum(s["responses_swapped"].values()) for s in steps)
     assert swapped > 0
