@@ -41,6 +41,9 @@ def handle(msg: Message, context: Context, run_config: dict | None = None) -> Me
         raise ValueError(f"unknown client task {task!r}; expected one of {TASKS}")
     identity = NodeIdentity.from_flower(cfg, dict(context.node_config), context.node_id,
                                         str(config.get("run-dir", "")) or None, str(config["run-name"]))
+    if cfg.strategy.mode != "sapo" and identity.model_name != cfg.model.name:
+        raise ValueError(f"this node's model {identity.model_name!r} differs from the run's model.name "
+                         f"{cfg.model.name!r}; only strategy.mode = 'sapo' lets nodes keep different models")
     node = Node(cfg, identity)
     round_number = int(config["server-round"])
     report = WorkReport()

@@ -175,10 +175,10 @@ def build_certificates(hosts: Sequence[str] = (), days: int = 365) -> dict[str, 
 
 def make_certs(out: str | Path, hosts: Sequence[str] = (), *, days: int = 365, force: bool = False) -> dict[str, Path]:
     """Write ca.crt, ca.key, server.pem, server.key into `out` (keys mode 0600); returns name -> path."""
+    files = build_certificates(hosts, days)  # validates the hosts before anything is created
     directory = _output_dir(out)
     paths = {name: directory / name for name in CERT_FILES}
     _refuse_existing(list(paths.values()), force)
-    files = build_certificates(hosts, days)
     for name, data in files.items():
         _write(paths[name], data, private=name.endswith(".key"))
     return paths
@@ -306,6 +306,10 @@ def deployment_commands(directory: str | Path, superlink: str, orgs: Sequence[Or
     names = [check_org_name(o.name) for o in orgs]
     if len(set(names)) != len(names):
         raise DeployError(f"organization names repeat: {names}")
+    reserved = sorted(set(names) & {"superlink", "cli"})
+    if reserved:
+        raise DeployError(f"organization name {reserved[0]!r} is reserved (DIR/{reserved[0]}-home is used by the "
+                          f"{reserved[0]}); choose another")
     ports = [o.port if o.port is not None else DEFAULT_NODE_PORT + i for i, o in enumerate(orgs)]
     if len(set(ports)) != len(ports):
         raise DeployError(f"SuperNode --port values repeat ({ports}); SuperNodes on one host need distinct ports")

@@ -149,9 +149,10 @@ class NodeIdentity:
         `state-dir`, `data-path`, `model-name`, `task-mix`, optional `partition-id`."""
         partition = node_config.get("partition-id")
         index = int(partition) if partition is not None else int(node_id) % MAX_NODES
+        simulated = "num-partitions" in node_config  # Flower sets it only for simulated nodes
         if node_config.get("state-dir"):
             state_dir = Path(str(node_config["state-dir"])).expanduser().resolve() / run_name
-        elif run_dir and partition is not None:
+        elif run_dir and simulated:
             state_dir = Path(run_dir) / "nodes" / f"partition-{index}"
         else:
             state_dir = Path.home() / ".pubswap" / "state" / run_name / f"node-{node_id}"

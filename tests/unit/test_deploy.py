@@ -1,0 +1,299 @@
+"""`pubswap deploy`: certificate SANs and CA signature, a real TLS handshake with the files, OpenSSH EC keys that
+Flower's own loaders accept, refusal to overwrite, and the printed commands (flags, absolute paths, shell syntax)."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import shlex
+import ssl
+import stat
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.serialization import load_pem_private_key, load_ssh_private_key, load_ssh_public_key
+
+from pubswap_flwr import deploy
+from pubswap_flwr.cli import main
+
+PROJECT = Path(__file__).resolve().parents[2]
+SAMPLES = PROJECT / "data" / "samples"
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory) -> dict[str, Path]:
+    return deploy.make_certs(tmp_path_factory.mktemp("certs"), ["superlink.example.org", "10.1.2.3", "[::1]"])
+
+
+def _cert(path: Path) -> x509.Certificate:
+    return x509.load_pem_x509_certificate(path.read_bytes())
+
+
+def test_server_certificate_covers_localhost_loopback_and_every_host(certs):
+    san = _cert(certs["server.pem"]).extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert set(san.get_values_for_type(x509.DNSName)) == {"localhost", "superlink.example.org"}
+    assert set(san.get_values_for_type(x509.IPAddress)) == {ipaddress.ip_address(a)
+                                                            for a in ("127.0.0.1", "10.1.2.3", "::1")}
+
+
+def test_server_certificate_is_signed_by_the_ca_and_matches_its_key(certs):
+    ca, server = _cert(certs["ca.crt"]), _cert(certs["server.pem"])
+    server.verify_directly_issued_by(ca)  # raises on a wrong issuer or signature
+    ca.verify_directly_issued_by(ca)  # self-signed
+    assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca is True
+    assert server.extensions.get_extension_for_class(x509.BasicConstraints).value.ca is False
+    usage = server.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert x509.oid.ExtendedKeyUsageOID.SERVER_AUTH in usage
+    server_key = load_pem_private_key(certs["server.key"].read_bytes(), None)
+    ca_key = load_pem_private_key(certs["ca.key"].read_bytes(), None)
+    assert server_key.public_key().public_numbers() == server.public_key().public_numbers()
+    assert ca_key.public_key().public_numbers() == ca.public_key().public_numbers()
+
+
+def test_private_keys_are_owner_only(certs):
+    for name, path in certs.items():
+        mode = stat.S_IMODE(path.stat().st_mode)
+        assert mode == (0o600 if name.endswith(".key") else 0o644), (name, oct(mode))
+
+
+def _handshake(certs: dict[str, Path], server_hostname: str) -> None:
+    """A TLS handshake in memory: server with server.pem/server.key, client trusting only ca.crt."""
+    server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_ctx.load_cert_chain(certs["server.pem"], certs["server.key"])
+    client_ctx = ssl.create_default_context(cafile=str(certs["ca.crt"]))
+    bios = [ssl.MemoryBIO() for _ in range(4)]
+    server = server_ctx.wrap_bio(bios[0], bios[1], server_side=True)
+    client = client_ctx.wrap_bio(bios[2], bios[3], server_hostname=server_hostname)
+    done = {"client": False, "server": False}
+    for _ in range(20):
+        for name, side in (("client", client), ("server", server)):
+            if not done[name]:
+                try:
+                    side.do_handshake()
+                    done[name] = True
+                except ssl.SSLWantReadError:
+                    pass
+        bios[0].write(bios[3].read())  # client -> server
+        bios[2].write(bios[1].read())  # server -> client
+        if all(done.values()):
+            return
+    raise AssertionError("handshake did not finish")
+
+
+@pytest.mark.parametrize("name", ["localhost", "127.0.0.1", "superlink.example.org", "10.1.2.3"])
+def test_tls_handshake_verifies_for_every_san(certs, name):
+    _handshake(certs, name)
+
+
+def test_tls_handshake_fails_for_a_name_outside_the_certificate(certs):
+    with pytest.raises(ssl.SSLCertVerificationError):
+        _handshake(certs, "elsewhere.example.org")
+
+
+def test_refuses_to_overwrite_certificates_unless_forced(tmp_path):
+    first = deploy.make_certs(tmp_path)
+    before = first["ca.crt"].read_bytes()
+    with pytest.raises(deploy.DeployError, match="refusing to overwrite.*ca.crt.*--force"):
+        deploy.make_certs(tmp_path)
+    assert first["ca.crt"].read_bytes() == before
+    deploy.make_certs(tmp_path, force=True)
+    assert first["ca.crt"].read_bytes() != before
+
+
+@pytest.mark.parametrize("host", ["bad host", "under_score.example", "-leading.example", ""])
+def test_invalid_host_names_are_rejected(tmp_path, host):
+    with pytest.raises(deploy.DeployError, match="host"):
+        deploy.make_certs(tmp_path, [host])
+    assert not list(tmp_path.iterdir())  # nothing half-written
+
+
+def test_output_directory_errors_name_the_path(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(deploy.DeployError, match="is not a directory"):
+        deploy.make_certs(blocker)
+    with pytest.raises(deploy.DeployError, match="cannot create output directory"):
+        deploy.make_org_key("org-a", blocker / "keys")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
+def test_unwritable_output_directory_is_an_error(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    with pytest.raises(deploy.DeployError, match="not writable"):
+        deploy.make_org_key("org-a", locked)
+
+
+def test_org_key_is_an_openssh_ec_p384_pair(tmp_path):
+    private_path, public_path = deploy.make_org_key("org-a", tmp_path)
+    assert (private_path, public_path) == (tmp_path / "org-a", tmp_path / "org-a.pub")
+    assert private_path.read_bytes().startswith(b"-----BEGIN OPENSSH PRIVATE KEY-----")
+    assert public_path.read_text().startswith("ecdsa-sha2-nistp384 ") and public_path.read_text().endswith(" org-a\n")
+    private = load_ssh_private_key(private_path.read_bytes(), None)
+    public = load_ssh_public_key(public_path.read_bytes())
+    assert isinstance(private, ec.EllipticCurvePrivateKey) and isinstance(private.curve, ec.SECP384R1)
+    assert public.public_numbers() == private.public_key().public_numbers()
+    assert stat.S_IMODE(private_path.stat().st_mode) == 0o600
+
+
+def test_org_key_loads_with_flowers_own_readers(tmp_path):
+    import argparse
+
+    from flwr.cli.supernode.register import try_load_public_key
+    from flwr.supernode.cli.flower_supernode import _try_setup_client_authentication
+
+    private_path, public_path = deploy.make_org_key("org-b", tmp_path)
+    assert try_load_public_key(public_path)  # what `flwr supernode register` does (NIST curve check included)
+    keys = _try_setup_client_authentication(argparse.Namespace(auth_supernode_private_key=str(private_path),
+                                                               auth_supernode_public_key=None))
+    assert keys is not None and isinstance(keys[0], ec.EllipticCurvePrivateKey)
+
+
+def test_org_key_refuses_overwrite_and_bad_names(tmp_path):
+    deploy.make_org_key("org-a", tmp_path)
+    with pytest.raises(deploy.DeployError, match="refusing to overwrite"):
+        deploy.make_org_key("org-a", tmp_path)
+    deploy.make_org_key("org-a", tmp_path, force=True)
+    for bad in ("../evil", "a b", "", ".hidden"):
+        with pytest.raises(deploy.DeployError, match="organization name"):
+            deploy.make_org_key(bad, tmp_path)
+
+
+# --- commands ----------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture()
+def deploy_dir(tmp_path) -> Path:
+    directory = tmp_path / "deploy"
+    deploy.make_certs(directory)
+    for org in ("org-a", "org-b"):
+        deploy.make_org_key(org, directory)
+    return directory
+
+
+def _commands(deploy_dir: Path, **kwargs) -> str:
+    orgs = [deploy.Org("org-a", str(SAMPLES / "org-a.jsonl"), str(deploy_dir.parent / "state-a")),
+            deploy.Org("org-b", str(SAMPLES / "org-b.jsonl"), str(deploy_dir.parent / "state-b"), model="embedded:tiny",
+                       task_mix="gcd:1")]
+    return deploy.deployment_commands(deploy_dir, "127.0.0.1:8000", orgs, **kwargs)
+
+
+def _argv(text: str, program: str) -> list[list[str]]:
+    """Every command line of `program` in the printed text, split as the shell would (continuations joined)."""
+    lines = text.replace("\\\n", " ").splitlines()
+    out = []
+    for line in lines:
+        words = shlex.split(line, comments=True)
+        words = [w for w in words if "=" not in w or not w.split("=", 1)[0].isupper()]  # drop VAR=value prefixes
+        if words and words[0] == program:
+            out.append(words)
+    return out
+
+
+def _option(argv: list[str], flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
+def test_superlink_command_has_tls_auth_and_no_runtime_installation(deploy_dir):
+    (superlink,) = _argv(_commands(deploy_dir), "flower-superlink")
+    assert _option(superlink, "--ssl-ca-certfile") == str(deploy_dir / "ca.crt")
+    assert _option(superlink, "--ssl-certfile") == str(deploy_dir / "server.pem")
+    assert _option(superlink, "--ssl-keyfile") == str(deploy_dir / "server.key")
+    assert "--enable-supernode-auth" in superlink and "--disable-runtime-dependency-installation" in superlink
+    assert _option(superlink, "--port") == "8000" and _option(superlink, "--host") == "127.0.0.1"
+    assert Path(_option(superlink, "--database")).is_absolute()
+
+
+def test_supernode_commands_have_keys_distinct_ports_and_parseable_node_config(deploy_dir):
+    from flwr.common.config import parse_config_args
+
+    nodes = _argv(_commands(deploy_dir), "flower-supernode")
+    assert len(nodes) == 2
+    assert len({_option(n, "--port") for n in nodes}) == 2
+    for org, argv in zip(("org-a", "org-b"), nodes):
+        assert _option(argv, "--superlink") == "127.0.0.1:8000"
+        assert _option(argv, "--root-certificates") == str(deploy_dir / "ca.crt")
+        assert _option(argv, "--auth-supernode-private-key") == str(deploy_dir / org)
+        config = parse_config_args([_option(argv, "--node-config")])  # exactly as flower-supernode parses it
+        assert config["data-path"] == str(SAMPLES / f"{org}.jsonl")
+        assert config["state-dir"] == str(deploy_dir.parent / f"state-{org[-1]}")
+        assert Path(config["state-dir"]).is_absolute()
+    config_b = parse_config_args([_option(nodes[1], "--node-config")])
+    assert config_b["model-name"] == "embedded:tiny" and config_b["task-mix"] == "gcd:1"
+    assert config_b["partition-id"] == 1
+
+
+def test_registration_connection_and_run_commands(deploy_dir):
+    text = _commands(deploy_dir, connection="prod", run_config=["num-server-rounds=2 strategy.mode='pubswap'"])
+    registers = _argv(text, "flwr")
+    assert ["flwr", "supernode", "register", str(deploy_dir / "org-a.pub"), "prod", "--name", "org-a"] in registers
+    assert ["flwr", "supernode", "register", str(deploy_dir / "org-b.pub"), "prod", "--name", "org-b"] in registers
+    assert "[superlink.prod]" in text and 'address = "127.0.0.1:8000"' in text
+    assert f'root-certificates = "{deploy_dir / "ca.crt"}"' in text
+    (run,) = [a for a in registers if a[:2] == ["flwr", "run"]]
+    assert run[2:5] == [".", "prod", "--stream"]
+    assert "num-server-rounds=2 strategy.mode='pubswap'" in run
+    assert f"output.dir='{deploy_dir / 'runs'}'" in run
+    assert f"cd {PROJECT}" in text
+    assert any(a[:3] == ["flwr", "ls", "prod"] for a in registers)
+
+
+def test_relative_paths_are_printed_absolute(deploy_dir, monkeypatch):
+    monkeypatch.chdir(deploy_dir.parent)
+    orgs = [deploy.Org("org-a", os.path.relpath(SAMPLES / "org-a.jsonl"), "state-a")]
+    text = deploy.deployment_commands("deploy", "10.0.0.5:9000", orgs)
+    (node,) = _argv(text, "flower-supernode")
+    assert _option(node, "--auth-supernode-private-key") == str(deploy_dir / "org-a")
+    assert f'state-dir="{deploy_dir.parent / "state-a"}"' in _option(node, "--node-config")
+    (superlink,) = _argv(text, "flower-superlink")
+    assert _option(superlink, "--host") == "0.0.0.0"  # remote SuperNodes must reach it
+
+
+@pytest.mark.parametrize("orgs, kwargs, message", [
+    ([], {}, "at least one --org"),
+    ([deploy.Org("org-a", "x.jsonl", "s")], {}, "does not exist"),
+    ([deploy.Org("org-a", None, None)], {}, "no --state-dir"),
+    ([deploy.Org("org-a", None, "s1", port=9100), deploy.Org("org-b", None, "s2", port=9100)], {},
+     "port values repeat"),
+    ([deploy.Org("org-a", None, "s"), deploy.Org("org-b", None, "s")], {}, "share a --state-dir"),
+    ([deploy.Org("org-a", None, "s")], {"run_config": ["configs/smoke.toml"]}, "TOML file"),
+    ([deploy.Org("org-a", None, 's"q')], {}, "double quote"),
+    ([deploy.Org("org-c", None, "s")], {}, "missing in"),
+    ([deploy.Org("superlink", None, "s")], {}, "reserved"),
+])
+def test_commands_errors(deploy_dir, orgs, kwargs, message):
+    with pytest.raises(deploy.DeployError, match=message):
+        deploy.deployment_commands(deploy_dir, "127.0.0.1:8000", orgs, **kwargs)
+
+
+@pytest.mark.parametrize("address", ["https://host:8000", "host", "host:0", "host:port"])
+def test_superlink_address_must_be_host_port(deploy_dir, address):
+    with pytest.raises(deploy.DeployError, match="--superlink|out of range"):
+        deploy.deployment_commands(deploy_dir, address, [deploy.Org("org-a", None, "s")])
+
+
+def test_cli_end_to_end(tmp_path, capsys):
+    out = tmp_path / "d"
+    assert main(["deploy", "certs", "--out", str(out), "--host", "10.9.8.7"]) == 0
+    assert "10.9.8.7" in capsys.readouterr().out
+    assert main(["deploy", "key", "--org", "org-a", "--out", str(out)]) == 0
+    assert main(["deploy", "key", "--org", "org-a", "--out", str(out)]) == 2
+    assert "refusing to overwrite" in capsys.readouterr().err
+    assert main(["deploy", "commands", "--dir", str(out), "--superlink", "10.9.8.7:8000",
+                 "--org", "org-a", "--data", str(SAMPLES / "org-a.jsonl"), "--state-dir", str(tmp_path / "s"),
+                 "--port", "9200", "-c", "num-server-rounds=1"]) == 0
+    text = capsys.readouterr().out
+    (node,) = _argv(text, "flower-supernode")
+    assert _option(node, "--port") == "9200"
+    assert main(["deploy", "commands", "--dir", str(out), "--superlink", "10.9.8.7:8000",
+                 "--org", "org-b", "--state-dir", str(tmp_path / "s")]) == 2
+    assert "org-b.pub" in capsys.readouterr().err
+
+
+def test_cli_per_org_options_must_follow_an_org(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["deploy", "commands", "--dir", str(tmp_path), "--superlink", "h:1", "--data", "x"])
+    assert exit_info.value.code == 2
+    assert "--data must follow an --org" in capsys.readouterr().err
