@@ -208,7 +208,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
                  if run_status(out / "runs" / sweep.run_name(arm.name, seed)).get("status") == "completed"]
     report = write_report(out, completed,
                           failures={(o.arm, o.seed): o.detail for o in outcomes if o.status != "completed"},
-                          title=sweep.name, notes=sweep.notes, command=" ".join(sys.argv))
+                          title=sweep.name, notes=sweep.notes, command=" ".join(["pubswap"] + sys.argv[1:]))
     print(f"report: {report}")
     failed = [o for o in outcomes if o.status != "completed"]
     for o in failed:
