@@ -11,21 +11,23 @@ from pubswap_flwr.compare import SweepError, load_sweep
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
-@pytest.mark.parametrize("name, arms, nodes", [
-    ("compare-pubswap.toml", ["fedavg", "fedprox", "pubswap-random", "pubswap-balanced"], 4),
-    ("compare-sapo.toml", ["sapo-8-0", "sapo-6-2", "sapo-4-4", "sapo-2-6"], 8),
+@pytest.mark.parametrize("name, arms, nodes, seeds", [
+    ("compare-pubswap.toml", ["fedavg", "fedprox", "pubswap-random", "pubswap-balanced"], 4, [0, 1, 2]),
+    ("compare-sapo.toml", ["sapo-8-0", "sapo-6-2", "sapo-4-4", "sapo-2-6"], 8, [0, 1, 2]),
+    ("compare-sapo-long.toml", ["sapo-8-0", "sapo-4-4"], 8, [0]),
 ])
-def test_shipped_sweeps_are_valid(name, arms, nodes):
+def test_shipped_sweeps_are_valid(name, arms, nodes, seeds):
     sweep = load_sweep(CONFIGS / name)
     assert [a.name for a in sweep.arms] == arms
     assert all(a.error is None for a in sweep.arms)
-    assert sweep.nodes == nodes and sweep.seeds == [0, 1, 2]
+    assert sweep.nodes == nodes and sweep.seeds == seeds
     config = sweep.config_for(sweep.arms[0], 1, Path("/tmp/out"))
     assert config["seed"] == 1 and config["run-name"] == f"{arms[0]}-s1" and config["output.dir"] == "/tmp/out/runs"
 
 
-def test_sapo_sweep_ratios_sum_to_eight():
-    sweep = load_sweep(CONFIGS / "compare-sapo.toml")
+@pytest.mark.parametrize("name", ["compare-sapo.toml", "compare-sapo-long.toml"])
+def test_sapo_sweep_ratios_sum_to_eight(name):
+    sweep = load_sweep(CONFIGS / name)
     for arm in sweep.arms:
         local, external = arm.overrides["sapo.local"], arm.overrides["sapo.external"]
         assert local + external == 8 and arm.name == f"sapo-{local}-{external}"
