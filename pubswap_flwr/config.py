@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -45,6 +46,10 @@ at_least_one = _check(lambda v: v >= 1, ">= 1")
 at_least_two = _check(lambda v: v >= 2, ">= 2")
 
 
+device_name = _check(lambda v: re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", v) is not None,
+                     "auto, cpu, cuda, cuda:N or mps")
+
+
 def one_of(*choices: str) -> Check:
     return _check(lambda v: v in choices, "one of " + ", ".join(repr(c) for c in choices))
 
@@ -57,6 +62,7 @@ def opt(default: Any, check: Check | None = None, doc: str = "", key: str | None
 class ModelConfig:
     name: str = opt("embedded:tiny", doc="embedded:<name> (data/models), a local HF model directory, or a Hub id")
     dtype: str = opt("float32", one_of("float32", "bfloat16", "float16"))
+    device: str = opt("auto", device_name, "auto (cuda when torch sees a GPU, else cpu), cpu, cuda, cuda:N or mps")
     lora_r: int = opt(16, positive)
     lora_alpha: int = opt(32, positive)
     lora_dropout: float = opt(0.0, below_half)

@@ -110,6 +110,7 @@ def policy_spec(cfg: ExperimentConfig, model_name: str | None = None) -> PolicyS
     return PolicySpec(
         model_name=model_name or cfg.model.name,
         dtype=cfg.model.dtype,
+        device=cfg.model.device,
         lora=LoraSettings(cfg.model.lora_r, cfg.model.lora_alpha, cfg.model.lora_dropout, cfg.model.lora_targets),
         generation=GenerationSettings(g.max_new_tokens, g.temperature, g.top_k, g.top_p, g.max_prompt_tokens),
         grpo=GRPOSettings(

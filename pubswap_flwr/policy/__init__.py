@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -12,7 +13,7 @@ from ..tasks import PromptFormatter, TaskItem
 from .grpo import GRPOLearner, GRPOSettings, UpdateStats
 from .lora import (LoraSettings, MergedSampling, adapter_state, attach_lora, from_wire, load_adapter_state,
                    to_wire)
-from .model import ModelError, load_causal_lm, load_tokenizer, resolve_model
+from .model import ModelError, load_causal_lm, load_tokenizer, resolve_device, resolve_model
 from .sampling import GenerationSettings, Sample, generate
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
 class PolicySpec:
     model_name: str = "embedded:tiny"
     dtype: str = "float32"
+    device: str = "cpu"  # a model.device value; "auto" resolves where the policy is built
     lora: LoraSettings = LoraSettings()
     generation: GenerationSettings = GenerationSettings()
     grpo: GRPOSettings = GRPOSettings()
@@ -45,8 +47,10 @@ class Policy:
     def __init__(self, spec: PolicySpec):
         self.spec = spec
         self.location = resolve_model(spec.model_name)
+        self.device = resolve_device(spec.device)
         self.tokenizer = load_tokenizer(self.location)
-        self.model = attach_lora(load_causal_lm(self.location, spec.dtype), spec.lora)
+        # peft creates the LoRA layers on the device of the layer they wrap, so the base model moves first
+        self.model = attach_lora(load_causal_lm(self.location, spec.dtype, self.device), spec.lora)
         self.model.eval()
         self.sampler = MergedSampling(self.model)
         self.learner = GRPOLearner(self.model, self.tokenizer, spec.grpo)
@@ -81,14 +85,24 @@ class Policy:
 
 
 def initial_adapter(model, seed: int) -> None:
-    """Re-initialise every LoRA layer deterministically: the same seed gives the same adapter in any process."""
+    """Re-initialise every LoRA layer deterministically: the same seed gives the same adapter in any process and on
+    any device (the random draws are always made on the CPU, so a GPU client and a CPU server agree)."""
     state = torch.get_rng_state()
     torch.manual_seed(seed)
     try:
         for module in model.modules():
             if hasattr(module, "reset_lora_parameters") and hasattr(module, "lora_A"):
                 for name in module.lora_A.keys():
-                    module.reset_lora_parameters(name, True)
+                    lora_a, lora_b = module.lora_A[name].weight, module.lora_B[name].weight
+                    if lora_a.device.type == "cpu":
+                        module.reset_lora_parameters(name, True)
+                        continue
+                    # peft's default init (kaiming-uniform A, zero B), drawn from the CPU generator
+                    draw = torch.empty(lora_a.shape, dtype=torch.float32)
+                    torch.nn.init.kaiming_uniform_(draw, a=math.sqrt(5))
+                    with torch.no_grad():
+                        lora_a.copy_(draw)
+                        lora_b.zero_()
     finally:
         torch.set_rng_state(state)
 

@@ -53,6 +53,11 @@ class Batch:
     group_sizes: list[int]
     foreign: torch.Tensor  # (B,) bool
 
+    def to(self, device: torch.device) -> "Batch":
+        return Batch(self.prompt_ids.to(device), self.prompt_mask.to(device), self.completion_ids.to(device),
+                     self.completion_mask.to(device), self.rewards.to(device), self.group_sizes,
+                     self.foreign.to(device))
+
     @property
     def input_ids(self) -> torch.Tensor:
         return torch.cat([self.prompt_ids, self.completion_ids], dim=1)
@@ -161,9 +166,12 @@ def aggregate_loss(per_token: torch.Tensor, mask: torch.Tensor, loss_type: str, 
 
 def proximal_term(params: dict[str, torch.nn.Parameter], reference: dict[str, torch.Tensor], mu: float) -> torch.Tensor:
     """FedProx: mu/2 · ||w - w_ref||² over the trainable (LoRA) parameters."""
-    total = torch.zeros(())
+    total = None
     for name, param in params.items():
-        total = total + (param - reference[name].to(param.dtype)).pow(2).sum()
+        term = (param - reference[name].to(param.device, param.dtype)).pow(2).sum()
+        total = term if total is None else total + term
+    if total is None:
+        return torch.zeros(())
     return 0.5 * mu * total
 
 
@@ -237,7 +245,7 @@ class GRPOLearner:
         stats = UpdateStats(groups=len(groups))
         if not groups:
             return stats
-        batch = build_batch(self.tokenizer, groups, s)
+        batch = build_batch(self.tokenizer, groups, s).to(next(iter(self.params.values())).device)
         n = batch.rewards.shape[0]
         advantages = group_advantages(batch.rewards, batch.group_sizes)
         mask = batch.completion_mask.float()

@@ -36,10 +36,10 @@ def attach_lora(model, settings: LoraSettings):
 
 
 def adapter_state(model) -> dict[str, torch.Tensor]:
-    """The adapter tensors (fp32 copies), keyed as peft saves them."""
+    """The adapter tensors (fp32 CPU copies, wherever the model lives), keyed as peft saves them."""
     from peft import get_peft_model_state_dict
 
-    return {k: v.detach().to(torch.float32).clone() for k, v in get_peft_model_state_dict(model).items()}
+    return {k: v.detach().to("cpu", torch.float32).clone() for k, v in get_peft_model_state_dict(model).items()}
 
 
 def load_adapter_state(model, state: dict[str, torch.Tensor]) -> None:

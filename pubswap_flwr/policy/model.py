@@ -109,7 +109,30 @@ def load_tokenizer(location: str):
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def load_causal_lm(location: str, dtype: str = "float32"):
+def resolve_device(name: str = "auto") -> torch.device:
+    """`model.device` as a torch device: auto picks the first CUDA device when torch sees one, else the CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as err:
+        raise ModelError(f"model.device {name!r} is not a torch device: {err}") from err
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ModelError(f"model.device = {name!r} but torch sees no CUDA device (a CPU-only torch build, or "
+                             "CUDA_VISIBLE_DEVICES hides it; in simulation give clients GPUs with "
+                             "client-resources-num-gpus); use model.device = \"auto\" or \"cpu\"")
+        if device.index is not None and device.index >= count:
+            raise ModelError(f"model.device = {name!r} but torch sees only {count} CUDA device(s)")
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise ModelError(f"model.device = {name!r} but MPS is not available on this machine")
+    elif device.type not in ("cpu", "cuda", "mps"):
+        raise ModelError(f"model.device = {name!r}: only cpu, cuda and mps are supported")
+    return device
+
+
+def load_causal_lm(location: str, dtype: str = "float32", device: torch.device | str = "cpu"):
     from transformers import AutoModelForCausalLM
 
     quiet_transformers()
@@ -119,6 +142,7 @@ def load_causal_lm(location: str, dtype: str = "float32"):
         model = AutoModelForCausalLM.from_pretrained(location, dtype=_DTYPES[dtype])
     except OSError as err:
         raise ModelError(f"cannot load model {location!r} (offline? use a local path or a cached id): {err}") from err
+    model.to(device)
     model.eval()
     return model
 

@@ -39,7 +39,8 @@ def generate(model, tokenizer, prompts: list[str], *, num_return: int, settings:
     """`num_return` completions for every prompt (one batched call); result[i] holds prompt i's completions."""
     if not prompts:
         return []
-    batch = encode_prompts(tokenizer, prompts, settings.max_prompt_tokens)
+    device = next(model.parameters()).device
+    batch = {k: v.to(device) for k, v in encode_prompts(tokenizer, prompts, settings.max_prompt_tokens).items()}
     eos = tokenizer.eos_token_id
     kwargs = dict(
         max_new_tokens=settings.max_new_tokens,

@@ -65,6 +65,8 @@ BAD_VALUES = [
     ("seed", -1),
     ("run-name", 5),
     ("model.dtype", "int8"),
+    ("model.device", "gpu"),
+    ("model.device", "cuda:x"),
     ("model.lora-r", 0),
     ("model.lora-dropout", 0.5),
     ("model.name", None),

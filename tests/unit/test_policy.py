@@ -8,7 +8,8 @@ import torch
 
 from pubswap_flwr.policy import from_wire, to_wire
 from pubswap_flwr.policy.grpo import GRPOSettings, build_batch, group_advantages, per_token_logps
-from pubswap_flwr.policy.model import ModelError, resolve_model
+from pubswap_flwr.policy import initial_adapter
+from pubswap_flwr.policy.model import ModelError, resolve_device, resolve_model
 from pubswap_flwr.rollouts import Completion, RolloutGroup
 from pubswap_flwr.tasks import TaskItem
 
@@ -180,3 +181,66 @@ def test_optimizer_state_survives_save_and_restore(tiny_policy, tmp_path):
     assert [s["step"] for s in policy.learner.optimizer.state.values()] == steps_before
     policy.update([group])
     assert all(float(s["step"]) == float(b) + 1 for s, b in zip(policy.learner.optimizer.state.values(), steps_before))
+
+
+def test_resolve_device_auto_cpu_and_clear_errors(monkeypatch):
+    assert resolve_device("cpu") == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert resolve_device("auto") == torch.device("cpu")
+    with pytest.raises(ModelError, match=r"model.device = 'cuda' but torch sees no CUDA device"):
+        resolve_device("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolve_device("auto") == torch.device("cuda")
+    assert resolve_device("cuda:1") == torch.device("cuda", 1)
+    with pytest.raises(ModelError, match=r"model.device = 'cuda:2' but torch sees only 2 CUDA device\(s\)"):
+        resolve_device("cuda:2")
+
+
+def test_policy_on_the_cpu_device_keeps_adapter_and_batches_on_cpu(tiny_policy):
+    assert tiny_policy.device == torch.device("cpu")
+    assert all(v.device.type == "cpu" and v.dtype == torch.float32 for v in tiny_policy.adapter().values())
+
+
+def test_initial_adapter_draws_on_the_cpu_generator_for_any_device(tiny_policy):
+    """A non-CPU LoRA layer gets exactly the values peft's own init gives on the CPU for the same seed."""
+    initial_adapter(tiny_policy.model, 7)
+    reference = tiny_policy.adapter()
+    layer = next(m for m in tiny_policy.model.modules() if hasattr(m, "reset_lora_parameters") and hasattr(m, "lora_A"))
+    name = next(iter(layer.lora_A.keys()))
+
+    class _FakeDevice:  # what the init code reads of a parameter on another device
+        type = "meta"
+
+    class _Weight:
+        def __init__(self, tensor):
+            self.tensor, self.shape, self.device = tensor, tensor.shape, _FakeDevice()
+
+        def copy_(self, value):
+            self.tensor.copy_(value)
+
+        def zero_(self):
+            self.tensor.zero_()
+
+    class _Holder:
+        def __init__(self, tensor):
+            self.weight = _Weight(tensor)
+
+    class _Layer:
+        def __init__(self, src):
+            self.lora_A = {name: _Holder(src.lora_A[name].weight.data)}
+            self.lora_B = {name: _Holder(src.lora_B[name].weight.data)}
+
+        def reset_lora_parameters(self, *_):
+            raise AssertionError("a non-CPU layer must not be re-initialised by peft on its own device")
+
+    class _Model:
+        def modules(self):
+            return [_Layer(m) for m in tiny_policy.model.modules()
+                    if hasattr(m, "reset_lora_parameters") and hasattr(m, "lora_A")]
+
+    initial_adapter(tiny_policy.model, 3)  # scramble
+    initial_adapter(_Model(), 7)
+    assert all(torch.equal(reference[k], v) for k, v in tiny_policy.adapter().items())
+    assert float(layer.lora_B[name].weight.abs().sum()) == 0.0
