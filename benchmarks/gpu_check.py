@@ -90,11 +90,16 @@ def correctness() -> None:
     cpu, gpu = policy("cpu"), policy("cuda")
     groups = groups_from(cpu)
     s_cpu, s_gpu = cpu.update(groups), gpu.update(groups)
-    moved = max_diff(cpu.adapter(), policy("cpu").adapter())
+    # Compare gradients, not the stepped weights: Adam's first step moves every element by about lr * sign(g), so
+    # float noise in a near-zero gradient component shows up as a full-size weight difference.
+    grads = {n: (p.grad.detach().cpu(), gpu.learner.params[n].grad.detach().cpu())
+             for n, p in cpu.learner.params.items()}
+    scale = max(float(c.abs().max()) for c, _ in grads.values())
+    grad_gap = max(float((c - g).abs().max()) for c, g in grads.values()) / scale
     gap = max_diff(cpu.adapter(), gpu.adapter())
-    check("fp32 GRPO update", abs(s_cpu.loss - s_gpu.loss) <= 1e-4 * max(1.0, abs(s_cpu.loss)) and gap <= 1e-3 * moved,
-          f"loss CPU {s_cpu.loss:.6f} vs CUDA {s_gpu.loss:.6f}; adapter moved {moved:.2e}, CPU/CUDA gap {gap:.2e}; "
-          f"grad norm {s_cpu.grad_norm:.4f} vs {s_gpu.grad_norm:.4f}")
+    check("fp32 GRPO update", abs(s_cpu.loss - s_gpu.loss) <= 1e-4 * max(1.0, abs(s_cpu.loss)) and grad_gap < 1e-3,
+          f"loss CPU {s_cpu.loss:.6f} vs CUDA {s_gpu.loss:.6f}; LoRA gradients max gap {grad_gap:.2e} of the largest "
+          f"component; stepped adapter max gap {gap:.2e} (lr {cpu.learner.settings.learning_rate:g})")
 
     prox_ref = {n: p.detach().clone() for n, p in gpu.learner.params.items()}
     gpu.update(groups, prox_ref, 0.5)
