@@ -154,9 +154,14 @@ def write_plots(out: Path, arms: dict[str, list[RunSummary]]) -> list[Path]:
             right.plot(x, y, marker=".", label=arm)
     left.set(xlabel="round", ylabel="mean pairwise L2 of client adapters", title="Parameter-space drift")
     right.set(xlabel="round", ylabel="pairwise answer disagreement", title="Policy-space drift (public prompts)")
-    for axis in (left, right):
+    empty_reasons = ((left, "not measured:\nin sapo mode the server never sees weights"),
+                     (right, "not measured:\nanswers to public prompts exist in pubswap mode only"))
+    for axis, reason in empty_reasons:
         if axis.lines:
             axis.legend(fontsize=8)
+        else:
+            axis.text(0.5, 0.5, reason, ha="center", va="center", transform=axis.transAxes, fontsize=9)
+            axis.set(xticks=[], yticks=[])
     written.append(_save(fig, plots / "drift.png"))
 
     fig, ax = plt.subplots(figsize=(7, 4))
