@@ -83,10 +83,11 @@ def fmt(mean: float, sd: float, digits: int = 3) -> str:
 
 
 def group(runs: list[RunSummary]) -> dict[str, list[RunSummary]]:
+    """Runs by arm, arms in the order first given (a sweep's own order), seeds ascending within an arm."""
     arms: dict[str, list[RunSummary]] = {}
-    for run in sorted(runs, key=lambda r: (r.arm, r.seed)):
+    for run in runs:
         arms.setdefault(run.arm, []).append(run)
-    return arms
+    return {arm: sorted(members, key=lambda r: r.seed) for arm, members in arms.items()}
 
 
 def _series(rows: list[dict], pick) -> dict[int, float]:
