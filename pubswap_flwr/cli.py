@@ -98,7 +98,8 @@ def cmd_keys(_: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     env = flower_env()
     federation = "" if args.connection else \
-        f"num-supernodes={args.nodes} client-resources-num-cpus={args.cpus_per_client}"
+        f"num-supernodes={args.nodes} client-resources-num-cpus={args.cpus_per_client}" + \
+        (f" client-resources-num-gpus={args.gpus_per_client}" if args.gpus_per_client > 0 else "")
     run_id = submit(args.app, args.config or [], federation, env, args.connection)
     print(f"run {run_id} submitted", flush=True)
     logs = stream_logs(run_id, env, args.connection) if not args.quiet else None
@@ -124,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("-c", "--config", action="append", help="run-config overrides, as for flwr run -c")
     run.add_argument("--nodes", type=int, default=4, help="simulated SuperNodes (default 4)")
     run.add_argument("--cpus-per-client", type=int, default=1)
+    run.add_argument("--gpus-per-client", type=float, default=0.0,
+                     help="GPU share per simulated client, e.g. 0.25 (default 0: CPU only)")
     run.add_argument("--quiet", action="store_true", help="do not stream the run's log")
     run.set_defaults(func=cmd_run)
     from .compare import register

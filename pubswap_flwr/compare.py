@@ -59,6 +59,7 @@ class Sweep:
     arms: list[Arm]
     source: Path
     cpus_per_client: int = 1
+    gpus_per_client: float = 0.0
     timeout_s: float = 4 * 3600
     notes: str = ""
 
@@ -77,7 +78,8 @@ def load_sweep(path: str | Path) -> Sweep:
         raw = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as err:
         raise SweepError(f"{path}: cannot read the sweep file: {err}") from err
-    known = {"name", "nodes", "seeds", "base", "config", "arms", "cpus-per-client", "timeout-s", "notes"}
+    known = {"name", "nodes", "seeds", "base", "config", "arms", "cpus-per-client", "gpus-per-client", "timeout-s",
+             "notes"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise SweepError(f"{path}: unknown sweep keys {unknown}; known: {sorted(known)}")
@@ -108,8 +110,12 @@ def load_sweep(path: str | Path) -> Sweep:
     nodes = raw.get("nodes", 4)
     if not isinstance(nodes, int) or nodes < 1:
         raise SweepError(f"{path}: nodes must be a positive integer")
+    gpus = raw.get("gpus-per-client", 0.0)
+    if isinstance(gpus, bool) or not isinstance(gpus, (int, float)) or gpus < 0:
+        raise SweepError(f"{path}: gpus-per-client must be a number >= 0 (a fraction shares a GPU), got {gpus!r}")
     return Sweep(str(raw.get("name") or path.stem), nodes, seeds, base, arms, path,
-                 int(raw.get("cpus-per-client", 1)), float(raw.get("timeout-s", 4 * 3600)), str(raw.get("notes", "")))
+                 int(raw.get("cpus-per-client", 1)), float(gpus), float(raw.get("timeout-s", 4 * 3600)),
+                 str(raw.get("notes", "")))
 
 
 @dataclass
@@ -133,10 +139,11 @@ def run_status(run_dir: Path) -> dict:
         return {}
 
 
-def run_one(config: dict[str, Any], nodes: int, cpus_per_client: int, timeout_s: float, log_path: Path) -> tuple[int, str]:
+def run_one(config: dict[str, Any], nodes: int, cpus_per_client: int, timeout_s: float, log_path: Path,
+            gpus_per_client: float = 0.0) -> tuple[int, str]:
     """One run in a fresh process through Flower's simulation engine; (exit code, last lines of its log)."""
     command = [sys.executable, "-m", "pubswap_flwr.cli", "simulate", "--nodes", str(nodes), "--cpus-per-client",
-               str(cpus_per_client), "--json", json.dumps(config)]
+               str(cpus_per_client), "--gpus-per-client", str(gpus_per_client), "--json", json.dumps(config)]
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("w") as handle:
         try:
@@ -173,7 +180,8 @@ def run_sweep(sweep: Sweep, out: Path, only: list[str] | None = None, dry_run: b
             started = time.time()
             log.info("%s seed %d: running (%d nodes)", arm.name, seed, sweep.nodes)
             code, tail = run_one(sweep.config_for(arm, seed, out), sweep.nodes, sweep.cpus_per_client,
-                                 sweep.timeout_s, out / "logs" / f"{sweep.run_name(arm.name, seed)}.log")
+                                 sweep.timeout_s, out / "logs" / f"{sweep.run_name(arm.name, seed)}.log",
+                                 sweep.gpus_per_client)
             status = run_status(run_dir)
             ok = code == 0 and status.get("status") == "completed"
             detail = status.get("detail") or tail
@@ -236,7 +244,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.out:
         config["output.dir"] = str(Path(args.out).resolve())
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
-    simulate(config, args.nodes, cpus_per_client=args.cpus_per_client)
+    simulate(config, args.nodes, cpus_per_client=args.cpus_per_client, gpus_per_client=args.gpus_per_client)
     run_dir = ExperimentConfig.from_flat(config).run_dir(run_id="local") if config.get("run-name") else None
     if run_dir is not None and run_status(run_dir).get("status") != "completed":
         print(f"run did not complete: {run_status(run_dir)}", file=sys.stderr)
@@ -261,6 +269,8 @@ def register(sub) -> None:
     simulate.add_argument("--json", help="flat config as JSON (applied first)")
     simulate.add_argument("--nodes", type=int, default=4)
     simulate.add_argument("--cpus-per-client", type=int, default=1)
+    simulate.add_argument("--gpus-per-client", type=float, default=0.0,
+                          help="GPU share per client, e.g. 0.25 (default 0: CPU only)")
     simulate.add_argument("--run-name")
     simulate.add_argument("--out", help="output.dir")
     simulate.set_defaults(func=cmd_simulate)

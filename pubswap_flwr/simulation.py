@@ -48,17 +48,37 @@ def build_apps(run_config: dict[str, Any], client_hook: ClientHook | None = None
     return server, client
 
 
-def simulate(run_config: dict[str, Any], num_nodes: int, *, cpus_per_client: float = 1.0, total_cpus: int | None = None,
-             client_hook: ClientHook | None = None, reply_hook: ReplyHook | None = None,
-             verbose: bool = False) -> None:
+def ray_backend_config(cpus_per_client: float = 1.0, gpus_per_client: float = 0.0, total_cpus: int | None = None,
+                       verbose: bool = False) -> dict[str, Any]:
+    """Flower's Ray backend config. Ray hides GPUs from actors that ask for none, so a client only sees a GPU (and
+    `model.device = "auto"` only picks it) when `gpus_per_client` > 0; a fraction lets several clients share one."""
+    if cpus_per_client <= 0:
+        raise ValueError(f"cpus per client must be > 0, got {cpus_per_client}")
+    if gpus_per_client < 0:
+        raise ValueError(f"gpus per client must be >= 0, got {gpus_per_client}")
+    gpus = 0
+    if gpus_per_client > 0:
+        import torch
+
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if gpus == 0:
+            raise ValueError(f"gpus per client = {gpus_per_client} but torch sees no CUDA device; leave it at 0 "
+                             "to simulate on the CPU")
+        if gpus_per_client > gpus:
+            raise ValueError(f"gpus per client = {gpus_per_client} but only {gpus} GPU(s) are visible")
+    return {"client_resources": {"num_cpus": cpus_per_client, "num_gpus": float(gpus_per_client)},
+            "init_args": {"num_cpus": total_cpus or os.cpu_count() or 2, "num_gpus": gpus, "include_dashboard": False,
+                          "logging_level": logging.ERROR, "log_to_driver": verbose}}
+
+
+def simulate(run_config: dict[str, Any], num_nodes: int, *, cpus_per_client: float = 1.0, gpus_per_client: float = 0.0,
+             total_cpus: int | None = None, client_hook: ClientHook | None = None,
+             reply_hook: ReplyHook | None = None, verbose: bool = False) -> None:
     """Run one experiment in-process with `num_nodes` simulated SuperNodes (Ray backend)."""
     from flwr.simulation import run_simulation
 
     os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
+    backend_config = ray_backend_config(cpus_per_client, gpus_per_client, total_cpus, verbose)
     server, client = build_apps(run_config, client_hook, reply_hook)
-    total = total_cpus or os.cpu_count() or 2
     run_simulation(server_app=server, client_app=client, num_supernodes=num_nodes, backend_name="ray",
-                   backend_config={"client_resources": {"num_cpus": cpus_per_client, "num_gpus": 0.0},
-                                   "init_args": {"num_cpus": total, "num_gpus": 0, "include_dashboard": False,
-                                                 "logging_level": logging.ERROR, "log_to_driver": verbose}},
-                   verbose_logging=verbose)
+                   backend_config=backend_config, verbose_logging=verbose)

@@ -39,6 +39,8 @@ def test_sapo_sweep_ratios_sum_to_eight(name):
     ("colour = 1\n[arms.a]\nseed = 1\n", "unknown sweep keys ['colour']"),
     ("[config]\ntrain.local-steps = 0\n[arms.a]\nseed = 1\n", "the base config is invalid: train.local-steps = 0"),
     ("[arms]\na = 3\n", "arm 'a' must be a table"),
+    ("gpus-per-client = -1\n[arms.a]\nseed = 1\n", "gpus-per-client must be a number >= 0"),
+    ("gpus-per-client = 'all'\n[arms.a]\nseed = 1\n", "gpus-per-client must be a number >= 0"),
 ])
 def test_bad_sweep_files_are_refused_with_a_reason(tmp_path, text, message):
     path = tmp_path / "s.toml"
@@ -53,3 +55,10 @@ def test_an_arm_with_an_unknown_key_is_kept_with_its_error(tmp_path):
     sweep = load_sweep(path)
     assert sweep.arms[0].error is None
     assert sweep.arms[1].error == "arm 'bad': unknown config key 'strategy.mdoe' (did you mean 'strategy.mode'?)"
+
+
+def test_gpus_per_client_is_read_from_the_sweep_file(tmp_path):
+    path = tmp_path / "s.toml"
+    path.write_text("gpus-per-client = 0.25\n[arms.a]\nseed = 1\n")
+    assert load_sweep(path).gpus_per_client == 0.25
+    assert load_sweep(CONFIGS / "compare-sapo.toml").gpus_per_client == 0.0
