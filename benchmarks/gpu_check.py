@@ -107,8 +107,9 @@ def correctness() -> None:
     check("FedProx on CUDA", stats.proximal > 0 and all(v.device.type == "cpu" for v in gpu.adapter().values()),
           f"proximal term {stats.proximal:.3e} after two steps; adapter returned as CPU tensors")
 
-    cpu.load_adapter(from_wire(to_wire(gpu.adapter())))
-    gpu.load_adapter(from_wire(to_wire(gpu.adapter())))  # both now hold the same fp16-rounded adapter
+    shared = from_wire(to_wire(gpu.adapter()))
+    cpu.load_adapter(shared)
+    gpu.load_adapter(shared)  # both now hold the same fp16-rounded adapter
     qs = items()
     a = [row[0].text for row in cpu.sample(qs, 1, greedy=True)]
     b = [row[0].text for row in gpu.sample(qs, 1, greedy=True)]

@@ -129,10 +129,11 @@ def main(argv: list[str] | None = None) -> int:
                      help="GPU share per simulated client, e.g. 0.25 (default 0: CPU only)")
     run.add_argument("--quiet", action="store_true", help="do not stream the run's log")
     run.set_defaults(func=cmd_run)
-    from .compare import register
+    from .compare import register as register_compare
+    from .deploy import register as register_deploy
 
-    register(sub)
-    from .deploy import register as register_deploy; register_deploy(sub)  # noqa: E702
+    register_compare(sub)
+    register_deploy(sub)
     args = parser.parse_args(argv)
     if args.command in ("compare", "report"):
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")

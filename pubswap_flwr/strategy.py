@@ -77,6 +77,7 @@ class RoundLog:
     eval_seconds: float = 0.0
     array_records: int = 0
     extra: dict = field(default_factory=dict)
+    train_totals: dict[int, tuple[float, float]] = field(default_factory=dict)  # node -> (reward sum, completions)
 
     def client(self, node: int) -> dict:
         return self.clients.setdefault(node, {"bytes_sent": 0, "bytes_received": 0, "sample_s": 0.0,
@@ -352,10 +353,10 @@ class PubSwapStrategy(Strategy):
             row = round_log.client(node)
             if "train-reward" in m and float(m.get("train-completions", 0)) > 0:
                 count = float(m["train-completions"])
-                total = row.get("_train_sum", 0.0) + float(m["train-reward"]) * count
-                row["_train_count"] = row.get("_train_count", 0.0) + count
-                row["_train_sum"] = total
-                row["train_reward"] = total / row["_train_count"]
+                total, seen = round_log.train_totals.get(node, (0.0, 0.0))
+                total, seen = total + float(m["train-reward"]) * count, seen + count
+                round_log.train_totals[node] = (total, seen)
+                row["train_reward"] = total / seen
             for key in ("rollout-reward", "cumulative-reward", "num-examples", "total-steps"):
                 if key in m:
                     row[key.replace("-", "_")] = float(m[key])
@@ -625,8 +626,7 @@ class PubSwapStrategy(Strategy):
             if final:
                 self.evaluator.save(self.master, self.recorder.run_dir / "adapters" / "final")
         if round_log.number > 0:
-            clients = {str(n): {k: v for k, v in c.items() if not k.startswith("_")}
-                       for n, c in round_log.clients.items() if n not in round_log.dropped}
+            clients = {str(n): c for n, c in round_log.clients.items() if n not in round_log.dropped}
             rewards = [c.get("rollout_reward") if self.mode == "sapo" else c.get("train_reward")
                        for c in clients.values()]
             rewards = [r for r in rewards if r is not None]

@@ -166,12 +166,9 @@ def aggregate_loss(per_token: torch.Tensor, mask: torch.Tensor, loss_type: str, 
 
 def proximal_term(params: dict[str, torch.nn.Parameter], reference: dict[str, torch.Tensor], mu: float) -> torch.Tensor:
     """FedProx: mu/2 · ||w - w_ref||² over the trainable (LoRA) parameters."""
-    total = None
+    total = torch.zeros(())  # a 0-dim CPU tensor adds to tensors on any device
     for name, param in params.items():
-        term = (param - reference[name].to(param.device, param.dtype)).pow(2).sum()
-        total = term if total is None else total + term
-    if total is None:
-        return torch.zeros(())
+        total = total + (param - reference[name].to(param.device, param.dtype)).pow(2).sum()
     return 0.5 * mu * total
 
 
