@@ -15,6 +15,7 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from .client import handle
+from .inprocess import InProcessGrid, server_context
 from .server import run
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,16 @@ def build_apps(run_config: dict[str, Any], client_hook: ClientHook | None = None
     client.train()(_handle)
     client.query("generate")(_handle)
     return server, client
+
+
+def simulate_in_process(run_config: dict[str, Any], num_nodes: int, *, client_hook: ClientHook | None = None,
+                        reply_hook: ReplyHook | None = None, deliver=None) -> InProcessGrid:
+    """Run one experiment without Ray: the same ServerApp and ClientApp code, nodes served one after another in
+    this process (`InProcessGrid`). `deliver` may drop or rewrite a node's reply (see InProcessGrid)."""
+    server, client = build_apps(run_config, client_hook, reply_hook)
+    grid = InProcessGrid(client, num_nodes, run_config, deliver=deliver)
+    server(grid, server_context(grid))
+    return grid
 
 
 def ray_backend_config(cpus_per_client: float = 1.0, gpus_per_client: float = 0.0, total_cpus: int | None = None,

@@ -1,0 +1,98 @@
+"""Golden metrics: one small fixed-seed run of every mode, served in process (no Ray), reduced to the metrics that
+must not change when code is restructured (wall times and byte counts are dropped; Flower node ids become node
+indices). `python -m tests.golden.runs write [NAME ...]` records them next to this file; `check` compares."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+GOLDEN_DIR = Path(__file__).resolve().parent
+
+COMMON = {"seed": 3, "num-server-rounds": 2, "train.local-steps": 2, "train.prompts-per-step": 2,
+          "train.completions-per-prompt": 4, "eval.items-per-task": 6}
+SAPO = {"strategy.mode": "sapo", "sapo.questions": 3, "sapo.completions": 4, "sapo.local": 2, "sapo.external": 2,
+        "sapo.share": 3}
+PUBSWAP = {"strategy.mode": "pubswap", "pubswap.tau-swap": 1, "pubswap.public-prompts": 2}
+
+# name -> (run config, nodes)
+RUNS: dict[str, tuple[dict[str, Any], int]] = {
+    "fedavg": ({**COMMON}, 3),
+    "fedprox": ({**COMMON, "strategy.mode": "fedprox", "strategy.proximal-mu": 0.05}, 3),
+    "pubswap-balanced": ({**COMMON, **PUBSWAP, "pubswap.swap": "balanced"}, 3),
+    "pubswap-random": ({**COMMON, **PUBSWAP, "pubswap.swap": "random", "pubswap.base": "fedprox"}, 3),
+    "sapo-sync": ({**COMMON, **SAPO}, 3),
+    "sapo-async": ({**COMMON, **SAPO, "sapo.async": True, "num-server-rounds": 3}, 3),
+    "sapo-two-models": ({**COMMON, **SAPO, "model.node-models": "embedded:tiny,embedded:tiny-b"}, 4),
+}
+
+VARYING_ROW_KEYS = {"time", "bytes"}
+VARYING_CLIENT_KEYS = {"bytes_sent", "bytes_received", "sample_s", "update_s", "handler_s"}
+
+
+def _rename(value: Any, names: dict[str, str]) -> Any:
+    if isinstance(value, dict):
+        return {names.get(str(k), str(k)): _rename(v, names) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_rename(v, names) for v in value]
+    return value
+
+
+def comparable(rows: list[dict]) -> list[dict]:
+    """metrics.jsonl rows without what varies between identical runs, clients named by node index."""
+    out = []
+    for row in rows:
+        names = {str(node): f"node{c['node_index']}" for node, c in row.get("clients", {}).items()}
+        row = {k: v for k, v in row.items() if k not in VARYING_ROW_KEYS}
+        if "clients" in row:
+            row["clients"] = {n: {k: v for k, v in c.items() if k not in VARYING_CLIENT_KEYS}
+                              for n, c in row["clients"].items()}
+        if "aggregated_clients" in row:
+            row["aggregated_clients"] = sorted(names.get(str(n), str(n)) for n in row["aggregated_clients"])
+        out.append(_rename(row, names))
+    return out
+
+
+def golden_rows(name: str, out_dir: Path) -> list[dict]:
+    """Run golden run `name` under `out_dir` and return its comparable rows."""
+    import torch
+
+    from pubswap_flwr.metrics import read_metrics
+    from pubswap_flwr.simulation import simulate_in_process
+
+    config, nodes = RUNS[name]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one summation order for every float, on any machine of this kind
+    try:
+        simulate_in_process({**config, "output.dir": str(out_dir), "run-name": name}, nodes)
+    finally:
+        torch.set_num_threads(threads)
+    return comparable(read_metrics(out_dir / name))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("action", choices=["write", "check"])
+    parser.add_argument("names", nargs="*", help="golden runs (default: all)")
+    args = parser.parse_args()
+    different = []
+    for name in args.names or list(RUNS):
+        with tempfile.TemporaryDirectory() as tmp:
+            rows = golden_rows(name, Path(tmp))
+        path = GOLDEN_DIR / f"{name}.json"
+        if args.action == "write":
+            path.write_text(json.dumps(rows, indent=1, sort_keys=True) + "\n")
+            print(f"wrote {path} ({len(rows)} rows)")
+        else:
+            same = json.loads(path.read_text()) == json.loads(json.dumps(rows))
+            print(f"{name}: {'same' if same else 'DIFFERENT'}")
+            different += [] if same else [name]
+    sys.exit(1 if different else 0)
+
+
+if __name__ == "__main__":
+    main()
