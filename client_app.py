@@ -1,18 +1,7 @@
-"""pubswap-flwr ClientApp: every message (train, query.generate) goes to the node's handler."""
+"""pubswap-flwr ClientApp: every protocol's message types (train.<action>, query.<action>) routed to its handler."""
 
-from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from pubswap_flwr.client import handle
+from pubswap_flwr.protocols import register_client_handlers
 
-app = ClientApp()
-
-
-@app.train()
-def train(msg: Message, context: Context) -> Message:
-    return handle(msg, context)
-
-
-@app.query("generate")
-def generate(msg: Message, context: Context) -> Message:
-    return handle(msg, context)
+app = register_client_handlers(ClientApp())

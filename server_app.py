@@ -1,4 +1,4 @@
-"""pubswap-flwr ServerApp: reads the run config and runs the PubSwap strategy (fedavg | fedprox | pubswap | sapo)."""
+"""pubswap-flwr ServerApp: reads the run config and runs the mode's protocol (fedavg | fedprox | pubswap | sapo)."""
 
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp

@@ -71,7 +71,7 @@ def correctness() -> None:
     flat = [s for row in rows for s in row]
     groups = [RolloutGroup(p, [Completion(s.text, tuple(s.token_ids)) for s in row], [0.0] * len(row))
               for p, row in zip(gpu.prompts(items()), rows)]
-    batch = build_batch(gpu.tokenizer, groups, gpu.learner.settings).to(gpu.device)
+    batch = build_batch(gpu.tokenizer, groups, gpu.learner.generation).to(gpu.device)
     with torch.no_grad(), gpu.sampler.merged():
         scored = per_token_logps(gpu.model, batch.input_ids, batch.attention_mask, batch.completion_ids.shape[1])
     worst = max(abs(lp - float(scored[i, j])) for i, s in enumerate(flat) for j, lp in enumerate(s.logprobs))

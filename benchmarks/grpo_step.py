@@ -35,7 +35,7 @@ def trl_step_fn(policy: Policy, groups: list[RolloutGroup], workdir: str):
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    batch = build_batch(policy.tokenizer, groups, policy.learner.settings)
+    batch = build_batch(policy.tokenizer, groups, policy.learner.generation)
     n = batch.rewards.shape[0]
     args = GRPOConfig(output_dir=workdir, use_cpu=True, bf16=False, report_to="none", per_device_train_batch_size=n,
                       num_generations=len(groups[0].completions), beta=0.0, epsilon=0.2, epsilon_high=0.28,
@@ -48,7 +48,7 @@ def trl_step_fn(policy: Policy, groups: list[RolloutGroup], workdir: str):
                                   betas=(0.9, 0.99))
 
     def step() -> None:
-        b = build_batch(policy.tokenizer, groups, policy.learner.settings)  # same preprocessing cost as ours
+        b = build_batch(policy.tokenizer, groups, policy.learner.generation)  # same preprocessing cost as ours
         inputs = {"prompt_ids": b.prompt_ids, "prompt_mask": b.prompt_mask, "completion_ids": b.completion_ids,
                   "completion_mask": b.completion_mask,
                   "advantages": group_advantages(b.rewards, b.group_sizes), "old_per_token_logps": None,

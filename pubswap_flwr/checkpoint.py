@@ -1,6 +1,7 @@
-"""Server checkpoints: after every round, the fp32 global adapter and the strategy's state (round, public-prompt
-cursor, cumulative reward, SAPO async pool, node indices) under <run dir>/checkpoint, written atomically. Clients'
-state is already on their disks. `resume = true` continues a killed run from here."""
+"""Server checkpoints: after every round, the fp32 global adapter and the run's state (round, cumulative reward,
+node indices, and the protocol's own state such as PubSwap's public-prompt cursor or SAPO's async pool) under
+<run dir>/checkpoint, written atomically. Clients' state is already on their disks. `resume = true` continues a
+killed run from here."""
 
 from __future__ import annotations
 
@@ -26,10 +27,9 @@ RESUMABLE_CHANGES = {"num-server-rounds", "resume"}
 class ServerCheckpoint:
     round: int
     config: dict
-    public_cursor: int = 0
     cumulative_reward: float = 0.0
     node_index: dict[int, int] = field(default_factory=dict)
-    sapo_pool: list[dict] = field(default_factory=list)
+    protocol: dict = field(default_factory=dict)  # the protocol's JSON-able state (ServerProtocol.state)
     master: dict[str, np.ndarray] | None = None
 
 
@@ -40,9 +40,8 @@ def save(run_dir: Path, checkpoint: ServerCheckpoint) -> None:
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    state = {"round": checkpoint.round, "config": checkpoint.config, "public_cursor": checkpoint.public_cursor,
-             "cumulative_reward": checkpoint.cumulative_reward,
-             "node_index": {str(k): v for k, v in checkpoint.node_index.items()}, "sapo_pool": checkpoint.sapo_pool}
+    state = {"round": checkpoint.round, "config": checkpoint.config, "cumulative_reward": checkpoint.cumulative_reward,
+             "node_index": {str(k): v for k, v in checkpoint.node_index.items()}, "protocol": checkpoint.protocol}
     (tmp / STATE_FILE).write_text(json.dumps(state))
     if checkpoint.master is not None:
         save_file({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in checkpoint.master.items()},
@@ -66,11 +65,14 @@ def load(run_dir: Path) -> ServerCheckpoint | None:
         directory = old
     state = json.loads((directory / STATE_FILE).read_text())
     master = load_file(str(directory / ADAPTER_FILE)) if (directory / ADAPTER_FILE).is_file() else None
+    protocol = dict(state.get("protocol", {}))
+    for key in ("public_cursor", "sapo_pool"):  # checkpoints written before protocols kept their own state
+        if key in state:
+            protocol.setdefault(key, state[key])
     return ServerCheckpoint(round=int(state["round"]), config=dict(state["config"]),
-                            public_cursor=int(state.get("public_cursor", 0)),
                             cumulative_reward=float(state.get("cumulative_reward", 0.0)),
                             node_index={int(k): int(v) for k, v in state.get("node_index", {}).items()},
-                            sapo_pool=list(state.get("sapo_pool", [])), master=master)
+                            protocol=protocol, master=master)
 
 
 def check_compatible(checkpoint: ServerCheckpoint, cfg: ExperimentConfig) -> None:

@@ -246,10 +246,6 @@ class ExperimentConfig:
             raise ConfigError("strategy.aggregation applies to adapter averaging; sapo mode averages nothing")
 
     # -- derived ---------------------------------------------------------------------------------------------
-    @property
-    def uses_proximal(self) -> bool:
-        return self.strategy.mode == "fedprox" or (self.strategy.mode == "pubswap" and self.pubswap.base == "fedprox")
-
     def run_dir(self, run_id: int | str) -> Path:
         """Absolute run directory (Flower never changes directory, so relative paths are resolved here)."""
         root = Path(self.output.dir).expanduser()

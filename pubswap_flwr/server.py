@@ -1,4 +1,5 @@
-"""ServerApp main: read the config once, set up the run directory and the global evaluator, run the strategy."""
+"""ServerApp main: read the config once, set up the run directory, the global evaluator and the mode's protocol,
+and run the rounds."""
 
 from __future__ import annotations
 
@@ -8,17 +9,17 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, Context
+from flwr.app import Context
 from flwr.serverapp import Grid
 
 from . import checkpoint
 from .config import ExperimentConfig
 from .evaluation import evaluate
 from .metrics import RunRecorder, route_logs_to_flower
-from .node import derive_seed, policy_spec, task_universe
 from .policy import Policy
-from .strategy import PubSwapStrategy
-from .wire import adapter_record
+from .protocols import run_protocol
+from .runner import Runner
+from .shared import derive_seed, policy_spec, task_universe
 
 log = logging.getLogger("pubswap_flwr")
 
@@ -32,8 +33,10 @@ class GlobalEvaluator:
         self.items = task_universe(cfg).held_out.items
 
     def initial_adapter(self) -> dict[str, np.ndarray]:
+        """A fresh adapter from the run seed, rounded through fp16: the global adapter starts as exactly what the
+        clients receive (adapters travel as fp16)."""
         self.policy.reset(derive_seed(self.cfg.seed, "global-init"))
-        return {k: v.numpy() for k, v in self.policy.adapter().items()}
+        return {k: v.numpy().astype(np.float16).astype(np.float32) for k, v in self.policy.adapter().items()}
 
     def _load(self, master: dict[str, np.ndarray]) -> None:
         self.policy.load_adapter({k: torch.from_numpy(np.asarray(v, dtype=np.float32)) for k, v in master.items()})
@@ -50,8 +53,8 @@ class GlobalEvaluator:
         self.policy.model.save_pretrained(str(directory))
 
 
-def run(grid: Grid, context: Context) -> None:
-    """The whole run: config → run dir → strategy rounds → final status."""
+def run(grid: Grid, context: Context, settle_seconds: float = 1.0) -> None:
+    """The whole run: config → run dir → protocol rounds → final status."""
     route_logs_to_flower()
     cfg = ExperimentConfig.from_flat(context.run_config)  # stops the run at start on a bad key or value
     torch.manual_seed(cfg.seed)
@@ -66,14 +69,13 @@ def run(grid: Grid, context: Context) -> None:
     log.info("pubswap-flwr run %s: mode %s, outputs in %s", context.run_id, cfg.strategy.mode, run_dir)
     started = time.time()
     try:
-        universe = task_universe(cfg)
-        evaluator = None if cfg.strategy.mode == "sapo" else GlobalEvaluator(cfg)
-        initial = adapter_record(evaluator.initial_adapter()) if evaluator else ArrayRecord()
-        strategy = PubSwapStrategy(cfg, recorder, evaluator, universe.public, resume_from=saved)
-        strategy.start(grid, initial, num_rounds=cfg.num_server_rounds, timeout=cfg.strategy.timeout)
+        protocol_class = run_protocol(cfg)
+        protocol = protocol_class(cfg, task_universe(cfg).public)
+        evaluator = GlobalEvaluator(cfg) if protocol_class.holds_global_adapter else None
+        initial = evaluator.initial_adapter() if evaluator else None
+        Runner(cfg, recorder, protocol, evaluator, resume_from=saved, settle_seconds=settle_seconds).run(grid, initial)
     except BaseException as err:
         recorder.write_status("failed", f"{type(err).__name__}: {err}")
         raise
     recorder.write_status("completed", f"{cfg.num_server_rounds} rounds in {time.time() - started:.1f} s")
     log.info("run finished in %.1f s; metrics: %s", time.time() - started, recorder.metrics_path)
-

@@ -14,7 +14,7 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from .client import handle
+from .protocols import register_client_handlers
 from .inprocess import InProcessGrid, server_context
 from .server import run
 
@@ -26,26 +26,27 @@ ReplyHook = Callable[[Message, Context, Message], Message]
 
 
 def build_apps(run_config: dict[str, Any], client_hook: ClientHook | None = None,
-               reply_hook: ReplyHook | None = None) -> tuple[ServerApp, ClientApp]:
+               reply_hook: ReplyHook | None = None, settle_seconds: float = 1.0) -> tuple[ServerApp, ClientApp]:
     """Server and client apps whose contexts carry `run_config`. `client_hook(msg, context)` runs before each
     client message and `reply_hook(msg, context, reply)` may replace its reply (tests inject failures and hostile
     replies with them)."""
     server = ServerApp()
-    client = ClientApp()
 
     @server.main()
     def _main(grid: Grid, context: Context) -> None:
         context.run_config = {**context.run_config, **run_config}
-        run(grid, context)
+        run(grid, context, settle_seconds=settle_seconds)
 
-    def _handle(msg: Message, context: Context) -> Message:
-        if client_hook is not None:
-            client_hook(msg, context)
-        reply = handle(msg, context, {**context.run_config, **run_config})
-        return reply_hook(msg, context, reply) if reply_hook is not None else reply
+    def wrap(entry):
+        def hooked(msg: Message, context: Context) -> Message:
+            if client_hook is not None:
+                client_hook(msg, context)
+            reply = entry(msg, context)
+            return reply_hook(msg, context, reply) if reply_hook is not None else reply
 
-    client.train()(_handle)
-    client.query("generate")(_handle)
+        return hooked
+
+    client = register_client_handlers(ClientApp(), run_config, wrap if client_hook or reply_hook else None)
     return server, client
 
 
@@ -53,7 +54,7 @@ def simulate_in_process(run_config: dict[str, Any], num_nodes: int, *, client_ho
                         reply_hook: ReplyHook | None = None, deliver=None) -> InProcessGrid:
     """Run one experiment without Ray: the same ServerApp and ClientApp code, nodes served one after another in
     this process (`InProcessGrid`). `deliver` may drop or rewrite a node's reply (see InProcessGrid)."""
-    server, client = build_apps(run_config, client_hook, reply_hook)
+    server, client = build_apps(run_config, client_hook, reply_hook, settle_seconds=0.0)
     grid = InProcessGrid(client, num_nodes, run_config, deliver=deliver)
     server(grid, server_context(grid))
     return grid

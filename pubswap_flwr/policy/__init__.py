@@ -53,7 +53,7 @@ class Policy:
         self.model = attach_lora(load_causal_lm(self.location, spec.dtype, self.device), spec.lora)
         self.model.eval()
         self.sampler = MergedSampling(self.model)
-        self.learner = GRPOLearner(self.model, self.tokenizer, spec.grpo)
+        self.learner = GRPOLearner(self.model, self.tokenizer, spec.grpo, spec.generation)
         self.formatter = PromptFormatter(self.tokenizer, spec.template)
 
     # -- adapter ---------------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from typing import Sequence
 import torch
 
 from ..rollouts import RolloutGroup
+from .sampling import GenerationSettings
 
 LOSS_TYPES = ("dapo", "grpo")
 
@@ -37,9 +38,6 @@ class GRPOSettings:
     weight_decay: float = 0.0
     adam_beta1: float = 0.9
     adam_beta2: float = 0.99
-    temperature: float = 1.0
-    max_prompt_tokens: int = 256
-    max_completion_tokens: int = 16
     proximal_mu: float = 0.0
 
 
@@ -108,7 +106,9 @@ def encode_completion(tokenizer, completion, max_tokens: int) -> list[int]:
     return ids[:max_tokens]
 
 
-def build_batch(tokenizer, groups: Sequence[RolloutGroup], settings: GRPOSettings) -> Batch:
+def build_batch(tokenizer, groups: Sequence[RolloutGroup], generation: GenerationSettings) -> Batch:
+    """Prompts truncated to the generation's prompt limit, completions to its new-token limit (the same limits
+    sampling used, so own and foreign members of a group are cut alike)."""
     prompts: list[str] = []
     completions: list[list[int]] = []
     rewards: list[float] = []
@@ -118,12 +118,12 @@ def build_batch(tokenizer, groups: Sequence[RolloutGroup], settings: GRPOSetting
         sizes.append(len(group.completions))
         for completion, reward in zip(group.completions, group.rewards):
             prompts.append(group.prompt)
-            ids = encode_completion(tokenizer, completion, settings.max_completion_tokens)
+            ids = encode_completion(tokenizer, completion, generation.max_new_tokens)
             completions.append(ids if ids else [tokenizer.eos_token_id])
             rewards.append(float(reward))
             foreign.append(not completion.is_own)
     enc = tokenizer(prompts, return_tensors="pt", padding=True, truncation=True,
-                    max_length=settings.max_prompt_tokens, add_special_tokens=False)
+                    max_length=generation.max_prompt_tokens, add_special_tokens=False)
     width = max(len(c) for c in completions)
     pad = tokenizer.pad_token_id
     comp_ids = torch.full((len(completions), width), pad, dtype=torch.long)
@@ -181,11 +181,12 @@ class MicroBatchLoss:
 
 
 def micro_batch_loss(model, batch: Batch, rows: slice, advantages: torch.Tensor, old_logps: torch.Tensor | None,
-                     ref_logps: torch.Tensor | None, settings: GRPOSettings, total_tokens: float) -> MicroBatchLoss:
+                     ref_logps: torch.Tensor | None, settings: GRPOSettings, total_tokens: float,
+                     temperature: float = 1.0) -> MicroBatchLoss:
     """The loss of rows `rows`, scaled so that the micro-batch losses of a batch sum to the batch loss."""
     s = settings
     logps = per_token_logps(model, batch.input_ids[rows], batch.attention_mask[rows], batch.completion_ids.shape[1],
-                            s.temperature)
+                            temperature)
     old = logps.detach() if old_logps is None else old_logps
     per_token, ratio = clipped_token_loss(logps, old, advantages[rows], s.epsilon_low, s.epsilon_high)
     mask = batch.completion_mask[rows].float()
@@ -205,12 +206,13 @@ def micro_batch_loss(model, batch: Batch, rows: slice, advantages: torch.Tensor,
 class GRPOLearner:
     """Holds the optimizer over a PeftModel's trainable parameters and applies GRPO updates on rollout groups."""
 
-    def __init__(self, model, tokenizer, settings: GRPOSettings):
+    def __init__(self, model, tokenizer, settings: GRPOSettings, generation: GenerationSettings = GenerationSettings()):
         if settings.loss_type not in LOSS_TYPES:
             raise ValueError(f"train.loss-type must be one of {LOSS_TYPES}, got {settings.loss_type!r}")
         self.model = model
         self.tokenizer = tokenizer
         self.settings = settings
+        self.generation = generation  # sampling temperature and token limits: one source for sampling and update
         self.params = {n: p for n, p in model.named_parameters() if p.requires_grad}
         if not self.params:
             raise RuntimeError("model has no trainable parameters (a frozen adapter would train nothing)")
@@ -232,7 +234,7 @@ class GRPOLearner:
     # -- update ----------------------------------------------------------------------------------------------
     def _logps(self, batch: Batch, rows: slice) -> torch.Tensor:
         return per_token_logps(self.model, batch.input_ids[rows], batch.attention_mask[rows],
-                               batch.completion_ids.shape[1], self.settings.temperature)
+                               batch.completion_ids.shape[1], self.generation.temperature)
 
     def update(self, groups: Sequence[RolloutGroup], proximal_reference: dict[str, torch.Tensor] | None = None,
                proximal_mu: float | None = None) -> UpdateStats:
@@ -242,7 +244,7 @@ class GRPOLearner:
         stats = UpdateStats(groups=len(groups))
         if not groups:
             return stats
-        batch = build_batch(self.tokenizer, groups, s).to(next(iter(self.params.values())).device)
+        batch = build_batch(self.tokenizer, groups, self.generation).to(next(iter(self.params.values())).device)
         n = batch.rewards.shape[0]
         advantages = group_advantages(batch.rewards, batch.group_sizes)
         mask = batch.completion_mask.float()
@@ -271,7 +273,8 @@ class GRPOLearner:
             self.optimizer.zero_grad(set_to_none=True)
             for rows in chunks:
                 part = micro_batch_loss(self.model, batch, rows, advantages, None if old is None else old[rows],
-                                        None if ref is None else ref[rows], s, total_tokens)
+                                        None if ref is None else ref[rows], s, total_tokens,
+                                        self.generation.temperature)
                 part.loss.backward()
                 loss_sum += float(part.loss.detach())
                 clip_low += part.clip_low

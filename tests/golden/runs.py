@@ -43,10 +43,11 @@ def _rename(value: Any, names: dict[str, str]) -> Any:
 
 
 def comparable(rows: list[dict]) -> list[dict]:
-    """metrics.jsonl rows without what varies between identical runs, clients named by node index."""
+    """metrics.jsonl rows without what varies between identical runs, nodes named by their index everywhere
+    (round 0 of SAPO names nodes before any row lists them as clients)."""
+    names = {str(node): f"node{c['node_index']}" for row in rows for node, c in row.get("clients", {}).items()}
     out = []
     for row in rows:
-        names = {str(node): f"node{c['node_index']}" for node, c in row.get("clients", {}).items()}
         row = {k: v for k, v in row.items() if k not in VARYING_ROW_KEYS}
         if "clients" in row:
             row["clients"] = {n: {k: v for k, v in c.items() if k not in VARYING_CLIENT_KEYS}

@@ -221,8 +221,11 @@ def test_sapo_valid_edge_values():
     ({"strategy.mode": "pubswap", "pubswap.base": "fedprox"}, True),
     ({"strategy.mode": "sapo", "pubswap.base": "fedprox"}, False),
 ])
-def test_uses_proximal(flat, expected):
-    assert build(**flat).uses_proximal is expected
+def test_the_runs_protocol_sets_fedprox_mu_only_where_fedprox_applies(flat, expected):
+    from pubswap_flwr.protocols import run_protocol
+
+    cfg = build(**flat, **{"strategy.proximal-mu": 0.05})
+    assert run_protocol(cfg).proximal_mu(cfg) == (0.05 if expected else 0.0)
 
 
 def test_with_overrides_and_replace_section():

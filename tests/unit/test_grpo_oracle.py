@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from pubswap_flwr.policy.sampling import GenerationSettings
 from pubswap_flwr.policy.grpo import GRPOSettings, build_batch, group_advantages, micro_batch_loss
 from pubswap_flwr.rollouts import Completion, RolloutGroup
 
@@ -41,8 +42,8 @@ def test_loss_and_lora_gradients_match_trl(tmp_path, tiny_policy, loss_type):
         for name, p in model.named_parameters():
             if p.requires_grad:
                 p.add_(0.05 * torch.randn_like(p))
-    settings = GRPOSettings(loss_type=loss_type, epsilon_low=0.2, epsilon_high=0.28, max_completion_tokens=16)
-    batch = build_batch(tokenizer, _groups(tokenizer), settings)
+    settings = GRPOSettings(loss_type=loss_type, epsilon_low=0.2, epsilon_high=0.28)
+    batch = build_batch(tokenizer, _groups(tokenizer), GenerationSettings(max_new_tokens=16))
     advantages = group_advantages(batch.rewards, batch.group_sizes)
     n = batch.rewards.shape[0]
     model.train()

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from pubswap_flwr.policy import from_wire, to_wire
+from pubswap_flwr.policy.sampling import GenerationSettings
 from pubswap_flwr.policy.grpo import GRPOSettings, build_batch, group_advantages, per_token_logps
 from pubswap_flwr.policy import initial_adapter
 from pubswap_flwr.policy.model import ModelError, resolve_device, resolve_model
@@ -82,7 +83,7 @@ def test_sampling_returns_ids_text_and_logprobs_consistent_with_scoring(tiny_pol
     assert sample.text == tok.decode(sample.token_ids, skip_special_tokens=True)
     # The behaviour log-probs equal the training-time log-probs of the same ids under the (unmerged) policy.
     group = RolloutGroup(tiny_policy.prompts([items[1]])[0], [Completion(sample.text, tuple(sample.token_ids))], [1.0])
-    batch = build_batch(tok, [group], GRPOSettings(max_completion_tokens=64))
+    batch = build_batch(tok, [group], GenerationSettings(max_new_tokens=64))
     with torch.no_grad():
         lp = per_token_logps(tiny_policy.model, batch.input_ids, batch.attention_mask, batch.completion_ids.shape[1])
     n = len(sample.token_ids)
@@ -94,7 +95,7 @@ def test_foreign_text_is_retokenized_with_eos_and_truncated(tiny_policy):
     long_text = "<answer>" + "x" * 200 + "</answer>"
     group = RolloutGroup("<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n",
                          [Completion("<answer>5</answer>", source="peer"), Completion(long_text, source="peer")], [1, 0])
-    batch = build_batch(tok, [group], GRPOSettings(max_completion_tokens=8))
+    batch = build_batch(tok, [group], GenerationSettings(max_new_tokens=8))
     ids = tok("<answer>5</answer>", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
     assert batch.completion_ids[0, : len(ids)].tolist() == ids[:8]
     assert int(batch.completion_mask[1].sum()) == 8  # truncated to the limit
@@ -111,7 +112,7 @@ def test_group_advantages_match_grpo_definition():
 
 
 def _sum_logp(policy, group: RolloutGroup) -> list[float]:
-    batch = build_batch(policy.tokenizer, [group], policy.learner.settings)
+    batch = build_batch(policy.tokenizer, [group], policy.learner.generation)
     with torch.no_grad():
         lp = per_token_logps(policy.model, batch.input_ids, batch.attention_mask, batch.completion_ids.shape[1])
     return (lp * batch.completion_mask).sum(-1).tolist()

@@ -1,0 +1,147 @@
+"""Send and receive through Flower's Grid: node selection, timeouts, drops, timings and byte counts, and the
+per-reply guard — the one place where a reply from another party enters the server.
+
+A reply is accepted only when its decoder (a protocol's typed reply `from_record`, plus any validation and
+scoring the protocol asks for) returns without raising; any exception drops that reply, and only that reply,
+with its reason. A node that errs or does not answer within `strategy.timeout` is dropped the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Generic, Iterable, TypeVar
+
+from flwr.app import Message
+from flwr.serverapp import Grid
+
+from .wire import record_bytes
+
+log = logging.getLogger("pubswap_flwr")
+
+T = TypeVar("T")
+
+
+@dataclass
+class ExchangeResult(Generic[T]):
+    """One send-and-receive: decoded replies of the accepted nodes, dropped nodes with reasons, and costs."""
+
+    replies: dict[int, T] = field(default_factory=dict)
+    dropped: dict[int, str] = field(default_factory=dict)
+    wall: float = 0.0
+    busy: float = 0.0  # union of the clients' handler intervals (shared clock in simulation/one host)
+    decode_seconds: float = 0.0  # server time spent decoding, validating and scoring replies
+    bytes_out: dict[int, int] = field(default_factory=dict)
+    bytes_in: dict[int, int] = field(default_factory=dict)
+    array_records: int = 0  # ArrayRecords sent plus received (weights on the wire)
+
+
+def describe_error(reply: Message) -> str:
+    lines = (reply.error.reason or "").strip().splitlines()
+    detail = lines[-1] if lines else ""
+    return f"client error (code {reply.error.code}): {detail[:300]}"
+
+
+def _union_length(intervals: Iterable[tuple[float, float]]) -> float:
+    total, end = 0.0, -math.inf
+    for start, stop in sorted(intervals):
+        if stop <= end:
+            continue
+        total += stop - max(start, end)
+        end = stop
+    return total
+
+
+def _reason(err: Exception) -> str:
+    from .validate import Rejected
+
+    text = str(err)[:500]
+    return f"rejected reply: {text}" if isinstance(err, Rejected) else f"rejected reply ({type(err).__name__}): {text}"
+
+
+class Exchange:
+    """The server's side of the wire for one run. `settle_seconds`: how long the node set must stay unchanged
+    before a round starts (simulated nodes register one by one; an in-process grid has them all at once)."""
+
+    def __init__(self, grid: Grid, *, timeout: float, min_clients: int, fraction: float, seed: int,
+                 settle_seconds: float = 1.0):
+        self.grid = grid
+        self.timeout = timeout
+        self.min_clients = min_clients
+        self.fraction = fraction
+        self.seed = seed
+        self.settle_seconds = settle_seconds
+        self.node_index: dict[int, int] = {}  # Flower node id -> node index reported by the client
+
+    # -- who takes part --------------------------------------------------------------------------------------
+    def select(self, round_number: int) -> list[int]:
+        """Wait (up to the timeout) for at least min-clients nodes, then sample fraction-train of them."""
+        deadline = time.time() + self.timeout
+        nodes: list[int] = []
+        stable_since = time.time()
+        while True:
+            current = sorted(self.grid.get_node_ids())
+            if current != nodes:
+                nodes, stable_since = current, time.time()
+            if len(nodes) >= self.min_clients and time.time() - stable_since >= self.settle_seconds:
+                break
+            if time.time() > deadline:
+                raise RuntimeError(f"only {len(nodes)} node(s) connected after {self.timeout:.0f} s; "
+                                   f"strategy.min-clients = {self.min_clients}")
+            time.sleep(0.2)
+        count = max(self.min_clients, math.ceil(self.fraction * len(nodes)))
+        return sorted(random.Random(f"{self.seed}:{round_number}").sample(nodes, min(count, len(nodes))))
+
+    def label(self, node: int) -> str:
+        """A client's name in swaps and pools: sorts by node index, so results do not depend on Flower's random
+        node ids or on reply arrival order (a resumed run repeats an uninterrupted one)."""
+        return f"{self.node_index.get(node, 99999):05d}-{node}"
+
+    def ordered(self, nodes: Iterable[int]) -> list[int]:
+        return sorted(nodes, key=self.label)
+
+    # -- send and receive ------------------------------------------------------------------------------------
+    def send(self, messages: list[Message], decode: Callable[[int, Message], T]) -> ExchangeResult[T]:
+        """Send, wait for replies (or the timeout), and accept each reply through the guard."""
+        out: ExchangeResult[T] = ExchangeResult()
+        by_id: dict[str, int] = {}
+        for msg in messages:
+            out.bytes_out[msg.metadata.dst_node_id] = record_bytes(msg.content)
+            out.array_records += len(msg.content.array_records)
+        started = time.perf_counter()
+        replies = list(self.grid.send_and_receive(messages, timeout=self.timeout))
+        out.wall = time.perf_counter() - started
+        for msg in messages:
+            by_id[msg.metadata.message_id] = msg.metadata.dst_node_id
+        intervals = []
+        decode_started = time.perf_counter()
+        for reply in replies:
+            node = by_id.get(reply.metadata.reply_to_message_id)
+            if node is None:
+                log.warning("ignoring a reply to an unknown message %s", reply.metadata.reply_to_message_id)
+                continue
+            if reply.has_error():
+                out.dropped[node] = describe_error(reply)
+                continue
+            try:
+                decoded = decode(node, reply)
+            except Exception as err:  # noqa: BLE001 - the per-reply guard: this reply is dropped with its reason
+                out.dropped[node] = _reason(err)
+                continue
+            out.replies[node] = decoded
+            report = decoded.report
+            self.node_index[node] = report.node_index
+            out.bytes_in[node] = record_bytes(reply.content)
+            out.array_records += len(reply.content.array_records)
+            intervals.append((report.t_start, report.t_end))
+        out.decode_seconds = time.perf_counter() - decode_started
+        for node in by_id.values():
+            if node not in out.replies and node not in out.dropped:
+                out.dropped[node] = f"no reply within strategy.timeout = {self.timeout:g} s"
+        for node, reason in out.dropped.items():
+            log.warning("dropped client %d: %s", node, reason)
+        out.busy = min(_union_length(intervals), out.wall)
+        return out

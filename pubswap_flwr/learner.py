@@ -1,0 +1,184 @@
+"""A node's learner: its policy with its own adapter and optimizer, its private task stream, and the learning
+steps every mode shares (rollouts on private prompts, GRPO updates). State persists through NodeStore.
+
+Sampling seeds derive from (run seed, node, call counter), so a restarted node draws exactly what it would have drawn.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from .config import ExperimentConfig
+from .node_state import NodeIdentity, NodeState, NodeStore
+from .policy import Policy, cached_policy
+from .rollouts import Completion, RolloutGroup
+from .shared import derive_seed, policy_spec, resolve_data_path, task_universe
+from .tasks import ItemListStream, MixtureStream, TaskItem, load_items, node_mixes, parse_custom_tasks, parse_mix, \
+    score_completion
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StepRecord:
+    step: int
+    kind: str  # "private" | "rollout" | "public" | "sapo"
+    mean_reward: float
+    completions: int
+    sample_seconds: float
+    update_seconds: float
+    zero_advantage_groups: int = 0
+    foreign_completions: int = 0
+
+
+@dataclass
+class WorkReport:
+    """What a node did during one message: per-step records and timings."""
+
+    steps: list[StepRecord] = field(default_factory=list)
+    sample_seconds: float = 0.0
+    update_seconds: float = 0.0
+    num_examples: int = 0
+
+    def add(self, record: StepRecord) -> None:
+        self.steps.append(record)
+        self.sample_seconds += record.sample_seconds
+        self.update_seconds += record.update_seconds
+
+    def mean_reward(self, kind: str | None = None) -> float:
+        rows = [s for s in self.steps if kind is None or s.kind == kind]
+        total = sum(s.completions for s in rows)
+        return sum(s.mean_reward * s.completions for s in rows) / total if total else 0.0
+
+    def has(self, kind: str) -> bool:
+        return any(s.kind == kind for s in self.steps)
+
+
+class Learner:
+    """One organization's learner; `proximal_mu` > 0 adds FedProx's term towards the last global adapter."""
+
+    def __init__(self, cfg: ExperimentConfig, identity: NodeIdentity, proximal_mu: float = 0.0):
+        self.cfg = cfg
+        self.identity = identity
+        self.universe = task_universe(cfg)
+        self.policy: Policy = cached_policy(policy_spec(cfg, identity.model_name, proximal_mu))
+        self.uses_proximal = proximal_mu > 0
+        self.store = NodeStore(identity.state_dir, identity.model_name)
+        self.state = self._load()
+        self.stream = self._build_stream()
+        self.proximal_reference: dict[str, torch.Tensor] | None = None
+
+    @property
+    def state_dir(self):
+        return self.identity.state_dir
+
+    # -- persistence -----------------------------------------------------------------------------------------
+    def _load(self) -> NodeState:
+        self.policy.reset(derive_seed(self.cfg.seed, self.identity.index, "init"))  # the cached policy is shared
+        return self.store.load(self.policy)
+
+    def save(self) -> None:
+        self.store.save(self.policy, self.state)
+
+    def begin_round(self, round_number: int) -> bool:
+        """Called by a round's first message. A node that already worked on this round (the server was restarted
+        and resumed from an earlier checkpoint) restores the state it had at the start of the round, so the
+        round is repeated exactly; otherwise its current state is kept as that round's starting point.
+        Returns True when it restored."""
+        if self.state.last_round >= round_number and self.store.has_round_start(round_number):
+            self.store.restore_round_start()
+            self.state = self._load()
+            self.stream = self._build_stream()
+            log.info("node %d: repeating round %d from its saved start", self.identity.index, round_number)
+            return True
+        self.save()
+        self.store.snapshot_round_start(round_number)
+        return False
+
+    def _build_stream(self):
+        cfg = self.cfg
+        exclude = self.universe.training_exclude
+        if self.identity.data_path:
+            items = load_items(resolve_data_path(self.identity.data_path), fmt=cfg.tasks.data_format,
+                               uid_prefix=f"node{self.identity.index}")
+            return ItemListStream(items, exclude, seed=derive_seed(cfg.seed, self.identity.index, "data"))
+        custom = parse_custom_tasks(cfg.tasks.custom)
+        if self.identity.task_mix:
+            mix = parse_mix(self.identity.task_mix, custom, key="node-config task-mix")
+        elif cfg.tasks.node_mixes.strip():
+            mixes = [m for m in cfg.tasks.node_mixes.split(";") if m.strip()]
+            mix = parse_mix(mixes[self.identity.index % len(mixes)], custom, key="tasks.node-mixes")
+        else:
+            base = parse_mix(cfg.tasks.mix, custom)
+            mix = node_mixes(base, self.identity.index + 1, cfg.tasks.per_node)[self.identity.index]
+        names = [t.name for t in self.universe.tasks]
+        unknown = [s.name for s in mix if s.name not in names]
+        if unknown:
+            raise ValueError(f"node task mix names tasks outside tasks.mix: {unknown}")
+        return MixtureStream(mix, self.universe.tasks, self.identity.index, exclude, cfg.tasks.data_seed)
+
+    @property
+    def task_names(self) -> list[str]:
+        if isinstance(self.stream, MixtureStream):
+            return [s.name for s in self.stream.mix]
+        return sorted({i.task for i in self.stream.items})
+
+    # -- global adapter --------------------------------------------------------------------------------------
+    def receive_global(self, adapter: dict[str, torch.Tensor]) -> None:
+        """Start a round from the server's adapter; it is also the FedProx reference."""
+        self.policy.load_adapter(adapter)
+        self.proximal_reference = ({n: p.detach().clone() for n, p in self.policy.learner.params.items()}
+                                   if self.uses_proximal else None)
+        if self.cfg.train.reset_optimizer:
+            self.policy.learner.reset_optimizer()
+
+    # -- rollouts and updates --------------------------------------------------------------------------------
+    def seed_sampling(self) -> None:
+        torch.manual_seed(derive_seed(self.cfg.seed, self.identity.index, self.state.sample_calls, "sample"))
+        self.state.sample_calls += 1
+
+    def rollout(self, items: Sequence[TaskItem], k: int) -> tuple[list[RolloutGroup], float]:
+        """Sample `k` completions per item with the current policy and score them; (groups, seconds)."""
+        started = time.perf_counter()
+        self.seed_sampling()
+        samples = self.policy.sample(items, k)
+        prompts = self.policy.prompts(items)
+        groups = []
+        limit = self.cfg.generation.max_completion_chars
+        for item, prompt, row in zip(items, prompts, samples):
+            completions = [Completion(s.text, tuple(s.token_ids)) for s in row]
+            rewards = [score_completion(s.text, item, max_chars=limit).reward for s in row]
+            groups.append(RolloutGroup(prompt, completions, rewards, item.uid, item.task))
+        return groups, time.perf_counter() - started
+
+    def prompt(self, item: TaskItem) -> str:
+        return self.policy.formatter(item)
+
+    def learn(self, groups: Sequence[RolloutGroup]):
+        started = time.perf_counter()
+        stats = self.policy.update(groups, self.proximal_reference)
+        return stats, time.perf_counter() - started
+
+    def learn_step(self, groups: Sequence[RolloutGroup], kind: str, report: WorkReport,
+                   sample_seconds: float = 0.0) -> None:
+        """One GRPO update on `groups`, counted as a step of `kind` (its completions count as examples)."""
+        stats, update_s = self.learn(groups)
+        self.state.steps += 1
+        report.num_examples += stats.completions
+        report.add(StepRecord(self.state.steps, kind, stats.mean_reward, stats.completions, sample_seconds,
+                              update_s, stats.zero_advantage_groups, stats.foreign_completions))
+
+    def private_steps(self, count: int, report: WorkReport) -> None:
+        """`count` GRPO steps on fresh prompts from the private stream."""
+        cfg = self.cfg.train
+        for _ in range(count):
+            items = self.stream.take(cfg.prompts_per_step, self.state.cursor)
+            groups, sample_s = self.rollout(items, cfg.completions_per_prompt)
+            rewards = [r for g in groups for r in g.rewards]
+            self.state.cumulative_reward += sum(rewards) / len(rewards)
+            self.learn_step(groups, "private", report, sample_s)

@@ -1,0 +1,160 @@
+"""A node's identity and its state on local disk (adapter, optimizer, stream cursor, counters, round-start snapshot).
+
+Deployed ClientApps are a new process per message and `context.state` is memory-only, so everything a node needs
+to continue lives under its state dir, written atomically (temp file + rename).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from .config import ExperimentConfig
+from .policy import Policy
+from .tasks import StreamCursor
+from .tasks.splits import MAX_NODES
+
+STATE_FILE = "node.json"
+ADAPTER_FILE = "adapter.safetensors"
+OPTIMIZER_FILE = "optimizer.pt"
+ROUND_START_DIR = "round-start"
+FILES = (STATE_FILE, ADAPTER_FILE, OPTIMIZER_FILE)
+
+
+@dataclass(frozen=True)
+class NodeIdentity:
+    """Who this node is: its index (seed ranges, default task mix), state dir, model and private data."""
+
+    index: int
+    state_dir: Path
+    model_name: str
+    data_path: str | None = None
+    task_mix: str | None = None
+
+    @classmethod
+    def from_flower(cls, cfg: ExperimentConfig, node_config: dict, node_id: int, run_dir: str | None,
+                    run_name: str) -> "NodeIdentity":
+        """Simulation: partition-id from Flower, state under the run dir. Deployment: node-config keys
+        `state-dir`, `data-path`, `model-name`, `task-mix`, optional `partition-id`."""
+        partition = node_config.get("partition-id")
+        index = int(partition) if partition is not None else int(node_id) % MAX_NODES
+        simulated = "num-partitions" in node_config  # Flower sets it only for simulated nodes
+        if node_config.get("state-dir"):
+            state_dir = Path(str(node_config["state-dir"])).expanduser().resolve() / run_name
+        elif run_dir and simulated:
+            state_dir = Path(run_dir) / "nodes" / f"partition-{index}"
+        else:
+            state_dir = Path.home() / ".pubswap" / "state" / run_name / f"node-{node_id}"
+        model = node_config.get("model-name") or _round_robin(cfg.model.node_models, index) or cfg.model.name
+        data_path = node_config.get("data-path") or _round_robin(cfg.tasks.data_paths, index)
+        return cls(index, state_dir, str(model), str(data_path) if data_path else None,
+                   node_config.get("task-mix") or None)
+
+
+def _round_robin(text: str, index: int) -> str | None:
+    """Entry `index` (modulo length) of a comma-separated run-config list, or None when the list is empty."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    return names[index % len(names)] if names else None
+
+
+@dataclass
+class NodeState:
+    """Small JSON-able node state; tensors live in their own files next to it."""
+
+    model_name: str = ""
+    rounds: int = 0
+    steps: int = 0
+    sample_calls: int = 0
+    cumulative_reward: float = 0.0
+    last_round: int = 0
+    cursor: StreamCursor = field(default_factory=StreamCursor)
+    pending_public: dict[str, list[dict]] = field(default_factory=dict)  # uid -> own samples (text, ids)
+    pending_sapo: list[dict] = field(default_factory=list)  # own groups of the current SAPO round
+    peers: dict[str, tuple[int, int]] = field(default_factory=dict)  # sender -> (packets passed, failed)
+
+    def to_dict(self) -> dict:
+        return {
+            "model_name": self.model_name, "rounds": self.rounds, "steps": self.steps,
+            "sample_calls": self.sample_calls, "cumulative_reward": self.cumulative_reward,
+            "last_round": self.last_round, "cursor": self.cursor.to_dict(),
+            "pending_public": self.pending_public, "pending_sapo": self.pending_sapo,
+            "peers": {k: list(v) for k, v in self.peers.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "NodeState":
+        return cls(
+            model_name=str(data.get("model_name", "")), rounds=int(data.get("rounds", 0)),
+            steps=int(data.get("steps", 0)), sample_calls=int(data.get("sample_calls", 0)),
+            cumulative_reward=float(data.get("cumulative_reward", 0.0)), last_round=int(data.get("last_round", 0)),
+            cursor=StreamCursor.from_dict(data.get("cursor", {})),
+            pending_public=dict(data.get("pending_public", {})), pending_sapo=list(data.get("pending_sapo", [])),
+            peers={str(k): (int(v[0]), int(v[1])) for k, v in dict(data.get("peers", {})).items()},
+        )
+
+
+class NodeStore:
+    """Reads and writes one node's state dir: the JSON state, the adapter and the optimizer moments."""
+
+    def __init__(self, directory: Path, model_name: str):
+        self.directory = directory
+        self.model_name = model_name
+        directory.mkdir(parents=True, exist_ok=True)
+
+    def load(self, policy: Policy) -> NodeState:
+        """The saved state, with the saved adapter and optimizer loaded into `policy` (a fresh state if none)."""
+        path = self.directory / STATE_FILE
+        if not path.is_file():
+            return NodeState(model_name=self.model_name)
+        state = NodeState.from_dict(json.loads(path.read_text()))
+        if state.model_name and state.model_name != self.model_name:
+            raise ValueError(f"state dir {self.directory} belongs to model {state.model_name!r}, "
+                             f"not {self.model_name!r}; use another state-dir or run-name")
+        if (self.directory / ADAPTER_FILE).is_file():
+            policy.load_adapter(load_file(str(self.directory / ADAPTER_FILE)))
+        if (self.directory / OPTIMIZER_FILE).is_file():
+            policy.learner.load_optimizer_state(torch.load(self.directory / OPTIMIZER_FILE, weights_only=True))
+        return state
+
+    def save(self, policy: Policy, state: NodeState) -> None:
+        """Write adapter, optimizer and state atomically (temp file + rename), so a crash never leaves half."""
+        tmp = self.directory / f".{ADAPTER_FILE}.tmp"
+        save_file(policy.adapter(), str(tmp))
+        os.replace(tmp, self.directory / ADAPTER_FILE)
+        tmp = self.directory / f".{OPTIMIZER_FILE}.tmp"
+        torch.save(policy.learner.optimizer_state(), tmp)
+        os.replace(tmp, self.directory / OPTIMIZER_FILE)
+        tmp = self.directory / f".{STATE_FILE}.tmp"
+        tmp.write_text(json.dumps(state.to_dict()))
+        os.replace(tmp, self.directory / STATE_FILE)
+
+    def has_round_start(self, round_number: int) -> bool:
+        marker = self.directory / ROUND_START_DIR / "round"
+        return marker.is_file() and int(marker.read_text()) == round_number
+
+    def restore_round_start(self) -> None:
+        """Put the state saved at the start of the round back in place (the caller reloads it)."""
+        snapshot = self.directory / ROUND_START_DIR
+        for name in FILES:
+            if (snapshot / name).is_file():
+                shutil.copy2(snapshot / name, self.directory / name)
+
+    def snapshot_round_start(self, round_number: int) -> None:
+        """Copy the saved state as round `round_number`'s starting point (swapped in whole)."""
+        snapshot = self.directory / ROUND_START_DIR
+        tmp = self.directory / f".{ROUND_START_DIR}.tmp"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        for name in FILES:
+            shutil.copy2(self.directory / name, tmp / name)
+        (tmp / "round").write_text(str(round_number))
+        if snapshot.exists():
+            shutil.rmtree(snapshot)
+        os.replace(tmp, snapshot)

@@ -1,0 +1,307 @@
+"""What every protocol shares: the instruction header and the client report every reply carries (typed, with
+`to_record` / `from_record`), the server-side protocol base class, and the client-side serving of a handler.
+
+Records: an instruction holds a ConfigRecord `config` (scalars), optionally an fp16 ArrayRecord `adapter` and a
+JSON ConfigRecord `payload` (structured text). A reply holds a MetricRecord `metrics` (numbers), a JSON `payload`
+and optionally an `adapter`. The server decodes replies from untrusted parties: every `from_record` used there
+checks types and ranges and raises on anything malformed (the exchange's per-reply guard turns that into a drop).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
+
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+
+from ..config import ExperimentConfig
+from ..evaluation import evaluate
+from ..learner import Learner, WorkReport
+from ..metrics import route_logs_to_flower
+from ..node_state import NodeIdentity
+from ..tasks.splits import MAX_NODES
+from ..validate import Rejected
+from ..wire import (ADAPTER_KEY, CONFIG_KEY, METRICS_KEY, PAYLOAD_KEY, adapter_from_record, adapter_record,
+                    metrics_record, payload_from_record, payload_record)
+
+if TYPE_CHECKING:
+    from ..exchange import Exchange
+    from ..roundlog import RoundLog
+
+log = logging.getLogger("pubswap_flwr")
+
+Adapter = dict[str, Any]
+
+
+# -- reading untrusted records ---------------------------------------------------------------------------------
+def number(record: Any, key: str, default: float | None = None, *, low: float = -math.inf,
+           high: float = math.inf) -> float:
+    """A finite scalar in [low, high] from a Metric/ConfigRecord; Rejected names the key otherwise."""
+    if key not in record:
+        if default is None:
+            raise Rejected(f"'{key}' is missing")
+        return default
+    value = record[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise Rejected(f"'{key}' must be a finite number, got {type(value).__name__}")
+    if not low <= value <= high:
+        raise Rejected(f"'{key}' = {value} is outside [{low}, {high}]")
+    return value
+
+
+def text(value: Any, what: str, limit: int = 1024) -> str:
+    if not isinstance(value, str):
+        raise Rejected(f"{what} must be text, got {type(value).__name__}")
+    if len(value) > limit:
+        raise Rejected(f"{what} has {len(value)} chars, over the {limit} limit")
+    return value
+
+
+def payload_of(content: RecordDict) -> dict:
+    if PAYLOAD_KEY not in content:
+        return {}
+    payload = payload_from_record(content[PAYLOAD_KEY])
+    if not isinstance(payload, dict):
+        raise Rejected("payload is not a JSON object")
+    return payload
+
+
+def adapter_of(content: RecordDict) -> Adapter | None:
+    return adapter_from_record(content[ADAPTER_KEY]) if ADAPTER_KEY in content else None
+
+
+def records(config: dict, *, adapter: Adapter | None = None, payload: dict | None = None) -> RecordDict:
+    content = RecordDict({CONFIG_KEY: ConfigRecord(config)})
+    if adapter is not None:
+        content[ADAPTER_KEY] = adapter_record(adapter)
+    if payload is not None:
+        content[PAYLOAD_KEY] = payload_record(payload)
+    return content
+
+
+# -- messages every protocol shares ----------------------------------------------------------------------------
+class Instruction:
+    """A server-to-client message type: a frozen dataclass with `message_type`, `to_record` and `from_record`."""
+
+    message_type: ClassVar[str]
+
+    def to_record(self) -> RecordDict:
+        raise NotImplementedError
+
+    def to_message(self, node: int) -> Message:
+        return Message(self.to_record(), dst_node_id=node, message_type=self.message_type)
+
+
+@dataclass(frozen=True)
+class Header:
+    """In every instruction: the round, where the run lives, and whether this is the round's first message (the
+    node then snapshots its state, so a resumed server can repeat the round exactly)."""
+
+    server_round: int
+    run_name: str
+    run_dir: str = ""
+    round_start: bool = False
+
+    def to_config(self) -> dict:
+        return {"server-round": self.server_round, "run-name": self.run_name, "run-dir": self.run_dir,
+                "round-start": self.round_start}
+
+    @classmethod
+    def from_config(cls, config: ConfigRecord) -> "Header":
+        return cls(int(config["server-round"]), str(config["run-name"]), str(config.get("run-dir", "")),
+                   bool(config.get("round-start", False)))
+
+
+@dataclass(frozen=True)
+class ClientReport:
+    """In every reply: who the node is, what it did (examples, rewards, steps) and when (its handler's clock)."""
+
+    node_index: int
+    num_examples: int
+    cumulative_reward: float
+    total_steps: int
+    t_start: float
+    t_end: float
+    sample_seconds: float = 0.0
+    update_seconds: float = 0.0
+    train_reward: float | None = None  # mean reward of this message's private steps
+    train_completions: int = 0
+    rollout_reward: float | None = None  # SAPO: mean reward of this message's own rollouts
+    model: str = ""
+    tasks: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, learner: Learner, report: WorkReport, started: float) -> "ClientReport":
+        return cls(
+            node_index=learner.identity.index, num_examples=report.num_examples,
+            cumulative_reward=learner.state.cumulative_reward, total_steps=learner.state.steps, t_start=started,
+            t_end=time.time(), sample_seconds=report.sample_seconds, update_seconds=report.update_seconds,
+            train_reward=report.mean_reward("private") if report.has("private") else None,
+            train_completions=sum(s.completions for s in report.steps if s.kind == "private"),
+            rollout_reward=report.mean_reward("rollout") if report.has("rollout") else None,
+            model=learner.identity.model_name, tasks=tuple(learner.task_names))
+
+    def metrics(self) -> dict:
+        out = {"node-index": self.node_index, "num-examples": self.num_examples,
+               "cumulative-reward": self.cumulative_reward, "total-steps": self.total_steps,
+               "t-start": self.t_start, "t-end": self.t_end, "sample-seconds": self.sample_seconds,
+               "update-seconds": self.update_seconds, "train-completions": self.train_completions}
+        if self.train_reward is not None:
+            out["train-reward"] = self.train_reward
+        if self.rollout_reward is not None:
+            out["rollout-reward"] = self.rollout_reward
+        return out
+
+    def payload(self) -> dict:
+        return {"model": self.model, "tasks": list(self.tasks)}
+
+    @classmethod
+    def from_records(cls, metrics: Any, payload: dict) -> "ClientReport":
+        tasks = payload.get("tasks", [])
+        if not isinstance(tasks, list) or len(tasks) > 256:
+            raise Rejected("'tasks' must be a list of at most 256 names")
+        optional = {key: number(metrics, key) if key in metrics else None for key in ("train-reward", "rollout-reward")}
+        return cls(
+            node_index=int(number(metrics, "node-index", low=0, high=MAX_NODES - 1)),
+            num_examples=int(number(metrics, "num-examples", 0.0, low=0, high=1e12)),
+            cumulative_reward=number(metrics, "cumulative-reward", 0.0),
+            total_steps=int(number(metrics, "total-steps", 0.0, low=0, high=1e12)),
+            t_start=number(metrics, "t-start", 0.0), t_end=number(metrics, "t-end", 0.0),
+            sample_seconds=number(metrics, "sample-seconds", 0.0, low=0),
+            update_seconds=number(metrics, "update-seconds", 0.0, low=0),
+            train_reward=optional["train-reward"],
+            train_completions=int(number(metrics, "train-completions", 0.0, low=0, high=1e12)),
+            rollout_reward=optional["rollout-reward"],
+            model=text(payload.get("model", ""), "'model'"),
+            tasks=tuple(text(t, "a task name", 256) for t in tasks))
+
+
+def reply_records(report: ClientReport, *, payload: dict | None = None, metrics: dict | None = None,
+                  adapter: Adapter | None = None) -> RecordDict:
+    content = RecordDict({METRICS_KEY: metrics_record({**report.metrics(), **(metrics or {})}),
+                          PAYLOAD_KEY: payload_record({**report.payload(), **(payload or {})})})
+    if adapter is not None:
+        content[ADAPTER_KEY] = adapter_record(adapter)
+    return content
+
+
+def read_reply(message: Message) -> tuple[Any, dict, ClientReport]:
+    """(metrics, payload, report) of a reply; raises Rejected when either record is missing or malformed."""
+    content = message.content
+    if METRICS_KEY not in content or PAYLOAD_KEY not in content:
+        raise Rejected("reply lacks its metrics or payload record")
+    metrics = content[METRICS_KEY]
+    payload = payload_of(content)
+    return metrics, payload, ClientReport.from_records(metrics, payload)
+
+
+# -- the server side ---------------------------------------------------------------------------------------------
+@dataclass
+class RoundContext:
+    """What a protocol's server round works with."""
+
+    number: int
+    final: bool
+    evaluate: bool  # SAPO: nodes evaluate their own models this round
+    exchange: "Exchange"
+    log: "RoundLog"
+    run_name: str
+    run_dir: str
+
+    def header(self, round_start: bool = False) -> Header:
+        return Header(self.number, self.run_name, self.run_dir, round_start)
+
+
+class ServerProtocol:
+    """A mode's server side. Subclasses set the class attributes and implement `run_round`."""
+
+    holds_global_adapter: ClassVar[bool] = True  # the server keeps, evaluates and saves a global adapter
+    per_node_models: ClassVar[bool] = False  # nodes may run different models
+    reward_field: ClassVar[str] = "train_reward"  # the client field the round's train_reward averages
+
+    def __init__(self, cfg: ExperimentConfig, public=None):
+        self.cfg = cfg
+        self.public = public
+        self.master: Adapter | None = None  # fp32 global adapter when holds_global_adapter
+
+    @staticmethod
+    def proximal_mu(cfg: ExperimentConfig) -> float:
+        """FedProx's mu for the nodes' GRPO loss (0 = none)."""
+        return 0.0
+
+    def describe(self) -> str:
+        return ""
+
+    def run_round(self, ctx: RoundContext) -> None:
+        raise NotImplementedError
+
+    def state(self) -> dict:
+        """JSON-able protocol state for the checkpoint (the global adapter is saved apart)."""
+        return {}
+
+    def restore(self, state: dict) -> None:
+        pass
+
+
+# -- the client side ---------------------------------------------------------------------------------------------
+@dataclass
+class ClientWork:
+    """What a client handler works with: the config, this node's learner, the decoded message, and the report."""
+
+    cfg: ExperimentConfig
+    learner: Learner
+    header: Header
+    message: Message
+    report: WorkReport = field(default_factory=WorkReport)
+    started: float = field(default_factory=time.time)
+
+    def evaluate(self) -> dict:
+        """The node's own model on the held-out set (SAPO: there is no global model)."""
+        e = self.cfg.eval
+        return evaluate(self.learner.policy, self.learner.universe.held_out.items, sampled=e.sampled,
+                        batch_size=e.batch_size, seed=self.cfg.seed,
+                        max_chars=self.cfg.generation.max_completion_chars)
+
+    def client_report(self) -> ClientReport:
+        return ClientReport.of(self.learner, self.report, self.started)
+
+
+ClientHandler = Callable[[ClientWork], RecordDict]
+
+
+def serve(handler: ClientHandler, owner: type[ServerProtocol],
+          resolve: Callable[[ExperimentConfig], type[ServerProtocol]], run_config: dict | None = None):
+    """A ClientApp function running `handler` (a message type of protocol `owner`): reads the config, builds this
+    node's learner from its disk state, snapshots at a round's start, runs the handler, saves the state.
+    `resolve(cfg)` is the run's protocol; `run_config` replaces context.run_config (in-process simulation)."""
+
+    def entry(message: Message, context: Context) -> Message:
+        started = time.time()
+        route_logs_to_flower()
+        cfg = ExperimentConfig.from_flat(run_config if run_config is not None else context.run_config)
+        protocol = resolve(cfg)
+        if not issubclass(protocol, owner):
+            raise ValueError(f"message type {message.metadata.message_type!r} belongs to another mode than this "
+                             f"run's strategy.mode = {cfg.strategy.mode!r}")
+        header = Header.from_config(message.content[CONFIG_KEY])
+        identity = NodeIdentity.from_flower(cfg, dict(context.node_config), context.node_id, header.run_dir or None,
+                                            header.run_name)
+        if not protocol.per_node_models and identity.model_name != cfg.model.name:
+            raise ValueError(f"this node's model {identity.model_name!r} differs from the run's model.name "
+                             f"{cfg.model.name!r}; only strategy.mode = 'sapo' lets nodes keep different models")
+        learner = Learner(cfg, identity, protocol.proximal_mu(cfg))
+        if header.round_start:
+            learner.begin_round(header.server_round)
+        work = ClientWork(cfg, learner, header, message, started=started)
+        content = handler(work)
+        learner.state.rounds = max(learner.state.rounds, header.server_round)
+        learner.state.last_round = header.server_round
+        learner.save()
+        return Message(content, reply_to=message)
+
+    entry.__name__ = getattr(handler, "__name__", "entry")
+    return entry
+

@@ -1,0 +1,136 @@
+"""FedAvg-GRPO and FedProx-GRPO (FedProx = FedAvg + mu): one `train.local_round` message per client per round.
+
+Server → client: the global adapter (fp16) and tau. The client loads it (it is also the FedProx reference), runs
+tau private GRPO steps and replies its adapter. The server checks every adapter against the global one (keys,
+shapes, finite values) and averages every LoRA tensor weighted by the client's examples into fp32 master weights
+(or a robust variant: `strategy.aggregation`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+from flwr.app import Message, RecordDict
+
+from ..aggregate import aggregate, mean_pairwise_l2
+from ..config import ExperimentConfig
+from ..policy import from_wire, to_wire
+from ..validate import Rejected, check_adapter, check_weight
+from ..wire import CONFIG_KEY
+from .base import (Adapter, ClientReport, ClientWork, Header, Instruction, RoundContext, ServerProtocol, adapter_of,
+                   log, read_reply, records, reply_records)
+
+
+# -- messages ------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LocalRound(Instruction):
+    message_type: ClassVar[str] = "train.local_round"
+    header: Header
+    adapter: Adapter
+    local_steps: int
+
+    def to_record(self) -> RecordDict:
+        return records({**self.header.to_config(), "local-steps": self.local_steps}, adapter=self.adapter)
+
+    @classmethod
+    def from_record(cls, content: RecordDict) -> "LocalRound":
+        config = content[CONFIG_KEY]
+        adapter = adapter_of(content)
+        if adapter is None:
+            raise ValueError("a local round needs the global adapter")
+        return cls(Header.from_config(config), adapter, int(config["local-steps"]))
+
+
+@dataclass(frozen=True)
+class AdapterReply:
+    """The client's adapter after its local steps (fedavg/fedprox; pubswap's last segment adds it too)."""
+
+    report: ClientReport
+    adapter: Adapter
+
+    def to_record(self) -> RecordDict:
+        return reply_records(self.report, adapter=self.adapter)
+
+    @classmethod
+    def from_message(cls, message: Message, reference: Adapter) -> "AdapterReply":
+        _, _, report = read_reply(message)
+        return cls(report, checked_adapter(message.content, reference))
+
+
+def checked_adapter(content: RecordDict, reference: Adapter) -> Adapter:
+    """The reply's adapter as fp32 after key, shape and finiteness checks against the global adapter."""
+    adapter = adapter_of(content)
+    if adapter is None:
+        raise Rejected("reply has no adapter")
+    return check_adapter(adapter, reference)
+
+
+# -- server --------------------------------------------------------------------------------------------------------
+def aggregate_adapters(ctx: RoundContext, cfg: ExperimentConfig, master: Adapter,
+                       adapters: dict[int, Adapter]) -> Adapter:
+    """The new global adapter from the round's valid adapters, each weighted by the examples its client reported
+    over the round (a client with no valid weight is dropped); `master` is kept when fewer than min-clients."""
+    started = time.perf_counter()
+    valid: dict[int, tuple[Adapter, float]] = {}
+    for node in ctx.exchange.ordered(adapters):
+        try:
+            valid[node] = adapters[node], check_weight(ctx.log.client(node).get("examples", 0))
+        except Rejected as err:
+            ctx.log.drop(node, f"rejected reply: {err}")
+    s = cfg.strategy
+    if len(valid) < s.min_clients:
+        ctx.log.extra["aggregated"] = False
+        log.warning("round %d: %d valid adapters (< strategy.min-clients = %d): global adapter kept",
+                    ctx.number, len(valid), s.min_clients)
+    else:
+        chosen = [a for a, _ in valid.values()]
+        ctx.log.extra["parameter_drift"] = mean_pairwise_l2(chosen)
+        master = aggregate(chosen, [w for _, w in valid.values()], method=s.aggregation,
+                           trim_fraction=s.trim_fraction, reference=master, clip_norm=s.clip_norm,
+                           noise_multiplier=s.dp_noise_multiplier, rng=np.random.default_rng([cfg.seed, ctx.number]))
+        ctx.log.extra["aggregated"] = True
+    ctx.log.extra["aggregated_clients"] = sorted(valid)
+    ctx.log.server_seconds += time.perf_counter() - started
+    return master
+
+
+class FedAvgProtocol(ServerProtocol):
+    def describe(self) -> str:
+        return f"tau={self.cfg.train.local_steps}"
+
+    def run_round(self, ctx: RoundContext) -> None:
+        assert self.master is not None
+        nodes = ctx.exchange.select(ctx.number)
+        instruction = LocalRound(ctx.header(round_start=True), self.master, self.cfg.train.local_steps)
+        master = self.master
+        result = ctx.exchange.send([instruction.to_message(n) for n in nodes],
+                                   lambda node, reply: AdapterReply.from_message(reply, master))
+        ctx.log.absorb(result)
+        self.master = aggregate_adapters(ctx, self.cfg, self.master,
+                                         {n: r.adapter for n, r in result.replies.items()})
+
+
+class FedProxProtocol(FedAvgProtocol):
+    """FedAvg + mu/2·||w − w_global||² in every client's GRPO loss."""
+
+    @staticmethod
+    def proximal_mu(cfg: ExperimentConfig) -> float:
+        return cfg.strategy.proximal_mu
+
+    def describe(self) -> str:
+        return f"{super().describe()} mu={self.cfg.strategy.proximal_mu}"
+
+
+# -- client --------------------------------------------------------------------------------------------------------
+def local_round(work: ClientWork) -> RecordDict:
+    """Load the global adapter, run tau private GRPO steps, reply the adapter."""
+    message = LocalRound.from_record(work.message.content)
+    work.learner.receive_global(from_wire(message.adapter))
+    work.learner.private_steps(message.local_steps, work.report)
+    return AdapterReply(work.client_report(), to_wire(work.learner.policy.adapter())).to_record()
+
+
+CLIENT_HANDLERS = {LocalRound.message_type: local_round}

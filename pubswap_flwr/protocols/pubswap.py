@@ -1,0 +1,314 @@
+"""PubSwap: FedAvg/FedProx rounds of tau local GRPO steps where every tau_swap-th step is a public step on
+responses the server pools across clients and hands back by the Balanced or Random rule (swap.py).
+
+One `train.segment` message per segment keeps round trips few. Segment s carries the response sets of the pending
+public step (none in segment 0, which carries the global adapter instead), the number of private steps to run
+next, and the ids of the next public prompts; the client applies the public step, runs the private steps, samples K
+responses on the next public prompts with its current policy and replies them. The server scores every response
+with its own verifier (public prompts are referenced by id; client-claimed rewards are never read) and builds the
+next sets. The last segment's reply carries the adapter, aggregated as in fedavg/fedprox (`pubswap.base`).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass
+from itertools import combinations
+from typing import Any, ClassVar
+
+import numpy as np
+from flwr.app import Message, RecordDict
+
+from ..config import ExperimentConfig
+from ..learner import StepRecord
+from ..policy import from_wire, to_wire
+from ..rollouts import Completion, RolloutGroup
+from ..swap import Response, build_response_sets
+from ..tasks import extract_answer, score_completion
+from ..validate import Limits, Rejected, check_public_responses
+from ..wire import CONFIG_KEY
+from .base import (Adapter, ClientReport, ClientWork, Header, Instruction, RoundContext, ServerProtocol, adapter_of,
+                   payload_of, read_reply, records, reply_records)
+from .fedavg import aggregate_adapters, checked_adapter
+
+Scored = dict[str, list[tuple[str, float]]]  # public prompt id -> (response text, server's reward)
+
+
+# -- messages ------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SwapEntry:
+    """One member of a client's response set: its own response `own_index`, or another client's text."""
+
+    reward: float
+    own_index: int = -1
+    text: str = ""
+    source: str = ""
+
+    def to_dict(self) -> dict:
+        if self.own_index >= 0:
+            return {"own_index": self.own_index, "reward": self.reward}
+        return {"own_index": -1, "text": self.text, "reward": self.reward, "source": self.source}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "SwapEntry":
+        if not isinstance(data, dict):
+            raise ValueError(f"a response-set entry is {type(data).__name__}, not an object")
+        index = int(data.get("own_index", -1))
+        if index >= 0:
+            return cls(float(data["reward"]), index)
+        return cls(float(data["reward"]), -1, str(data["text"]), str(data.get("source", "peer")))
+
+
+@dataclass(frozen=True)
+class Segment(Instruction):
+    message_type: ClassVar[str] = "train.segment"
+    header: Header
+    private_steps: int
+    public_uids: tuple[str, ...]  # the next public prompts (none in the last segment)
+    k: int
+    final: bool
+    adapter: Adapter | None = None  # segment 0: the global adapter
+    response_sets: dict[str, tuple[SwapEntry, ...]] | None = None  # the pending public step's sets
+
+    def to_record(self) -> RecordDict:
+        config = {**self.header.to_config(), "private-steps": self.private_steps,
+                  "public-uids": "\n".join(self.public_uids), "k": self.k, "final": self.final}
+        payload = None
+        if self.response_sets is not None:
+            payload = {"response-sets": {uid: [e.to_dict() for e in entries]
+                                         for uid, entries in self.response_sets.items()}}
+        return records(config, adapter=self.adapter, payload=payload)
+
+    @classmethod
+    def from_record(cls, content: RecordDict) -> "Segment":
+        config = content[CONFIG_KEY]
+        sets = payload_of(content).get("response-sets")
+        response_sets = None if sets is None else {str(uid): tuple(SwapEntry.from_dict(e) for e in entries)
+                                                   for uid, entries in dict(sets).items()}
+        return cls(Header.from_config(config), int(config.get("private-steps", 0)),
+                   tuple(u for u in str(config.get("public-uids", "")).split("\n") if u), int(config["k"]),
+                   bool(config.get("final", False)), adapter_of(content), response_sets)
+
+
+@dataclass(frozen=True)
+class SegmentReply:
+    """K responses per requested public prompt; the last segment's reply also carries the adapter. On the server,
+    `responses` holds each response with the server's own reward."""
+
+    report: ClientReport
+    responses: dict[str, list[str]] | Scored
+    adapter: Adapter | None = None
+
+    def to_record(self) -> RecordDict:
+        payload = {"responses": self.responses} if self.responses else None
+        return reply_records(self.report, payload=payload, adapter=self.adapter)
+
+    @classmethod
+    def from_message(cls, message: Message, uids: list[str], k: int, limits: Limits, public,
+                     reference: Adapter | None) -> "SegmentReply":
+        """Decode and check a client's reply, scoring its responses with the server's verifier."""
+        _, payload, report = read_reply(message)
+        scored: Scored = {}
+        if uids:
+            texts = check_public_responses(payload, uids, k, limits)
+            limit = limits.max_completion_chars
+            scored = {uid: [(t, score_completion(t, public.get(uid), max_chars=limit).reward) for t in texts[uid]]
+                      for uid in uids}
+        adapter = checked_adapter(message.content, reference) if reference is not None else None
+        return cls(report, scored, adapter)
+
+
+# -- server --------------------------------------------------------------------------------------------------------
+class PubSwapProtocol(ServerProtocol):
+    def __init__(self, cfg: ExperimentConfig, public=None):
+        super().__init__(cfg, public)
+        self.public_cursor = 0
+        self.limits = Limits(max_completion_chars=cfg.generation.max_completion_chars)
+
+    @staticmethod
+    def proximal_mu(cfg: ExperimentConfig) -> float:
+        return cfg.strategy.proximal_mu if cfg.pubswap.base == "fedprox" else 0.0
+
+    def describe(self) -> str:
+        p = self.cfg.pubswap
+        return (f"swap={p.swap} tau={self.cfg.train.local_steps} tau-swap={p.tau_swap} "
+                f"public-prompts={p.public_prompts} base={p.base}")
+
+    def state(self) -> dict:
+        return {"public_cursor": self.public_cursor}
+
+    def restore(self, state: dict) -> None:
+        self.public_cursor = int(state.get("public_cursor", 0))
+
+    def public_step_positions(self) -> list[int]:
+        tau, every = self.cfg.train.local_steps, self.cfg.pubswap.tau_swap
+        return [t for t in range(1, tau + 1) if t % every == 0]
+
+    def next_public_uids(self) -> list[str]:
+        """The next prompts of the public set, in a fresh seeded order each pass over it."""
+        items = self.public.items
+        uids = []
+        for _ in range(self.cfg.pubswap.public_prompts):
+            epoch, pos = divmod(self.public_cursor, len(items))
+            order = list(range(len(items)))
+            random.Random(f"{self.cfg.seed}:public:{epoch}").shuffle(order)
+            uids.append(items[order[pos]].uid)
+            self.public_cursor += 1
+        return uids
+
+    def run_round(self, ctx: RoundContext) -> None:
+        assert self.master is not None and self.public is not None
+        k = self.cfg.train.completions_per_prompt
+        positions = self.public_step_positions()
+        active = ctx.exchange.select(ctx.number)
+        pending_sets: dict[int, dict] = {}
+        previous = 0
+        ctx.log.extra["public_steps"] = []
+        final_replies: dict[int, SegmentReply] = {}
+        master = self.master
+        for segment in range(len(positions) + 1):
+            is_final = segment == len(positions)
+            next_public = positions[segment] if not is_final else self.cfg.train.local_steps + 1
+            uids = [] if is_final else self.next_public_uids()
+            messages = [Segment(ctx.header(round_start=segment == 0), next_public - previous - 1, tuple(uids), k,
+                                is_final, master if segment == 0 else None, pending_sets.get(node)).to_message(node)
+                        for node in active]
+            result = ctx.exchange.send(messages, lambda node, reply: SegmentReply.from_message(
+                reply, uids, k, self.limits, self.public, master if is_final else None))
+            ctx.log.absorb(result)
+            active = [n for n in active if n in result.replies]
+            if is_final:
+                final_replies = result.replies
+                break
+            started = time.perf_counter()
+            pending_sets, step_metrics = self.swap(ctx, {n: result.replies[n].responses for n in active}, uids, k,
+                                                   segment)
+            step_metrics["step"] = next_public
+            ctx.log.extra["public_steps"].append(step_metrics)
+            ctx.log.server_seconds += time.perf_counter() - started
+            previous = next_public
+        self.master = aggregate_adapters(ctx, self.cfg, self.master,
+                                         {n: r.adapter for n, r in final_replies.items()})
+        ctx.log.extra["swap"] = summarise_public_steps(ctx.log.extra["public_steps"])
+
+    def swap(self, ctx: RoundContext, responses: dict[int, Scored], uids: list[str], k: int,
+             segment: int) -> tuple[dict[int, dict], dict]:
+        """Each client's response set per prompt by the configured rule, and the public step's metrics."""
+        p = self.cfg.pubswap
+        rng = random.Random(f"{self.cfg.seed}:swap:{ctx.number}:{segment}")
+        label = ctx.exchange.label
+        nodes = ctx.exchange.ordered(responses)
+        sets: dict[int, dict] = {node: {} for node in nodes}
+        swapped = {node: 0 for node in nodes}
+        swapped_pairs = 0
+        donors = []
+        disagreement = []
+        own_reward: dict[int, list[float]] = {node: [] for node in nodes}
+        for uid in uids:
+            pool = [Response(label(node), i, text, reward) for node in nodes
+                    for i, (text, reward) in enumerate(responses[node][uid])]
+            outcomes = build_response_sets(pool, p.swap, p.correct_threshold, k, rng) if pool else {}
+            for node in nodes:
+                me = label(node)
+                outcome = outcomes[me]
+                sets[node][uid] = tuple(SwapEntry(r.reward, r.index) if r.client == me
+                                        else SwapEntry(r.reward, -1, r.text, r.client) for r in outcome.responses)
+                swapped[node] += outcome.swapped
+                swapped_pairs += outcome.swapped > 0
+                donors.append(outcome.donors_available)
+                own_reward[node].extend(reward for _, reward in responses[node][uid])
+            modal = [Counter(extract_answer(t) for t, _ in responses[node][uid]).most_common(1)[0][0]
+                     for node in nodes]
+            pairs = list(combinations(modal, 2))
+            if pairs:
+                disagreement.append(sum(a != b for a, b in pairs) / len(pairs))
+        pair_count = max(len(nodes) * len(uids), 1)
+        metrics = {
+            "prompts": uids,
+            "clients": len(nodes),
+            "swapped_pair_fraction": swapped_pairs / pair_count,
+            "responses_swapped": {str(n): c for n, c in swapped.items()},
+            "mean_donors": float(np.mean(donors)) if donors else 0.0,
+            "public_reward_before_swap": {str(n): float(np.mean(r)) if r else 0.0 for n, r in own_reward.items()},
+            "policy_disagreement": float(np.mean(disagreement)) if disagreement else 0.0,
+        }
+        return sets, metrics
+
+
+def summarise_public_steps(steps: list[dict]) -> dict:
+    if not steps:
+        return {"swapped_pair_fraction": 0.0, "responses_swapped": 0, "policy_disagreement": 0.0}
+    return {
+        "swapped_pair_fraction": float(np.mean([s["swapped_pair_fraction"] for s in steps])),
+        "responses_swapped": int(sum(sum(s["responses_swapped"].values()) for s in steps)),
+        "mean_donors": float(np.mean([s["mean_donors"] for s in steps])),
+        "policy_disagreement": float(np.mean([s["policy_disagreement"] for s in steps])),
+    }
+
+
+# -- client --------------------------------------------------------------------------------------------------------
+def public_items(work: ClientWork, uids) -> list:
+    items = []
+    for uid in uids:
+        item = work.learner.universe.public.get(uid)
+        if item is None:
+            raise ValueError(f"unknown public prompt id {uid!r}")
+        items.append(item)
+    return items
+
+
+def public_generate(work: ClientWork, uids: tuple[str, ...], k: int) -> dict[str, list[str]]:
+    """K responses per public prompt with the node's current policy; own ids are kept for the public step."""
+    learner = work.learner
+    items = public_items(work, uids)
+    learner.seed_sampling()
+    started = time.perf_counter()
+    samples = learner.policy.sample(items, k)
+    learner.state.pending_public = {item.uid: [{"text": s.text, "ids": s.token_ids} for s in row]
+                                    for item, row in zip(items, samples)}
+    work.report.sample_seconds += time.perf_counter() - started
+    return {uid: [s["text"] for s in rows] for uid, rows in learner.state.pending_public.items()}
+
+
+def public_update(work: ClientWork, response_sets: dict[str, tuple[SwapEntry, ...]]) -> None:
+    """One GRPO step on the server-built response sets. Own responses keep their sampled ids; foreign text is
+    re-tokenized; rewards are the server's (it re-verified every response)."""
+    learner = work.learner
+    groups = []
+    for uid, entries in response_sets.items():
+        item = public_items(work, [uid])[0]
+        own = learner.state.pending_public.get(uid, [])
+        completions = []
+        for entry in entries:
+            if entry.own_index >= 0:
+                if entry.own_index >= len(own):
+                    raise ValueError(f"response set for {uid!r} names own response {entry.own_index}, "
+                                     f"but only {len(own)} exist")
+                sample = own[entry.own_index]
+                completions.append(Completion(sample["text"], tuple(sample["ids"])))
+            else:
+                completions.append(Completion(entry.text, None, entry.source))
+        groups.append(RolloutGroup(learner.prompt(item), completions, [e.reward for e in entries], uid, item.task))
+    if not groups:
+        return
+    learner.learn_step(groups, "public", work.report)
+    learner.state.pending_public = {}
+
+
+def segment(work: ClientWork) -> RecordDict:
+    """[load the global adapter] [public step on the sent sets] private steps [K responses to the next public
+    prompts] [last segment: the adapter]."""
+    message = Segment.from_record(work.message.content)
+    if message.adapter is not None:
+        work.learner.receive_global(from_wire(message.adapter))
+    if message.response_sets is not None:
+        public_update(work, message.response_sets)
+    work.learner.private_steps(message.private_steps, work.report)
+    responses = public_generate(work, message.public_uids, message.k) if message.public_uids else {}
+    adapter = to_wire(work.learner.policy.adapter()) if message.final else None
+    return SegmentReply(work.client_report(), responses, adapter).to_record()
+
+
+CLIENT_HANDLERS = {Segment.message_type: segment}

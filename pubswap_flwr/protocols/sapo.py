@@ -1,0 +1,369 @@
+"""SAPO (swarm mode): nodes keep their own (possibly different) models and share decoded rollouts through the
+server, which relays them and never holds or averages weights.
+
+Sync (default), two exchanges per round: `query.rollouts` — each node samples B questions x L completions from its
+private stream and replies `sapo.share` of them as packets (question, answer, metadata, completions);
+`train.sapo` — each node receives the other nodes' packets, re-scores them with its own verifier (regenerating
+reasoning-gym items from their provenance, so forged answers are caught), drops zero-advantage groups and trains on
+I own + J external groups (sapo.py has the selection). `sapo.async = true`: one `train.sapo_async` message per round
+that carries the previous round's pool, so no node waits for a slow peer. Nodes evaluate their own models when asked
+(round 1 also measures their starting point).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Sequence
+
+from flwr.app import Message, RecordDict
+
+from ..config import ExperimentConfig
+from ..learner import Learner, StepRecord, WorkReport
+from ..rollouts import Completion, RolloutGroup
+from ..sapo import Packet, Selection, reputation, select_external, select_local
+from ..shared import derive_seed
+from ..tasks import TaskItem, score_completion
+from ..tasks.specs import generate_entry
+from ..tasks.splits import RANGE
+from ..tasks.verifiers import VERIFIERS
+from ..validate import Limits, Rejected, check_eval, check_packets
+from ..wire import CONFIG_KEY
+from .base import (ClientReport, ClientWork, Header, Instruction, RoundContext, ServerProtocol, number, payload_of,
+                   read_reply, records, reply_records)
+
+log = logging.getLogger("pubswap_flwr")
+
+SELECTION_KEYS = ("external-received", "external-used", "external-zero-advantage", "external-rejected",
+                  "external-shortfall")
+
+
+# -- messages ------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CollectRollouts(Instruction):
+    """Sync phase 1: sample this round's rollouts and share some as packets."""
+
+    message_type: ClassVar[str] = "query.rollouts"
+    header: Header
+    evaluate_initial: bool = False  # round 1: evaluate the node's own starting model first
+
+    def to_record(self) -> RecordDict:
+        return records({**self.header.to_config(), "evaluate-initial": self.evaluate_initial})
+
+    @classmethod
+    def from_record(cls, content: RecordDict) -> "CollectRollouts":
+        config = content[CONFIG_KEY]
+        return cls(Header.from_config(config), bool(config.get("evaluate-initial", False)))
+
+
+@dataclass(frozen=True)
+class SapoTrain(Instruction):
+    """Sync phase 2 (`train.sapo`) or the async round (`train.sapo_async`, which also samples and shares)."""
+
+    message_type: ClassVar[str] = "train.sapo"
+    header: Header
+    pool: tuple[Packet, ...]  # the other nodes' packets
+    evaluate: bool = False
+    save_adapter: bool = False
+    evaluate_initial: bool = False
+
+    def to_record(self) -> RecordDict:
+        config = {**self.header.to_config(), "evaluate": self.evaluate, "save-adapter": self.save_adapter,
+                  "evaluate-initial": self.evaluate_initial}
+        return records(config, payload={"pool": [p.to_wire() for p in self.pool]})
+
+    @classmethod
+    def from_record(cls, content: RecordDict) -> "SapoTrain":
+        config = content[CONFIG_KEY]
+        pool = payload_of(content).get("pool", [])
+        if not isinstance(pool, list):
+            raise ValueError("the relayed pool is not a list")
+        return cls(Header.from_config(config), tuple(Packet.from_wire(p) for p in pool),
+                   bool(config.get("evaluate", False)), bool(config.get("save-adapter", False)),
+                   bool(config.get("evaluate-initial", False)))
+
+
+@dataclass(frozen=True)
+class SapoAsyncRound(SapoTrain):
+    message_type: ClassVar[str] = "train.sapo_async"
+
+
+@dataclass(frozen=True)
+class SapoReply:
+    """Packets the node shares (rollouts, async), and what its training did (train, async): the external groups
+    it received, used, found without signal or rejected, and its held-out results when asked."""
+
+    report: ClientReport
+    packets: tuple[Packet, ...] | None = None
+    packet_rejections: tuple[str, ...] = ()  # server side: why packets of this reply were dropped
+    eval_initial: dict | None = None
+    selection: dict[str, int] = field(default_factory=dict)
+    rejections: tuple[str, ...] = ()  # the node's reasons for dropping peers' packets
+    eval: dict | None = None
+    eval_seconds: float = 0.0
+
+    def to_record(self) -> RecordDict:
+        payload: dict[str, Any] = {}
+        metrics: dict[str, Any] = dict(self.selection)
+        if self.packets is not None:
+            payload["packets"] = [p.to_wire() for p in self.packets]
+        if self.eval_initial is not None:
+            payload["eval-initial"] = self.eval_initial
+        if self.selection:
+            payload["rejections"] = list(self.rejections[:20])
+        if self.eval is not None:
+            payload["eval"] = self.eval
+            metrics["eval-seconds"] = self.eval_seconds
+        return reply_records(self.report, payload=payload, metrics=metrics)
+
+    @classmethod
+    def from_message(cls, message: Message, limits: Limits, max_completions: int, *, packets: bool,
+                     trained: bool) -> "SapoReply":
+        """Decode a node's reply. Packets that fail validation are dropped one by one (reasons kept); a node's
+        self-reported evaluation that fails validation is ignored with a warning."""
+        metrics, payload, report = read_reply(message)
+        shared, reasons = check_packets(payload, limits, max_completions) if packets else (None, [])
+        selection = {key: int(number(metrics, key, 0.0, low=0, high=1e9)) for key in SELECTION_KEYS} \
+            if trained else {}
+        rejections = payload.get("rejections", [])
+        rejections = tuple(str(r)[:300] for r in rejections[:5]) if isinstance(rejections, list) else ()
+        return cls(report, None if shared is None else tuple(shared), tuple(reasons),
+                   _optional_eval(payload.get("eval-initial"), report, "initial evaluation"),
+                   selection, rejections, _optional_eval(payload.get("eval"), report, "evaluation"),
+                   number(metrics, "eval-seconds", 0.0, low=0))
+
+
+def _optional_eval(value: Any, report: ClientReport, what: str) -> dict | None:
+    if not value:
+        return None
+    try:
+        return check_eval(value)
+    except Rejected as err:
+        log.warning("ignored node %d's %s: %s", report.node_index, what, err)
+        return None
+
+
+# -- server --------------------------------------------------------------------------------------------------------
+class SapoProtocol(ServerProtocol):
+    holds_global_adapter = False
+    per_node_models = True
+    reward_field = "rollout_reward"  # SAPO's cumulative reward sums the nodes' own rollout rewards
+
+    def __init__(self, cfg: ExperimentConfig, public=None):
+        super().__init__(cfg, public)
+        self.pool: list[Packet] = []  # async: the previous round's packets
+        self.limits = Limits(max_completion_chars=cfg.generation.max_completion_chars)
+
+    def describe(self) -> str:
+        s = self.cfg.sapo
+        return f"I/J={s.local}/{s.external} B={s.questions} L={s.completions} async={s.async_mode}"
+
+    def state(self) -> dict:
+        return {"sapo_pool": [p.to_wire() for p in self.pool]}
+
+    def restore(self, state: dict) -> None:
+        self.pool = [Packet.from_wire(p) for p in state.get("sapo_pool", [])]
+
+    def _decode(self, packets: bool, trained: bool):
+        return lambda node, reply: SapoReply.from_message(reply, self.limits, self.cfg.sapo.completions,
+                                                          packets=packets, trained=trained)
+
+    def _pool(self, ctx: RoundContext, replies: dict[int, SapoReply]) -> list[Packet]:
+        """Every valid packet of the round, tagged with the node that sent it."""
+        pool = []
+        for node in ctx.exchange.ordered(replies):
+            reply = replies[node]
+            if reply.eval_initial is not None:
+                ctx.log.extra.setdefault("initial_eval", {})[str(node)] = reply.eval_initial
+            for reason in reply.packet_rejections:
+                log.warning("round %d: dropped a packet from node %d: %s", ctx.number, node, reason)
+            if reply.packet_rejections:
+                ctx.log.client(node)["packets_rejected"] = len(reply.packet_rejections)
+                ctx.log.extra.setdefault("rejected_packets", {})[str(node)] = list(reply.packet_rejections[:10])
+            label = ctx.exchange.label(node)
+            pool.extend(Packet(label, p.item, p.completions) for p in reply.packets or ())  # sender = who sent it
+        return pool
+
+    def _train_messages(self, ctx: RoundContext, kind: type[SapoTrain], nodes: list[int], pool: list[Packet],
+                        round_start: bool, evaluate_initial: bool) -> list[Message]:
+        return [kind(ctx.header(round_start), tuple(p for p in pool if p.sender != ctx.exchange.label(node)),
+                     ctx.evaluate, ctx.final, evaluate_initial).to_message(node) for node in nodes]
+
+    def run_round(self, ctx: RoundContext) -> None:
+        nodes = ctx.exchange.select(ctx.number)
+        first = ctx.number == 1
+        if self.cfg.sapo.async_mode:
+            result = ctx.exchange.send(self._train_messages(ctx, SapoAsyncRound, nodes, self.pool, True, first),
+                                       self._decode(packets=True, trained=True))
+            ctx.log.absorb(result)
+            self.pool = self._pool(ctx, result.replies)
+        else:
+            shared = ctx.exchange.send([CollectRollouts(ctx.header(round_start=True), first).to_message(n)
+                                        for n in nodes], self._decode(packets=True, trained=False))
+            ctx.log.absorb(shared)
+            pool = self._pool(ctx, shared.replies)
+            active = [n for n in nodes if n in shared.replies]
+            result = ctx.exchange.send(self._train_messages(ctx, SapoTrain, active, pool, False, False),
+                                       self._decode(packets=False, trained=True))
+            ctx.log.absorb(result)
+        evals = {}
+        for node, reply in result.replies.items():
+            row = ctx.log.client(node)
+            for key in SELECTION_KEYS:
+                row[key.replace("-", "_")] = reply.selection[key]
+            if reply.rejections:
+                row["external_rejections"] = list(reply.rejections)
+            if reply.eval is not None:
+                evals[str(node)] = reply.eval
+            ctx.log.eval_seconds += reply.eval_seconds
+        if evals:
+            ctx.log.extra["node_eval"] = evals
+
+
+# -- client: the node's SAPO learning ---------------------------------------------------------------------------
+def shuffled(seq: Sequence, seed: int) -> list:
+    out = list(seq)
+    random.Random(seed).shuffle(out)
+    return out
+
+
+def generate_rollouts(learner: Learner, round_number: int, report: WorkReport) -> list[Packet]:
+    """Sample B questions x L completions, keep them for training, return the `share` groups to share."""
+    scfg = learner.cfg.sapo
+    items = learner.stream.take(scfg.questions, learner.state.cursor)
+    groups, sample_s = learner.rollout(items, scfg.completions)
+    learner.state.pending_sapo = [
+        {"item": item.to_dict(), "texts": [c.text for c in g.completions],
+         "ids": [list(c.token_ids or ()) for c in g.completions], "rewards": g.rewards}
+        for item, g in zip(items, groups)]
+    rewards = [r for g in groups for r in g.rewards]
+    mean = sum(rewards) / len(rewards)
+    learner.state.cumulative_reward += mean
+    report.add(StepRecord(learner.state.steps, "rollout", mean, len(rewards), sample_s, 0.0,
+                          sum(not g.has_signal for g in groups), 0))
+    chosen = shuffled(range(len(items)), derive_seed(learner.cfg.seed, learner.identity.index, round_number, "share"))
+    return [Packet("", items[i], tuple(c.text for c in groups[i].completions)) for i in chosen[: scfg.share]]
+
+
+def pending_groups(learner: Learner) -> list[RolloutGroup]:
+    out = []
+    for row in learner.state.pending_sapo:
+        item = TaskItem.from_dict(row["item"])
+        completions = [Completion(t, tuple(ids)) for t, ids in zip(row["texts"], row["ids"])]
+        out.append(RolloutGroup(learner.prompt(item), completions, list(row["rewards"]), item.uid, item.task))
+    return out
+
+
+def verified_item(learner: Learner, item: TaskItem) -> TaskItem:
+    """A peer's reasoning-gym item checked against its provenance: the receiver regenerates it (only for task
+    specs in its own run, so a peer cannot make it build arbitrary generators) and scores with the regenerated
+    entry, so a forged answer or tampered metadata is caught. Items from organization files cannot be
+    regenerated and are scored as sent."""
+    if item.verifier != "rg" or not learner.cfg.sapo.verify_provenance:
+        return item
+    prov = item.provenance
+    spec = next((t for t in learner.universe.tasks if t.generator == prov.get("generator")
+                 and dict(t.config) == dict(prov.get("config") or {})), None)
+    if spec is None:
+        raise ValueError(f"provenance names a task this node does not run: {prov.get('generator')!r}")
+    seed, index = prov.get("seed"), prov.get("index")
+    if not isinstance(seed, int) or not isinstance(index, int) or seed < 0 or not 0 <= index < RANGE:
+        raise ValueError("provenance has no valid seed and index")
+    entry = generate_entry(spec.generator, spec.config, seed, index)
+    if entry["question"] != item.question:
+        raise ValueError("question does not match its provenance")
+    if (None if entry["answer"] is None else str(entry["answer"])) != item.answer:
+        raise ValueError("answer does not match its provenance (forged)")
+    return TaskItem(item.uid, spec.name, entry["question"], item.answer, "rg", entry["metadata"],
+                    {"generator": spec.generator, "config": dict(spec.config), "seed": seed, "index": index},
+                    item.family)
+
+
+def rescore(learner: Learner, packet: Packet) -> list[float]:
+    """Rewards of a peer's completions under this node's own verifier; ValueError when it cannot score them."""
+    item = verified_item(learner, packet.item)
+    if item.verifier not in VERIFIERS:
+        raise ValueError(f"unknown verifier {item.verifier!r}")
+    if item.answer is None and item.verifier != "rg":
+        raise ValueError("packet has no answer")
+    if not packet.completions:
+        raise ValueError("packet has no completions")
+    if len(packet.completions) > learner.cfg.sapo.completions * 4:
+        raise ValueError(f"packet has {len(packet.completions)} completions")
+    scores = [score_completion(text, item, max_chars=learner.cfg.generation.max_completion_chars)
+              for text in packet.completions]
+    return [s.reward for s in scores]
+
+
+def train_on_pool(learner: Learner, pool: Sequence[Packet], round_number: int, report: WorkReport) -> Selection:
+    """Train on I own groups + J external groups (re-scored here, zero-advantage ones dropped)."""
+    scfg = learner.cfg.sapo
+    index = learner.identity.index
+    rng = random.Random(derive_seed(learner.cfg.seed, index, round_number, "select"))
+    local = select_local(pending_groups(learner), scfg.local, rng)
+    weight = None
+    if scfg.reputation:
+        weight = lambda sender: reputation(*learner.state.peers.get(sender, (0, 0)))  # noqa: E731
+    selection = select_external(pool, scfg.external, lambda packet: rescore(learner, packet), rng, weight)
+    for sender in sorted({p.sender for p in pool}):  # verification record per peer (reputation)
+        passed, failed = learner.state.peers.get(sender, (0, 0))
+        count = sum(r.startswith(sender + "/") for r in selection.rejections)
+        sent = sum(p.sender == sender for p in pool)
+        learner.state.peers[sender] = (passed + sent - count, failed + count)
+    for problem in selection.rejections:
+        log.warning("node %d dropped a peer packet: %s", index, problem)
+    if selection.shortfall and scfg.external:
+        log.info("node %d: %d of J=%d external groups available after filtering (%d zero-advantage, "
+                 "%d rejected, %d received)", index, len(selection.chosen), scfg.external,
+                 selection.zero_advantage, selection.rejected, selection.received)
+    external = [RolloutGroup(learner.prompt(s.packet.item),
+                             [Completion(t, None, s.packet.sender) for t in s.packet.completions],
+                             list(s.rewards), s.packet.item.uid, s.packet.item.task) for s in selection.chosen]
+    groups = local + external
+    if groups:
+        learner.learn_step(groups, "sapo", report)
+    learner.state.pending_sapo = []
+    return selection
+
+
+def _train_reply(work: ClientWork, message: SapoTrain, packets: list[Packet] | None,
+                 eval_initial: dict | None) -> RecordDict:
+    selection = train_on_pool(work.learner, message.pool, message.header.server_round, work.report)
+    counts = {"external-received": selection.received, "external-used": len(selection.chosen),
+              "external-zero-advantage": selection.zero_advantage, "external-rejected": selection.rejected,
+              "external-shortfall": selection.shortfall}
+    evaluation, seconds = None, 0.0
+    if message.evaluate:
+        started = time.perf_counter()
+        evaluation = work.evaluate()
+        seconds = time.perf_counter() - started
+    if message.save_adapter:
+        work.learner.policy.model.save_pretrained(str(work.learner.state_dir / "adapter"))
+    return SapoReply(work.client_report(), None if packets is None else tuple(packets), (), eval_initial, counts,
+                     tuple(selection.rejections[:20]), evaluation, seconds).to_record()
+
+
+def collect_rollouts(work: ClientWork) -> RecordDict:
+    message = CollectRollouts.from_record(work.message.content)
+    eval_initial = work.evaluate() if message.evaluate_initial else None
+    packets = generate_rollouts(work.learner, message.header.server_round, work.report)
+    return SapoReply(work.client_report(), tuple(packets), (), eval_initial).to_record()
+
+
+def sapo_train(work: ClientWork) -> RecordDict:
+    message = SapoTrain.from_record(work.message.content)
+    eval_initial = work.evaluate() if message.evaluate_initial else None
+    return _train_reply(work, message, None, eval_initial)
+
+
+def sapo_async_round(work: ClientWork) -> RecordDict:
+    message = SapoAsyncRound.from_record(work.message.content)
+    eval_initial = work.evaluate() if message.evaluate_initial else None
+    packets = generate_rollouts(work.learner, message.header.server_round, work.report)
+    return _train_reply(work, message, packets, eval_initial)
+
+
+CLIENT_HANDLERS = {CollectRollouts.message_type: collect_rollouts, SapoTrain.message_type: sapo_train,
+                   SapoAsyncRound.message_type: sapo_async_round}

@@ -1,0 +1,73 @@
+"""Everything measured during one round (per-client rows, drops, timings, protocol extras), folded in from each
+exchange and turned into the round's metrics.jsonl row by the runner."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .exchange import ExchangeResult
+
+log = logging.getLogger("pubswap_flwr")
+
+
+@dataclass
+class RoundLog:
+    number: int
+    started: float = field(default_factory=time.time)
+    clients: dict[int, dict] = field(default_factory=dict)
+    dropped: dict[int, str] = field(default_factory=dict)
+    exchange_wall: float = 0.0
+    exchange_busy: float = 0.0
+    server_seconds: float = 0.0  # aggregation, verification, swap construction
+    eval_seconds: float = 0.0
+    array_records: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)  # protocol-specific fields of the metrics row
+    train_totals: dict[int, tuple[float, float]] = field(default_factory=dict)  # node -> (reward sum, completions)
+
+    def client(self, node: int) -> dict:
+        return self.clients.setdefault(node, {"bytes_sent": 0, "bytes_received": 0, "sample_s": 0.0,
+                                              "update_s": 0.0, "handler_s": 0.0})
+
+    def absorb(self, exchange: ExchangeResult) -> None:
+        """Fold one exchange in: costs, drops, and each accepted reply's report. Rewards of private steps are
+        averaged over all the round's messages (PubSwap runs private steps in several segments); counters keep
+        the latest value."""
+        self.exchange_wall += exchange.wall
+        self.exchange_busy += exchange.busy
+        self.server_seconds += exchange.decode_seconds
+        self.array_records += exchange.array_records
+        for node, size in exchange.bytes_out.items():
+            self.client(node)["bytes_received"] += size  # what the client received = what the server sent
+        for node, size in exchange.bytes_in.items():
+            self.client(node)["bytes_sent"] += size
+        for node, reason in exchange.dropped.items():
+            self.dropped[node] = reason
+        for node, reply in exchange.replies.items():
+            report = reply.report
+            row = self.client(node)
+            row["sample_s"] += report.sample_seconds
+            row["update_s"] += report.update_seconds
+            row["handler_s"] += report.t_end - report.t_start
+            row["node_index"] = report.node_index
+            if report.num_examples > 0:
+                row["examples"] = row.get("examples", 0) + int(report.num_examples)
+            if report.train_reward is not None and report.train_completions > 0:
+                total, seen = self.train_totals.get(node, (0.0, 0.0))
+                total += report.train_reward * report.train_completions
+                seen += report.train_completions
+                self.train_totals[node] = (total, seen)
+                row["train_reward"] = total / seen
+            if report.rollout_reward is not None:
+                row["rollout_reward"] = report.rollout_reward
+            row["cumulative_reward"] = report.cumulative_reward
+            row["num_examples"] = float(report.num_examples)
+            row["total_steps"] = float(report.total_steps)
+            row["model"] = report.model
+            row["tasks"] = report.tasks
+
+    def drop(self, node: int, reason: str) -> None:
+        self.dropped[node] = reason
+        log.warning("round %d: dropped client %d: %s", self.number, node, reason)

@@ -1,0 +1,143 @@
+"""The round loop: round 0's evaluation, each round's protocol exchange, the evaluation schedule, the metrics row,
+adapters saved in PEFT format, and a checkpoint after every round (resume continues from it).
+
+The loop is ours rather than Flower's `Strategy.start`: a PubSwap round holds several exchanges and SAPO keeps no
+global model, so no mode fits Flower's one-train-one-evaluate round; Flower stays behind the Grid (exchange.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+from flwr.serverapp import Grid
+
+from . import checkpoint
+from .config import ExperimentConfig
+from .exchange import Exchange
+from .metrics import RunRecorder
+from .protocols import ServerProtocol
+from .protocols.base import Adapter, RoundContext
+from .roundlog import RoundLog
+
+log = logging.getLogger("pubswap_flwr")
+
+
+class Runner:
+    """Runs `protocol` for the configured rounds. `evaluator` holds the server's copy of the base model (None when
+    the protocol keeps no global adapter); `resume_from` continues a checkpointed run."""
+
+    def __init__(self, cfg: ExperimentConfig, recorder: RunRecorder, protocol: ServerProtocol, evaluator=None,
+                 resume_from: checkpoint.ServerCheckpoint | None = None, settle_seconds: float = 1.0):
+        self.cfg = cfg
+        self.recorder = recorder
+        self.protocol = protocol
+        self.evaluator = evaluator
+        self.resume_from = resume_from
+        self.settle_seconds = settle_seconds
+        self.cumulative_reward = 0.0
+        self.exchange: Exchange | None = None
+
+    def run(self, grid: Grid, initial_adapter: Adapter | None) -> Adapter | None:
+        """All rounds; returns the final global adapter (None in modes without one)."""
+        s = self.cfg.strategy
+        self.exchange = Exchange(grid, timeout=s.timeout, min_clients=s.min_clients, fraction=s.fraction_train,
+                                 seed=self.cfg.seed, settle_seconds=self.settle_seconds)
+        log.info("%s: mode=%s rounds=%d min-clients=%d fraction-train=%s timeout=%ss aggregation=%s %s",
+                 type(self.protocol).__name__, s.mode, self.cfg.num_server_rounds, s.min_clients, s.fraction_train,
+                 s.timeout, s.aggregation, self.protocol.describe())
+        first = 1
+        if self.resume_from is not None:
+            first = self._restore(self.resume_from) + 1
+            log.info("resuming after round %d of %d", first - 1, self.cfg.num_server_rounds)
+        elif self.protocol.holds_global_adapter:
+            self.protocol.master = {k: np.asarray(v, dtype=np.float32) for k, v in initial_adapter.items()}
+            self._evaluate_and_record(RoundLog(0), final=False)
+        run_dir = self.recorder.run_dir
+        for number in range(first, self.cfg.num_server_rounds + 1):
+            final = number == self.cfg.num_server_rounds
+            round_log = RoundLog(number)
+            self.protocol.run_round(RoundContext(number, final, self.eval_due(number, final), self.exchange,
+                                                 round_log, run_dir.name, str(run_dir)))
+            self._evaluate_and_record(round_log, final)
+            self._checkpoint(number)
+        return self.protocol.master
+
+    # -- checkpoints -----------------------------------------------------------------------------------------
+    def _checkpoint(self, number: int) -> None:
+        checkpoint.save(self.recorder.run_dir, checkpoint.ServerCheckpoint(
+            round=number, config=self.cfg.to_flat(), cumulative_reward=self.cumulative_reward,
+            node_index=self.exchange.node_index, protocol=self.protocol.state(), master=self.protocol.master))
+
+    def _restore(self, saved: checkpoint.ServerCheckpoint) -> int:
+        self.protocol.master = saved.master
+        self.protocol.restore(saved.protocol)
+        self.cumulative_reward = saved.cumulative_reward
+        self.exchange.node_index = dict(saved.node_index)
+        return saved.round
+
+    # -- evaluation and the metrics row ----------------------------------------------------------------------
+    def eval_due(self, number: int, final: bool) -> bool:
+        every = self.cfg.eval.every
+        return number == 0 or final or (every > 0 and number % every == 0)
+
+    def _evaluate_and_record(self, round_log: RoundLog, final: bool) -> None:
+        mode = self.cfg.strategy.mode
+        master = self.protocol.master
+        initial = round_log.extra.pop("initial_eval", None)
+        if initial:  # nodes' own starting points (SAPO), measured at the start of round 1
+            row0 = {"round": 0, "mode": mode, "node_eval": initial, "eval": mean_eval(list(initial.values()))}
+            self.recorder.write_row(row0)
+            self.recorder.progress(row0)
+        row: dict = {"round": round_log.number, "mode": mode}
+        if self.evaluator is not None and master is not None and self.eval_due(round_log.number, final):
+            started = time.perf_counter()
+            row["eval"] = self.evaluator.evaluate(master)
+            round_log.eval_seconds += time.perf_counter() - started
+        if "node_eval" in round_log.extra:
+            evals = round_log.extra.pop("node_eval")
+            row["node_eval"] = evals
+            row["eval"] = mean_eval(list(evals.values()))
+        if self.evaluator is not None and master is not None and round_log.number > 0:
+            save_every = self.cfg.output.save_every
+            adapters = self.recorder.run_dir / "adapters"
+            if final or (save_every > 0 and round_log.number % save_every == 0):
+                self.evaluator.save(master, adapters / f"round-{round_log.number:04d}")
+            if final:
+                self.evaluator.save(master, adapters / "final")
+        if round_log.number > 0:
+            row.update(self._round_fields(round_log))
+        self.recorder.write_row(row)
+        self.recorder.progress(row)
+
+    def _round_fields(self, round_log: RoundLog) -> dict:
+        clients = {str(n): c for n, c in round_log.clients.items() if n not in round_log.dropped}
+        rewards = [c.get(self.protocol.reward_field) for c in clients.values()]
+        rewards = [r for r in rewards if r is not None]
+        if rewards:
+            self.cumulative_reward += float(np.mean(rewards))
+        fields: dict = {"train_reward": float(np.mean(rewards)) if rewards else None,
+                        "cumulative_reward": self.cumulative_reward, "clients": clients,
+                        "dropped": {str(n): r for n, r in round_log.dropped.items()}}
+        fields.update(round_log.extra)
+        sampling = sum(c["sample_s"] for c in round_log.clients.values())
+        update = sum(c["update_s"] for c in round_log.clients.values())
+        comm = max(0.0, round_log.exchange_wall - round_log.exchange_busy) + round_log.server_seconds
+        fields["time"] = {"round_s": time.time() - round_log.started, "sampling_s": sampling, "update_s": update,
+                          "evaluation_s": round_log.eval_seconds, "client_busy_s": round_log.exchange_busy,
+                          "comm_orchestration_s": comm}
+        fields["bytes"] = {"sent_by_clients": sum(c["bytes_sent"] for c in round_log.clients.values()),
+                           "received_by_clients": sum(c["bytes_received"] for c in round_log.clients.values()),
+                           "array_records": round_log.array_records}
+        return fields
+
+
+def mean_eval(evals: list[dict]) -> dict:
+    """Mean of nodes' held-out metrics (SAPO: every node has its own model)."""
+    keys = [k for k, v in evals[0].items() if isinstance(v, (int, float))]
+    out: dict = {k: float(np.mean([e[k] for e in evals if k in e])) for k in keys}
+    tasks = evals[0].get("per_task", {})
+    out["per_task"] = {t: {m: float(np.mean([e["per_task"][t][m] for e in evals if t in e.get("per_task", {})]))
+                           for m in tasks[t]} for t in tasks}
+    return out

@@ -1,0 +1,99 @@
+"""What the server and every node derive identically from the run config alone: the task universe (held-out set,
+public set, every task spec), the policy spec, and seeds."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from .config import ExperimentConfig
+from .policy import GenerationSettings, GRPOSettings, LoraSettings, PolicySpec
+from .policy.model import ModelError, data_dir
+from .tasks import HeldOutSet, PublicSet, load_items, parse_custom_tasks, parse_mix
+
+
+@dataclass
+class TaskUniverse:
+    tasks: list  # every TaskSpec named anywhere in the run (index = seed-range slot)
+    held_out: HeldOutSet
+    public: PublicSet
+
+    @property
+    def training_exclude(self) -> set[str]:
+        """Questions no private stream may contain: held-out and public ones."""
+        return self.held_out.questions | {item.question for item in self.public.items}
+
+
+def resolve_data_path(path: str) -> Path:
+    """A data file path: absolute, or relative to the working directory or to the project (data/samples/...)."""
+    candidate = Path(path).expanduser()
+    if candidate.is_absolute():
+        tried = [candidate]
+    else:
+        tried = [Path.cwd() / candidate]
+        try:
+            tried.append(data_dir().parent / candidate)
+        except ModelError:
+            pass
+    for option in tried:
+        if option.is_file():
+            return option.resolve()
+    raise FileNotFoundError(f"data file {path!r} not found (looked in: {', '.join(str(t) for t in tried)})")
+
+
+@lru_cache(maxsize=4)
+def _universe(mix: str, public_mix: str, custom: str, per_task: int, public_size: int, data_seed: int,
+              node_mixes_text: str, eval_path: str, data_format: str) -> TaskUniverse:
+    custom_specs = parse_custom_tasks(custom)
+    tasks = parse_mix(mix, custom_specs)
+    names = [t.name for t in tasks]
+    extra = []
+    for text, key in [(public_mix, "pubswap.public-mix")] + [(m, "tasks.node-mixes") for m in
+                                                             node_mixes_text.split(";")]:
+        if text.strip():
+            for spec in parse_mix(text, custom_specs, key=key):
+                if spec.name not in names:
+                    names.append(spec.name)
+                    extra.append(spec)
+    tasks = tasks + extra
+    if eval_path:
+        held_out = HeldOutSet(load_items(resolve_data_path(eval_path), fmt=data_format, uid_prefix="eval"))
+    else:
+        held_out = HeldOutSet.build(tasks, per_task, data_seed)
+    public_tasks = parse_mix(public_mix, custom_specs, key="pubswap.public-mix") if public_mix.strip() else tasks[
+        : len(tasks) - len(extra)]
+    public = PublicSet.build(public_tasks, tasks, public_size, held_out.questions, data_seed, seed=data_seed)
+    return TaskUniverse(tasks, held_out, public)
+
+
+def task_universe(cfg: ExperimentConfig) -> TaskUniverse:
+    return _universe(cfg.tasks.mix, cfg.pubswap.public_mix, cfg.tasks.custom, cfg.eval.items_per_task,
+                     cfg.pubswap.public_size, cfg.tasks.data_seed, cfg.tasks.node_mixes, cfg.eval.data_path,
+                     cfg.eval.data_format or cfg.tasks.data_format)
+
+
+def policy_spec(cfg: ExperimentConfig, model_name: str | None = None, proximal_mu: float = 0.0) -> PolicySpec:
+    """The policy a node (or the server's evaluator) builds; `proximal_mu` is the protocol's FedProx term."""
+    g, t = cfg.generation, cfg.train
+    return PolicySpec(
+        model_name=model_name or cfg.model.name,
+        dtype=cfg.model.dtype,
+        device=cfg.model.device,
+        lora=LoraSettings(cfg.model.lora_r, cfg.model.lora_alpha, cfg.model.lora_dropout, cfg.model.lora_targets),
+        generation=GenerationSettings(g.max_new_tokens, g.temperature, g.top_k, g.top_p, g.max_prompt_tokens),
+        grpo=GRPOSettings(
+            learning_rate=t.learning_rate, loss_type=t.loss_type, epsilon_low=t.epsilon_low,
+            epsilon_high=t.epsilon_high, kl_beta=t.kl_beta, inner_iterations=t.inner_iterations,
+            micro_batch_size=t.micro_batch_size, max_grad_norm=t.max_grad_norm, weight_decay=t.weight_decay,
+            proximal_mu=proximal_mu,
+        ),
+        template=cfg.tasks.template,
+    )
+
+
+def derive_seed(*parts: Any) -> int:
+    digest = hashlib.sha256(":".join(str(p) for p in parts).encode()).digest()
+    return int.from_bytes(digest[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF
