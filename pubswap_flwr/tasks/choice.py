@@ -20,14 +20,21 @@ from .verifiers import register_verifier
 DEFAULT_LETTERS = "ABCDE"
 MAX_CHOICE_CHARS = 2000
 
-_OPTION_LINE = re.compile(r"^[ \t]*(?:\(([A-J])\)|([A-J])[.):])[ \t]+(\S.*?)[ \t]*$", re.MULTILINE)
+# Every pattern here reads model or peer text (answers, and in SAPO questions), so each is written to match in linear
+# time: no two quantified pieces can take the same characters (tests/unit/test_regex_bounds.py checks each on
+# adversarial text). Option text's trailing blanks are stripped in Python, not by the regex.
+_OPTION_LINE = re.compile(r"^[ \t]*(?:\(([A-J])\)|([A-J])[.):])[ \t]+(\S.*)$", re.MULTILINE)
 _PREFIX = re.compile(
-    r"^(?:(?:the\s+)?(?:correct\s+|final\s+|best\s+)?(?:answer|option|choice)(?:\s+is)?\s*[:\-]?\s*)(?=\S)",
+    r"^(?:(?:the\s+)?(?:correct\s+|final\s+|best\s+)?(?:answer|option|choice)(?:\s+is)?\s*(?:[:\-]\s*)?)(?=\S)",
     re.IGNORECASE,
 )
-_TOKEN = r"\(?[A-Za-z](?![A-Za-z0-9])\)?[.):]?"
+# One option letter: "B", "(B", "B)", "(B)", "B.", "B:", "B).", "B))" ... (the suffix was `\)?[.):]?`, which could
+# take a ")" two ways and made a list of tokens backtrack exponentially).
+_TOKEN = r"\(?[A-Za-z](?![A-Za-z0-9])(?:\)[.):]?|[.:])?"
+# Two or more tokens, each pair separated by blanks and at most one separator; the blanks after a separator belong
+# to the separator (the pattern was `\s*(?:sep)?\s*`, whose two `\s*` could split the same blanks many ways).
 _LETTER_LIST = re.compile(
-    rf"^{_TOKEN}(?:\s*(?:,|/|&|;|\+|\bor\b|\band\b|,\s*or\b|,\s*and\b)?\s*{_TOKEN})+$", re.IGNORECASE
+    rf"^{_TOKEN}(?:\s*(?:(?:,|/|&|;|\+|\bor\b|\band\b|,\s*or\b|,\s*and\b)\s*)?{_TOKEN})+$", re.IGNORECASE
 )
 _LETTER = re.compile(r"^(\()?([A-Za-z])(?(1)\))(?![A-Za-z0-9])(.*)$", re.DOTALL)
 _ANOTHER = re.compile(r"(?:^|[\s,;/])(?:or|and)\s+\(?([A-J])\)?(?:[.):]|\s|$)")
@@ -47,7 +54,7 @@ def options_of(item: TaskItem) -> dict[str, str]:
         return {chr(ord("A") + i): str(text) for i, text in enumerate(raw)}
     found: dict[str, str] = {}
     for match in _OPTION_LINE.finditer(item.question):
-        found.setdefault(match.group(1) or match.group(2), match.group(3))
+        found.setdefault(match.group(1) or match.group(2), match.group(3).rstrip(" \t"))
     return found if len(found) >= 2 else {}
 
 
