@@ -6,6 +6,7 @@ from .prompts import PromptFormatter, user_message
 from .specs import DEFAULT_MIX, PRESETS, TaskError, TaskSpec, parse_custom_tasks, parse_mix
 from .splits import HeldOutSet, ItemListStream, MixtureStream, PublicSet, StreamCursor, node_mixes
 from .verifiers import Score, extract_answer, is_correct, score_completion
+from .workers import ScoringTimeout
 from . import adapters, choice, math_answers  # noqa: F401,E402 - registers the math/mc verifiers and dataset formats
 
 __all__ = [
@@ -17,6 +18,7 @@ __all__ = [
     "PromptFormatter",
     "PublicSet",
     "Score",
+    "ScoringTimeout",
     "StreamCursor",
     "TaskError",
     "TaskItem",

@@ -9,30 +9,29 @@ model text is evaluated as code.
 
 Timeouts. math-verify's own timeouts use signal.alarm, which only works in the main thread, and Flower runs client
 code in worker threads and Ray actors. So parsing and comparison never run in the caller's process: a `MathChecker`
-keeps one long-lived worker process (`_math_worker.py`, started with subprocess, so it works from any thread, from
-Ray actors and from daemonic processes, and forks nothing that holds the caller's locks) and talks to it over
-JSON lines on pipes. Each check has two bounds:
+keeps one long-lived worker process (`_math_worker.py`, a `workers.WorkerProcess`: started with subprocess, so it
+works from any thread, from Ray actors and from daemonic processes, and forks nothing that holds the caller's locks)
+and talks to it over JSON lines on pipes. Each check has two bounds:
 
-* soft: the worker's main thread arms a signal timer of `timeout_s` around parse + verify; when it fires the check
+* soft: the worker's main thread arms a signal timer of `timeout_s` around parse + verify (or less: what is left of
+  the completion's scoring budget, `verifiers.remaining_seconds`); when it fires the check
   answers "timeout" and the worker stays up for the next check;
 * hard: the caller waits at most `timeout_s + grace_s` for the reply; a computation that ignores the signal (a long
   C-level big-integer operation, a library that catches everything) gets the worker killed and restarted on the next
   check.
 
-Either way the caller gets a `MathTimeout` (a ValueError) within the hard bound, from any thread. The worker's
-address space is capped (`memory_mb`) so a huge power or factorial fails fast with an out-of-memory reason. Checks
-are serialized per checker (a lock); repeated (reference, answer) pairs are answered from a small cache, which
-matters for GRPO groups where many completions give the same answer.
+Either way the caller gets a `MathTimeout` (a `workers.ScoringTimeout`, so `score_completion` gives reward 0 with a
+"scoring timeout: " reason) within the hard bound, from any thread. The worker's address space is capped
+(`memory_mb`) so a huge power or factorial fails fast with an out-of-memory reason. Checks are serialized per checker
+(a lock); repeated (reference, answer) pairs are answered from a small cache, which matters for GRPO groups where
+many completions give the same answer. Timeouts are never cached: a pair that timed out is checked again next time.
 """
 
 from __future__ import annotations
 
 import atexit
-import json
 import logging
-import queue
 import re
-import subprocess
 import sys
 import threading
 import time
@@ -42,7 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from .items import TaskItem
-from .verifiers import register_verifier
+from .verifiers import register_verifier, remaining_seconds
+from .workers import ScoringTimeout, WorkerProcess
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +58,8 @@ _BOX_COMMANDS = ("\\boxed", "\\fbox")
 _DELIMITERS = ("$", "\\(", "\\[")
 
 
-class MathTimeout(ValueError):
-    """A math check did not finish within its timeout."""
+class MathTimeout(ScoringTimeout):
+    """A math check did not finish within its timeout (a ValueError, like every ScoringTimeout)."""
 
 
 # --- text ---------------------------------------------------------------------------------------------------------
@@ -129,77 +129,7 @@ def _plain_word(latex: str) -> str | None:
     return word if word in PLAIN_WORDS else None
 
 
-# --- the worker ---------------------------------------------------------------------------------------------------
-
-
-def _pump(stream: Any, lines: "queue.Queue[str | None]") -> None:
-    for line in stream:
-        lines.put(line)
-    lines.put(None)
-
-
-def _stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.kill()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            log.warning("math worker %s did not exit after kill", process.pid)
-    for stream in (process.stdin, process.stdout):
-        if stream is not None:
-            try:
-                stream.close()
-            except OSError as err:
-                log.debug("closing math worker pipe: %s", err)
-
-
-class _Worker:
-    """One worker process with a reader thread feeding its reply lines into a queue."""
-
-    def __init__(self, memory_mb: int, startup_timeout_s: float):
-        self.process = subprocess.Popen(
-            [sys.executable, str(WORKER_SCRIPT), "--memory-mb", str(int(memory_mb))],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, encoding="utf-8", bufsize=1,
-        )
-        self._finalizer = weakref.finalize(self, _stop, self.process)
-        self.lines: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=_pump, args=(self.process.stdout, self.lines), daemon=True,
-                         name=f"math-worker-{self.process.pid}").start()
-        reply = self.read(time.monotonic() + startup_timeout_s)
-        if reply is None or not reply.get("ready"):
-            self.stop()
-            raise RuntimeError(f"math worker did not start within {startup_timeout_s:g} s "
-                               f"(exit code {self.process.poll()})")
-
-    @property
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-    def read(self, deadline: float) -> dict | None:
-        """The next reply, or None when the deadline passes or the worker exits."""
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return None
-            try:
-                line = self.lines.get(timeout=remaining)
-            except queue.Empty:
-                return None
-            if line is None:
-                return None
-            try:
-                return json.loads(line)
-            except json.JSONDecodeError:
-                log.warning("math worker wrote a non-JSON line: %.200s", line)
-
-    def send(self, request: dict) -> None:
-        assert self.process.stdin is not None
-        self.process.stdin.write(json.dumps(request) + "\n")
-        self.process.stdin.flush()
-
-    def stop(self) -> None:
-        self._finalizer()
-
+# --- the checker --------------------------------------------------------------------------------------------------
 
 _LIVE_CHECKERS: "weakref.WeakSet[MathChecker]" = weakref.WeakSet()
 
@@ -220,14 +150,17 @@ class MathChecker:
         self.cache_size = cache_size
         self.restarts = 0  # workers killed at the hard deadline or found dead
         self._lock = threading.Lock()
-        self._worker: _Worker | None = None
+        self._worker: WorkerProcess | None = None
         self._next_id = 0
         self._cache: OrderedDict[tuple[str, str], tuple[str, Any]] = OrderedDict()
         _LIVE_CHECKERS.add(self)
 
-    def equivalent(self, gold: str, answer: str, *, fast_path: bool = True) -> bool:
+    def equivalent(self, gold: str, answer: str, *, fast_path: bool = True, timeout_s: float | None = None) -> bool:
         """Whether `answer` equals `gold` mathematically. Raises ValueError (MathTimeout on timeout) with the reason
-        when either cannot be parsed or the check does not finish; RuntimeError when the worker cannot start."""
+        when either cannot be parsed or the check does not finish; RuntimeError when the worker cannot start.
+
+        `timeout_s` lowers this check's soft timeout below the checker's own (`score_completion` passes what is left
+        of the completion's budget); the hard bound is that plus `grace_s`."""
         gold_latex, answer_latex = math_text(gold), math_text(answer)
         if fast_path:
             if _fast_key(gold_latex) == _fast_key(answer_latex):
@@ -235,41 +168,52 @@ class MathChecker:
             word = _plain_word(gold_latex)
             if word is not None:
                 return _plain_word(answer_latex) == word
-        outcome, value = self._check(gold_latex, answer_latex)
+        limit = self.timeout_s if timeout_s is None else min(self.timeout_s, float(timeout_s))
+        if limit <= 0:
+            raise MathTimeout("no time left in the scoring budget for a math check")
+        outcome, value = self._check(gold_latex, answer_latex, limit)
         if outcome == "equal":
             return bool(value)
         if outcome == "timeout":
             raise MathTimeout(value)
         raise ValueError(value)
 
-    def _check(self, gold_latex: str, answer_latex: str) -> tuple[str, Any]:
+    def _check(self, gold_latex: str, answer_latex: str, timeout_s: float) -> tuple[str, Any]:
         key = (gold_latex, answer_latex)
         with self._lock:
             if key in self._cache:
                 self._cache.move_to_end(key)
                 return self._cache[key]
-            outcome = self._ask(gold_latex, answer_latex)
-            if self.cache_size > 0:
+            outcome = self._ask(gold_latex, answer_latex, timeout_s)
+            # A timeout says how long the check was given, not what the answer is: it is not cached, so the pair is
+            # checked again next time (perhaps with more time, on a less busy machine).
+            if self.cache_size > 0 and outcome[0] != "timeout":
                 self._cache[key] = outcome
                 while len(self._cache) > self.cache_size:
                     self._cache.popitem(last=False)
             return outcome
 
-    def _ask(self, gold_latex: str, answer_latex: str) -> tuple[str, Any]:
+    def _start_worker(self) -> WorkerProcess:
+        worker = WorkerProcess([sys.executable, str(WORKER_SCRIPT), "--memory-mb", str(self.memory_mb)],
+                               name="math worker")
+        worker.wait_ready(self.startup_timeout_s)
+        return worker
+
+    def _ask(self, gold_latex: str, answer_latex: str, timeout_s: float) -> tuple[str, Any]:
         if self._worker is not None and not self._worker.alive:
             log.warning("math worker exited (code %s); restarting", self._worker.process.poll())
             self._worker.stop()
             self._worker = None
             self.restarts += 1
         if self._worker is None:
-            self._worker = _Worker(self.memory_mb, self.startup_timeout_s)
+            self._worker = self._start_worker()
         worker = self._worker
         self._next_id += 1
         request_id = self._next_id
-        hard_s = self.timeout_s + self.grace_s
+        hard_s = timeout_s + self.grace_s
         try:
             worker.send({"id": request_id, "gold": gold_latex, "answer": answer_latex,
-                         "timeout_s": self.timeout_s if self.soft_timeout else 0})
+                         "timeout_s": timeout_s if self.soft_timeout else 0})
         except OSError as err:  # broken pipe: the worker died between checks
             self._kill(worker)
             raise RuntimeError(f"math worker pipe failed: {err}") from err
@@ -295,7 +239,7 @@ class MathChecker:
             return ("error", f"could not parse answer {answer_latex[:80]!r} as math")
         return ("error", f"math check failed: {message}")
 
-    def _kill(self, worker: _Worker) -> None:
+    def _kill(self, worker: WorkerProcess) -> None:
         worker.stop()
         if self._worker is worker:
             self._worker = None
@@ -342,7 +286,7 @@ def score_math(answer: str, item: TaskItem) -> float:
     when either does not parse or the check times out."""
     if item.answer is None:
         raise ValueError("item has no reference answer")
-    return 1.0 if default_checker().equivalent(item.answer, answer) else 0.0
+    return 1.0 if default_checker().equivalent(item.answer, answer, timeout_s=remaining_seconds()) else 0.0
 
 
 register_verifier("math", score_math)

@@ -3,42 +3,83 @@
 reasoning-gym items are scored by the dataset instance that generated them (its config sets tolerances). The
 generators whose `score_answer` calls `eval()` on model or entry text are scored by safe re-implementations here;
 no model or peer text is ever evaluated as code.
+
+Time limits. Every completion is scored under a time limit (`score_completion(..., timeout_s=)`, default
+`DEFAULT_SCORE_TIMEOUT_S`). Scorers that can blow up (sympy-based and unvetted reasoning-gym scorers) run in a
+killable worker process (`isolation.py`, whose docstring says what runs where and why); `math` runs in its own
+worker and is given what is left of the budget (`remaining_seconds`); the rest are linear-time string code run in
+the caller. A completion that runs out of time gets reward 0 with a reason starting "scoring timeout: "
+(`Score.timed_out`, for counting); per-sender budgets across a round are `budget.ScoringBudget`.
 """
 
 from __future__ import annotations
 
 import ast
+import contextvars
 import json
 import logging
 import math
 import re
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from .isolation import RemoteScorerError, default_isolated_scorer
 from .items import TaskItem
 from .specs import TaskError, generator_dataset
+from .workers import ScoringTimeout
 
 log = logging.getLogger(__name__)
 
-ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
 DEFAULT_MAX_COMPLETION_CHARS = 4096
+DEFAULT_SCORE_TIMEOUT_S = 5.0
 MAX_LITERAL_CHARS = 20_000
+TIMEOUT_REASON_PREFIX = "scoring timeout: "
 
 
 @dataclass(frozen=True)
 class Score:
     reward: float
-    reason: str | None = None  # why the reward is 0 when it is a failure (no tag, scorer error, ...)
+    reason: str | None = None  # why the reward is 0 when it is a failure (no tag, scorer error, timeout, ...)
 
     @property
     def failed(self) -> bool:
         return self.reason is not None
 
+    @property
+    def timed_out(self) -> bool:
+        """The scorer ran out of time (the reason starts with TIMEOUT_REASON_PREFIX); the reward is 0."""
+        return self.reason is not None and self.reason.startswith(TIMEOUT_REASON_PREFIX)
+
 
 def extract_answer(completion: str) -> str | None:
-    """The stripped text of the last <answer>...</answer>, or None when there is none."""
-    matches = ANSWER_RE.findall(completion)
-    return matches[-1].strip() if matches else None
+    """The stripped text of the last <answer>...</answer>, or None when there is none.
+
+    The same result as the last match of `<answer>(.*?)</answer>` (DOTALL), found in linear time: that regex scans
+    to the end of the text once per unclosed "<answer>", which is quadratic in long texts."""
+    last = None
+    position = 0
+    while True:
+        start = completion.find(ANSWER_OPEN, position)
+        if start < 0:
+            break
+        end = completion.find(ANSWER_CLOSE, start + len(ANSWER_OPEN))
+        if end < 0:
+            break  # no later "<answer>" has a closing tag either
+        last = completion[start + len(ANSWER_OPEN):end]
+        position = end + len(ANSWER_CLOSE)
+    return last.strip() if last is not None else None
+
+
+_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar("scoring_deadline", default=None)
+
+
+def remaining_seconds() -> float | None:
+    """Seconds left of the completion being scored by `score_completion` in this thread, or None outside it; for
+    scorers that enforce a time limit themselves (the math checker)."""
+    deadline = _DEADLINE.get()
+    return None if deadline is None else deadline - time.monotonic()
 
 
 # --- reasoning-gym -----------------------------------------------------------------------------------------------
@@ -209,6 +250,25 @@ SAFE_RG_SCORERS: dict[str, Callable[[Any, str, dict], float]] = {
 }
 
 
+# Generators scored in the caller's process: their scoring was read and is cheap, linear-time Python on the answer
+# (string compare, Decimal/int/float parsing, one anchored regex, ast.literal_eval of bounded text). Every other
+# generator, the sympy-based ones first, is scored in the isolated worker (isolation.py).
+INLINE_RG_GENERATORS = frozenset({
+    "basic_arithmetic", "gcd", "count_bits", "fraction_simplification", "spell_backward", "chain_sum",
+    "base_conversion", "products",  # the preset tasks (specs.PRESETS)
+    "binary_matrix", "spiral_matrix", "string_insertion", "n_queens", "number_sorting", "bitwise_arithmetic",
+})
+
+
+def scored_in_worker(item: TaskItem) -> bool:
+    """Whether `score_completion` runs `item`'s scorer in the isolated worker: reasoning-gym items of a generator not
+    in INLINE_RG_GENERATORS. (An item without a generator is scored in the caller: it fails at once.)"""
+    if item.verifier != "rg":
+        return False
+    generator = item.provenance.get("generator")
+    return isinstance(generator, str) and bool(generator) and generator not in INLINE_RG_GENERATORS
+
+
 def _score_reasoning_gym(answer: str, item: TaskItem) -> float:
     prov = item.provenance
     generator = prov.get("generator")
@@ -281,9 +341,15 @@ def check_verifier(name: str, where: str = "verifier") -> None:
 
 
 def score_completion(
-    completion: str, item: TaskItem, *, max_chars: int = DEFAULT_MAX_COMPLETION_CHARS
+    completion: str, item: TaskItem, *, max_chars: int = DEFAULT_MAX_COMPLETION_CHARS, timeout_s: float | None = None
 ) -> Score:
-    """Reward of `completion` for `item`; never raises for bad model text."""
+    """Reward of `completion` for `item`; never raises for bad model text.
+
+    `timeout_s` (default DEFAULT_SCORE_TIMEOUT_S) bounds the scorer's time: isolated scorers are stopped within
+    `timeout_s` plus the isolated scorer's grace (its worker killed if need be), the math check likewise; running out
+    gives reward 0 with a "scoring timeout: " reason (`Score.timed_out`), and so does `timeout_s <= 0` without
+    scoring. Scorers run in the caller are linear-time string code and are not interrupted. A non-finite `timeout_s`
+    is a ValueError (a caller's mistake, not model text)."""
     if not isinstance(completion, str):
         return Score(0.0, f"completion is {type(completion).__name__}, not text")
     if len(completion) > max_chars:
@@ -294,8 +360,26 @@ def score_completion(
     answer = extract_answer(completion)
     if answer is None:
         return Score(0.0, "no <answer>...</answer> in completion")
+    limit = DEFAULT_SCORE_TIMEOUT_S if timeout_s is None else float(timeout_s)
+    if not math.isfinite(limit):
+        raise ValueError(f"timeout_s must be a finite number of seconds, got {timeout_s}")
+    if limit <= 0:
+        return Score(0.0, f"{TIMEOUT_REASON_PREFIX}no time left to score")
     try:
-        reward = float(scorer(answer, item))
+        if scored_in_worker(item):
+            reward = float(default_isolated_scorer().score(answer, item, limit))
+        else:
+            token = _DEADLINE.set(time.monotonic() + limit)
+            try:
+                reward = float(scorer(answer, item))
+            finally:
+                _DEADLINE.reset(token)
+    except ScoringTimeout as err:
+        log.warning("scorer %s timed out on item %s: %s", item.verifier, item.uid, err)
+        return Score(0.0, f"{TIMEOUT_REASON_PREFIX}{type(err).__name__}: {err}")
+    except RemoteScorerError as err:  # raised by the scorer in the worker: the same reason as in-process
+        log.warning("scorer %s failed on item %s: %s: %s", item.verifier, item.uid, err.type_name, err)
+        return Score(0.0, f"scorer error: {err.type_name}: {err}")
     except Exception as err:  # noqa: BLE001 - third-party scorer code: any failure is reward 0, logged with reason
         log.warning("scorer %s failed on item %s: %s: %s", item.verifier, item.uid, type(err).__name__, err)
         return Score(0.0, f"scorer error: {type(err).__name__}: {err}")
