@@ -1,5 +1,6 @@
 """Tasks: reasoning-gym specs and mixtures, organization data files, disjoint splits, prompts and verifiers."""
 
+from .budget import BUDGET_EXHAUSTED_REASON, ScoringBudget, SenderUsage
 from .files import load_items
 from .items import TaskItem
 from .prompts import PromptFormatter, user_message
@@ -10,6 +11,7 @@ from .workers import ScoringTimeout
 from . import adapters, choice, math_answers  # noqa: F401,E402 - registers the math/mc verifiers and dataset formats
 
 __all__ = [
+    "BUDGET_EXHAUSTED_REASON",
     "DEFAULT_MIX",
     "HeldOutSet",
     "ItemListStream",
@@ -18,7 +20,9 @@ __all__ = [
     "PromptFormatter",
     "PublicSet",
     "Score",
+    "ScoringBudget",
     "ScoringTimeout",
+    "SenderUsage",
     "StreamCursor",
     "TaskError",
     "TaskItem",
