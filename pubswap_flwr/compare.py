@@ -234,7 +234,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from .simulation import simulate
+    from .simulation import simulate, simulate_in_process
 
     config: dict[str, Any] = json.loads(args.json) if args.json else {}
     for path in args.config or []:
@@ -244,7 +244,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.out:
         config["output.dir"] = str(Path(args.out).resolve())
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
-    simulate(config, args.nodes, cpus_per_client=args.cpus_per_client, gpus_per_client=args.gpus_per_client)
+    if args.engine == "inprocess":
+        simulate_in_process(config, args.nodes)
+    else:
+        simulate(config, args.nodes, cpus_per_client=args.cpus_per_client, gpus_per_client=args.gpus_per_client)
     run_dir = ExperimentConfig.from_flat(config).run_dir(run_id="local") if config.get("run-name") else None
     if run_dir is not None and run_status(run_dir).get("status") != "completed":
         print(f"run did not complete: {run_status(run_dir)}", file=sys.stderr)
@@ -268,6 +271,9 @@ def register(sub) -> None:
     simulate.add_argument("-c", "--config", action="append", help="TOML preset(s) applied in order")
     simulate.add_argument("--json", help="flat config as JSON (applied first)")
     simulate.add_argument("--nodes", type=int, default=4)
+    simulate.add_argument("--engine", choices=["ray", "inprocess"], default="ray",
+                          help="ray: Flower's simulation engine (clients in parallel); inprocess: no Ray, nodes served "
+                               "one after another in this process (same code and results, quick to start)")
     simulate.add_argument("--cpus-per-client", type=int, default=1)
     simulate.add_argument("--gpus-per-client", type=float, default=0.0,
                           help="GPU share per client, e.g. 0.25 (default 0: CPU only)")

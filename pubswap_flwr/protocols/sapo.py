@@ -209,7 +209,8 @@ class SapoProtocol(ServerProtocol):
                                        self._decode(packets=False, trained=True))
             ctx.log.absorb(result)
         evals = {}
-        for node, reply in result.replies.items():
+        for node in ctx.exchange.ordered(result.replies):  # by node index: means over nodes in one order
+            reply = result.replies[node]
             row = ctx.log.client(node)
             for key in SELECTION_KEYS:
                 row[key.replace("-", "_")] = reply.selection[key]

@@ -12,7 +12,7 @@ import pytest
 from pubswap_flwr.cli import main as pubswap
 from pubswap_flwr.metrics import read_metrics
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.slow
 
 SWEEP = """
 name = "mini"

@@ -22,7 +22,7 @@ from pubswap_flwr.metrics import read_metrics
 
 from .flower_harness import PROJECT, _processes, descendants, free_port, stop_pids
 
-pytestmark = [pytest.mark.integration, pytest.mark.deployment]
+pytestmark = [pytest.mark.slow, pytest.mark.deployment]
 
 CONNECTION = "pubswap-test"
 RUN_NAME = "deployed"

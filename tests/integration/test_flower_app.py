@@ -15,7 +15,7 @@ from pubswap_flwr.metrics import read_metrics
 
 from .flower_harness import LocalFlower
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.slow
 
 SMALL = ("num-server-rounds=2 train.local-steps=2 train.prompts-per-step=4 train.completions-per-prompt=4 "
          "eval.items-per-task=10 seed=3")

@@ -6,17 +6,19 @@ import pytest
 
 from pubswap_flwr.config import ExperimentConfig
 from pubswap_flwr.evaluation import evaluate
-from pubswap_flwr.node import Node, NodeIdentity, WorkReport, task_universe
+from pubswap_flwr.learner import Learner, WorkReport
+from pubswap_flwr.node_state import NodeIdentity
+from pubswap_flwr.shared import task_universe
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.slow
 
 
 def test_local_grpo_raises_held_out_sampled_reward(tmp_path):
     # gcd + count_bits: tasks the warmed-up model partly solves, so groups carry signal both ways. At this scale RL
-    # sharpens sampling first (notes/tiny-model.md), so the measure is held-out *sampled* reward (T=1, fixed seed).
+    # sharpens sampling first (docs/results/README.md), so the measure is held-out *sampled* reward (T=1, fixed seed).
     cfg = ExperimentConfig.from_flat({"tasks.mix": "gcd:1,count_bits:1", "tasks.per-node": 0,
                                       "eval.items-per-task": 200, "train.learning-rate": 2e-3, "seed": 0})
-    node = Node(cfg, NodeIdentity(0, tmp_path / "node", "embedded:tiny"))
+    node = Learner(cfg, NodeIdentity(0, tmp_path / "node", "embedded:tiny"))
     held_out = task_universe(cfg).held_out.items
     before = evaluate(node.policy, held_out, seed=0)
     report = WorkReport()

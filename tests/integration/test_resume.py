@@ -14,7 +14,7 @@ import pytest
 
 from pubswap_flwr.metrics import read_metrics
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.slow
 
 BASE = {"strategy.mode": "pubswap", "num-server-rounds": 3, "train.local-steps": 3, "pubswap.tau-swap": 2,
         "pubswap.public-prompts": 2, "train.prompts-per-step": 2, "train.completions-per-prompt": 4,

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import pytest
 
+import json
+
 from pubswap_flwr.metrics import read_metrics
 from pubswap_flwr.simulation import simulate
+from tests.golden.runs import GOLDEN_DIR, RUNS, comparable
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.slow
 
 TINY = {"train.prompts-per-step": 2, "train.completions-per-prompt": 4, "eval.items-per-task": 8, "seed": 1}
 
@@ -92,3 +95,20 @@ def test_sapo_async_trains_on_the_previous_rounds_pool(tmp_path):
     assert all(c["external_received"] == 2 * 3 for c in later)  # the other two nodes' packets of the round before
     assert sum(c["external_used"] for c in later) > 0
     assert all(r["bytes"]["array_records"] == 0 for r in rows[1:])
+
+
+@pytest.mark.parametrize("name", ["pubswap-balanced", "sapo-two-models"])
+def test_flowers_ray_engine_repeats_the_in_process_golden_metrics(tmp_path, name):
+    """The fast tier runs protocols in process; Flower's Ray engine (clients in parallel, replies in any order,
+    random node ids) must give exactly the same metrics."""
+    import torch
+
+    config, nodes = RUNS[name]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        simulate({**config, "output.dir": str(tmp_path), "run-name": name}, nodes)
+    finally:
+        torch.set_num_threads(threads)
+    rows = json.loads(json.dumps(comparable(read_metrics(tmp_path / name))))
+    assert rows == json.loads((GOLDEN_DIR / f"{name}.json").read_text())

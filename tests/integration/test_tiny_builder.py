@@ -10,7 +10,7 @@ from pubswap_flwr import tiny
 from pubswap_flwr.policy import Policy, PolicySpec
 from pubswap_flwr.tasks import TaskItem
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.slow
 
 
 def test_builder_writes_a_loadable_model_with_its_build_record(tmp_path):

@@ -9,7 +9,10 @@ from dataclasses import replace
 import pytest
 
 from pubswap_flwr.config import ExperimentConfig
-from pubswap_flwr.node import Node, NodeIdentity, task_universe
+from pubswap_flwr.learner import Learner, WorkReport
+from pubswap_flwr.node_state import NodeIdentity
+from pubswap_flwr.protocols.sapo import generate_rollouts, rescore, train_on_pool
+from pubswap_flwr.shared import task_universe
 from pubswap_flwr.sapo import Packet, reputation, select_external, weighted_sample
 
 MIX = "gcd:1,rg:binary_matrix:1"
@@ -19,7 +22,7 @@ MIX = "gcd:1,rg:binary_matrix:1"
 def node(tmp_path):
     cfg = ExperimentConfig.from_flat({"strategy.mode": "sapo", "tasks.mix": MIX, "tasks.per-node": 0,
                                       "eval.items-per-task": 5, "sapo.completions": 4})
-    return Node(cfg, NodeIdentity(0, tmp_path / "node", "embedded:tiny"))
+    return Learner(cfg, NodeIdentity(0, tmp_path / "node", "embedded:tiny"))
 
 
 def _peer_item(node, task: str):
@@ -34,7 +37,7 @@ def _peer_item(node, task: str):
 def test_honest_packet_is_rescored_with_the_regenerated_entry(node):
     item = _peer_item(node, "gcd")
     packet = Packet("peer", item, (f"<answer>{item.answer}</answer>", "<answer>nope</answer>"))
-    assert node.rescore(packet) == [1.0, 0.0]
+    assert rescore(node, packet) == [1.0, 0.0]
 
 
 def test_forged_answer_and_foreign_task_specs_are_rejected(node):
@@ -42,20 +45,20 @@ def test_forged_answer_and_foreign_task_specs_are_rejected(node):
     wrong = str(int(item.answer) + 1)
     forged = Packet("peer", replace(item, answer=wrong), (f"<answer>{wrong}</answer>",) * 2)
     with pytest.raises(ValueError, match="answer does not match its provenance"):
-        node.rescore(forged)
+        rescore(node, forged)
     other_config = replace(item, provenance={**item.provenance, "config": {"max_value": 10**9}})
     with pytest.raises(ValueError, match="provenance names a task this node does not run"):
-        node.rescore(Packet("peer", other_config, ("<answer>1</answer>",)))
+        rescore(node, Packet("peer", other_config, ("<answer>1</answer>",)))
     moved = replace(item, provenance={**item.provenance, "index": item.provenance["index"] + 1})
     with pytest.raises(ValueError, match="question does not match its provenance"):
-        node.rescore(Packet("peer", moved, ("<answer>1</answer>",)))
+        rescore(node, Packet("peer", moved, ("<answer>1</answer>",)))
 
 
 def test_tampered_metadata_does_not_change_the_score(node):
     item = _peer_item(node, "rg:binary_matrix")
     lying = replace(item, metadata={**item.metadata, "solution": [[0]]})
     packet = Packet("peer", lying, (f"<answer>{item.answer}</answer>",))
-    assert node.rescore(packet) == [1.0]
+    assert rescore(node, packet) == [1.0]
 
 
 def test_eval_payload_in_a_shared_completion_is_never_executed(node, tmp_path):
@@ -63,7 +66,7 @@ def test_eval_payload_in_a_shared_completion_is_never_executed(node, tmp_path):
     marker = tmp_path / "pwned"
     payload = f"__import__('pathlib').Path({str(marker)!r}).write_text('x')"
     packet = Packet("peer", item, (f"<answer>{payload}</answer>", f"<answer>{item.answer}</answer>"))
-    assert node.rescore(packet) == [0.0, 1.0]
+    assert rescore(node, packet) == [0.0, 1.0]
     assert not marker.exists()
 
 
@@ -71,7 +74,7 @@ def test_rejections_feed_reputation_and_weighted_sampling(node):
     good = _peer_item(node, "gcd")
     honest = [Packet("honest", good, (f"<answer>{good.answer}</answer>", "<answer>x</answer>"))] * 3
     forged = [Packet("liar", replace(good, answer="1234"), ("<answer>1234</answer>", "<answer>x</answer>"))] * 3
-    selection = select_external(honest + forged, 2, node.rescore, random.Random(0))
+    selection = select_external(honest + forged, 2, lambda p: rescore(node, p), random.Random(0))
     assert selection.rejected == 3 and all(s.packet.sender == "honest" for s in selection.chosen)
     assert all("liar/" in r and "forged" in r for r in selection.rejections)
     assert reputation(10, 0) > 0.9 and reputation(0, 10) < 0.1 and reputation(0, 0) == 0.5
@@ -81,12 +84,10 @@ def test_rejections_feed_reputation_and_weighted_sampling(node):
 
 
 def test_reputation_is_recorded_per_sender_in_node_state(node):
-    from pubswap_flwr.node import WorkReport
-
     good = _peer_item(node, "gcd")
     pool = [Packet("honest", good, (f"<answer>{good.answer}</answer>", "<answer>x</answer>")),
             Packet("liar", replace(good, answer="999"), ("<answer>999</answer>",) * 2)]
-    node.sapo_generate(1, WorkReport())
-    node.sapo_train(pool, 1, WorkReport())
+    generate_rollouts(node, 1, WorkReport())
+    train_on_pool(node, pool, 1, WorkReport())
     assert node.state.peers == {"honest": (1, 0), "liar": (0, 1)}
     assert task_universe(node.cfg).tasks[1].generator == "binary_matrix"

@@ -9,11 +9,9 @@ from pathlib import Path
 import pytest
 
 from pubswap_flwr.config import ExperimentConfig
-from pubswap_flwr.node import task_universe
-from pubswap_flwr.simulation import simulate
+from pubswap_flwr.shared import task_universe
+from pubswap_flwr.simulation import simulate_in_process as simulate
 from pubswap_flwr.tasks import MixtureStream, StreamCursor, node_mixes, parse_mix
-
-pytestmark = pytest.mark.integration
 
 
 def _capture_to(directory: Path):

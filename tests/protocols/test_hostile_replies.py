@@ -1,7 +1,7 @@
 """Hostile and broken replies: each is rejected with its reason while the round completes with the honest clients.
 
-Every scenario is a real simulation through Flower's engine; the hostile client is the honest ClientApp whose reply
-a hook rewrites before it leaves the node.
+Every scenario is a whole run served in process (InProcessGrid: Flower's serialization, no Ray); the hostile client
+is the honest ClientApp whose reply a hook rewrites before it leaves the node.
 """
 
 from __future__ import annotations
@@ -10,12 +10,10 @@ import pytest
 
 from pubswap_flwr.config import ExperimentConfig
 from pubswap_flwr.metrics import read_metrics
-from pubswap_flwr.node import task_universe
-from pubswap_flwr.simulation import simulate
+from pubswap_flwr.shared import task_universe
+from pubswap_flwr.simulation import simulate_in_process as simulate
 from pubswap_flwr.tasks import score_completion
 from pubswap_flwr.wire import PAYLOAD_KEY, payload_from_record, payload_record
-
-pytestmark = pytest.mark.integration
 
 TINY = {"train.prompts-per-step": 2, "train.completions-per-prompt": 4, "eval.items-per-task": 5, "seed": 2}
 
@@ -32,7 +30,7 @@ def _rewrite_payload(reply, change) -> object:
 
 def _forge_public(msg, context, reply):
     config = msg.content["config"]
-    if config["task"] != "pubswap-segment" or reply.has_error():
+    if msg.metadata.message_type != "train.segment" or reply.has_error():
         return reply
     node, round_number = _partition(context), int(config["server-round"])
 
@@ -78,8 +76,7 @@ def test_forged_and_malformed_public_responses(tmp_path):
 
 
 def _bad_packets(msg, context, reply):
-    config = msg.content["config"]
-    if config["task"] != "sapo-generate" or _partition(context) != 0 or reply.has_error():
+    if msg.metadata.message_type != "query.rollouts" or _partition(context) != 0 or reply.has_error():
         return reply
 
     def change(payload):
@@ -118,16 +115,16 @@ def test_malformed_sapo_packets_are_dropped_one_by_one(tmp_path):
             assert c["external_received"] == 1 + 3
 
 
-def _hang_partition_three_in_round_two(msg, context):
+def _withhold_partition_three_in_round_two(msg, context, call):
+    reply = call(msg, context)
     if _partition(context) == 3 and int(msg.content["config"]["server-round"]) == 2:
-        import time
+        return None  # the node never answers: the server gets no reply before strategy.timeout
+    return reply
 
-        time.sleep(120)  # longer than strategy.timeout: the server must not wait for it
 
-
-def test_a_client_timing_out_is_dropped_and_the_run_finishes(tmp_path):
+def test_a_client_that_never_answers_is_dropped_and_the_run_finishes(tmp_path):
     simulate({**TINY, "num-server-rounds": 2, "train.local-steps": 1, "strategy.timeout": 45.0,
-              "output.dir": str(tmp_path), "run-name": "timeout"}, 4, client_hook=_hang_partition_three_in_round_two)
+              "output.dir": str(tmp_path), "run-name": "timeout"}, 4, deliver=_withhold_partition_three_in_round_two)
     rows = read_metrics(tmp_path / "timeout")
     assert [len(r.get("clients", {})) for r in rows] == [0, 4, 3]
     assert list(rows[2]["dropped"].values()) == ["no reply within strategy.timeout = 45 s"]
@@ -172,8 +169,7 @@ def test_broken_adapters_are_rejected_each_with_its_reason(tmp_path):
 
 
 def _oversized_response(msg, context, reply):
-    config = msg.content["config"]
-    if config["task"] != "pubswap-segment" or _partition(context) != 0 or reply.has_error():
+    if msg.metadata.message_type != "train.segment" or _partition(context) != 0 or reply.has_error():
         return reply
 
     def change(payload):
@@ -227,8 +223,7 @@ def test_median_and_trimmed_mean_resist_a_scaled_adapter(tmp_path):
 
 
 def _forge_answers(msg, context, reply):
-    config = msg.content["config"]
-    if config["task"] != "sapo-generate" or _partition(context) != 0 or reply.has_error():
+    if msg.metadata.message_type != "query.rollouts" or _partition(context) != 0 or reply.has_error():
         return reply
 
     def change(payload):

@@ -1,0 +1,131 @@
+"""Each mode's round protocol, served in process: the message types and counts per round, a client that raises
+mid-round, a message of another mode, and resume after the server died mid-round."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from pubswap_flwr.metrics import read_metrics
+from pubswap_flwr.simulation import simulate_in_process
+from tests.golden.runs import comparable
+
+TINY = {"seed": 5, "train.prompts-per-step": 2, "train.completions-per-prompt": 4, "eval.items-per-task": 3,
+        "train.local-steps": 2}
+SAPO = {"strategy.mode": "sapo", "sapo.questions": 3, "sapo.completions": 4, "sapo.local": 2, "sapo.external": 2,
+        "sapo.share": 3}
+MODES = {
+    "fedavg": {},
+    "fedprox": {"strategy.mode": "fedprox"},
+    "pubswap": {"strategy.mode": "pubswap", "pubswap.tau-swap": 1, "pubswap.public-prompts": 2},
+    "sapo": SAPO,
+    "sapo-async": {**SAPO, "sapo.async": True},
+}
+# message types per round, in order, for 3 nodes
+FLOWS = {
+    "fedavg": ["train.local_round"] * 3,
+    "fedprox": ["train.local_round"] * 3,
+    "pubswap": ["train.segment"] * 9,  # tau = 2, tau_swap = 1: public steps 1 and 2, so 3 segments
+    "sapo": ["query.rollouts"] * 3 + ["train.sapo"] * 3,
+    "sapo-async": ["train.sapo_async"] * 3,
+}
+
+
+def _partition(context) -> int:
+    return int(context.node_config["partition-id"])
+
+
+def _round(msg) -> int:
+    return int(msg.content["config"]["server-round"])
+
+
+def _record(seen: list):
+    def deliver(msg, context, call):
+        seen.append((_round(msg), msg.metadata.message_type, _partition(context)))
+        return call(msg, context)
+
+    return deliver
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_each_round_sends_the_modes_message_types(tmp_path, mode):
+    seen: list = []
+    simulate_in_process({**TINY, **MODES[mode], "num-server-rounds": 2, "output.dir": str(tmp_path),
+                         "run-name": mode}, 3, deliver=_record(seen))
+    for number in (1, 2):
+        assert [t for r, t, _ in seen if r == number] == FLOWS[mode]
+    rows = read_metrics(tmp_path / mode)
+    assert [r["round"] for r in rows] == [0, 1, 2]
+    assert all(len(r["clients"]) == 3 and not r["dropped"] for r in rows[1:])
+    weights = sum(r["bytes"]["array_records"] for r in rows[1:])
+    assert (weights == 0) == mode.startswith("sapo")  # no weights ever cross the network in sapo
+
+
+def _raise_in_round_one(message_type: str, partition: int):
+    def hook(msg, context):
+        if msg.metadata.message_type == message_type and _partition(context) == partition and _round(msg) == 1:
+            raise RuntimeError(f"injected failure in {message_type}")
+
+    return hook
+
+
+@pytest.mark.parametrize("mode,message_type", [("fedavg", "train.local_round"), ("pubswap", "train.segment"),
+                                               ("sapo", "query.rollouts"), ("sapo", "train.sapo"),
+                                               ("sapo-async", "train.sapo_async")])
+def test_a_client_raising_is_dropped_and_the_round_goes_on(tmp_path, mode, message_type):
+    simulate_in_process({**TINY, **MODES[mode], "num-server-rounds": 2, "output.dir": str(tmp_path),
+                         "run-name": "drop"}, 3, client_hook=_raise_in_round_one(message_type, 1))
+    rows = read_metrics(tmp_path / "drop")
+    (reason,) = rows[1]["dropped"].values()
+    assert f"injected failure in {message_type}" in reason and "client error (code 2)" in reason
+    assert {c["node_index"] for c in rows[1]["clients"].values()} == {0, 2}
+    assert {c["node_index"] for c in rows[2]["clients"].values()} == {0, 1, 2}  # back in the next round
+    if not mode.startswith("sapo"):
+        assert rows[1]["aggregated"] is True and len(rows[1]["aggregated_clients"]) == 2
+
+
+def test_a_message_of_another_mode_is_refused_by_the_client(tmp_path):
+    from flwr.app import ConfigRecord, Message, RecordDict
+
+    from pubswap_flwr.inprocess import InProcessGrid, server_context
+    from pubswap_flwr.simulation import build_apps
+
+    config = {**TINY, "output.dir": str(tmp_path), "run-name": "x"}
+    _, client = build_apps(config)
+    grid = InProcessGrid(client, 1, config)
+    server_context(grid)
+    message = Message(RecordDict({"config": ConfigRecord({"server-round": 1, "run-name": "x", "k": 4})}),
+                      dst_node_id=next(iter(grid.get_node_ids())), message_type="train.segment")
+    (reply,) = grid.send_and_receive([message])
+    assert reply.has_error() and "belongs to another mode than this run's strategy.mode = 'fedavg'" in \
+        reply.error.reason
+
+
+class ServerDied(BaseException):
+    """Stands for the server process being killed: not an Exception, so nothing on the way catches it."""
+
+
+def _die_in_round_three(msg, context, call):
+    reply = call(msg, context)  # the node has done (and saved) its part of round 3 ...
+    if _round(msg) == 3 and _partition(context) == 1:
+        raise ServerDied()  # ... when the server dies
+    return reply
+
+
+@pytest.mark.parametrize("mode", ["pubswap", "sapo-async"])
+def test_a_run_resumed_after_the_server_died_mid_round_repeats_the_uninterrupted_metrics(tmp_path, mode):
+    config = {**TINY, **MODES[mode], "num-server-rounds": 3, "eval.every": 0, "output.dir": str(tmp_path)}
+    simulate_in_process({**config, "run-name": "full"}, 3)
+    with pytest.raises(ServerDied):
+        simulate_in_process({**config, "run-name": "cut"}, 3, deliver=_die_in_round_three)
+    assert json.loads((tmp_path / "cut" / "checkpoint" / "state.json").read_text())["round"] == 2
+    assert json.loads((tmp_path / "cut" / "status.json").read_text())["status"] == "failed"
+    simulate_in_process({**config, "run-name": "cut", "resume": True}, 3)
+    full, cut = read_metrics(tmp_path / "full"), read_metrics(tmp_path / "cut")
+    assert [r["round"] for r in cut] == [0, 1, 2, 3]
+    assert comparable(full) == comparable(cut)
+    assert json.loads((tmp_path / "cut" / "status.json").read_text())["status"] == "completed"
+    types = Counter(r["mode"] for r in cut)
+    assert types == Counter({MODES[mode].get("strategy.mode", "fedavg"): 4})
