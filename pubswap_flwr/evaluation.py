@@ -1,6 +1,7 @@
 """Held-out evaluation of a policy: greedy pass@1 and sampled (T=1) accuracy and mean reward, per task and overall.
 
-At this model scale RL moves sampled behaviour first (notes/tiny-model.md), so both are reported. Sampling uses a
+At this model scale RL moves sampled behaviour first (greedy accuracy can even dip while sampled reward
+rises; tests/integration/test_learning.py), so both are reported. Sampling uses a
 fixed seed so rounds are comparable.
 """
 

@@ -3,7 +3,7 @@ LM, and a supervised warm-up on generated task items until held-out accuracy is 
 
     python -m pubswap_flwr.tiny build --preset tiny --out data/models/tiny
 
-The recipe is notes/tiny-model.md's: vocab 512, hidden 128, 4 layers, AdamW 3e-3, batch 64, 1100 steps, loss on the
+The recipe (found by pilot builds on 2 CPU cores): vocab 512, hidden 128, 4 layers, AdamW 3e-3, batch 64, 1100 steps, loss on the
 answer tokens only. `build.json` beside the weights records the command, seed and held-out accuracy per task.
 """
 
@@ -50,7 +50,7 @@ class TinyPreset:
 
 
 PRESETS = {
-    # the default: 0.85M parameters (notes/tiny-model.md "sft_d1m")
+    # the default: 0.85M parameters (the smallest pilot that reached partial accuracy)
     "tiny": TinyPreset(vocab=512, hidden=128, layers=4, intermediate=384, heads=4, kv_heads=2, steps=1100),
     # a different model for heterogeneous swarms: wider, shallower, its own smaller vocabulary
     "tiny-b": TinyPreset(vocab=384, hidden=192, layers=3, intermediate=512, heads=4, kv_heads=2, steps=1100),
@@ -71,7 +71,7 @@ def train_tokenizer(lines: list[str], vocab: int):
 
     tok = Tokenizer(models.BPE())
     # The exact Qwen2 pipeline: transformers rebuilds it from vocab+merges for model_type qwen2, so ids only agree
-    # across loaders when training used it too (notes/grpo-peft.md §4).
+    # across loaders when training used it too.
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),

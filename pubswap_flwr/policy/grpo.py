@@ -7,7 +7,8 @@ tokens in the whole batch, "grpo" averages per sequence then over sequences; opt
 (adapter disabled) with TRL's importance-sampling correction. Own samples keep their sampled ids; foreign text is
 re-tokenized locally with EOS appended, then truncated. With one inner iteration the old policy is the current one
 (ratio 1, as in TRL); with more, a no-grad pass scores the old log-probs first. Foreign completions are treated as
-on-policy samples of the local model, as TRL does without vLLM (notes/grpo-peft.md §2.1).
+on-policy samples of the local model, as TRL does without vLLM (its old log-probs are the current model's, so
+the ratio starts at 1 whoever sampled the text).
 """
 
 from __future__ import annotations

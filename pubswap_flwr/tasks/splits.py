@@ -2,7 +2,8 @@
 supervised warm-up pool).
 
 Every (split, node, task) draws reasoning-gym items from its own seed range [base, base + RANGE); ranges never
-intersect, because adjacent reasoning-gym seeds share all but one item (notes/reasoning-gym.md §4). Small problem
+intersect, because adjacent reasoning-gym seeds share all but one item (item i of a dataset
+seeded s is drawn from seed s + i). Small problem
 spaces still repeat questions by chance, so training streams also drop any question text found in the eval set
 (and private streams drop public questions too).
 """

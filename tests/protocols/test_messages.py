@@ -1,0 +1,131 @@
+"""Typed messages: each round-trips through Flower records, and the server's decoding of a reply refuses anything
+malformed with a reason (the exchange's per-reply guard turns any exception into a drop of that reply alone)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
+
+from pubswap_flwr.metrics import read_metrics
+from pubswap_flwr.protocols.base import ClientReport, Header, reply_records
+from pubswap_flwr.protocols.fedavg import AdapterReply, LocalRound
+from pubswap_flwr.protocols.pubswap import Segment, SegmentReply, SwapEntry
+from pubswap_flwr.protocols.sapo import CollectRollouts, SapoAsyncRound, SapoReply, SapoTrain
+from pubswap_flwr.sapo import Packet
+from pubswap_flwr.simulation import simulate_in_process
+from pubswap_flwr.tasks import TaskItem
+from pubswap_flwr.validate import Limits, Rejected
+from pubswap_flwr.wire import METRICS_KEY, PAYLOAD_KEY, payload_record
+
+HEADER = Header(3, "run-x", "/runs/run-x", round_start=True)
+REPORT = ClientReport(node_index=2, num_examples=64, cumulative_reward=1.5, total_steps=7, t_start=10.0, t_end=12.5,
+                      sample_seconds=1.0, update_seconds=0.5, train_reward=0.25, train_completions=64,
+                      model="embedded:tiny", tasks=("gcd", "count_bits"))
+ADAPTER = {"a.lora_A.weight": np.arange(6, dtype=np.float32).reshape(2, 3) / 8,
+           "a.lora_B.weight": np.ones((3, 2), dtype=np.float32)}
+ITEM = TaskItem("gcd/0", "gcd", "What is gcd(4, 6)?", "2", "exact")
+
+
+@pytest.fixture(autouse=True)
+def _identity():
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+
+
+def _reply(content: RecordDict) -> Message:
+    """A message carrying `content`, as the server's decoders receive replies."""
+    return Message(content, dst_node_id=1, message_type="train")
+
+
+def test_instructions_round_trip_through_records():
+    local = LocalRound(HEADER, ADAPTER, 5)
+    back = LocalRound.from_record(local.to_record())
+    assert back.header == HEADER and back.local_steps == 5
+    assert all(np.array_equal(back.adapter[k], ADAPTER[k].astype(np.float16)) for k in ADAPTER)  # fp16 on the wire
+    sets = {"public/gcd/1": (SwapEntry(1.0, 2), SwapEntry(0.0, -1, "<answer>3</answer>", "00001-7"))}
+    segment = Segment(HEADER, 2, ("public/gcd/1", "public/gcd/4"), 4, False, None, sets)
+    assert Segment.from_record(segment.to_record()) == segment
+    assert Segment.from_record(Segment(HEADER, 0, (), 4, True).to_record()).response_sets is None
+    pool = (Packet("00000-1", ITEM, ("<answer>2</answer>", "<answer>5</answer>")),)
+    for kind in (SapoTrain, SapoAsyncRound):
+        message = kind(HEADER, pool, evaluate=True, save_adapter=False, evaluate_initial=True)
+        assert kind.from_record(message.to_record()) == message
+    assert CollectRollouts.from_record(CollectRollouts(HEADER, True).to_record()) == CollectRollouts(HEADER, True)
+    assert {LocalRound.message_type, Segment.message_type, CollectRollouts.message_type, SapoTrain.message_type,
+            SapoAsyncRound.message_type} == {"train.local_round", "train.segment", "query.rollouts", "train.sapo",
+                                            "train.sapo_async"}
+
+
+def test_replies_round_trip_and_the_server_rescores_public_responses():
+    reply = _reply(AdapterReply(REPORT, ADAPTER).to_record())
+    decoded = AdapterReply.from_message(reply, ADAPTER)
+    assert decoded.report == REPORT and decoded.adapter["a.lora_B.weight"].dtype == np.float32
+
+    class Public:
+        def get(self, uid):
+            return ITEM
+
+    claimed = SegmentReply(REPORT, {"public/gcd/1": ["<answer>2</answer>", "<answer>9</answer>"]})
+    scored = SegmentReply.from_message(_reply(claimed.to_record()), ["public/gcd/1"], 2, Limits(), Public(), None)
+    assert scored.responses == {"public/gcd/1": [("<answer>2</answer>", 1.0), ("<answer>9</answer>", 0.0)]}
+    shared = SapoReply(REPORT, (Packet("", ITEM, ("<answer>2</answer>",)),), selection={"external-used": 3})
+    back = SapoReply.from_message(_reply(shared.to_record()), Limits(), 4, packets=True, trained=True)
+    assert back.packets[0].item == ITEM and back.selection["external-used"] == 3
+    assert back.selection["external-received"] == 0
+
+
+@pytest.mark.parametrize("metrics,reason", [
+    ({"node-index": float("nan")}, "'node-index' must be a finite number"),
+    ({"node-index": 999999}, "'node-index' = 999999 is outside"),
+    ({"num-examples": float("inf")}, "'num-examples' must be a finite number"),
+    ({"cumulative-reward": [1.0, 2.0]}, "'cumulative-reward' must be a finite number, got list"),
+    ({"train-reward": float("nan")}, "'train-reward' must be a finite number"),
+    ({"num-examples": -5}, "'num-examples' = -5 is outside"),
+])
+def test_a_client_report_with_bad_numbers_is_refused(metrics, reason):
+    content = reply_records(REPORT)
+    values = dict(content[METRICS_KEY])
+    values.update(metrics)
+    content[METRICS_KEY] = MetricRecord(values)
+    with pytest.raises(Rejected, match=reason.replace("(", r"\(").replace("[", r"\[")):
+        AdapterReply.from_message(_reply(content), ADAPTER)
+
+
+def _garbage(kind: str):
+    def hook(msg, context, reply):
+        if int(context.node_config["partition-id"]) != 0 or reply.has_error():
+            return reply
+        if kind == "not-json":
+            reply.content[PAYLOAD_KEY] = ConfigRecord({"json": "{not json"})
+        elif kind == "deep-json":
+            reply.content[PAYLOAD_KEY] = ConfigRecord({"json": "[" * 100_000 + "]" * 100_000})
+        elif kind == "payload-list":
+            reply.content[PAYLOAD_KEY] = payload_record([1, 2, 3])
+        elif kind == "no-metrics":
+            del reply.content[METRICS_KEY]
+        elif kind == "metrics-list":
+            values = dict(reply.content[METRICS_KEY])
+            values["num-examples"] = [1.0, 2.0]
+            reply.content[METRICS_KEY] = MetricRecord(values)
+        return reply
+
+    return hook
+
+
+@pytest.mark.parametrize("kind,reason", [
+    ("not-json", "payload is not valid JSON"), ("deep-json", "RecursionError"),
+    ("payload-list", "payload is not a JSON object"), ("no-metrics", "reply lacks its metrics or payload record"),
+    ("metrics-list", "'num-examples' must be a finite number, got list"),
+])
+def test_a_malformed_reply_drops_only_that_client(tmp_path, kind, reason):
+    simulate_in_process({"num-server-rounds": 1, "train.local-steps": 1, "train.prompts-per-step": 2,
+                         "train.completions-per-prompt": 4, "eval.items-per-task": 2, "output.dir": str(tmp_path),
+                         "run-name": kind}, 3, reply_hook=_garbage(kind))
+    rows = read_metrics(tmp_path / kind)
+    (dropped,) = rows[1]["dropped"].values()
+    assert reason in dropped and dropped.startswith("rejected reply")
+    assert rows[1]["aggregated"] is True and {c["node_index"] for c in rows[1]["clients"].values()} == {1, 2}
+    assert json.loads((tmp_path / kind / "status.json").read_text())["status"] == "completed"
