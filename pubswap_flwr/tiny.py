@@ -21,7 +21,6 @@ import torch
 
 from .tasks import DEFAULT_MIX, HeldOutSet, PublicSet, TaskItem, parse_mix, score_completion
 from .tasks.prompts import CHATML_USER, user_message
-from .tasks.splits import unique_items
 
 log = logging.getLogger("pubswap_flwr.tiny")
 

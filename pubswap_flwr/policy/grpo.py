@@ -82,9 +82,6 @@ class UpdateStats:
     grad_norm: float = 0.0
     extra: dict = field(default_factory=dict)
 
-    def as_metrics(self, prefix: str = "") -> dict[str, float]:
-        return {f"{prefix}{k}": float(v) for k, v in self.__dict__.items() if k != "extra"}
-
 
 def group_advantages(rewards: torch.Tensor, group_sizes: Sequence[int], eps: float = 1e-4) -> torch.Tensor:
     """(r - group mean) / (group std + eps) with the unbiased std; a group of one gets advantage 0."""

@@ -68,14 +68,6 @@ def from_wire(arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
     return {k: torch.from_numpy(np.asarray(v, dtype=np.float32).copy()) for k, v in arrays.items()}
 
 
-def trainable_parameters(model) -> list[torch.nn.Parameter]:
-    return [p for p in model.parameters() if p.requires_grad]
-
-
-def named_trainable(model) -> dict[str, torch.nn.Parameter]:
-    return {n: p for n, p in model.named_parameters() if p.requires_grad}
-
-
 class MergedSampling:
     """Merges the adapter into the base weights for fast sampling (unmerged PEFT generation is ~25% slower).
 

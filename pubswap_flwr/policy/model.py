@@ -6,7 +6,6 @@ import json
 import logging
 import os
 import warnings
-from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -146,7 +145,3 @@ def load_causal_lm(location: str, dtype: str = "float32", device: torch.device |
     model.eval()
     return model
 
-
-@lru_cache(maxsize=4)
-def cached_tokenizer(location: str):
-    return load_tokenizer(location)

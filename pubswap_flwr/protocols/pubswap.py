@@ -22,12 +22,11 @@ import numpy as np
 from flwr.app import Message, RecordDict
 
 from ..config import ExperimentConfig
-from ..learner import StepRecord
 from ..policy import from_wire, to_wire
 from ..rollouts import Completion, RolloutGroup
 from ..swap import Response, build_response_sets
 from ..tasks import extract_answer, score_completion
-from ..validate import Limits, Rejected, check_public_responses
+from ..validate import Limits, check_public_responses
 from ..wire import CONFIG_KEY
 from .base import (Adapter, ClientReport, ClientWork, Header, Instruction, RoundContext, ServerProtocol, adapter_of,
                    payload_of, read_reply, records, reply_records)

@@ -23,7 +23,7 @@ from flwr.app import Message, RecordDict
 from ..config import ExperimentConfig
 from ..learner import Learner, StepRecord, WorkReport
 from ..rollouts import Completion, RolloutGroup
-from ..sapo import Packet, Selection, reputation, select_external, select_local
+from ..sapo import Packet, Selection, relay, reputation, select_external, select_local
 from ..shared import derive_seed
 from ..tasks import TaskItem, score_completion
 from ..tasks.specs import generate_entry
@@ -188,7 +188,7 @@ class SapoProtocol(ServerProtocol):
 
     def _train_messages(self, ctx: RoundContext, kind: type[SapoTrain], nodes: list[int], pool: list[Packet],
                         round_start: bool, evaluate_initial: bool) -> list[Message]:
-        return [kind(ctx.header(round_start), tuple(p for p in pool if p.sender != ctx.exchange.label(node)),
+        return [kind(ctx.header(round_start), tuple(relay(pool, ctx.exchange.label(node))),
                      ctx.evaluate, ctx.final, evaluate_initial).to_message(node) for node in nodes]
 
     def run_round(self, ctx: RoundContext) -> None:
