@@ -3,10 +3,13 @@ variants (coordinate-wise median, trimmed mean, update-norm clipping) and parame
 
 from __future__ import annotations
 
+import logging
 from itertools import combinations
 from typing import Sequence
 
 import numpy as np
+
+log = logging.getLogger("pubswap_flwr")
 
 Adapter = dict[str, np.ndarray]
 
@@ -38,6 +41,8 @@ def weighted_mean(adapters: Sequence[Adapter], weights: Sequence[float]) -> Adap
     """Σ w_i·x_i / Σ w_i per tensor, in fp32 (inputs may be fp16)."""
     keys = _check(adapters, weights)
     w = np.asarray(weights, dtype=np.float64)
+    if not np.isfinite(w.sum()):  # huge but finite weights: scale first so their sum does not overflow
+        w = w / w.max()
     w = w / w.sum()
     return {k: np.sum([wi * a[k].astype(np.float64) for wi, a in zip(w, adapters)], axis=0).astype(np.float32)
             for k in keys}
@@ -55,6 +60,9 @@ def trimmed_mean(adapters: Sequence[Adapter], trim_fraction: float) -> Adapter:
     cut = int(trim_fraction * n)
     if n - 2 * cut < 1:
         raise AggregationError(f"trim fraction {trim_fraction} leaves no values from {n} adapters")
+    if cut == 0:
+        log.warning("trimmed mean with trim fraction %s trims nothing from %d adapters (floor(%s x %d) = 0): this "
+                    "round is a plain mean", trim_fraction, n, trim_fraction, n)
     out = {}
     for k in keys:
         stacked = np.sort(np.stack([a[k].astype(np.float32) for a in adapters]), axis=0)

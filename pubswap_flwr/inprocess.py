@@ -33,8 +33,9 @@ Deliver = Callable[[Message, Context, Callable[[Message, Context], Message]], Me
 
 
 def _wire_copy(message: Message) -> Message:
-    """The message as the other side receives it: serialized and parsed back."""
-    return message_from_proto(message_to_proto(message))
+    """The message as the other side receives it: serialized to bytes and parsed back."""
+    proto = message_to_proto(message)
+    return message_from_proto(type(proto).FromString(proto.SerializeToString()))
 
 
 @dataclass
@@ -92,7 +93,7 @@ class InProcessGrid(Grid):
             ids.append(message.metadata.message_id)
             reply = self._serve(_wire_copy(message))
             if reply is not None:
-                self._replies[message.metadata.message_id] = _wire_copy(reply)
+                self._replies[message.metadata.message_id] = reply
         return ids
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
@@ -110,11 +111,20 @@ class InProcessGrid(Grid):
         saved = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = self.run_id, node.node_id, node.node_id
         try:
-            if self.deliver is not None:
-                return self.deliver(message, node.context, self._call)
-            return self._call(message, node.context)
+            reply = (self.deliver(message, node.context, self._call) if self.deliver is not None
+                     else self._call(message, node.context))
+            return None if reply is None else self._sent(reply, message)
         finally:
             TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
+
+    @staticmethod
+    def _sent(reply: Message, message: Message) -> Message:
+        """The reply as the server receives it; one that cannot be serialized fails on the node, as in Flower."""
+        try:
+            return _wire_copy(reply)
+        except (ValueError, TypeError) as err:  # protobuf refuses e.g. text that is not valid Unicode
+            reason = f"the reply could not be serialized: {type(err).__name__}: {err}"
+            return _wire_copy(Message(Error(code=CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=message))
 
     def _call(self, message: Message, context: Context) -> Message:
         try:

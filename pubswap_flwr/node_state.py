@@ -42,6 +42,7 @@ class NodeIdentity:
                     run_name: str) -> "NodeIdentity":
         """Simulation: partition-id from Flower, state under the run dir. Deployment: node-config keys
         `state-dir`, `data-path`, `model-name`, `task-mix`, optional `partition-id`."""
+        run_name = safe_component(run_name, "run-name")
         partition = node_config.get("partition-id")
         index = int(partition) if partition is not None else int(node_id) % MAX_NODES
         simulated = "num-partitions" in node_config  # Flower sets it only for simulated nodes
@@ -55,6 +56,16 @@ class NodeIdentity:
         data_path = node_config.get("data-path") or _round_robin(cfg.tasks.data_paths, index)
         return cls(index, state_dir, str(model), str(data_path) if data_path else None,
                    node_config.get("task-mix") or None)
+
+
+def safe_component(name: str, what: str) -> str:
+    """`name` if it is one plain path component: a run name from the server must never move a node's state
+    outside its state dir."""
+    if (not isinstance(name, str) or not name or name in (".", "..") or len(name) > 255
+            or any(c in name for c in "/\\\0") or name != name.strip()):
+        raise ValueError(f"{what} {name!r} is not one plain path component (no '/', '\\', '..', NUL or "
+                         "surrounding spaces, at most 255 characters)")
+    return name
 
 
 def _round_robin(text: str, index: int) -> str | None:

@@ -71,8 +71,14 @@ class Runner:
             node_index=self.exchange.node_index, protocol=self.protocol.state(), master=self.protocol.master))
 
     def _restore(self, saved: checkpoint.ServerCheckpoint) -> int:
+        if self.protocol.holds_global_adapter and self.evaluator is not None:
+            checkpoint.check_adapter(saved, self.evaluator.policy.adapter())  # keys and shapes fit the model
         self.protocol.master = saved.master
-        self.protocol.restore(saved.protocol)
+        try:
+            self.protocol.restore(saved.protocol)
+        except (KeyError, TypeError, ValueError) as err:
+            raise checkpoint.CheckpointError(f"{saved.state_path}: 'protocol' state cannot be restored "
+                                             f"({type(err).__name__}: {err})") from err
         self.cumulative_reward = saved.cumulative_reward
         self.exchange.node_index = dict(saved.node_index)
         return saved.round
@@ -137,9 +143,13 @@ class Runner:
 
 def mean_eval(evals: list[dict]) -> dict:
     """Mean of nodes' held-out metrics (SAPO: every node has its own model)."""
-    keys = [k for k, v in evals[0].items() if isinstance(v, (int, float))]
+    keys = list(dict.fromkeys(k for e in evals for k, v in e.items() if isinstance(v, (int, float))))
     out: dict = {k: float(np.mean([e[k] for e in evals if k in e])) for k in keys}
-    tasks = evals[0].get("per_task", {})
-    out["per_task"] = {t: {m: float(np.mean([e["per_task"][t][m] for e in evals if t in e.get("per_task", {})]))
-                           for m in tasks[t]} for t in tasks}
+    rows = [e.get("per_task", {}) for e in evals]
+    tasks = list(dict.fromkeys(t for per_task in rows for t in per_task))  # nodes may report different tasks
+    out["per_task"] = {}
+    for task in tasks:
+        present = [per_task[task] for per_task in rows if task in per_task]
+        metrics = list(dict.fromkeys(m for row in present for m in row))
+        out["per_task"][task] = {m: float(np.mean([row[m] for row in present if m in row])) for m in metrics}
     return out

@@ -36,6 +36,29 @@ def relay(pool: Sequence[Packet], receiver: str) -> list[Packet]:
     return [p for p in pool if p.sender != receiver]
 
 
+def fair_share(packets: Sequence[Packet], max_bytes: int, size: Callable[[Packet], int]) -> list[Packet]:
+    """The packets that fit a message of `max_bytes`: each sender gets an equal share of the bytes and keeps its
+    packets in order until its next one would overrun the share, so one sender's large packets can only crowd out
+    its own (the order of `packets` is kept)."""
+    senders = list(dict.fromkeys(p.sender for p in packets))
+    if not senders:
+        return []
+    share = max_bytes // len(senders)
+    used = {s: 0 for s in senders}
+    full = set()
+    kept = []
+    for packet in packets:
+        if packet.sender in full:
+            continue
+        cost = size(packet)
+        if used[packet.sender] + cost > share:
+            full.add(packet.sender)
+            continue
+        used[packet.sender] += cost
+        kept.append(packet)
+    return kept
+
+
 @dataclass(frozen=True)
 class ScoredPacket:
     packet: Packet

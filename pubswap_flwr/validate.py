@@ -6,6 +6,7 @@ Each check raises `Rejected` with a reason that names what was wrong; the strate
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,9 @@ class Rejected(ValueError):
 @dataclass(frozen=True)
 class Limits:
     max_completion_chars: int = 4096
+    score_seconds: float = 5.0  # scoring time per completion (the server's own scoring of public responses)
+    sender_scoring_seconds: float = 60.0  # scoring time per sender per round; the rest of its answers get reward 0
+    max_depth: int = 16  # nesting of JSON objects and lists in packet metadata and provenance
     max_question_chars: int = 8192
     max_answer_chars: int = 2048
     max_completions: int = 64  # per packet
@@ -57,6 +61,27 @@ def check_weight(weight: Any) -> float:
     return float(weight)
 
 
+def check_utf8(value: str, what: str) -> str:
+    """Text that can be encoded as UTF-8 (JSON allows lone surrogates such as "\\ud800"; forwarding them fails)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise Rejected(f"{what} is not valid Unicode text ({err.reason} at position {err.start})") from None
+    return value
+
+
+def check_depth(value: Any, limit: int, what: str) -> None:
+    """Objects and lists nested at most `limit` deep (checked without recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        current, depth = stack.pop()
+        if isinstance(current, (dict, list)):
+            if depth > limit:
+                raise Rejected(f"{what} is nested more than {limit} levels deep")
+            children = current.values() if isinstance(current, dict) else current
+            stack.extend((child, depth + 1) for child in children)
+
+
 def check_public_responses(payload: Any, uids: list[str], k: int, limits: Limits) -> dict[str, list[str]]:
     """Exactly the requested prompt ids, each with exactly K text responses within the size limit. Anything else the
     client put in the payload (claimed rewards included) is ignored: the server scores responses itself."""
@@ -75,6 +100,8 @@ def check_public_responses(payload: Any, uids: list[str], k: int, limits: Limits
             raise Rejected(f"prompt {uid}: expected a list of {k} responses, got {got}")
         if not all(isinstance(t, str) for t in texts):
             raise Rejected(f"prompt {uid}: responses must be text")
+        for text in texts:
+            check_utf8(text, f"prompt {uid}: a response")
         longest = max((len(t) for t in texts), default=0)
         if longest > limits.max_completion_chars:
             raise Rejected(f"prompt {uid}: a response has {longest} chars, over the {limits.max_completion_chars} "
@@ -91,7 +118,7 @@ def _text(entry: dict, key: str, limit: int, *, optional: bool = False) -> str |
         raise Rejected(f"'{key}' must be text, got {type(value).__name__}")
     if len(value) > limit:
         raise Rejected(f"'{key}' has {len(value)} chars, over the {limit} limit")
-    return value
+    return check_utf8(value, f"'{key}'")
 
 
 def check_packet(entry: Any, limits: Limits, max_completions: int) -> Packet:
@@ -116,6 +143,7 @@ def check_packet(entry: Any, limits: Limits, max_completions: int) -> Packet:
         value = item.get(key, {})
         if not isinstance(value, dict):
             raise Rejected(f"'{key}' must be an object")
+        check_depth(value, limits.max_depth, f"'{key}'")
         if len(repr(value)) > limits.max_metadata_chars:
             raise Rejected(f"'{key}' is over the {limits.max_metadata_chars}-char limit")
     completions = entry.get("completions")
@@ -128,6 +156,8 @@ def check_packet(entry: Any, limits: Limits, max_completions: int) -> Packet:
             raise Rejected(f"a completion is {type(text).__name__}, not text")
         if len(text) > limits.max_completion_chars:
             raise Rejected(f"a completion has {len(text)} chars, over the {limits.max_completion_chars} limit")
+        check_utf8(text, "a completion")
+    check_utf8(json.dumps(item, ensure_ascii=False), "the item")  # also strings inside metadata
     return Packet("", TaskItem.from_dict(item), tuple(completions))
 
 
@@ -171,5 +201,6 @@ def check_eval(result: Any) -> dict:
     per_task = result.get("per_task", {})
     if not isinstance(per_task, dict) or len(per_task) > 256:
         raise Rejected("eval.per_task is not an object of at most 256 tasks")
-    clean["per_task"] = {str(task)[:128]: numbers(row, f"eval.per_task[{task!r}]") for task, row in per_task.items()}
+    clean["per_task"] = {check_utf8(str(task)[:128], "a task name"): numbers(row, f"eval.per_task[{task!r}]")
+                         for task, row in per_task.items()}
     return clean

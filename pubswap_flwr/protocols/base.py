@@ -246,6 +246,18 @@ class ServerProtocol:
         pass
 
 
+def record_scoring(ctx: RoundContext, budget) -> None:
+    """Per client, how many of its answers the server's scoring timed out on or skipped (budget spent) this round;
+    only clients with any are listed."""
+    for node, usage in budget.summary().items():
+        if usage["timeouts"] or usage["skipped"]:
+            row = ctx.log.client(node)
+            row["scoring_timeouts"] = int(usage["timeouts"])
+            row["scoring_skipped"] = int(usage["skipped"])
+            log.warning("round %d: scoring client %d's answers: %d timed out, %d skipped (budget spent)", ctx.number,
+                        node, usage["timeouts"], usage["skipped"])
+
+
 # -- the client side ---------------------------------------------------------------------------------------------
 @dataclass
 class ClientWork:

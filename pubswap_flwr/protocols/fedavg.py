@@ -69,17 +69,22 @@ def checked_adapter(content: RecordDict, reference: Adapter) -> Adapter:
 
 
 # -- server --------------------------------------------------------------------------------------------------------
-def aggregate_adapters(ctx: RoundContext, cfg: ExperimentConfig, master: Adapter,
-                       adapters: dict[int, Adapter]) -> Adapter:
+def aggregate_adapters(ctx: RoundContext, cfg: ExperimentConfig, master: Adapter, adapters: dict[int, Adapter],
+                       expected: dict[int, float]) -> Adapter:
     """The new global adapter from the round's valid adapters, each weighted by the examples its client reported
-    over the round (a client with no valid weight is dropped); `master` is kept when fewer than min-clients."""
+    over the round but never more than the server asked it for (`expected`: steps x prompts x K), so no claim can
+    take the average over; a client with no valid weight is dropped; `master` is kept when fewer than
+    min-clients remain."""
     started = time.perf_counter()
     valid: dict[int, tuple[Adapter, float]] = {}
     for node in ctx.exchange.ordered(adapters):
         try:
-            valid[node] = adapters[node], check_weight(ctx.log.client(node).get("examples", 0))
+            claimed = check_weight(ctx.log.client(node).get("examples", 0))
+            valid[node] = adapters[node], min(claimed, float(expected.get(node, 0.0)))
+            check_weight(valid[node][1])
         except Rejected as err:
             ctx.log.drop(node, f"rejected reply: {err}")
+            valid.pop(node, None)
     s = cfg.strategy
     if len(valid) < s.min_clients:
         ctx.log.extra["aggregated"] = False
@@ -109,8 +114,10 @@ class FedAvgProtocol(ServerProtocol):
         result = ctx.exchange.send([instruction.to_message(n) for n in nodes],
                                    lambda node, reply: AdapterReply.from_message(reply, master))
         ctx.log.absorb(result)
-        self.master = aggregate_adapters(ctx, self.cfg, self.master,
-                                         {n: r.adapter for n, r in result.replies.items()})
+        t = self.cfg.train
+        expected = {n: float(t.local_steps * t.prompts_per_step * t.completions_per_prompt) for n in nodes}
+        self.master = aggregate_adapters(ctx, self.cfg, self.master, {n: r.adapter for n, r in result.replies.items()},
+                                         expected)
 
 
 class FedProxProtocol(FedAvgProtocol):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import random
 import time
+from functools import partial
 from collections import Counter
 from dataclasses import dataclass
 from itertools import combinations
@@ -25,11 +26,11 @@ from ..config import ExperimentConfig
 from ..policy import from_wire, to_wire
 from ..rollouts import Completion, RolloutGroup
 from ..swap import Response, build_response_sets
-from ..tasks import extract_answer, score_completion
+from ..tasks import ScoringBudget, extract_answer, score_completion
 from ..validate import Limits, check_public_responses
 from ..wire import CONFIG_KEY
 from .base import (Adapter, ClientReport, ClientWork, Header, Instruction, RoundContext, ServerProtocol, adapter_of,
-                   payload_of, read_reply, records, reply_records)
+                   payload_of, read_reply, record_scoring, records, reply_records)
 from .fedavg import aggregate_adapters, checked_adapter
 
 Scored = dict[str, list[tuple[str, float]]]  # public prompt id -> (response text, server's reward)
@@ -106,14 +107,15 @@ class SegmentReply:
 
     @classmethod
     def from_message(cls, message: Message, uids: list[str], k: int, limits: Limits, public,
-                     reference: Adapter | None) -> "SegmentReply":
-        """Decode and check a client's reply, scoring its responses with the server's verifier."""
+                     reference: Adapter | None, score=score_completion) -> "SegmentReply":
+        """Decode and check a client's reply, scoring its responses with the server's verifier (`score`, under
+        the client's scoring budget in a round)."""
         _, payload, report = read_reply(message)
         scored: Scored = {}
         if uids:
             texts = check_public_responses(payload, uids, k, limits)
             limit = limits.max_completion_chars
-            scored = {uid: [(t, score_completion(t, public.get(uid), max_chars=limit).reward) for t in texts[uid]]
+            scored = {uid: [(t, score(t, public.get(uid), max_chars=limit).reward) for t in texts[uid]]
                       for uid in uids}
         adapter = checked_adapter(message.content, reference) if reference is not None else None
         return cls(report, scored, adapter)
@@ -167,15 +169,21 @@ class PubSwapProtocol(ServerProtocol):
         ctx.log.extra["public_steps"] = []
         final_replies: dict[int, SegmentReply] = {}
         master = self.master
+        t = self.cfg.train
+        expected = {node: 0.0 for node in active}  # completions the server asks each client to train on
+        budget = ScoringBudget(self.limits.score_seconds, self.limits.sender_scoring_seconds)
         for segment in range(len(positions) + 1):
             is_final = segment == len(positions)
             next_public = positions[segment] if not is_final else self.cfg.train.local_steps + 1
+            for node in active:
+                public = sum(len(entries) for entries in pending_sets.get(node, {}).values())
+                expected[node] += (next_public - previous - 1) * t.prompts_per_step * t.completions_per_prompt + public
             uids = [] if is_final else self.next_public_uids()
             messages = [Segment(ctx.header(round_start=segment == 0), next_public - previous - 1, tuple(uids), k,
                                 is_final, master if segment == 0 else None, pending_sets.get(node)).to_message(node)
                         for node in active]
             result = ctx.exchange.send(messages, lambda node, reply: SegmentReply.from_message(
-                reply, uids, k, self.limits, self.public, master if is_final else None))
+                reply, uids, k, self.limits, self.public, master if is_final else None, partial(budget.score, node)))
             ctx.log.absorb(result)
             active = [n for n in active if n in result.replies]
             if is_final:
@@ -189,8 +197,9 @@ class PubSwapProtocol(ServerProtocol):
             ctx.log.server_seconds += time.perf_counter() - started
             previous = next_public
         self.master = aggregate_adapters(ctx, self.cfg, self.master,
-                                         {n: r.adapter for n, r in final_replies.items()})
+                                         {n: r.adapter for n, r in final_replies.items()}, expected)
         ctx.log.extra["swap"] = summarise_public_steps(ctx.log.extra["public_steps"])
+        record_scoring(ctx, budget)
 
     def swap(self, ctx: RoundContext, responses: dict[int, Scored], uids: list[str], k: int,
              segment: int) -> tuple[dict[int, dict], dict]:

@@ -12,10 +12,13 @@ that carries the previous round's pool, so no node waits for a slow peer. Nodes 
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import time
+from collections import Counter
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, ClassVar, Sequence
 
 from flwr.app import Message, RecordDict
@@ -23,19 +26,28 @@ from flwr.app import Message, RecordDict
 from ..config import ExperimentConfig
 from ..learner import Learner, StepRecord, WorkReport
 from ..rollouts import Completion, RolloutGroup
-from ..sapo import Packet, Selection, relay, reputation, select_external, select_local
+from ..sapo import Packet, Selection, fair_share, relay, reputation, select_external, select_local
 from ..shared import derive_seed
-from ..tasks import TaskItem, score_completion
+from ..tasks import ScoringBudget, TaskItem, score_completion
 from ..tasks.specs import generate_entry
 from ..tasks.splits import RANGE
 from ..tasks.verifiers import VERIFIERS
 from ..validate import Limits, Rejected, check_eval, check_packets
-from ..wire import CONFIG_KEY
+from ..wire import CONFIG_KEY, DEFAULT_MAX_PAYLOAD_BYTES
 from .base import (ClientReport, ClientWork, Header, Instruction, RoundContext, ServerProtocol, number, payload_of,
                    read_reply, records, reply_records)
 
 log = logging.getLogger("pubswap_flwr")
 
+# the relayed pool must fit the receiver's payload limit, with room for the rest of the message
+RELAY_BYTES = DEFAULT_MAX_PAYLOAD_BYTES - 64 * 1024
+
+
+def packet_bytes(packet: Packet) -> int:
+    return len(json.dumps(packet.to_wire(), separators=(",", ":"), ensure_ascii=False).encode("utf-8")) + 1
+
+
+SCORING_KEYS = ("scoring-timeouts", "scoring-skipped")  # sent only when not 0
 SELECTION_KEYS = ("external-received", "external-used", "external-zero-advantage", "external-rejected",
                   "external-shortfall")
 
@@ -103,10 +115,11 @@ class SapoReply:
     rejections: tuple[str, ...] = ()  # the node's reasons for dropping peers' packets
     eval: dict | None = None
     eval_seconds: float = 0.0
+    scoring: dict[str, int] = field(default_factory=dict)  # peers' answers whose scoring timed out / was skipped
 
     def to_record(self) -> RecordDict:
         payload: dict[str, Any] = {}
-        metrics: dict[str, Any] = dict(self.selection)
+        metrics: dict[str, Any] = {**self.selection, **self.scoring}
         if self.packets is not None:
             payload["packets"] = [p.to_wire() for p in self.packets]
         if self.eval_initial is not None:
@@ -129,10 +142,11 @@ class SapoReply:
             if trained else {}
         rejections = payload.get("rejections", [])
         rejections = tuple(str(r)[:300] for r in rejections[:5]) if isinstance(rejections, list) else ()
+        scoring = {key: int(number(metrics, key, low=0, high=1e9)) for key in SCORING_KEYS if key in metrics}
         return cls(report, None if shared is None else tuple(shared), tuple(reasons),
                    _optional_eval(payload.get("eval-initial"), report, "initial evaluation"),
                    selection, rejections, _optional_eval(payload.get("eval"), report, "evaluation"),
-                   number(metrics, "eval-seconds", 0.0, low=0))
+                   number(metrics, "eval-seconds", 0.0, low=0), scoring)
 
 
 def _optional_eval(value: Any, report: ClientReport, what: str) -> dict | None:
@@ -188,8 +202,18 @@ class SapoProtocol(ServerProtocol):
 
     def _train_messages(self, ctx: RoundContext, kind: type[SapoTrain], nodes: list[int], pool: list[Packet],
                         round_start: bool, evaluate_initial: bool) -> list[Message]:
-        return [kind(ctx.header(round_start), tuple(relay(pool, ctx.exchange.label(node))),
-                     ctx.evaluate, ctx.final, evaluate_initial).to_message(node) for node in nodes]
+        messages = []
+        for node in nodes:
+            others = relay(pool, ctx.exchange.label(node))
+            relayed = fair_share(others, RELAY_BYTES, packet_bytes)
+            if len(relayed) < len(others):
+                cut = Counter(p.sender for p in others) - Counter(p.sender for p in relayed)
+                ctx.log.extra.setdefault("relay_cut", {})[str(node)] = dict(sorted(cut.items()))
+                log.warning("round %d: the pool for node %d is over %d bytes: %d packets of %s not relayed",
+                            ctx.number, node, RELAY_BYTES, sum(cut.values()), ", ".join(sorted(cut)))
+            messages.append(kind(ctx.header(round_start), tuple(relayed), ctx.evaluate, ctx.final,
+                                 evaluate_initial).to_message(node))
+        return messages
 
     def run_round(self, ctx: RoundContext) -> None:
         nodes = ctx.exchange.select(ctx.number)
@@ -216,6 +240,8 @@ class SapoProtocol(ServerProtocol):
                 row[key.replace("-", "_")] = reply.selection[key]
             if reply.rejections:
                 row["external_rejections"] = list(reply.rejections)
+            for key, count in reply.scoring.items():
+                row[key.replace("-", "_")] = count
             if reply.eval is not None:
                 evals[str(node)] = reply.eval
             ctx.log.eval_seconds += reply.eval_seconds
@@ -282,8 +308,9 @@ def verified_item(learner: Learner, item: TaskItem) -> TaskItem:
                     item.family)
 
 
-def rescore(learner: Learner, packet: Packet) -> list[float]:
-    """Rewards of a peer's completions under this node's own verifier; ValueError when it cannot score them."""
+def rescore(learner: Learner, packet: Packet, score=score_completion) -> list[float]:
+    """Rewards of a peer's completions under this node's own verifier (`score`: under the sender's scoring
+    budget in a round); ValueError when it cannot score them."""
     item = verified_item(learner, packet.item)
     if item.verifier not in VERIFIERS:
         raise ValueError(f"unknown verifier {item.verifier!r}")
@@ -293,13 +320,14 @@ def rescore(learner: Learner, packet: Packet) -> list[float]:
         raise ValueError("packet has no completions")
     if len(packet.completions) > learner.cfg.sapo.completions * 4:
         raise ValueError(f"packet has {len(packet.completions)} completions")
-    scores = [score_completion(text, item, max_chars=learner.cfg.generation.max_completion_chars)
-              for text in packet.completions]
+    scores = [score(text, item, max_chars=learner.cfg.generation.max_completion_chars) for text in packet.completions]
     return [s.reward for s in scores]
 
 
-def train_on_pool(learner: Learner, pool: Sequence[Packet], round_number: int, report: WorkReport) -> Selection:
-    """Train on I own groups + J external groups (re-scored here, zero-advantage ones dropped)."""
+def train_on_pool(learner: Learner, pool: Sequence[Packet], round_number: int, report: WorkReport,
+                  budget: ScoringBudget | None = None) -> Selection:
+    """Train on I own groups + J external groups (re-scored here under each sender's scoring budget,
+    zero-advantage ones dropped)."""
     scfg = learner.cfg.sapo
     index = learner.identity.index
     rng = random.Random(derive_seed(learner.cfg.seed, index, round_number, "select"))
@@ -307,7 +335,10 @@ def train_on_pool(learner: Learner, pool: Sequence[Packet], round_number: int, r
     weight = None
     if scfg.reputation:
         weight = lambda sender: reputation(*learner.state.peers.get(sender, (0, 0)))  # noqa: E731
-    selection = select_external(pool, scfg.external, lambda packet: rescore(learner, packet), rng, weight)
+    budget = budget or ScoringBudget(Limits.score_seconds, Limits.sender_scoring_seconds)
+    selection = select_external(pool, scfg.external,
+                                lambda packet: rescore(learner, packet, partial(budget.score, packet.sender)), rng,
+                                weight)
     for sender in sorted({p.sender for p in pool}):  # verification record per peer (reputation)
         passed, failed = learner.state.peers.get(sender, (0, 0))
         count = sum(r.startswith(sender + "/") for r in selection.rejections)
@@ -331,7 +362,11 @@ def train_on_pool(learner: Learner, pool: Sequence[Packet], round_number: int, r
 
 def _train_reply(work: ClientWork, message: SapoTrain, packets: list[Packet] | None,
                  eval_initial: dict | None) -> RecordDict:
-    selection = train_on_pool(work.learner, message.pool, message.header.server_round, work.report)
+    budget = ScoringBudget(Limits.score_seconds, Limits.sender_scoring_seconds)
+    selection = train_on_pool(work.learner, message.pool, message.header.server_round, work.report, budget)
+    usage = budget.summary().values()
+    scoring = {"scoring-timeouts": sum(int(u["timeouts"]) for u in usage),
+               "scoring-skipped": sum(int(u["skipped"]) for u in usage)}
     counts = {"external-received": selection.received, "external-used": len(selection.chosen),
               "external-zero-advantage": selection.zero_advantage, "external-rejected": selection.rejected,
               "external-shortfall": selection.shortfall}
@@ -343,7 +378,8 @@ def _train_reply(work: ClientWork, message: SapoTrain, packets: list[Packet] | N
     if message.save_adapter:
         work.learner.policy.model.save_pretrained(str(work.learner.state_dir / "adapter"))
     return SapoReply(work.client_report(), None if packets is None else tuple(packets), (), eval_initial, counts,
-                     tuple(selection.rejections[:20]), evaluation, seconds).to_record()
+                     tuple(selection.rejections[:20]), evaluation, seconds,
+                     {k: v for k, v in scoring.items() if v}).to_record()
 
 
 def collect_rollouts(work: ClientWork) -> RecordDict:
