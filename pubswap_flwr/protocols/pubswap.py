@@ -55,10 +55,17 @@ class SwapEntry:
     def from_dict(cls, data: Any) -> "SwapEntry":
         if not isinstance(data, dict):
             raise ValueError(f"a response-set entry is {type(data).__name__}, not an object")
-        index = int(data.get("own_index", -1))
+        index, reward = data.get("own_index", -1), data.get("reward")
+        if isinstance(index, bool) or not isinstance(index, int):
+            raise ValueError(f"own_index must be an integer, got {type(index).__name__}")
+        if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not 0 <= reward <= 1:
+            raise ValueError(f"reward must be a number in [0, 1], got {reward!r}")
         if index >= 0:
-            return cls(float(data["reward"]), index)
-        return cls(float(data["reward"]), -1, str(data["text"]), str(data.get("source", "peer")))
+            return cls(float(reward), index)
+        text, source = data.get("text"), data.get("source", "peer")
+        if not isinstance(text, str) or not isinstance(source, str):
+            raise ValueError("a foreign response needs text and a source name")
+        return cls(float(reward), -1, text, source)
 
 
 @dataclass(frozen=True)
@@ -85,8 +92,11 @@ class Segment(Instruction):
     def from_record(cls, content: RecordDict) -> "Segment":
         config = content[CONFIG_KEY]
         sets = payload_of(content).get("response-sets")
-        response_sets = None if sets is None else {str(uid): tuple(SwapEntry.from_dict(e) for e in entries)
-                                                   for uid, entries in dict(sets).items()}
+        try:
+            response_sets = None if sets is None else {str(uid): tuple(SwapEntry.from_dict(e) for e in entries)
+                                                       for uid, entries in dict(sets).items()}
+        except (TypeError, KeyError, ValueError) as err:
+            raise ValueError(f"malformed response sets: {type(err).__name__}: {err}") from None
         return cls(Header.from_config(config), int(config.get("private-steps", 0)),
                    tuple(u for u in str(config.get("public-uids", "")).split("\n") if u), int(config["k"]),
                    bool(config.get("final", False)), adapter_of(content), response_sets)

@@ -1,0 +1,99 @@
+"""Model-free honest clients behind a Grid, for driving a protocol's server side directly: each answers every
+instruction with a well-formed reply of its message type, and `tamper(node, message, content)` may rewrite a reply's
+records before the server sees them (property tests feed it arbitrary mutations)."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Callable
+
+from flwr.app import Message, RecordDict
+from flwr.common.serde import message_from_proto, message_to_proto
+from flwr.serverapp import Grid
+from flwr.supercore.run import Run
+from flwr.supercore.task_identity import TaskIdentity
+
+from pubswap_flwr.inprocess import InProcessGrid
+from pubswap_flwr.protocols.base import ClientReport
+from pubswap_flwr.protocols.fedavg import AdapterReply, LocalRound
+from pubswap_flwr.protocols.pubswap import Segment, SegmentReply
+from pubswap_flwr.protocols.sapo import CollectRollouts, SapoAsyncRound, SapoReply, SapoTrain
+from pubswap_flwr.sapo import Packet
+from pubswap_flwr.tasks import TaskItem
+
+Tamper = Callable[[int, Message, RecordDict], RecordDict]
+ITEM = TaskItem("gcd/7", "gcd", "What is the greatest common divisor of 12 and 18?", "6", "exact")
+SELECTION = {"external-received": 3, "external-used": 2, "external-zero-advantage": 1, "external-rejected": 0,
+             "external-shortfall": 0}
+
+
+def report(node_index: int, examples: int = 64) -> ClientReport:
+    return ClientReport(node_index, examples, 0.5, 3, 1.0, 2.0, 0.1, 0.1, 0.5, examples, None, "embedded:tiny",
+                        ("gcd",))
+
+
+def honest_reply(index: int, message: Message) -> RecordDict:
+    kind = message.metadata.message_type
+    if kind == LocalRound.message_type:
+        instruction = LocalRound.from_record(message.content)
+        return AdapterReply(report(index), instruction.adapter).to_record()
+    if kind == Segment.message_type:
+        segment = Segment.from_record(message.content)
+        responses = {uid: [f"<answer>{i % 3}</answer>" for i in range(segment.k)] for uid in segment.public_uids}
+        adapter = None
+        if segment.final:
+            adapter = honest_reply.adapters[index]  # type: ignore[attr-defined]
+        return SegmentReply(report(index), responses, adapter).to_record()
+    packets = (Packet("", ITEM, ("<answer>6</answer>", "<answer>5</answer>")),)
+    if kind == CollectRollouts.message_type:
+        return SapoReply(report(index), packets).to_record()
+    if kind in (SapoTrain.message_type, SapoAsyncRound.message_type):
+        shared = packets if kind == SapoAsyncRound.message_type else None
+        return SapoReply(report(index), shared, selection=SELECTION).to_record()
+    raise ValueError(f"no fake reply for {kind}")
+
+
+honest_reply.adapters = {}  # type: ignore[attr-defined]  # pubswap: the adapter each node returns at the end
+
+
+class FakeClientsGrid(Grid):
+    """`num_nodes` honest model-free clients (node ids 101.., node index = position); `tamper` rewrites replies."""
+
+    def __init__(self, num_nodes: int, tamper: Tamper | None = None, global_adapter: dict | None = None):
+        self.ids = [101 + i for i in range(num_nodes)]
+        self.tamper = tamper
+        self.counter = itertools.count(1)
+        honest_reply.adapters = {i: global_adapter for i in range(num_nodes)}  # type: ignore[attr-defined]
+        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+
+    def set_run(self, run: Run) -> None:
+        pass
+
+    @property
+    def run(self) -> Run:
+        return Run.create_empty(1)
+
+    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None) -> Message:
+        return Message(content, dst_node_id, message_type)
+
+    def get_node_ids(self):
+        return list(self.ids)
+
+    def push_messages(self, messages):
+        raise NotImplementedError
+
+    def pull_messages(self, message_ids):
+        raise NotImplementedError
+
+    def send_and_receive(self, messages, *, timeout=None):
+        replies = []
+        for message in messages:
+            message.metadata.__dict__["_message_id"] = f"m{next(self.counter)}"
+            received = message_from_proto(message_to_proto(message))
+            node = message.metadata.dst_node_id
+            content = honest_reply(self.ids.index(node), received)
+            if self.tamper is not None:
+                content = self.tamper(node, received, content)
+            replies.append(InProcessGrid._sent(Message(content, reply_to=received), received))
+        return replies
+
