@@ -100,8 +100,13 @@ def _series(rows: list[dict], pick) -> dict[int, float]:
 
 
 def _client_rewards(row: dict) -> list[float]:
-    key = "rollout_reward" if row.get("mode") == "sapo" else "train_reward"
-    return [c[key] for c in row.get("clients", {}).values() if c.get(key) is not None]
+    """Each client's reward on its own rollouts this round (private steps; SAPO: its B x L rollouts)."""
+    rewards = []
+    for client in row.get("clients", {}).values():
+        value = client.get("train_reward", client.get("rollout_reward"))
+        if value is not None:
+            rewards.append(value)
+    return rewards
 
 
 def _mean_curve(runs: list[RunSummary], pick) -> tuple[list[int], list[float]]:
