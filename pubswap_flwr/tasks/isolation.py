@@ -4,8 +4,9 @@ Why a process. Some scorers do unbounded work on model or peer text: the sympy-b
 (countdown, puzzle24, polynomial_multiplication, simple/intermediate_integration) spend minutes on `9**9**9` or on
 simplifying the derivative of a large product, and such work can sit in C (big-integer arithmetic, the regex
 engine), where no thread can interrupt it. `score_completion` therefore sends them to an `IsolatedScorer`: one
-long-lived worker process (`_score_worker.py`, a `workers.WorkerProcess`) that runs the same scorer code as the
-caller would, with two bounds per completion, as the math checker has:
+long-lived worker process (`_score_worker.py`) that runs the same scorer code as the caller would, with two bounds
+per completion; the process handling on both sides is shared with the math checker (`workers.WorkerClient`,
+`_worker_loop.py`):
 
 * soft: the worker arms a signal timer of `timeout_s` around the scorer; when it fires (Python-level work, which is
   most sympy work) the answer is "timeout" and the worker stays up;
@@ -36,19 +37,11 @@ the wait by the time limit, which bounds the scorer's own time.
 
 from __future__ import annotations
 
-import atexit
-import logging
 import os
-import sys
-import threading
-import time
-import weakref
 from pathlib import Path
 
 from .items import TaskItem
-from .workers import ScoringTimeout, WorkerProcess
-
-log = logging.getLogger(__name__)
+from .workers import LazyDefault, ScoringTimeout, WorkerClient
 
 WORKER_SCRIPT = Path(__file__).with_name("_score_worker.py")
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder holding pubswap_flwr/, for the worker's sys.path
@@ -73,58 +66,29 @@ def _label(item: TaskItem) -> str:
     return f"{item.verifier} scorer"
 
 
-_LIVE: "weakref.WeakSet[IsolatedScorer]" = weakref.WeakSet()
-
-
-class IsolatedScorer:
+class IsolatedScorer(WorkerClient):
     """Runs a registered scorer on (answer, item) in a worker process, with soft and hard timeouts (module
-    docstring). `soft_timeout=False` leaves only the hard deadline (tests of the kill path)."""
+    docstring; the worker handling is `workers.WorkerClient`'s). `soft_timeout=False` leaves only the hard deadline
+    (tests of the kill path)."""
+
+    script = WORKER_SCRIPT
+    name = "scoring worker"
+    eager_restart = True
 
     def __init__(self, *, grace_s: float = DEFAULT_GRACE_S, memory_mb: int = DEFAULT_MEMORY_MB,
                  startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S, soft_timeout: bool = True):
-        self.grace_s = float(grace_s)
-        self.memory_mb = int(memory_mb)
-        self.startup_timeout_s = float(startup_timeout_s)
-        self.soft_timeout = soft_timeout
-        self.restarts = 0  # workers killed at the hard deadline or found dead
+        super().__init__(grace_s=grace_s, memory_mb=memory_mb, startup_timeout_s=startup_timeout_s,
+                         soft_timeout=soft_timeout)
         self.timeouts = 0  # soft and hard timeouts together
-        self._lock = threading.Lock()
-        self._worker: WorkerProcess | None = None
-        self._next_id = 0
-        _LIVE.add(self)
 
-    def _spawn(self) -> WorkerProcess:
+    def _arguments(self) -> list[str]:
+        return ["--package-root", str(PACKAGE_ROOT)]
+
+    def _env(self) -> dict[str, str]:
         env = dict(os.environ)
         for name in _ONE_THREAD:
             env.setdefault(name, "1")
-        return WorkerProcess([sys.executable, str(WORKER_SCRIPT), "--package-root", str(PACKAGE_ROOT),
-                              "--memory-mb", str(self.memory_mb)], name="scoring worker", env=env)
-
-    def _ready_worker(self) -> WorkerProcess:
-        if self._worker is not None and not self._worker.alive:
-            log.warning("scoring worker exited (code %s); restarting", self._worker.process.poll())
-            self._worker.stop()
-            self._worker = None
-            self.restarts += 1
-        if self._worker is None:
-            self._worker = self._spawn()
-        try:
-            self._worker.wait_ready(self.startup_timeout_s)
-        except RuntimeError:
-            self._worker = None
-            raise
-        return self._worker
-
-    def _kill(self, worker: WorkerProcess) -> None:
-        """Stop `worker` and start its replacement now, so its imports overlap the caller's other work."""
-        worker.stop()
-        self.restarts += 1
-        if self._worker is worker:
-            self._worker = None
-            try:
-                self._worker = self._spawn()
-            except OSError as err:  # cannot fork now: the next score tries again
-                log.warning("could not start a replacement scoring worker: %s", err)
+        return env
 
     def score(self, answer: str, item: TaskItem, timeout_s: float) -> float:
         """The reward `item.verifier`'s scorer gives `answer`, computed in the worker.
@@ -138,29 +102,10 @@ class IsolatedScorer:
             self.timeouts += 1
             raise ScoringTimeout(f"{label}: no time left in the scoring budget")
         with self._lock:
-            worker = self._ready_worker()
-            self._next_id += 1
-            request_id = self._next_id
-            request = {"id": request_id, "verifier": item.verifier, "answer": answer, "item": item.to_dict(),
-                       "timeout_s": timeout_s if self.soft_timeout else 0}
-            try:
-                worker.send(request)
-            except OSError as err:  # broken pipe: the worker died between checks
-                self._kill(worker)
-                raise RuntimeError(f"scoring worker pipe failed: {err}") from err
-            hard_s = timeout_s + self.grace_s
-            deadline = time.monotonic() + hard_s
-            while True:
-                reply = worker.read(deadline)
-                if reply is None:
-                    died = not worker.alive
-                    self._kill(worker)
-                    if died:
-                        raise RuntimeError(f"scoring worker exited (code {worker.process.poll()}) during a check")
-                    self.timeouts += 1
-                    raise ScoringTimeout(f"{label} hit the {hard_s:g} s hard timeout; worker killed")
-                if reply.get("id") == request_id:
-                    break
+            reply = self._request({"verifier": item.verifier, "answer": answer, "item": item.to_dict()}, timeout_s)
+            if reply is None:
+                self.timeouts += 1
+                raise ScoringTimeout(f"{label} hit the {timeout_s + self.grace_s:g} s hard timeout; worker killed")
         if "reward" in reply:
             return float(reply["reward"])
         if reply.get("error") == "timeout":
@@ -168,36 +113,16 @@ class IsolatedScorer:
             raise ScoringTimeout(f"{label} {reply.get('message')}")
         raise RemoteScorerError(str(reply.get("type") or "Error"), str(reply.get("message")))
 
-    def close(self) -> None:
-        with self._lock:
-            if self._worker is not None:
-                self._worker.stop()
-                self._worker = None
 
-
-@atexit.register
-def _close_all() -> None:
-    for scorer in list(_LIVE):
-        scorer.close()
-
-
-_default: IsolatedScorer | None = None
-_default_lock = threading.Lock()
+_default: LazyDefault[IsolatedScorer] = LazyDefault(IsolatedScorer)
 
 
 def default_isolated_scorer() -> IsolatedScorer:
     """The isolated scorer `score_completion` uses (created on first use; its worker starts on first score)."""
-    global _default
-    with _default_lock:
-        if _default is None:
-            _default = IsolatedScorer()
-        return _default
+    return _default.get()
 
 
 def set_default_isolated_scorer(scorer: IsolatedScorer | None) -> IsolatedScorer | None:
     """Replace `score_completion`'s isolated scorer (None: a default one on next use); returns the previous one (not
     closed)."""
-    global _default
-    with _default_lock:
-        previous, _default = _default, scorer
-        return previous
+    return _default.replace(scorer)

@@ -11,7 +11,8 @@ Timeouts. math-verify's own timeouts use signal.alarm, which only works in the m
 code in worker threads and Ray actors. So parsing and comparison never run in the caller's process: a `MathChecker`
 keeps one long-lived worker process (`_math_worker.py`, a `workers.WorkerProcess`: started with subprocess, so it
 works from any thread, from Ray actors and from daemonic processes, and forks nothing that holds the caller's locks)
-and talks to it over JSON lines on pipes. Each check has two bounds:
+and talks to it over JSON lines on pipes; that handling, on both sides, is shared with the isolated scorer
+(`workers.WorkerClient`, `_worker_loop.py`). Each check has two bounds:
 
 * soft: the worker's main thread arms a signal timer of `timeout_s` around parse + verify (or less: what is left of
   the completion's scoring budget, `verifiers.remaining_seconds`); when it fires the check
@@ -29,22 +30,14 @@ many completions give the same answer. Timeouts are never cached: a pair that ti
 
 from __future__ import annotations
 
-import atexit
-import logging
 import re
-import sys
-import threading
-import time
-import weakref
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
 from .items import TaskItem
 from .verifiers import register_verifier, remaining_seconds
-from .workers import ScoringTimeout, WorkerProcess
-
-log = logging.getLogger(__name__)
+from .workers import LazyDefault, ScoringTimeout, WorkerClient
 
 WORKER_SCRIPT = Path(__file__).with_name("_math_worker.py")
 DEFAULT_TIMEOUT_S = 5.0
@@ -131,29 +124,23 @@ def _plain_word(latex: str) -> str | None:
 
 # --- the checker --------------------------------------------------------------------------------------------------
 
-_LIVE_CHECKERS: "weakref.WeakSet[MathChecker]" = weakref.WeakSet()
+class MathChecker(WorkerClient):
+    """Equivalence of two math answers, computed in a worker process with soft and hard timeouts (module docstring;
+    the worker handling is `workers.WorkerClient`'s)."""
 
-
-class MathChecker:
-    """Equivalence of two math answers, computed in a worker process with soft and hard timeouts (module docstring)."""
+    script = WORKER_SCRIPT
+    name = "math worker"
 
     def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S, *, grace_s: float = DEFAULT_GRACE_S,
                  memory_mb: int = DEFAULT_MEMORY_MB, startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
                  soft_timeout: bool = True, cache_size: int = 4096):
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        super().__init__(grace_s=grace_s, memory_mb=memory_mb, startup_timeout_s=startup_timeout_s,
+                         soft_timeout=soft_timeout)
         self.timeout_s = float(timeout_s)
-        self.grace_s = float(grace_s)
-        self.memory_mb = int(memory_mb)
-        self.startup_timeout_s = float(startup_timeout_s)
-        self.soft_timeout = soft_timeout
         self.cache_size = cache_size
-        self.restarts = 0  # workers killed at the hard deadline or found dead
-        self._lock = threading.Lock()
-        self._worker: WorkerProcess | None = None
-        self._next_id = 0
         self._cache: OrderedDict[tuple[str, str], tuple[str, Any]] = OrderedDict()
-        _LIVE_CHECKERS.add(self)
 
     def equivalent(self, gold: str, answer: str, *, fast_path: bool = True, timeout_s: float | None = None) -> bool:
         """Whether `answer` equals `gold` mathematically. Raises ValueError (MathTimeout on timeout) with the reason
@@ -193,41 +180,10 @@ class MathChecker:
                     self._cache.popitem(last=False)
             return outcome
 
-    def _start_worker(self) -> WorkerProcess:
-        worker = WorkerProcess([sys.executable, str(WORKER_SCRIPT), "--memory-mb", str(self.memory_mb)],
-                               name="math worker")
-        worker.wait_ready(self.startup_timeout_s)
-        return worker
-
     def _ask(self, gold_latex: str, answer_latex: str, timeout_s: float) -> tuple[str, Any]:
-        if self._worker is not None and not self._worker.alive:
-            log.warning("math worker exited (code %s); restarting", self._worker.process.poll())
-            self._worker.stop()
-            self._worker = None
-            self.restarts += 1
-        if self._worker is None:
-            self._worker = self._start_worker()
-        worker = self._worker
-        self._next_id += 1
-        request_id = self._next_id
-        hard_s = timeout_s + self.grace_s
-        try:
-            worker.send({"id": request_id, "gold": gold_latex, "answer": answer_latex,
-                         "timeout_s": timeout_s if self.soft_timeout else 0})
-        except OSError as err:  # broken pipe: the worker died between checks
-            self._kill(worker)
-            raise RuntimeError(f"math worker pipe failed: {err}") from err
-        deadline = time.monotonic() + hard_s
-        while True:
-            reply = worker.read(deadline)
-            if reply is None:
-                died = not worker.alive
-                self._kill(worker)
-                if died:
-                    raise RuntimeError(f"math worker exited (code {worker.process.poll()}) during a check")
-                return ("timeout", f"math check hit the {hard_s:g} s hard timeout; worker killed")
-            if reply.get("id") == request_id:
-                break
+        reply = self._request({"gold": gold_latex, "answer": answer_latex}, timeout_s)
+        if reply is None:
+            return ("timeout", f"math check hit the {timeout_s + self.grace_s:g} s hard timeout; worker killed")
         if "equal" in reply:
             return ("equal", bool(reply["equal"]))
         error, message = reply.get("error"), str(reply.get("message"))
@@ -239,46 +195,20 @@ class MathChecker:
             return ("error", f"could not parse answer {answer_latex[:80]!r} as math")
         return ("error", f"math check failed: {message}")
 
-    def _kill(self, worker: WorkerProcess) -> None:
-        worker.stop()
-        if self._worker is worker:
-            self._worker = None
-        self.restarts += 1
-
-    def close(self) -> None:
-        with self._lock:
-            if self._worker is not None:
-                self._worker.stop()
-                self._worker = None
-
-
-@atexit.register
-def _close_all() -> None:
-    for checker in list(_LIVE_CHECKERS):
-        checker.close()
-
 
 # --- the verifier -------------------------------------------------------------------------------------------------
 
-_default_checker: MathChecker | None = None
-_default_lock = threading.Lock()
+_default: LazyDefault[MathChecker] = LazyDefault(MathChecker)
 
 
 def default_checker() -> MathChecker:
     """The checker the "math" verifier uses (created on first use)."""
-    global _default_checker
-    with _default_lock:
-        if _default_checker is None:
-            _default_checker = MathChecker()
-        return _default_checker
+    return _default.get()
 
 
 def set_default_checker(checker: MathChecker | None) -> MathChecker | None:
     """Replace the verifier's checker (None: a default one on next use); returns the previous one (not closed)."""
-    global _default_checker
-    with _default_lock:
-        previous, _default_checker = _default_checker, checker
-        return previous
+    return _default.replace(checker)
 
 
 def score_math(answer: str, item: TaskItem) -> float:

@@ -6,18 +6,27 @@ from daemonic processes, and it forks nothing that holds the caller's locks. It 
 first line is {"ready": true} once its imports are done. A reader thread feeds the reply lines into a queue, so the
 caller can wait for a reply with a deadline from any thread and kill the process when the deadline passes (threads
 cannot interrupt C-level work, a killed process can).
+
+`WorkerClient` is the caller's side both of them share: it starts its worker script on first use, sends one request
+at a time with the worker's own (soft) timeout in it, waits for the reply at most that plus `grace_s` (the hard
+bound), kills the worker when the bound passes or it dies, and starts a replacement. What a request asks and what
+its reply means stay with the subclass. The worker scripts share their side of the protocol in `_worker_loop.py`.
+`LazyDefault` holds the client a verifier uses unless told otherwise.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import queue
 import subprocess
+import sys
 import threading
 import time
 import weakref
-from typing import Any, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Callable, Generic, Mapping, Sequence, TypeVar
 
 log = logging.getLogger(__name__)
 
@@ -107,3 +116,130 @@ class WorkerProcess:
 
     def stop(self) -> None:
         self._finalizer()
+
+
+_LIVE_CLIENTS: "weakref.WeakSet[WorkerClient]" = weakref.WeakSet()
+
+
+class WorkerClient:
+    """The caller's side of one long-lived worker script, with a soft and a hard timeout per request.
+
+    Subclasses set `script` and `name` and may add arguments (`_arguments`, after which comes --memory-mb) and an
+    environment (`_env`). `_request` (called with `_lock` held, which serializes requests) starts the worker when
+    there is none or it died (`restarts` counts workers killed or found dead), waits for it to be ready (the start
+    is not charged to the request), and returns the reply, or None when the hard bound passed and the worker was
+    killed. With `eager_restart` a killed worker's replacement starts at once, so its imports overlap the caller's
+    other work; otherwise on the next request. `soft_timeout=False` sends the worker 0 as its own timeout, leaving
+    only the hard bound (tests of the kill path). Workers are stopped on `close`, and at exit.
+    """
+
+    script: Path
+    name = "worker"
+    eager_restart = False
+
+    def __init__(self, *, grace_s: float, memory_mb: int, startup_timeout_s: float, soft_timeout: bool):
+        self.grace_s = float(grace_s)
+        self.memory_mb = int(memory_mb)
+        self.startup_timeout_s = float(startup_timeout_s)
+        self.soft_timeout = soft_timeout
+        self.restarts = 0  # workers killed at the hard deadline or found dead
+        self._lock = threading.Lock()
+        self._worker: WorkerProcess | None = None
+        self._next_id = 0
+        _LIVE_CLIENTS.add(self)
+
+    def _arguments(self) -> list[str]:
+        return []
+
+    def _env(self) -> Mapping[str, str] | None:
+        return None
+
+    def _spawn(self) -> WorkerProcess:
+        return WorkerProcess([sys.executable, str(self.script), *self._arguments(), "--memory-mb", str(self.memory_mb)],
+                             name=self.name, env=self._env())
+
+    def _ready_worker(self) -> WorkerProcess:
+        if self._worker is not None and not self._worker.alive:
+            log.warning("%s exited (code %s); restarting", self.name, self._worker.process.poll())
+            self._worker.stop()
+            self._worker = None
+            self.restarts += 1
+        if self._worker is None:
+            self._worker = self._spawn()
+        try:
+            self._worker.wait_ready(self.startup_timeout_s)
+        except RuntimeError:
+            self._worker = None
+            raise
+        return self._worker
+
+    def _kill(self, worker: WorkerProcess) -> None:
+        worker.stop()
+        self.restarts += 1
+        if self._worker is worker:
+            self._worker = None
+            if self.eager_restart:
+                try:
+                    self._worker = self._spawn()
+                except OSError as err:  # cannot fork now: the next request tries again
+                    log.warning("could not start a replacement %s: %s", self.name, err)
+
+    def _request(self, fields: dict, timeout_s: float) -> dict | None:
+        """Send `fields` as one request (with an id and the worker's timeout) and return the worker's reply, or None
+        when none came within `timeout_s + grace_s` (the worker is killed). The caller holds `_lock`. RuntimeError
+        when the worker cannot start or dies during the request."""
+        worker = self._ready_worker()
+        self._next_id += 1
+        request_id = self._next_id
+        try:
+            worker.send({"id": request_id, **fields, "timeout_s": timeout_s if self.soft_timeout else 0})
+        except OSError as err:  # broken pipe: the worker died between requests
+            self._kill(worker)
+            raise RuntimeError(f"{self.name} pipe failed: {err}") from err
+        deadline = time.monotonic() + timeout_s + self.grace_s
+        while True:
+            reply = worker.read(deadline)
+            if reply is None:
+                died = not worker.alive
+                self._kill(worker)
+                if died:
+                    raise RuntimeError(f"{self.name} exited (code {worker.process.poll()}) during a check")
+                return None
+            if reply.get("id") == request_id:
+                return reply
+
+    def close(self) -> None:
+        with self._lock:
+            if self._worker is not None:
+                self._worker.stop()
+                self._worker = None
+
+
+@atexit.register
+def _close_all() -> None:
+    for client in list(_LIVE_CLIENTS):
+        client.close()
+
+
+T = TypeVar("T")
+
+
+class LazyDefault(Generic[T]):
+    """A module's default instance (a worker client), created on first use and replaceable (tests, benchmarks)."""
+
+    def __init__(self, make: Callable[[], T]):
+        self._make = make
+        self._value: T | None = None
+        self._lock = threading.Lock()
+
+    def get(self) -> T:
+        with self._lock:
+            if self._value is None:
+                self._value = self._make()
+            return self._value
+
+    def replace(self, value: T | None) -> T | None:
+        """Make `value` the default (None: a new one on next use); returns the previous one (not closed)."""
+        with self._lock:
+            previous, self._value = self._value, value
+            return previous

@@ -4,8 +4,13 @@ survives or is replaced, timeouts are not cached, and every verifier returns wit
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -98,6 +103,26 @@ def test_scorer_errors_in_the_worker_read_as_in_the_caller():
     forged = dataclasses.replace(item, answer="__import__('os')")
     assert score_completion(tagged("x"), forged) == Score(
         0.0, "scorer error: ValueError: reference answer is not a plain math expression")
+
+
+# --- the worker scripts ---------------------------------------------------------------------------------------------
+
+TASKS_DIR = Path(__file__).resolve().parents[2] / "pubswap_flwr" / "tasks"
+
+
+def test_worker_script_runs_from_anywhere_and_keeps_the_package_folder_off_sys_path(tmp_path):
+    """The scripts find their shared loop without the script folder on sys.path (PYTHONSAFEPATH), from another
+    folder, and the loop takes that folder off sys.path again so the package's modules shadow nothing."""
+    probe = ("import sys, os; sys.path.insert(0, {0!r}); import _worker_loop; "
+             "print(any(os.path.abspath(p or os.curdir) == {0!r} for p in sys.path))").format(str(TASKS_DIR))
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=TASKS_DIR, timeout=60)
+    assert out.stdout.strip() == "False", out.stderr
+    request = json.dumps({"id": 7, "gold": "$1$", "answer": "$2/2$", "timeout_s": 5}) + "\n"
+    out = subprocess.run([sys.executable, str(TASKS_DIR / "_math_worker.py"), "--memory-mb", "0"], input=request,
+                         capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "PYTHONSAFEPATH": "1"},
+                         timeout=120)
+    assert [json.loads(line) for line in out.stdout.splitlines()] == [{"ready": True}, {"equal": True, "id": 7}], \
+        out.stderr
 
 
 # --- hanging answers -----------------------------------------------------------------------------------------------
