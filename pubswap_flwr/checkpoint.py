@@ -1,26 +1,47 @@
 """Server checkpoints: after every round, the fp32 global adapter and the run's state (round, cumulative reward,
 node indices, and the protocol's own state such as PubSwap's public-prompt cursor or SAPO's async pool) under
 <run dir>/checkpoint, written atomically. Clients' state is already on their disks. `resume = true` continues a
-killed run from here."""
+killed run from here.
+
+Layout: `checkpoint/` is the latest round, `checkpoint.prev/` the round before it. A new checkpoint is written to a
+temporary directory and swapped in with renames, so a kill at any moment leaves at least one complete checkpoint.
+`state.json` records the adapter file's SHA-256 and tensor shapes. `load` checks everything it reads (JSON, types,
+the config, the adapter's presence for modes that keep one, its hash, keys, shapes and finite values) and raises
+`CheckpointError` naming the file; when the latest checkpoint is unusable it falls back to `checkpoint.prev/`
+with a logged warning (nodes restart the repeated round from their round-start snapshot).
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
+import math
 import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Mapping
 
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
 from .config import ConfigError, ExperimentConfig
 
+log = logging.getLogger("pubswap_flwr")
+
 CHECKPOINT_DIR = "checkpoint"
+PREVIOUS_DIR = "checkpoint.prev"
 STATE_FILE = "state.json"
 ADAPTER_FILE = "global.safetensors"
+_TMP_DIR = f".{CHECKPOINT_DIR}.tmp"
+_OLD_DIR = f".{CHECKPOINT_DIR}.old"  # the previous checkpoint while it is being replaced (and older versions' swap)
 # Keys a resumed run may change: how many rounds in total, and the resume flag itself.
 RESUMABLE_CHANGES = {"num-server-rounds", "resume"}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file is missing, unreadable or inconsistent; the message names the file."""
 
 
 @dataclass
@@ -31,48 +52,201 @@ class ServerCheckpoint:
     node_index: dict[int, int] = field(default_factory=dict)
     protocol: dict = field(default_factory=dict)  # the protocol's JSON-able state (ServerProtocol.state)
     master: dict[str, np.ndarray] | None = None
+    source: Path | None = field(default=None, compare=False)  # the directory it was loaded from
+
+    @property
+    def state_path(self) -> Path:
+        return (self.source or Path(CHECKPOINT_DIR)) / STATE_FILE
+
+    @property
+    def adapter_path(self) -> Path:
+        return (self.source or Path(CHECKPOINT_DIR)) / ADAPTER_FILE
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+    with path.open("wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
 
 
 def save(run_dir: Path, checkpoint: ServerCheckpoint) -> None:
-    """Write to a temporary directory, then swap it in: a kill mid-write leaves the previous checkpoint intact."""
-    final = run_dir / CHECKPOINT_DIR
-    tmp = run_dir / f".{CHECKPOINT_DIR}.tmp"
+    """Write to a temporary directory, then rotate: checkpoint/ -> checkpoint.prev/, the new one -> checkpoint/.
+    A kill mid-write or between the renames leaves the previous checkpoints intact."""
+    final, previous = run_dir / CHECKPOINT_DIR, run_dir / PREVIOUS_DIR
+    tmp, old = run_dir / _TMP_DIR, run_dir / _OLD_DIR
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    state = {"round": checkpoint.round, "config": checkpoint.config, "cumulative_reward": checkpoint.cumulative_reward,
-             "node_index": {str(k): v for k, v in checkpoint.node_index.items()}, "protocol": checkpoint.protocol}
-    (tmp / STATE_FILE).write_text(json.dumps(state))
+    state: dict[str, Any] = {
+        "round": checkpoint.round, "config": checkpoint.config, "cumulative_reward": checkpoint.cumulative_reward,
+        "node_index": {str(k): v for k, v in checkpoint.node_index.items()}, "protocol": checkpoint.protocol}
     if checkpoint.master is not None:
-        save_file({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in checkpoint.master.items()},
-                  str(tmp / ADAPTER_FILE))
-    old = run_dir / f".{CHECKPOINT_DIR}.old"
+        tensors = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in checkpoint.master.items()}
+        save_file(tensors, str(tmp / ADAPTER_FILE))
+        state["adapter"] = {"sha256": _sha256(tmp / ADAPTER_FILE),
+                            "shapes": {k: list(v.shape) for k, v in tensors.items()}}
+    _write_synced(tmp / STATE_FILE, json.dumps(state).encode("utf-8"))
     if old.exists():
         shutil.rmtree(old)
+    if previous.exists():
+        os.replace(previous, old)
     if final.exists():
-        os.replace(final, old)
+        os.replace(final, previous)
     os.replace(tmp, final)
     if old.exists():
         shutil.rmtree(old)
 
 
 def load(run_dir: Path) -> ServerCheckpoint | None:
-    directory = run_dir / CHECKPOINT_DIR
-    if not (directory / STATE_FILE).is_file():
-        old = run_dir / f".{CHECKPOINT_DIR}.old"  # killed between the two renames
-        if not (old / STATE_FILE).is_file():
-            return None
-        directory = old
-    state = json.loads((directory / STATE_FILE).read_text())
-    master = load_file(str(directory / ADAPTER_FILE)) if (directory / ADAPTER_FILE).is_file() else None
-    protocol = dict(state.get("protocol", {}))
+    """The latest usable checkpoint of `run_dir`, or None when it has none at all.
+
+    Tries checkpoint/, then checkpoint.prev/ (and .checkpoint.old/, left by a kill between renames): an unusable
+    one is skipped with a warning naming the file and the reason. Raises CheckpointError listing every reason when
+    checkpoints exist but none is usable."""
+    candidates = [d for d in (run_dir / CHECKPOINT_DIR, run_dir / PREVIOUS_DIR, run_dir / _OLD_DIR) if d.exists()]
+    if not candidates:
+        return None
+    problems: list[str] = []
+    for directory in candidates:
+        try:
+            loaded = load_directory(directory)
+        except CheckpointError as err:
+            problems.append(str(err))
+            log.warning("checkpoint unusable: %s", err)
+            continue
+        if problems:
+            log.warning("resuming from the older checkpoint %s (round %d) instead", directory, loaded.round)
+        return loaded
+    raise CheckpointError("no usable checkpoint in " + str(run_dir) + ": " + "; ".join(problems))
+
+
+def load_directory(directory: Path) -> ServerCheckpoint:
+    """One checkpoint directory, checked; CheckpointError names the file at fault."""
+    state_path = directory / STATE_FILE
+    if not directory.is_dir():
+        raise CheckpointError(f"{directory}: not a directory")
+    try:
+        raw = state_path.read_bytes()
+    except FileNotFoundError:
+        raise CheckpointError(f"{state_path}: missing") from None
+    except OSError as err:
+        raise CheckpointError(f"{state_path}: cannot be read ({err.strerror or err})") from err
+    try:
+        state = json.loads(raw)
+    except UnicodeDecodeError as err:
+        raise CheckpointError(f"{state_path}: not UTF-8 text ({err.reason} at byte {err.start})") from err
+    except json.JSONDecodeError as err:
+        raise CheckpointError(f"{state_path}: not valid JSON ({err.msg} at line {err.lineno})") from err
+    except RecursionError:
+        raise CheckpointError(f"{state_path}: JSON nested too deeply") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{state_path}: must hold a JSON object, got {type(state).__name__}")
+
+    def bad(key: str, text: str) -> CheckpointError:
+        return CheckpointError(f"{state_path}: {key!r} {text}")
+
+    number = state.get("round")
+    if isinstance(number, bool) or not isinstance(number, int) or number < 1:
+        raise bad("round", f"must be an integer >= 1, got {number!r}")
+    config = state.get("config")
+    if not isinstance(config, dict):
+        raise bad("config", f"must be an object, got {type(config).__name__}")
+    try:
+        cfg = ExperimentConfig.from_flat(config)
+    except ConfigError as err:
+        raise bad("config", f"is not a valid run config: {err}") from err
+    reward = state.get("cumulative_reward", 0.0)
+    if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+        raise bad("cumulative_reward", f"must be a finite number, got {reward!r}")
+    node_index = state.get("node_index", {})
+    if not isinstance(node_index, dict):
+        raise bad("node_index", f"must be an object, got {type(node_index).__name__}")
+    nodes: dict[int, int] = {}
+    for key, value in node_index.items():
+        if not (key.isascii() and key.isdigit()) or isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise bad("node_index", f"must map node ids to indices >= 0, got {key!r}: {value!r}")
+        nodes[int(key)] = value
+    protocol = state.get("protocol", {})
+    if not isinstance(protocol, dict):
+        raise bad("protocol", f"must be an object, got {type(protocol).__name__}")
+    protocol = dict(protocol)
     for key in ("public_cursor", "sapo_pool"):  # checkpoints written before protocols kept their own state
         if key in state:
             protocol.setdefault(key, state[key])
-    return ServerCheckpoint(round=int(state["round"]), config=dict(state["config"]),
-                            cumulative_reward=float(state.get("cumulative_reward", 0.0)),
-                            node_index={int(k): int(v) for k, v in state.get("node_index", {}).items()},
-                            protocol=protocol, master=master)
+    master = _load_adapter(directory, state, cfg)
+    return ServerCheckpoint(round=number, config=dict(config), cumulative_reward=float(reward), node_index=nodes,
+                            protocol=protocol, master=master, source=directory)
+
+
+def _load_adapter(directory: Path, state: dict, cfg: ExperimentConfig) -> dict[str, np.ndarray] | None:
+    """The global adapter when the saved config's mode keeps one (asked of the protocol registry), checked against
+    the SHA-256 and shapes state.json recorded (checkpoints of older versions recorded none) and for finite
+    values."""
+    from .protocols import protocol_class
+
+    path, state_path = directory / ADAPTER_FILE, directory / STATE_FILE
+    mode = cfg.strategy.mode
+    if not protocol_class(mode).holds_global_adapter:
+        if path.exists():
+            raise CheckpointError(f"{path}: unexpected; strategy.mode = {mode!r} keeps no global adapter")
+        return None
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing; strategy.mode = {mode!r} needs the global adapter")
+    manifest = state.get("adapter")
+    if manifest is not None:
+        if (not isinstance(manifest, dict) or not isinstance(manifest.get("sha256"), str)
+                or not isinstance(manifest.get("shapes"), dict)):
+            raise CheckpointError(f"{state_path}: 'adapter' must be an object with 'sha256' and 'shapes'")
+        if _sha256(path) != manifest["sha256"]:
+            raise CheckpointError(f"{path}: content does not match the SHA-256 recorded in {state_path} "
+                                  "(truncated or overwritten)")
+    try:
+        tensors = load_file(str(path))
+    except Exception as err:  # safetensors raises its own error type, or OSError / ValueError
+        raise CheckpointError(f"{path}: not a readable safetensors file ({type(err).__name__}: {err})") from err
+    if not tensors:
+        raise CheckpointError(f"{path}: holds no tensors")
+    if manifest is not None:
+        check_adapter_shapes(path, tensors, manifest["shapes"])
+    for key, tensor in tensors.items():
+        if not np.issubdtype(tensor.dtype, np.floating):
+            raise CheckpointError(f"{path}: tensor {key} has dtype {tensor.dtype}, expected float32")
+        if not np.isfinite(tensor).all():
+            raise CheckpointError(f"{path}: tensor {key} holds non-finite values (NaN or inf)")
+    return {k: np.asarray(v, dtype=np.float32) for k, v in tensors.items()}
+
+
+def check_adapter_shapes(path: Path, tensors: Mapping[str, Any], expected: Mapping[str, Any]) -> None:
+    """`tensors` have exactly the keys of `expected` (key -> shape) and those shapes; CheckpointError names `path`
+    and the first few differing keys."""
+    missing = sorted(set(expected) - set(tensors))
+    unexpected = sorted(set(tensors) - set(expected))
+    if missing or unexpected:
+        raise CheckpointError(f"{path}: adapter keys differ from the model's: missing {missing[:3]}"
+                              f"{' ...' if len(missing) > 3 else ''}, unexpected {unexpected[:3]}"
+                              f"{' ...' if len(unexpected) > 3 else ''}")
+    for key, want in expected.items():
+        shape = tuple(np.shape(tensors[key]))
+        want = tuple(want) if isinstance(want, (list, tuple)) else tuple(np.shape(want))
+        if shape != want:
+            raise CheckpointError(f"{path}: adapter tensor {key} has shape {shape}, expected {want}")
+
+
+def check_adapter(saved: ServerCheckpoint, model_adapter: Mapping[str, Any]) -> None:
+    """The checkpoint's global adapter fits the model (same keys and shapes as `model_adapter`)."""
+    if saved.master is None:
+        raise CheckpointError(f"{saved.adapter_path}: missing; the run needs a global adapter")
+    check_adapter_shapes(saved.adapter_path, saved.master,
+                         {k: tuple(np.shape(v)) for k, v in model_adapter.items()})
 
 
 def check_compatible(checkpoint: ServerCheckpoint, cfg: ExperimentConfig) -> None:

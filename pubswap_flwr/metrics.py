@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -73,8 +74,7 @@ class RunRecorder:
             handle.write(json.dumps(_clean(row), separators=(",", ":")) + "\n")
 
     def write_status(self, status: str, detail: str = "") -> None:
-        (self.run_dir / STATUS_FILE).write_text(json.dumps(
-            {"status": status, "detail": detail, "elapsed_s": round(time.time() - self.started, 2)}))
+        write_status(self.run_dir, status, detail, time.time() - self.started)
 
     def progress(self, row: dict) -> None:
         """One console line per round."""
@@ -97,6 +97,15 @@ class RunRecorder:
         if "time" in row:
             parts.append(f"{row['time']['round_s']:.1f} s")
         log.info(" | ".join(parts))
+
+
+def write_status(run_dir: Path, status: str, detail: str = "", elapsed_s: float = 0.0) -> None:
+    """status.json: `running`, `completed` or `failed` with the reason; replaced atomically (a reader never sees
+    half a file). Also used before a RunRecorder exists, e.g. when a resume fails on its checkpoint."""
+    path = run_dir / STATUS_FILE
+    tmp = run_dir / f".{STATUS_FILE}.tmp"
+    tmp.write_text(json.dumps({"status": status, "detail": detail, "elapsed_s": round(elapsed_s, 2)}))
+    os.replace(tmp, path)
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:

@@ -15,7 +15,7 @@ from flwr.serverapp import Grid
 from . import checkpoint
 from .config import ExperimentConfig
 from .evaluation import evaluate
-from .metrics import RunRecorder, route_logs_to_flower
+from .metrics import RunRecorder, route_logs_to_flower, write_status
 from .policy import Policy
 from .protocols import run_protocol
 from .runner import Runner
@@ -61,10 +61,15 @@ def run(grid: Grid, context: Context, settle_seconds: float = 1.0) -> None:
     run_dir = cfg.run_dir(context.run_id)
     saved = None
     if cfg.resume:
-        saved = checkpoint.load(run_dir)
-        if saved is None:
-            raise FileNotFoundError(f"resume = true but {run_dir} has no checkpoint to continue from")
-        checkpoint.check_compatible(saved, cfg)
+        try:
+            saved = checkpoint.load(run_dir)  # falls back to the previous checkpoint when the latest is corrupt
+            if saved is None:
+                raise FileNotFoundError(f"resume = true but {run_dir} has no checkpoint to continue from")
+            checkpoint.check_compatible(saved, cfg)
+        except Exception as err:  # the interrupted run's status.json still says "running"
+            if run_dir.is_dir():
+                write_status(run_dir, "failed", f"resume: {type(err).__name__}: {err}")
+            raise
     recorder = RunRecorder(run_dir, cfg, context.run_id, resume_after=saved.round if saved else None)
     log.info("pubswap-flwr run %s: mode %s, outputs in %s", context.run_id, cfg.strategy.mode, run_dir)
     started = time.time()
