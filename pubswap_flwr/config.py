@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 MODES = ("fedavg", "fedprox", "pubswap", "sapo")
-SWAP_RULES = ("balanced", "random")
+SWAP_RULES = ("balanced", "random", "none")
 AGGREGATORS = ("mean", "median", "trimmed-mean")
 OUTPUT_ROOT_ENV = "PUBSWAP_OUTPUT_ROOT"
 
@@ -116,6 +116,8 @@ class EvalConfig:
     every: int = opt(1, non_negative, "evaluate the global adapter every N rounds (0 = only round 0 and last)")
     items_per_task: int = opt(100, at_least_one)
     sampled: bool = opt(True, doc="also report sampled (T=1) accuracy/reward, which RL moves first")
+    samples: int = opt(4, at_least_one, "T=1 samples per held-out item: sampled pass@1 and reward average them "
+                                        "(standard errors over items are reported)")
     batch_size: int = opt(256, at_least_one)
     data_path: str = opt("", doc="JSONL/parquet file used as the held-out set instead of generated task items")
     data_format: str = opt("", doc="row format of eval.data-path (empty = tasks.data-format)")
@@ -137,7 +139,8 @@ class StrategyConfig:
 
 @dataclass(frozen=True)
 class PubSwapConfig:
-    swap: str = opt("balanced", one_of(*SWAP_RULES))
+    swap: str = opt("balanced", one_of(*SWAP_RULES), "balanced or random (the paper's rules); none: public steps on "
+                                                     "the client's own responses only (an ablation)")
     tau_swap: int = opt(5, at_least_one, "every tau_swap-th local step is a public step")
     public_prompts: int = opt(4, at_least_one, "public prompts per public step")
     public_size: int = opt(200, at_least_one)
@@ -150,9 +153,12 @@ class PubSwapConfig:
 class SapoConfig:
     local: int = opt(4, non_negative, "I: local rollout groups trained per round")
     external: int = opt(4, non_negative, "J: external rollout groups trained per round")
-    questions: int = opt(8, at_least_one, "B: questions sampled per node per round")
+    sharing: str = opt("local", one_of("local", "fixed"), "local: a node samples B = I questions per round and shares "
+                                                          "those I groups (the paper); fixed: it samples sapo.questions "
+                                                          "and shares sapo.share of them whatever I is")
+    questions: int = opt(8, at_least_one, "B with sapo.sharing = fixed: questions sampled per node per round")
     completions: int = opt(8, at_least_two, "L: completions per question")
-    share: int = opt(8, non_negative, "groups each node shares per round")
+    share: int = opt(8, non_negative, "with sapo.sharing = fixed: groups each node shares per round")
     async_mode: bool = opt(False, doc="one message per round, training on the previous round's pool", key="async")
     verify_provenance: bool = opt(True, doc="regenerate reasoning-gym packets from their provenance and drop "
                                             "forged ones")
@@ -235,9 +241,9 @@ class ExperimentConfig:
         if self.strategy.mode == "sapo":
             if self.sapo.local + self.sapo.external == 0:
                 raise ConfigError("sapo.local + sapo.external must be >= 1")
-            if self.sapo.local > self.sapo.questions:
+            if self.sapo.sharing == "fixed" and self.sapo.local > self.sapo.questions:
                 raise ConfigError(f"sapo.local = {self.sapo.local} exceeds sapo.questions = {self.sapo.questions}")
-            if self.sapo.share > self.sapo.questions:
+            if self.sapo.sharing == "fixed" and self.sapo.share > self.sapo.questions:
                 raise ConfigError(f"sapo.share = {self.sapo.share} exceeds sapo.questions = {self.sapo.questions}")
         if self.strategy.dp_noise_multiplier > 0 and (self.strategy.clip_norm <= 0 or self.strategy.aggregation != "mean"):
             raise ConfigError("strategy.dp-noise-multiplier > 0 needs strategy.clip-norm > 0 and "

@@ -44,8 +44,8 @@ class GlobalEvaluator:
     def evaluate(self, master: dict[str, np.ndarray]) -> dict:
         self._load(master)
         e = self.cfg.eval
-        return evaluate(self.policy, self.items, sampled=e.sampled, batch_size=e.batch_size, seed=self.cfg.seed,
-                        max_chars=self.cfg.generation.max_completion_chars)
+        return evaluate(self.policy, self.items, sampled=e.sampled, samples=e.samples, batch_size=e.batch_size,
+                        seed=self.cfg.seed, max_chars=self.cfg.generation.max_completion_chars)
 
     def save(self, master: dict[str, np.ndarray], directory: Path) -> None:
         """adapter_config.json + adapter_model.safetensors, loadable with PeftModel.from_pretrained(base, dir)."""

@@ -1,11 +1,12 @@
-"""PubSwap response-set construction for one public prompt: the Balanced and Random rules. Pure functions.
+"""PubSwap response-set construction for one public prompt: the Balanced, Random and None rules. Pure functions.
 
 Balanced (PubSwap): client n with c_n correct of its own K responses keeps its own K when c_n >= K/2; otherwise
 it gets up to K/2 − c_n of its *incorrect* responses replaced by *correct* responses from *other* clients (fewer when
 fewer donors exist). For odd K the count is rounded up, ceil(K/2) − c_n: the smallest number of swaps after which
 the rule's own keep condition c >= K/2 holds. Which incorrect responses are replaced, and which donors fill them,
 is uniform at random from a seeded RNG. Random: K responses drawn uniformly without replacement from the pooled
-N·K responses to that prompt (the client's own included).
+N·K responses to that prompt (the client's own included). None (an ablation, not in the paper): every client keeps
+its own K, so public steps train on public prompts without any swapping.
 """
 
 from __future__ import annotations
@@ -68,6 +69,19 @@ def random_set(pool: Sequence[Response], k: int, rng: random.Random) -> list[Res
     return rng.sample(list(pool), k)
 
 
+def own_set(own: Sequence[Response], pool: Sequence[Response], k: int, rng: random.Random) -> list[Response]:
+    """The client's own responses, unchanged (the "none" rule)."""
+    return list(own)
+
+
+# rule -> the response set of the client that wrote `own`, from (own, pool, k, rng, threshold)
+RULES = {
+    "balanced": lambda own, pool, k, rng, threshold: balanced(own, pool, threshold, rng),
+    "random": lambda own, pool, k, rng, threshold: random_set(pool, k, rng),
+    "none": lambda own, pool, k, rng, threshold: own_set(own, pool, k, rng),
+}
+
+
 @dataclass(frozen=True)
 class SwapOutcome:
     """A client's response set for one prompt, with what changed."""
@@ -80,19 +94,16 @@ class SwapOutcome:
 
 def build_response_sets(pool: Sequence[Response], rule: str, threshold: float, k: int,
                         rng: random.Random) -> dict[str, SwapOutcome]:
-    """Every client's response set for one prompt under `rule` ("balanced" | "random")."""
+    """Every client's response set for one prompt under `rule` ("balanced" | "random" | "none")."""
+    if rule not in RULES:
+        raise ValueError(f"unknown swap rule {rule!r}; expected one of {sorted(RULES)}")
     by_client: dict[str, list[Response]] = {}
     for response in pool:
         by_client.setdefault(response.client, []).append(response)
     out = {}
     for client in sorted(by_client):
         own = sorted(by_client[client], key=lambda r: r.index)
-        if rule == "balanced":
-            chosen = balanced(own, pool, threshold, rng)
-        elif rule == "random":
-            chosen = random_set(pool, k, rng)
-        else:
-            raise ValueError(f"unknown swap rule {rule!r}")
+        chosen = RULES[rule](own, pool, k, rng, threshold)
         out[client] = SwapOutcome(
             responses=chosen,
             swapped=sum(r.client != client for r in chosen),

@@ -181,7 +181,8 @@ def check_eval(result: Any) -> dict:
     """A node's self-reported held-out metrics (SAPO): numbers in [0, 1] for the known fields, per task likewise."""
     if not isinstance(result, dict):
         raise Rejected("evaluation result is not an object")
-    fields = ("greedy_accuracy", "greedy_reward", "sampled_accuracy", "sampled_reward")
+    fields = ("greedy_accuracy", "greedy_reward", "sampled_accuracy", "sampled_reward", "sampled_accuracy_se",
+              "sampled_reward_se")
 
     def numbers(row: Any, where: str) -> dict:
         if not isinstance(row, dict):
@@ -198,6 +199,12 @@ def check_eval(result: Any) -> dict:
         return out
 
     clean = numbers(result, "eval")
+    for key in ("items", "samples"):
+        if key in result:
+            value = result[key]
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1_000_000:
+                raise Rejected(f"eval.{key} = {value!r} is not a count")
+            clean[key] = value
     per_task = result.get("per_task", {})
     if not isinstance(per_task, dict) or len(per_task) > 256:
         raise Rejected("eval.per_task is not an object of at most 256 tasks")

@@ -274,7 +274,7 @@ class ClientWork:
         """The node's own model on the held-out set (SAPO: there is no global model)."""
         e = self.cfg.eval
         return evaluate(self.learner.policy, self.learner.universe.held_out.items, sampled=e.sampled,
-                        batch_size=e.batch_size, seed=self.cfg.seed,
+                        samples=e.samples, batch_size=e.batch_size, seed=self.cfg.seed,
                         max_chars=self.cfg.generation.max_completion_chars)
 
     def client_report(self) -> ClientReport:

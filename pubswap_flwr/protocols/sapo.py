@@ -261,9 +261,15 @@ def shuffled(seq: Sequence, seed: int) -> list:
 
 
 def generate_rollouts(learner: Learner, round_number: int, report: WorkReport) -> list[Packet]:
-    """Sample B questions x L completions, keep them for training, return the `share` groups to share."""
+    """Sample B questions x L completions, keep them for training, and return the groups to share: with
+    `sapo.sharing = "local"` (the paper) B = I and all I are shared, so a node that trains on few of its own groups
+    also gives the swarm few; with "fixed", B = sapo.questions and sapo.share of them are shared."""
     scfg = learner.cfg.sapo
-    items = learner.stream.take(scfg.questions, learner.state.cursor)
+    count, share = (scfg.local, scfg.local) if scfg.sharing == "local" else (scfg.questions, scfg.share)
+    learner.state.pending_sapo = []
+    if count == 0:
+        return []
+    items = learner.stream.take(count, learner.state.cursor)
     groups, sample_s = learner.rollout(items, scfg.completions)
     learner.state.pending_sapo = [
         {"item": item.to_dict(), "texts": [c.text for c in g.completions],
@@ -275,7 +281,7 @@ def generate_rollouts(learner: Learner, round_number: int, report: WorkReport) -
     report.add(StepRecord(learner.state.steps, "rollout", mean, len(rewards), sample_s, 0.0,
                           sum(not g.has_signal for g in groups), 0))
     chosen = shuffled(range(len(items)), derive_seed(learner.cfg.seed, learner.identity.index, round_number, "share"))
-    return [Packet("", items[i], tuple(c.text for c in groups[i].completions)) for i in chosen[: scfg.share]]
+    return [Packet("", items[i], tuple(c.text for c in groups[i].completions)) for i in chosen[:share]]
 
 
 def pending_groups(learner: Learner) -> list[RolloutGroup]:

@@ -13,10 +13,11 @@ from typing import Any
 
 GOLDEN_DIR = Path(__file__).resolve().parent
 
+# eval.samples = 1 and sapo.sharing = "fixed" were the behaviour these runs were recorded with (before #13)
 COMMON = {"seed": 3, "num-server-rounds": 2, "train.local-steps": 2, "train.prompts-per-step": 2,
-          "train.completions-per-prompt": 4, "eval.items-per-task": 6}
+          "train.completions-per-prompt": 4, "eval.items-per-task": 6, "eval.samples": 1}
 SAPO = {"strategy.mode": "sapo", "sapo.questions": 3, "sapo.completions": 4, "sapo.local": 2, "sapo.external": 2,
-        "sapo.share": 3}
+        "sapo.share": 3, "sapo.sharing": "fixed"}
 PUBSWAP = {"strategy.mode": "pubswap", "pubswap.tau-swap": 1, "pubswap.public-prompts": 2}
 
 # name -> (run config, nodes)
@@ -28,6 +29,8 @@ RUNS: dict[str, tuple[dict[str, Any], int]] = {
     "sapo-sync": ({**COMMON, **SAPO}, 3),
     "sapo-async": ({**COMMON, **SAPO, "sapo.async": True, "num-server-rounds": 3}, 3),
     "sapo-two-models": ({**COMMON, **SAPO, "model.node-models": "embedded:tiny,embedded:tiny-b"}, 4),
+    "sapo-paper-sharing": ({**COMMON, **SAPO, "sapo.sharing": "local", "eval.samples": 3}, 3),
+    "pubswap-none": ({**COMMON, **PUBSWAP, "pubswap.swap": "none"}, 3),
 }
 
 VARYING_ROW_KEYS = {"time", "bytes"}

@@ -61,7 +61,7 @@ def test_pubswap_swaps_public_responses_and_records_them(tmp_path, rule):
 
 def test_sapo_heterogeneous_swarm_trains_on_external_groups_without_sharing_weights(tmp_path):
     simulate({**TINY, "strategy.mode": "sapo", "num-server-rounds": 2, "sapo.local": 4, "sapo.external": 4,
-              "sapo.questions": 4, "sapo.completions": 4, "sapo.share": 4,
+              "sapo.questions": 4, "sapo.completions": 4, "sapo.share": 4, "sapo.sharing": "fixed",
               "model.node-models": "embedded:tiny,embedded:tiny-b", "output.dir": str(tmp_path), "run-name": "sapo"},
              4)
     rows = read_metrics(tmp_path / "sapo")
@@ -85,7 +85,7 @@ def test_sapo_heterogeneous_swarm_trains_on_external_groups_without_sharing_weig
 
 def test_sapo_async_trains_on_the_previous_rounds_pool(tmp_path):
     simulate({**TINY, "strategy.mode": "sapo", "sapo.async": True, "num-server-rounds": 3, "sapo.local": 2,
-              "sapo.external": 2, "sapo.questions": 3, "sapo.completions": 4, "sapo.share": 3, "eval.every": 0,
+              "sapo.external": 2, "sapo.questions": 3, "sapo.completions": 4, "sapo.share": 3, "sapo.sharing": "fixed", "eval.every": 0,
               "output.dir": str(tmp_path), "run-name": "async"}, 3)
     rows = read_metrics(tmp_path / "async")
     assert [r["round"] for r in rows] == [0, 1, 2, 3]

@@ -27,7 +27,7 @@ from pubswap_flwr.wire import METRICS_KEY, PAYLOAD_KEY, payload_from_record
 TINY = {"seed": 6, "train.prompts-per-step": 2, "train.completions-per-prompt": 4, "eval.items-per-task": 2,
         "train.local-steps": 2, "num-server-rounds": 1}
 SAPO = {"strategy.mode": "sapo", "sapo.questions": 3, "sapo.completions": 4, "sapo.local": 2, "sapo.external": 3,
-        "sapo.share": 3}
+        "sapo.share": 3, "sapo.sharing": "fixed"}
 
 
 def _partition(context) -> int:

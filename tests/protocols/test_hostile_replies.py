@@ -98,7 +98,7 @@ def _bad_packets(msg, context, reply):
 
 def test_malformed_sapo_packets_are_dropped_one_by_one(tmp_path):
     simulate({**TINY, "strategy.mode": "sapo", "num-server-rounds": 1, "sapo.local": 2, "sapo.external": 4,
-              "sapo.questions": 3, "sapo.completions": 4, "sapo.share": 3, "output.dir": str(tmp_path),
+              "sapo.questions": 3, "sapo.completions": 4, "sapo.share": 3, "sapo.sharing": "fixed", "output.dir": str(tmp_path),
               "run-name": "packets"}, 3, reply_hook=_bad_packets)
     row = read_metrics(tmp_path / "packets")[-1]
     assert not row["dropped"] and len(row["clients"]) == 3
@@ -237,7 +237,7 @@ def _forge_answers(msg, context, reply):
 
 def test_sapo_receivers_drop_packets_with_forged_answers(tmp_path):
     simulate({**TINY, "strategy.mode": "sapo", "num-server-rounds": 1, "sapo.local": 2, "sapo.external": 4,
-              "sapo.questions": 3, "sapo.completions": 4, "sapo.share": 3, "output.dir": str(tmp_path),
+              "sapo.questions": 3, "sapo.completions": 4, "sapo.share": 3, "sapo.sharing": "fixed", "output.dir": str(tmp_path),
               "run-name": "forged-sapo"}, 3, reply_hook=_forge_answers)
     row = read_metrics(tmp_path / "forged-sapo")[-1]
     assert not row["dropped"] and len(row["clients"]) == 3

@@ -129,3 +129,25 @@ def test_a_run_resumed_after_the_server_died_mid_round_repeats_the_uninterrupted
     assert json.loads((tmp_path / "cut" / "status.json").read_text())["status"] == "completed"
     types = Counter(r["mode"] for r in cut)
     assert types == Counter({MODES[mode].get("strategy.mode", "fedavg"): 4})
+
+
+def _count_shared(counts: dict):
+    def hook(msg, context, reply):
+        if msg.metadata.message_type == "query.rollouts" and not reply.has_error():
+            from pubswap_flwr.wire import PAYLOAD_KEY, payload_from_record
+
+            counts[_partition(context)] = len(payload_from_record(reply.content[PAYLOAD_KEY])["packets"])
+        return reply
+
+    return hook
+
+
+@pytest.mark.parametrize("sharing,local,shared", [("local", 2, 2), ("local", 0, 0), ("fixed", 2, 3), ("fixed", 0, 3)])
+def test_sapo_nodes_share_their_own_i_groups_as_in_the_paper_unless_told_otherwise(tmp_path, sharing, local, shared):
+    counts: dict = {}
+    config = {**TINY, **SAPO, "sapo.sharing": sharing, "sapo.local": local, "sapo.external": 2, "num-server-rounds": 1,
+              "eval.every": 0, "eval.sampled": False, "output.dir": str(tmp_path), "run-name": "share"}
+    simulate_in_process(config, 3, reply_hook=_count_shared(counts))
+    assert counts == {0: shared, 1: shared, 2: shared}  # sapo.questions = 3, sapo.share = 3 only count when fixed
+    row = read_metrics(tmp_path / "share")[-1]
+    assert all(c["external_received"] == 2 * shared for c in row["clients"].values())

@@ -195,8 +195,8 @@ def test_pubswap_tau_swap_must_not_exceed_local_steps():
 
 @pytest.mark.parametrize("flat,match", [
     ({"sapo.local": 0, "sapo.external": 0}, r"sapo.local \+ sapo.external must be >= 1"),
-    ({"sapo.local": 9, "sapo.questions": 8}, r"sapo.local = 9 exceeds sapo.questions = 8"),
-    ({"sapo.share": 9, "sapo.questions": 8}, r"sapo.share = 9 exceeds sapo.questions = 8"),
+    ({"sapo.local": 9, "sapo.questions": 8, "sapo.sharing": "fixed"}, r"sapo.local = 9 exceeds sapo.questions = 8"),
+    ({"sapo.share": 9, "sapo.questions": 8, "sapo.sharing": "fixed"}, r"sapo.share = 9 exceeds sapo.questions = 8"),
     ({"strategy.aggregation": "median"}, r"strategy.aggregation applies to adapter averaging"),
 ])
 def test_sapo_cross_checks(flat, match):

@@ -197,8 +197,19 @@ def test_build_random_rule_outcomes():
     assert out["c"].donors_available == 1 and out["c"].own_correct == 2
 
 
+def test_none_rule_keeps_every_clients_own_responses_even_when_failing():
+    pool = responses("a", [0, 0, 0, 0]) + responses("b", [1, 1, 1, 1])
+    rng = random.Random(3)
+    state = rng.getstate()
+    out = build_response_sets(pool, "none", T, 4, rng)
+    assert [r.client for r in out["a"].responses] == ["a"] * 4 and out["a"].swapped == 0
+    assert out["a"].donors_available == 4 and out["a"].own_correct == 0  # donors existed; none were used
+    assert out["b"].responses == responses("b", [1, 1, 1, 1])
+    assert rng.getstate() == state  # no random draw
+
+
 def test_build_unknown_rule_raises():
-    with pytest.raises(ValueError, match="unknown swap rule 'mixed'"):
+    with pytest.raises(ValueError, match="unknown swap rule 'mixed'; expected one of \\['balanced', 'none', 'random'\\]"):
         build_response_sets(responses("a", [1]), "mixed", T, 1, random.Random(0))
 
 

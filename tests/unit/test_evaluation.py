@@ -1,0 +1,66 @@
+"""The held-out estimator: sampled pass@1 averages n samples per item, with its standard error over items, overall
+and per task; greedy pass@1 stays one greedy sample per item."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+
+from pubswap_flwr.evaluation import evaluate, item_estimates, mean_and_se
+from pubswap_flwr.tasks import TaskItem
+
+
+def test_mean_and_standard_error_on_hand_computed_values():
+    mean, se = mean_and_se([1.0, 0.0, 0.5, 0.5])
+    assert mean == 0.5
+    assert se == pytest.approx(math.sqrt((0.25 + 0.25 + 0 + 0) / 3 / 4))  # sample SD / sqrt(n)
+    assert mean_and_se([0.25]) == (0.25, 0.0)
+
+
+def test_item_estimates_count_full_rewards_as_correct():
+    accuracy, reward = item_estimates([[1.0, 0.0, 1.0, 0.5], [0.0, 0.0, 0.0, 0.0]])
+    assert accuracy == [0.5, 0.0] and reward == [0.625, 0.0]
+
+
+class ScriptedPolicy:
+    """Answers greedy with `greedy[uid]` and sampled with the texts in `sampled[uid]` (cycled)."""
+
+    def __init__(self, greedy: dict[str, str], sampled: dict[str, list[str]]):
+        self.greedy, self.sampled, self.calls = greedy, sampled, []
+
+    def sample(self, items, k, *, greedy=False, with_logprobs=True):
+        self.calls.append((len(items), k, greedy))
+        if greedy:
+            return [[SimpleNamespace(text=self.greedy[i.uid])] for i in items]
+        return [[SimpleNamespace(text=self.sampled[i.uid][j % len(self.sampled[i.uid])]) for j in range(k)]
+                for i in items]
+
+
+def _item(uid: str, task: str, answer: str) -> TaskItem:
+    return TaskItem(uid, task, f"question {uid}", answer, "exact")
+
+
+def test_sampled_pass_at_1_averages_n_samples_per_item_with_its_standard_error():
+    items = [_item("a", "t1", "1"), _item("b", "t1", "2"), _item("c", "t2", "3")]
+    right, wrong = "<answer>{}</answer>", "<answer>x</answer>"
+    policy = ScriptedPolicy({"a": right.format(1), "b": wrong, "c": wrong},
+                            {"a": [right.format(1)] * 4, "b": [right.format(2), wrong, wrong, wrong],
+                             "c": [wrong, right.format(3)]})
+    out = evaluate(policy, items, samples=4, batch_size=8)
+    # per item sampled accuracy: a 1, b 1/4, c 2/4 -> mean 7/12; SE = sd([1, .25, .5]) / sqrt(3)
+    assert out["sampled_accuracy"] == pytest.approx(7 / 12)
+    sd = math.sqrt(((1 - 7 / 12) ** 2 + (0.25 - 7 / 12) ** 2 + (0.5 - 7 / 12) ** 2) / 2)
+    assert out["sampled_accuracy_se"] == pytest.approx(sd / math.sqrt(3))
+    assert out["per_task"]["t1"]["sampled_accuracy"] == pytest.approx(0.625)
+    assert out["per_task"]["t2"] == {"greedy_accuracy": 0.0, "greedy_reward": 0.0, "sampled_accuracy": 0.5,
+                                     "sampled_reward": 0.5, "sampled_accuracy_se": 0.0, "sampled_reward_se": 0.0}
+    assert out["greedy_accuracy"] == pytest.approx(1 / 3) and out["samples"] == 4 and out["items"] == 3
+    # 8 completions per generate call: two items x 4 samples, then one
+    assert [c for c in policy.calls if not c[2]] == [(2, 4, False), (1, 4, False)]
+
+
+def test_samples_must_be_positive():
+    with pytest.raises(ValueError, match="samples per item must be >= 1, got 0"):
+        evaluate(ScriptedPolicy({}, {}), [_item("a", "t", "1")], samples=0)
