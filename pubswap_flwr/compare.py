@@ -157,10 +157,11 @@ def run_one(config: dict[str, Any], nodes: int, cpus_per_client: int, timeout_s:
 
 def run_sweep(sweep: Sweep, out: Path, only: list[str] | None = None, dry_run: bool = False) -> list[RunOutcome]:
     outcomes: list[RunOutcome] = []
-    for arm in sweep.arms:
-        if only and arm.name not in only:
-            continue
-        for seed in sweep.seeds:
+    # A seed at a time (every arm of seed 0, then seed 1, ...): a sweep stopped early still holds paired arms.
+    for seed in sweep.seeds:
+        for arm in sweep.arms:
+            if only and arm.name not in only:
+                continue
             run_dir = out / "runs" / sweep.run_name(arm.name, seed)
             if arm.error:
                 log.error("%s", arm.error)
@@ -216,7 +217,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
                  if run_status(out / "runs" / sweep.run_name(arm.name, seed)).get("status") == "completed"]
     report = write_report(out, completed,
                           failures={(o.arm, o.seed): o.detail for o in outcomes if o.status != "completed"},
-                          title=sweep.name, notes=sweep.notes, command=" ".join(["pubswap"] + sys.argv[1:]))
+                          title=sweep.name, notes=sweep.notes, command=" ".join(["pubswap"] + sys.argv[1:]),
+                          force=True)  # the runner writes its own sweep's report
     print(f"report: {report}")
     failed = [o for o in outcomes if o.status != "completed"]
     for o in failed:
@@ -224,12 +226,37 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _report_command(args: argparse.Namespace, runs: list[Path]) -> str:
+    """The `pubswap report` invocation as recorded in the report: `<dir>/*` when the runs are every run directory
+    of one folder (what a shell glob expands to), else the run directories as given."""
+    parents = {run.parent for run in runs}
+    parent = next(iter(parents)) if len(parents) == 1 else None
+    every = parent is not None and {p for p in parent.iterdir() if (p / "metrics.jsonl").is_file()} == set(runs)
+    parts = ["pubswap", "report"] + ([f"{parent}/*"] if every else [str(run) for run in runs])
+    if args.out:
+        parts += ["--out", args.out]
+    if args.baseline:
+        parts += ["--baseline", args.baseline]
+    if args.force:
+        parts.append("--force")
+    return " ".join(parts)
+
+
 def cmd_report(args: argparse.Namespace) -> int:
-    from .report import write_report
+    from .report import ReportExistsError, write_report
 
     runs = [Path(p) for p in args.runs]
     out = Path(args.out) if args.out else (runs[0].parent.parent if len(runs) > 0 else Path("."))
-    print(f"report: {write_report(out, runs, title=args.title)}")
+    try:
+        report = write_report(out, runs, title=args.title, notes=args.notes, baseline=args.baseline,
+                              command=_report_command(args, runs), force=args.force)
+    except ReportExistsError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    except ValueError as err:  # e.g. a --baseline arm with no runs
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"report: {report}")
     return 0
 
 
@@ -265,7 +292,12 @@ def register(sub) -> None:
     report = sub.add_parser("report", help="write report.md and plots from run directories' metrics.jsonl")
     report.add_argument("runs", nargs="+", help="run directories (named <arm>-s<seed>)")
     report.add_argument("--out", help="where report.md and plots/ go (default: two levels above the first run)")
-    report.add_argument("--title", default="pubswap-flwr comparison")
+    report.add_argument("--title", help="report title (default: the previous report's, else "
+                                        "'pubswap-flwr comparison')")
+    report.add_argument("--notes", help="text under the title (default: the previous report's notes)")
+    report.add_argument("--baseline", metavar="ARM",
+                        help="arm the others are compared with, seed by seed (default: the first arm given)")
+    report.add_argument("--force", action="store_true", help="replace an existing report.md")
     report.set_defaults(func=cmd_report)
     simulate = sub.add_parser("simulate", help="one in-process run through Flower's simulation engine")
     simulate.add_argument("-c", "--config", action="append", help="TOML preset(s) applied in order")
