@@ -45,9 +45,9 @@ def _text(row: dict[str, Any], key: str, *, required: bool = True) -> str | None
         raise BadRow(f"{key!r} must be text, got {type(value).__name__}")
     if isinstance(value, float) and not math.isfinite(value):
         if required:
-            raise BadRow(f"{key!r} is {value}")
-        return None
-    return str(value).strip()
+            raise BadRow(f"{key!r} must be text or a finite number, got {value!r}")
+        return None  # an absent optional number (pandas writes a missing float as NaN)
+    return str(value).strip()  # integers stay exact (no float round trip)
 
 
 def _plain(value: Any) -> bool:
@@ -130,8 +130,9 @@ def _medqa_options(raw: Any) -> dict[str, str]:
             raise BadRow(f"option key {letter!r} is not a letter A-J")
         if letter in options:
             raise BadRow(f"option {letter} given twice")
-        if isinstance(text, bool) or not isinstance(text, (str, int, float)) or not str(text).strip():
-            raise BadRow(f"option {letter} is empty or not text")
+        if (isinstance(text, bool) or not isinstance(text, (str, int, float)) or not str(text).strip()
+                or (isinstance(text, float) and not math.isfinite(text))):
+            raise BadRow(f"option {letter} is empty or not text: {text!r}")
         options[letter] = " ".join(str(text).split())
     if len(options) < 2:
         raise BadRow(f"need at least 2 options, got {len(options)}")

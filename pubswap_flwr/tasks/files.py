@@ -1,14 +1,17 @@
 """An organization's own data: JSONL or parquet rows (question, answer, optional verifier and metadata) as task items.
 
-JSONL is parsed line by line, parquet is read through Hugging Face `datasets`. A JSONL line that is not JSON, or a row without a question or answer,
-is reported with its line/row number: by default the file is refused (`on_bad_row="error"`), with
-`on_bad_row="skip"` the row is skipped and logged.
+JSONL is parsed line by line, parquet is read through Hugging Face `datasets`. A JSONL line that is not UTF-8 text or
+not JSON, is longer than MAX_ROW_BYTES or nests deeper than MAX_DEPTH, or a row without a question or answer (or
+with an answer that is a boolean, a non-finite number or not text/number) is reported with its line/row number: by
+default the file is refused (`on_bad_row="error"`), with `on_bad_row="skip"` the row is skipped and logged. A file
+that is not readable parquet is a TaskError naming the file.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 from pathlib import Path
 from typing import Any, Callable
 
@@ -19,6 +22,9 @@ from .verifiers import check_verifier
 log = logging.getLogger(__name__)
 
 RowAdapter = Callable[[dict[str, Any], int, str], TaskItem]
+
+MAX_ROW_BYTES = 8 * 1024 * 1024  # one JSONL line; real rows (even with long worked solutions) are well under 1 MB
+MAX_DEPTH = 16  # objects/lists nested below the row (metadata as deep as SAPO peers accept: validate.Limits)
 
 
 class BadRow(ValueError):
@@ -32,8 +38,10 @@ def _generic_row(row: dict[str, Any], number: int, default_verifier: str) -> Tas
         raise BadRow("missing or empty 'question'")
     if answer is None or (isinstance(answer, str) and not answer.strip()):
         raise BadRow("missing or empty 'answer'")
-    if not isinstance(answer, (str, int, float)):
-        raise BadRow(f"'answer' must be text or a number, got {type(answer).__name__}")
+    if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
+        raise BadRow(f"'answer' must be text or a number, got {type(answer).__name__} {answer!r}")
+    if isinstance(answer, float) and not math.isfinite(answer):
+        raise BadRow(f"'answer' must be a finite number, got {answer!r}")
     verifier = row.get("verifier") or default_verifier
     if not isinstance(verifier, str):
         raise BadRow("'verifier' must be text")
@@ -45,13 +53,33 @@ def _generic_row(row: dict[str, Any], number: int, default_verifier: str) -> Tas
     if isinstance(metadata, str):
         try:
             metadata = json.loads(metadata)
-        except json.JSONDecodeError as err:
+        except RecursionError:
+            raise BadRow(f"'metadata' is nested more than {MAX_DEPTH} levels deep") from None
+        except ValueError as err:  # JSONDecodeError, or an integer too long to convert
             raise BadRow(f"'metadata' is not a JSON object: {err}") from err
+        _check_depth(metadata, MAX_DEPTH, "'metadata'", start=1)  # at the depth it has in the row
     if not isinstance(metadata, dict):
         raise BadRow("'metadata' must be an object")
     task = row.get("task") or metadata.get("task") or "org"
-    return TaskItem(uid=f"row/{number}", task=str(task), question=question, answer=str(answer).strip(),
-                    verifier=verifier, metadata=metadata, provenance={"row": number}, family=str(row.get("family") or "plain"))
+    family = row.get("family") or "plain"
+    for key, value in (("task", task), ("family", family)):
+        if not isinstance(value, str):
+            raise BadRow(f"{key!r} must be text, got {type(value).__name__}")
+    return TaskItem(uid=f"row/{number}", task=task, question=question, answer=str(answer).strip(),
+                    verifier=verifier, metadata=metadata, provenance={"row": number}, family=family)
+
+
+def _check_depth(value: Any, limit: int, what: str, start: int = 0) -> None:
+    """Objects and lists nested at most `limit` levels below the row, `value` being `start` levels below it
+    (checked without recursion)."""
+    stack = [(value, start)]
+    while stack:
+        current, depth = stack.pop()
+        if isinstance(current, (dict, list, tuple)):
+            if depth > limit:
+                raise BadRow(f"{what} is nested more than {limit} levels deep")
+            children = current.values() if isinstance(current, dict) else current
+            stack.extend((child, depth + 1) for child in children)
 
 
 ADAPTERS: dict[str, RowAdapter] = {"generic": _generic_row}
@@ -61,30 +89,79 @@ def register_adapter(name: str, adapter: RowAdapter) -> None:
     ADAPTERS[name] = adapter
 
 
+def _json_row(raw: bytes, number: int) -> dict[str, Any] | str:
+    """One JSONL line as a row dict, or the reason it is not one."""
+    if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
+        raw = raw[3:]  # a UTF-8 byte order mark
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        return f"not UTF-8 text ({err.reason}: byte 0x{raw[err.start]:02x} at byte {err.start + 1} of the line)"
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        return f"not valid JSON ({err.msg})"
+    except RecursionError:
+        return f"nested more than {MAX_DEPTH} levels deep"
+    except ValueError as err:  # e.g. an integer of more than 4300 digits
+        return f"not valid JSON ({err})"
+    if not isinstance(value, dict):
+        return "not a JSON object"
+    try:
+        _check_depth(value, MAX_DEPTH, "row")
+    except BadRow as err:
+        return str(err)
+    return value
+
+
+def _jsonl_rows(path: Path) -> list[tuple[int, dict[str, Any] | str]]:
+    rows: list[tuple[int, dict[str, Any] | str]] = []
+    with path.open("rb") as handle:
+        number = 0
+        while True:
+            raw = handle.readline(MAX_ROW_BYTES + 1)
+            if not raw:
+                return rows
+            number += 1
+            if len(raw) > MAX_ROW_BYTES:
+                while raw and not raw.endswith(b"\n"):  # skip the rest of the line
+                    raw = handle.readline(1 << 20)
+                rows.append((number, f"longer than {MAX_ROW_BYTES} bytes"))
+                continue
+            if not raw.strip():
+                continue
+            rows.append((number, _json_row(raw, number)))
+
+
+def _parquet_rows(path: Path) -> list[tuple[int, dict[str, Any] | str]]:
+    import datasets
+
+    try:
+        table = datasets.Dataset.from_parquet(str(path))
+    except Exception as err:  # pyarrow's ArrowInvalid / OSError, or datasets' own errors
+        raise TaskError(f"{path}: not a readable parquet file ({type(err).__name__}: {err})") from err
+    rows: list[tuple[int, dict[str, Any] | str]] = []
+    for i, row in enumerate(table):
+        try:
+            _check_depth(row, MAX_DEPTH, "row")
+        except BadRow as err:
+            rows.append((i + 1, str(err)))
+            continue
+        rows.append((i + 1, dict(row)))
+    return rows
+
+
 def _read_rows(path: Path) -> list[tuple[int, dict[str, Any] | str]]:
     """(line/row number starting at 1, row dict or an error text) in file order.
 
-    JSONL is parsed line by line so errors name the line; parquet goes through `datasets`.
+    JSONL is read line by line as bytes, so errors (not UTF-8, not JSON, too long, too deep) name the line;
+    parquet goes through `datasets`.
     """
     suffix = path.suffix.lower()
     if suffix in {".jsonl", ".json"}:
-        rows: list[tuple[int, dict[str, Any] | str]] = []
-        with path.open(encoding="utf-8") as handle:
-            for number, line in enumerate(handle, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    value = json.loads(line)
-                except json.JSONDecodeError as err:
-                    rows.append((number, f"not valid JSON ({err.msg})"))
-                    continue
-                rows.append((number, value if isinstance(value, dict) else "not a JSON object"))
-        return rows
+        return _jsonl_rows(path)
     if suffix == ".parquet":
-        import datasets
-
-        table = datasets.Dataset.from_parquet(str(path))
-        return [(i + 1, dict(row)) for i, row in enumerate(table)]
+        return _parquet_rows(path)
     raise TaskError(f"{path}: unsupported data file type {suffix!r}; use .jsonl or .parquet")
 
 

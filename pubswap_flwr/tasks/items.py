@@ -37,14 +37,39 @@ class TaskItem:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "TaskItem":
+    def from_dict(cls, data: Any) -> "TaskItem":
+        """The inverse of `to_dict`, also for items from elsewhere (peers' SAPO packets, saved node state): `uid`,
+        `task`, `question` and `verifier` must be text, `answer` text or null, `family` text or absent, `metadata`
+        and `provenance` objects or absent. Anything else raises ValueError naming the field (nothing is coerced
+        with str(): a dict is not a question)."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a task item must be an object, got {type(data).__name__}")
+
+        def text(key: str, *, required: bool = True) -> str | None:
+            value = data.get(key)
+            if value is None:
+                if required:
+                    raise ValueError(f"task item field {key!r} is missing")
+                return None
+            if not isinstance(value, str):
+                raise ValueError(f"task item field {key!r} must be text, got {type(value).__name__}")
+            return value
+
+        def mapping(key: str) -> dict[str, Any]:
+            value = data.get(key)
+            if value is None:
+                return {}
+            if not isinstance(value, dict):
+                raise ValueError(f"task item field {key!r} must be an object, got {type(value).__name__}")
+            return dict(value)
+
         return cls(
-            uid=str(data["uid"]),
-            task=str(data["task"]),
-            question=str(data["question"]),
-            answer=None if data.get("answer") is None else str(data["answer"]),
-            verifier=str(data["verifier"]),
-            metadata=dict(data.get("metadata") or {}),
-            provenance=dict(data.get("provenance") or {}),
-            family=str(data.get("family") or "plain"),
+            uid=text("uid"),
+            task=text("task"),
+            question=text("question"),
+            answer=text("answer", required=False),
+            verifier=text("verifier"),
+            metadata=mapping("metadata"),
+            provenance=mapping("provenance"),
+            family=text("family", required=False) or "plain",
         )

@@ -195,8 +195,16 @@ BAD = [
     (math_row, {"problem": "p", "solution": "\\boxed{  }"}, "empty \\boxed{}"),
     (math_row, {"problem": ["p"], "solution": "\\boxed{1}"}, "'problem' must be text"),
     (deepmath_row, {"question": "q"}, "missing or empty 'final_answer'"),
-    (deepmath_row, {"question": "q", "final_answer": float("nan")}, "'final_answer' is nan"),
-    (deepmath_row, {"question": "q", "final_answer": True}, "'final_answer' must be text"),
+    (deepmath_row, {"question": "q", "final_answer": float("nan")},
+     "'final_answer' must be text or a finite number, got nan"),
+    (deepmath_row, {"question": "q", "final_answer": float("-inf")},
+     "'final_answer' must be text or a finite number, got -inf"),
+    (deepmath_row, {"question": "q", "final_answer": True}, "'final_answer' must be text, got bool"),
+    (deepmath_row, {"question": "q", "final_answer": {"x": 1}}, "'final_answer' must be text, got dict"),
+    (math_row, {"problem": "p", "answer": False}, "'answer' must be text, got bool"),
+    (medqa_row, {"question": "q", "options": {"A": "x", "B": float("nan")}, "answer_idx": "A"},
+     "option B is empty or not text: nan"),
+    (medqa_row, {"question": "q", "options": ["x", True], "answer_idx": "A"}, "option B is empty or not text: True"),
     (medqa_row, {"question": "q", "answer_idx": "A"}, "missing 'options'"),
     (medqa_row, {"question": "q", "options": "A. x", "answer_idx": "A"}, "must be an object or a list"),
     (medqa_row, {"question": "q", "options": {"A": "x"}, "answer_idx": "A"}, "need at least 2 options"),
@@ -258,3 +266,24 @@ def test_math_answer_field_wins_over_solution():
     assert it.answer == "\\frac{1}{2}"
     assert it.metadata == {"subject": "Algebra", "level": 3}
     assert (it.verifier, it.family, it.task) == ("math", "math", "math")
+
+
+def test_numeric_answers_stay_exact_and_a_missing_optional_number_is_absent():
+    big = deepmath_row({"question": "q", "final_answer": 123456789012345678901234567890}, 1, "exact")
+    assert big.answer == "123456789012345678901234567890"
+    assert deepmath_row({"question": "q", "final_answer": 0.1}, 1, "exact").answer == "0.1"
+    # pandas writes a missing float as NaN: an absent 'answer' falls back to the solution's \boxed{}
+    it = math_row({"problem": "p", "answer": float("nan"), "solution": "so \\boxed{7}", "level": float("nan")}, 2,
+                  "exact")
+    assert it.answer == "7" and "level" not in it.metadata
+
+
+def test_bad_answers_in_a_deepmath_file_are_named_by_line(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"question": "q", "final_answer": "1"}\n{"question": "q", "final_answer": true}\n'
+                    '{"question": "q", "final_answer": NaN}\n{"question": "q", "final_answer": 12}\n')
+    with pytest.raises(TaskError) as info:
+        load_items(path, fmt="deepmath")
+    assert str(info.value) == (f"{path}: 2 malformed row(s): row 2: 'final_answer' must be text, got bool; "
+                               "row 3: 'final_answer' must be text or a finite number, got nan")
+    assert [it.answer for it in load_items(path, fmt="deepmath", on_bad_row="skip")] == ["1", "12"]

@@ -61,10 +61,26 @@ BAD_ROWS = [
     ({"question": "q", "answer": "4", "verifier": 3}, "row 2: 'verifier' must be text"),
     ({"question": "q", "answer": "4", "metadata": "{oops"}, "row 2: 'metadata' is not a JSON object"),
     ({"question": "q", "answer": "4", "metadata": [1]}, "row 2: 'metadata' must be an object"),
+    ('{"question": "q", "answer": true}', "row 2: 'answer' must be text or a number, got bool True"),
+    ('{"question": "q", "answer": false}', "row 2: 'answer' must be text or a number, got bool False"),
+    ('{"question": "q", "answer": NaN}', "row 2: 'answer' must be a finite number, got nan"),
+    ('{"question": "q", "answer": Infinity}', "row 2: 'answer' must be a finite number, got inf"),
+    ('{"question": "q", "answer": -Infinity}', "row 2: 'answer' must be a finite number, got -inf"),
+    ({"question": "q", "answer": "4", "task": {"name": "x"}}, "row 2: 'task' must be text, got dict"),
+    ({"question": "q", "answer": "4", "family": ["math"]}, "row 2: 'family' must be text, got list"),
+    ('{"question": "q", "answer": ' + "1" * 5000 + "}", "line 2: not valid JSON (Exceeds the limit"),
+    ('{"question": "q", "answer": "4", "metadata": ' + "[" * 100_000 + "]" * 100_000 + "}",
+     "line 2: nested more than 16 levels deep"),
+    ('{"question": "q", "answer": "4", "metadata": ' + "[" * 17 + "]" * 17 + "}",
+     "line 2: row is nested more than 16 levels deep"),
+    ({"question": "q", "answer": "4", "metadata": json.dumps({"a": [[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]})},
+     "row 2: 'metadata' is nested more than 16 levels deep"),
+    ({"question": "q", "answer": "4", "metadata": "[" * 100_000 + "]" * 100_000},
+     "row 2: 'metadata' is nested more than 16 levels deep"),
 ]
 
 
-@pytest.mark.parametrize("bad,message", BAD_ROWS, ids=[m for _b, m in BAD_ROWS])
+@pytest.mark.parametrize("bad,message", BAD_ROWS, ids=[m[:60] for _b, m in BAD_ROWS])
 def test_bad_row_is_an_error_naming_its_number(tmp_path, bad, message):
     path = tmp_path / "org.jsonl"
     write_jsonl(path, [{"question": "ok", "answer": "1"}, bad, {"question": "ok too", "answer": "2"}])
@@ -75,7 +91,7 @@ def test_bad_row_is_an_error_naming_its_number(tmp_path, bad, message):
     assert message in text
 
 
-@pytest.mark.parametrize("bad,message", BAD_ROWS, ids=[m for _b, m in BAD_ROWS])
+@pytest.mark.parametrize("bad,message", BAD_ROWS, ids=[m[:60] for _b, m in BAD_ROWS])
 def test_bad_row_is_skipped_and_logged_with_skip(tmp_path, caplog, bad, message):
     path = tmp_path / "org.jsonl"
     write_jsonl(path, [{"question": "ok", "answer": "1"}, bad, {"question": "ok too", "answer": "2"}])
@@ -83,6 +99,59 @@ def test_bad_row_is_skipped_and_logged_with_skip(tmp_path, caplog, bad, message)
         items = load_items(path, on_bad_row="skip")
     assert [i.uid for i in items] == ["org/1", "org/3"]
     assert any(message in record.getMessage() and "skipped" in record.getMessage() for record in caplog.records)
+
+
+def test_answers_keep_their_exact_text_and_metadata_may_nest_to_the_limit(tmp_path):
+    path = tmp_path / "org.jsonl"
+    deep = {"a": [[[[[[[[[[[[[[1]]]]]]]]]]]]]]}  # 16 levels below the row, counting 'metadata' itself
+    path.write_text('{"question": "q", "answer": 12345678901234567890123}\n'
+                    '{"question": "r", "answer": 0.1}\n'
+                    + json.dumps({"question": "s", "answer": -3, "metadata": deep}) + "\n"
+                    + json.dumps({"question": "t", "answer": "x", "metadata": json.dumps(deep)}) + "\n")
+    items = load_items(path)
+    assert [i.answer for i in items] == ["12345678901234567890123", "0.1", "-3", "x"]
+    assert items[2].metadata == deep and items[3].metadata == deep
+
+
+def test_a_line_that_is_not_utf8_is_reported_with_its_number(tmp_path):
+    path = tmp_path / "org.jsonl"
+    path.write_bytes(b'{"question": "ok", "answer": "1"}\n'
+                     b'{"question": "caf\xe9", "answer": "2"}\n'
+                     b'{"question": "ok too", "answer": "3"}\n')
+    with pytest.raises(TaskError) as info:
+        load_items(path)
+    assert str(info.value) == (f"{path}: 1 malformed row(s): line 2: not UTF-8 text (invalid continuation byte: "
+                               "byte 0xe9 at byte 18 of the line)")
+    assert [i.answer for i in load_items(path, on_bad_row="skip")] == ["1", "3"]
+
+
+def test_a_byte_order_mark_and_crlf_line_ends_are_read(tmp_path):
+    path = tmp_path / "org.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"question": "q", "answer": "1"}\r\n{"question": "\xc3\xa9", "answer": "2"}\r\n')
+    assert [(i.question, i.answer) for i in load_items(path)] == [("q", "1"), ("\u00e9", "2")]
+
+
+def test_an_overlong_line_is_reported_and_the_next_lines_still_read(tmp_path, monkeypatch):
+    from pubswap_flwr.tasks import files
+
+    monkeypatch.setattr(files, "MAX_ROW_BYTES", 64)
+    path = tmp_path / "org.jsonl"
+    long_row = json.dumps({"question": "x" * 3_000_000, "answer": "2"})
+    path.write_text('{"question": "q", "answer": "1"}\n' + long_row + '\n{"question": "r", "answer": "3"}\n')
+    with pytest.raises(TaskError, match=r"1 malformed row\(s\): line 2: longer than 64 bytes$"):
+        load_items(path)
+    items = load_items(path, on_bad_row="skip")
+    assert [(i.uid, i.answer) for i in items] == [("org/1", "1"), ("org/3", "3")]
+
+
+@pytest.mark.parametrize("content", [b"", b"garbage", b"PAR1" + b"\x00" * 64 + b"PAR1", b'{"question": "q"}'])
+def test_a_file_that_is_not_parquet_is_an_error_naming_it(tmp_path, content):
+    pytest.importorskip("datasets")
+    path = tmp_path / "org.parquet"
+    path.write_bytes(content)
+    with pytest.raises(TaskError) as info:
+        load_items(path)
+    assert str(info.value).startswith(f"{path}: not a readable parquet file (")
 
 
 def test_error_lists_several_bad_rows_and_counts_the_rest(tmp_path):
@@ -157,3 +226,38 @@ def test_bad_options(tmp_path, kwargs, match):
     write_jsonl(path, [{"question": "q", "answer": "a"}])
     with pytest.raises(TaskError, match=match):
         load_items(path, **kwargs)
+
+
+ITEM = {"uid": "peer/1", "task": "gcd", "question": "gcd(4, 6)?", "answer": "2", "verifier": "exact",
+        "metadata": {"k": 1}, "provenance": {"row": 1}, "family": "plain"}
+
+
+def test_task_item_from_dict_round_trips_and_fills_absent_optional_fields():
+    item = TaskItem.from_dict(ITEM)
+    assert TaskItem.from_dict(item.to_dict()) == item and item.metadata == {"k": 1}
+    bare = TaskItem.from_dict({k: ITEM[k] for k in ("uid", "task", "question", "verifier")})
+    assert (bare.answer, bare.metadata, bare.provenance, bare.family) == (None, {}, {}, "plain")
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"question": {"text": "q"}}, "task item field 'question' must be text, got dict"),
+    ({"uid": 7}, "task item field 'uid' must be text, got int"),
+    ({"task": ["gcd"]}, "task item field 'task' must be text, got list"),
+    ({"verifier": None}, "task item field 'verifier' is missing"),
+    ({"answer": 2}, "task item field 'answer' must be text, got int"),
+    ({"answer": True}, "task item field 'answer' must be text, got bool"),
+    ({"family": {"f": 1}}, "task item field 'family' must be text, got dict"),
+    ({"metadata": [["k", 1]]}, "task item field 'metadata' must be an object, got list"),
+    ({"provenance": "row 1"}, "task item field 'provenance' must be an object, got str"),
+])
+def test_task_item_from_dict_refuses_fields_that_are_not_text(changes, message):
+    with pytest.raises(ValueError) as info:
+        TaskItem.from_dict({**ITEM, **changes})
+    assert str(info.value) == message
+
+
+def test_task_item_from_dict_refuses_a_missing_field_and_a_non_object():
+    with pytest.raises(ValueError, match="^task item field 'uid' is missing$"):
+        TaskItem.from_dict({k: v for k, v in ITEM.items() if k != "uid"})
+    with pytest.raises(ValueError, match="^a task item must be an object, got list$"):
+        TaskItem.from_dict([ITEM])
