@@ -23,6 +23,7 @@ import ipaddress
 import json
 import os
 import re
+import secrets
 import shlex
 import sys
 from dataclasses import dataclass
@@ -53,12 +54,14 @@ class DeployError(RuntimeError):
 
 
 def _output_dir(out: str | Path) -> Path:
-    """`out` as an absolute, existing, writable directory (created if missing)."""
+    """`out` as an absolute, existing, writable directory. A missing one is created owner-only (0700; parents it
+    needs get the default mode); an existing one is used as it is, with its mode unchanged."""
     directory = Path(out).expanduser().resolve()
     if directory.exists() and not directory.is_dir():
         raise DeployError(f"output path {directory} exists and is not a directory")
     try:
-        directory.mkdir(parents=True, exist_ok=True)
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(mode=0o700, exist_ok=True)
     except OSError as err:
         raise DeployError(f"cannot create output directory {directory}: {err.strerror or err}") from err
     if not os.access(directory, os.W_OK | os.X_OK):
@@ -74,15 +77,24 @@ def _refuse_existing(paths: Sequence[Path], force: bool) -> None:
 
 
 def _write(path: Path, data: bytes, private: bool) -> None:
-    """Write `data`; private files are created with mode 0600 (and forced to it if they already existed)."""
+    """Write `data` to `path` atomically: into a new temporary file in the same directory, created with its final
+    mode (0600 for private files, 0644 otherwise) so a private key is never readable by others, not even while it
+    is written, then renamed over `path`. An existing file (or symlink) at `path` is replaced, never written
+    into, so its old mode or other hard links to it cannot expose the new content."""
     mode = 0o600 if private else 0o644
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
     try:
-        if path.is_symlink():
-            path.unlink()
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.chmod(path, mode)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), mode)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                os.fchmod(handle.fileno(), mode)  # exactly `mode`, whatever the umask
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
     except OSError as err:
         raise DeployError(f"cannot write {path}: {err.strerror or err}") from err
 

@@ -138,6 +138,66 @@ def test_org_key_is_an_openssh_ec_p384_pair(tmp_path):
     assert stat.S_IMODE(private_path.stat().st_mode) == 0o600
 
 
+def test_forced_new_key_replaces_an_existing_0644_file_instead_of_writing_into_it(tmp_path):
+    private_path, public_path = deploy.make_org_key("org-a", tmp_path)
+    os.chmod(private_path, 0o644)  # e.g. copied around carelessly
+    os.link(private_path, tmp_path / "backup")  # another name for the same file
+    old_key, old_inode = private_path.read_bytes(), private_path.stat().st_ino
+    deploy.make_org_key("org-a", tmp_path, force=True)
+    new = private_path.stat()
+    assert stat.S_IMODE(new.st_mode) == 0o600 and new.st_ino != old_inode  # a new file, created 0600
+    assert private_path.read_bytes() != old_key
+    assert (tmp_path / "backup").read_bytes() == old_key  # the new key never went into the old 0644 inode
+    assert stat.S_IMODE((tmp_path / "backup").stat().st_mode) == 0o644
+    assert stat.S_IMODE(public_path.stat().st_mode) == 0o644
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["backup", "org-a", "org-a.pub"]  # no temporary files
+
+
+def test_private_files_are_created_0600_from_the_start(tmp_path, monkeypatch):
+    opened = []
+    real_open = os.open
+
+    def spy(path, flags, mode=0o777, *args, **kwargs):
+        opened.append((Path(path), flags, mode))
+        return real_open(path, flags, mode, *args, **kwargs)
+
+    monkeypatch.setattr(deploy.os, "open", spy)
+    deploy.make_certs(tmp_path / "certs")
+    deploy.make_org_key("org-a", tmp_path / "keys")
+    modes = {path.name[1:].rsplit(".", 2)[0]: (mode, flags) for path, flags, mode in opened}  # .NAME.RANDOM.tmp
+    assert sorted(modes) == ["ca.crt", "ca.key", "org-a", "org-a.pub", "server.key", "server.pem"]
+    for name, (mode, flags) in modes.items():
+        assert mode == (0o600 if name in ("ca.key", "server.key", "org-a") else 0o644), name
+        assert flags & os.O_EXCL and flags & os.O_CREAT  # always a fresh file
+    for path, _flags, _mode in opened:
+        assert path.name.startswith(".") and not path.exists()  # renamed into place
+
+
+def test_symlink_at_the_key_path_is_replaced_not_followed(tmp_path):
+    target = tmp_path / "elsewhere"
+    target.write_text("keep me")
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    (keys / "org-a").symlink_to(target)
+    deploy.make_org_key("org-a", keys, force=True)
+    assert target.read_text() == "keep me"
+    assert not (keys / "org-a").is_symlink() and stat.S_IMODE((keys / "org-a").stat().st_mode) == 0o600
+
+
+def test_a_new_output_directory_is_owner_only_and_an_existing_one_is_left_as_it_is(tmp_path):
+    keys = tmp_path / "new" / "keys"
+    deploy.make_org_key("org-a", keys)
+    assert stat.S_IMODE(keys.stat().st_mode) == 0o700
+    certs = tmp_path / "certs"
+    deploy.make_certs(certs)
+    assert stat.S_IMODE(certs.stat().st_mode) == 0o700
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o755)
+    deploy.make_org_key("org-b", shared)
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o755
+
+
 def test_org_key_loads_with_flowers_own_readers(tmp_path):
     import argparse
 
