@@ -1,19 +1,34 @@
-"""Comparison report from run directories' metrics.jsonl alone: report.md (a table per arm with mean ± sample
-standard deviation over seeds, per-task breakdown, failures) and PNG plots (held-out accuracy, reward with the
-min/max band over clients, client drift, bytes per round)."""
+"""Comparison report from run directories' metrics.jsonl alone: report.md and PNG plots.
+
+report.md: per arm, the mean over seeds with its 95% confidence interval (Student t, n-1 degrees of freedom; "n/a"
+with one seed); each arm minus a baseline arm paired by seed (arms of a sweep see the same question streams and
+held-out items for a given seed), with the paired-t interval of the mean difference; every run's final numbers
+(with the standard error of its held-out sampled pass@1 over items when the metrics carry one); a per-task
+breakdown; failures. Plots: held-out accuracy, reward per round, cumulative reward, client drift, bytes per round
+(each with a 95% CI band over seeds, one fixed colour per arm in every figure), and the per-round paired
+difference to the baseline. A figure or panel no arm has data for is left out.
+
+An existing report.md is never replaced unless `force` is given; a regenerated report keeps the title, notes and
+the command that made the runs from the summary.json the previous one left, unless new ones are given.
+"""
 
 from __future__ import annotations
 
 import json
+import math
 import re
 import statistics
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Callable, Iterable
 
 from .metrics import STATUS_FILE, read_metrics
 
 RUN_NAME = re.compile(r"^(?P<arm>.+)-s(?P<seed>\d+)$")
+DEFAULT_TITLE = "pubswap-flwr comparison"
+SUMMARY_FILE = "summary.json"
+REPORT_FILE = "report.md"
 HEADLINE = [  # (column title, key in RunSummary.values)
     ("greedy pass@1", "greedy_accuracy"),
     ("sampled acc", "sampled_accuracy"),
@@ -23,7 +38,116 @@ HEADLINE = [  # (column title, key in RunSummary.values)
     ("wall time (s)", "wall_s"),
     ("MB on the wire", "megabytes"),
 ]
+PAIRED = [  # the metrics each arm is compared to the baseline on, seed by seed
+    ("sampled acc", "sampled_accuracy"),
+    ("greedy pass@1", "greedy_accuracy"),
+    ("sampled reward", "sampled_reward"),
+    ("cumulative reward", "cumulative_reward"),
+]
+# Every figure a report may write; one no arm has data for is not written (and a stale copy is removed).
+PLOT_NAMES = ("heldout_accuracy", "reward", "cumulative_reward", "paired_difference", "drift", "bytes")
+CONFIDENCE = 0.95
+NAN = float("nan")
 
+
+class ReportExistsError(FileExistsError):
+    """report.md is already there and overwriting was not asked for."""
+
+
+# ----------------------------------------------------------------------------------------------- statistics
+
+def t_two_sided_cdf(t: float, df: int) -> float:
+    """P(|T| <= t) for Student's t with an integer number of degrees of freedom (closed form, Abramowitz &
+    Stegun 26.7.3-4)."""
+    if df < 1:
+        raise ValueError(f"degrees of freedom must be >= 1, got {df}")
+    if t <= 0:
+        return 0.0
+    theta = math.atan(t / math.sqrt(df))
+    sin, cos2 = math.sin(theta), math.cos(theta) ** 2
+    if df % 2 == 1:
+        series, term = 1.0, 1.0
+        for k in range(1, (df - 3) // 2 + 1):  # 1 + 2/3 c^2 + 2*4/(3*5) c^4 + ...
+            term *= (2 * k) / (2 * k + 1) * cos2
+            series += term
+        inner = theta + (sin * math.cos(theta) * series if df > 1 else 0.0)
+        return min(1.0, 2.0 / math.pi * inner)
+    series, term = 1.0, 1.0
+    for k in range(1, (df - 2) // 2 + 1):  # 1 + 1/2 c^2 + 1*3/(2*4) c^4 + ...
+        term *= (2 * k - 1) / (2 * k) * cos2
+        series += term
+    return min(1.0, sin * series)
+
+
+def t_quantile(p: float, df: int) -> float:
+    """The p-quantile (0.5 < p < 1) of Student's t with `df` degrees of freedom, e.g. t_quantile(0.975, 2) =
+    4.3027; by bisection on the closed-form CDF, to about 1e-12."""
+    if not 0.5 < p < 1.0:
+        raise ValueError(f"p must be in (0.5, 1), got {p}")
+    coverage = 2 * p - 1
+    low, high = 0.0, 1.0
+    while t_two_sided_cdf(high, df) < coverage:
+        low, high = high, high * 2
+    for _ in range(200):
+        mid = (low + high) / 2
+        if t_two_sided_cdf(mid, df) < coverage:
+            low = mid
+        else:
+            high = mid
+        if high - low < 1e-12 * max(1.0, high):
+            break
+    return (low + high) / 2
+
+
+@dataclass(frozen=True)
+class Interval:
+    """Mean of n values with its two-sided confidence interval (Student t, n-1 df); low/high are NaN for n < 2."""
+
+    mean: float
+    low: float
+    high: float
+    n: int
+    sd: float = NAN
+
+    @property
+    def has_interval(self) -> bool:
+        return self.n >= 2
+
+
+def _finite(values: Iterable[float | None]) -> list[float]:
+    return [float(v) for v in values if v is not None and v == v]
+
+
+def mean_ci(values: Iterable[float | None], confidence: float = CONFIDENCE) -> Interval:
+    """Mean and its t confidence interval over the values (None and NaN left out)."""
+    clean = _finite(values)
+    n = len(clean)
+    if n == 0:
+        return Interval(NAN, NAN, NAN, 0)
+    mean = statistics.fmean(clean)
+    if n == 1:
+        return Interval(mean, NAN, NAN, 1)
+    sd = statistics.stdev(clean)
+    half = t_quantile((1 + confidence) / 2, n - 1) * sd / math.sqrt(n)
+    return Interval(mean, mean - half, mean + half, n, sd)
+
+
+def _num(value: float, digits: int, signed: bool) -> str:
+    text = f"{value:+.{digits}f}" if signed else f"{value:.{digits}f}"
+    return "0." + "0" * digits if signed and float(text) == 0 and digits > 0 else text
+
+
+def fmt_ci(interval: Interval, digits: int = 3, signed: bool = False) -> str:
+    """`mean [low, high]`; `mean [n/a]` from one value (no interval can be estimated); `–` from none."""
+    if interval.n == 0:
+        return "–"
+    mean = _num(interval.mean, digits, signed)
+    if not interval.has_interval:
+        return f"{mean} [n/a]"
+    return f"{mean} [{_num(interval.low, digits, signed)}, {_num(interval.high, digits, signed)}]"
+
+
+# ----------------------------------------------------------------------------------------------- runs
 
 @dataclass
 class RunSummary:
@@ -43,8 +167,14 @@ def arm_and_seed(run_dir: Path) -> tuple[str, int]:
     return match["arm"], int(match["seed"])
 
 
+def _get(mapping: dict, key: str) -> float:
+    value = mapping.get(key)
+    return NAN if value is None else float(value)
+
+
 def summarize_run(run_dir: Path) -> RunSummary:
-    """The headline numbers of one run, all from its metrics.jsonl (and status.json's elapsed time if present)."""
+    """The headline numbers of one run, all from its metrics.jsonl (and status.json's elapsed time if present).
+    `sampled_accuracy_se` and `samples` are NaN when the run's evaluation did not record them (older metrics)."""
     rows = read_metrics(run_dir)
     if not rows:
         raise ValueError(f"{run_dir}: metrics.jsonl is empty")
@@ -56,9 +186,11 @@ def summarize_run(run_dir: Path) -> RunSummary:
     if status.is_file():
         wall = float(json.loads(status.read_text()).get("elapsed_s") or wall)
     values = {
-        "greedy_accuracy": final.get("greedy_accuracy", float("nan")),
-        "sampled_accuracy": final.get("sampled_accuracy", float("nan")),
-        "sampled_reward": final.get("sampled_reward", float("nan")),
+        "greedy_accuracy": _get(final, "greedy_accuracy"),
+        "sampled_accuracy": _get(final, "sampled_accuracy"),
+        "sampled_accuracy_se": _get(final, "sampled_accuracy_se"),
+        "samples": _get(final, "samples"),
+        "sampled_reward": _get(final, "sampled_reward"),
         "cumulative_reward": trained[-1].get("cumulative_reward", 0.0) if trained else 0.0,
         "rounds": float(max(r["round"] for r in rows)),
         "wall_s": wall,
@@ -69,19 +201,6 @@ def summarize_run(run_dir: Path) -> RunSummary:
     return RunSummary(arm, seed, run_dir, rows[-1].get("mode", "?"), values, final.get("per_task", {}), rows)
 
 
-def mean_sd(values: list[float]) -> tuple[float, float]:
-    clean = [v for v in values if v == v]  # drop NaN
-    if not clean:
-        return float("nan"), float("nan")
-    return statistics.fmean(clean), statistics.stdev(clean) if len(clean) > 1 else 0.0
-
-
-def fmt(mean: float, sd: float, digits: int = 3) -> str:
-    if mean != mean:
-        return "–"
-    return f"{mean:.{digits}f} ± {sd:.{digits}f}"
-
-
 def group(runs: list[RunSummary]) -> dict[str, list[RunSummary]]:
     """Runs by arm, arms in the order first given (a sweep's own order), seeds ascending within an arm."""
     arms: dict[str, list[RunSummary]] = {}
@@ -90,94 +209,226 @@ def group(runs: list[RunSummary]) -> dict[str, list[RunSummary]]:
     return {arm: sorted(members, key=lambda r: r.seed) for arm, members in arms.items()}
 
 
-def _series(rows: list[dict], pick) -> dict[int, float]:
+# ----------------------------------------------------------------------------------------------- paired differences
+
+@dataclass
+class PairedDifference:
+    """One arm minus the baseline on the same seeds."""
+
+    arm: str
+    baseline: str
+    seeds: list[int]                            # seeds both arms ran
+    only_arm: list[int]                         # seeds left out: run by the arm only
+    only_baseline: list[int]                    # ... by the baseline only
+    per_seed: dict[str, dict[int, float]]       # metric -> seed -> arm - baseline
+    intervals: dict[str, Interval]              # metric -> mean difference with its paired-t interval
+
+
+def paired_differences(arms: dict[str, list[RunSummary]], baseline: str,
+                       metrics: Iterable[str] = tuple(key for _, key in PAIRED)) -> list[PairedDifference]:
+    """Every other arm minus `baseline`, seed by seed; seeds present in only one of the two are left out (and
+    named). A seed whose value is missing (NaN) in either arm is left out of that metric only."""
+    if baseline not in arms:
+        raise ValueError(f"baseline arm {baseline!r} has no runs; arms: {list(arms)}")
+    base = {r.seed: r for r in arms[baseline]}
+    out = []
+    for arm, members in arms.items():
+        if arm == baseline:
+            continue
+        mine = {r.seed: r for r in members}
+        seeds = sorted(set(mine) & set(base))
+        per_seed: dict[str, dict[int, float]] = {}
+        for key in metrics:
+            diffs = {s: mine[s].values[key] - base[s].values[key] for s in seeds}
+            per_seed[key] = {s: d for s, d in diffs.items() if d == d}
+        out.append(PairedDifference(arm, baseline, seeds, sorted(set(mine) - set(base)),
+                                    sorted(set(base) - set(mine)), per_seed,
+                                    {key: mean_ci(values.values()) for key, values in per_seed.items()}))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- curves
+
+Pick = Callable[[dict], "float | None"]
+
+
+def _series(rows: list[dict], pick: Pick) -> dict[int, float]:
     out = {}
     for r in rows:
         value = pick(r)
-        if value is not None:
+        if value is not None and value == value:
             out[r["round"]] = float(value)
     return out
 
 
-def _client_rewards(row: dict) -> list[float]:
-    """Each client's reward on its own rollouts this round (private steps; SAPO: its B x L rollouts)."""
-    rewards = []
-    for client in row.get("clients", {}).values():
-        value = client.get("train_reward", client.get("rollout_reward"))
-        if value is not None:
-            rewards.append(value)
-    return rewards
-
-
-def _mean_curve(runs: list[RunSummary], pick) -> tuple[list[int], list[float]]:
+def band(runs: list[RunSummary], pick: Pick) -> tuple[list[int], list[Interval]]:
+    """Per round, the mean over seeds with its 95% CI (over the seeds that have a value that round)."""
     per_round: dict[int, list[float]] = {}
     for run in runs:
         for rnd, value in _series(run.rows, pick).items():
             per_round.setdefault(rnd, []).append(value)
     rounds = sorted(per_round)
-    return rounds, [statistics.fmean(per_round[r]) for r in rounds]
+    return rounds, [mean_ci(per_round[r]) for r in rounds]
 
 
-def write_plots(out: Path, arms: dict[str, list[RunSummary]]) -> list[Path]:
+def paired_band(runs: list[RunSummary], baseline_runs: list[RunSummary],
+                pick: Pick) -> tuple[list[int], list[Interval]]:
+    """Per round, the arm-minus-baseline difference on each shared seed, averaged over seeds with its 95% CI."""
+    base = {r.seed: _series(r.rows, pick) for r in baseline_runs}
+    per_round: dict[int, list[float]] = {}
+    for run in runs:
+        if run.seed not in base:
+            continue
+        for rnd, value in _series(run.rows, pick).items():
+            if rnd in base[run.seed]:
+                per_round.setdefault(rnd, []).append(value - base[run.seed][rnd])
+    rounds = sorted(per_round)
+    return rounds, [mean_ci(per_round[r]) for r in rounds]
+
+
+def _eval(key: str) -> Pick:
+    return lambda r: (r.get("eval") or {}).get(key)
+
+
+def _megabytes(row: dict) -> float | None:
+    if "bytes" not in row or row["round"] == 0:
+        return None
+    return (row["bytes"]["sent_by_clients"] + row["bytes"]["received_by_clients"]) / 1e6
+
+
+PICKS: dict[str, Pick] = {
+    "sampled_accuracy": _eval("sampled_accuracy"),
+    "greedy_accuracy": _eval("greedy_accuracy"),
+    "train_reward": lambda r: r.get("train_reward"),
+    "cumulative_reward": lambda r: r.get("cumulative_reward") if r["round"] > 0 else None,
+    "parameter_drift": lambda r: r.get("parameter_drift"),
+    "policy_disagreement": lambda r: (r.get("swap") or {}).get("policy_disagreement"),
+    "megabytes": _megabytes,
+}
+
+
+# ----------------------------------------------------------------------------------------------- plots
+
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+           "#17becf")  # matplotlib's tab10
+PALETTE_NAMES = ("blue", "orange", "green", "red", "purple", "brown", "pink", "grey", "olive", "cyan")
+
+
+def arm_colours(arm_names: Iterable[str]) -> dict[str, str]:
+    """A fixed colour per arm by its position in the sweep, used by every panel of every figure."""
+    names = list(dict.fromkeys(arm_names))
+    if len(names) <= len(PALETTE):
+        return {arm: PALETTE[i] for i, arm in enumerate(names)}
+    import matplotlib
+
+    cmap = matplotlib.colormaps["turbo"]
+    return {arm: matplotlib.colors.to_hex(cmap(i / (len(names) - 1))) for i, arm in enumerate(names)}
+
+
+def _colour_name(colour: str) -> str:
+    return PALETTE_NAMES[PALETTE.index(colour)] if colour in PALETTE else colour
+
+
+def _draw(ax, rounds: list[int], intervals: list[Interval], colour: str, label: str, gid: str,
+          linestyle: str = "-") -> None:
+    """The mean curve, and the 95% CI band where at least two seeds give the round a value."""
+    means = [iv.mean for iv in intervals]
+    marker = "o" if len(rounds) <= 16 else None
+    ax.plot(rounds, means, color=colour, label=label, linestyle=linestyle, marker=marker, markersize=3.5,
+            gid=gid)
+    if any(iv.has_interval for iv in intervals):
+        fill = ax.fill_between(rounds, [iv.low for iv in intervals], [iv.high for iv in intervals], color=colour,
+                               alpha=0.15, linewidth=0)
+        fill.set_gid(gid)
+
+
+def _band_note(arms: dict[str, list[RunSummary]]) -> str:
+    seeds = {len(members) for members in arms.values()}
+    if seeds == {1}:
+        return "one seed per arm: no interval"
+    return "band: 95% CI over seeds"
+
+
+def write_plots(out: Path, arms: dict[str, list[RunSummary]], baseline: str | None = None,
+                colours: dict[str, str] | None = None) -> list[tuple[Path, str]]:
+    """The report's figures under out/plots/, each with a one-line caption; a figure no arm has data for is
+    not written, and a panel no arm has data for is left out of its figure."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    colours = colours or arm_colours(arms)
     plots = out / "plots"
     plots.mkdir(parents=True, exist_ok=True)
-    written = []
+    written: list[tuple[Path, str]] = []
+    note = _band_note(arms)
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for arm, runs in arms.items():
-        x, y = _mean_curve(runs, lambda r: (r.get("eval") or {}).get("sampled_accuracy"))
-        line = ax.plot(x, y, marker="o", label=f"{arm} sampled")[0]
-        x, y = _mean_curve(runs, lambda r: (r.get("eval") or {}).get("greedy_accuracy"))
-        ax.plot(x, y, linestyle="--", color=line.get_color(), label=f"{arm} greedy")
-    ax.set(xlabel="round", ylabel="held-out accuracy (mean over seeds)", title="Held-out accuracy")
-    ax.legend(fontsize=7, ncol=2)
-    written.append(_save(fig, plots / "heldout_accuracy.png"))
+    def curves(key: str) -> dict[str, tuple[list[int], list[Interval]]]:
+        found = {arm: band(runs, PICKS[key]) for arm, runs in arms.items()}
+        return {arm: curve for arm, curve in found.items() if curve[0]}
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for arm, runs in arms.items():
-        x, y = _mean_curve(runs, lambda r: r.get("train_reward"))
-        line = ax.plot(x, y, label=arm)[0]
-        _, low = _mean_curve(runs, lambda r: min(_client_rewards(r)) if _client_rewards(r) else None)
-        _, high = _mean_curve(runs, lambda r: max(_client_rewards(r)) if _client_rewards(r) else None)
-        if len(low) == len(x) and len(high) == len(x):
-            ax.fill_between(x, low, high, color=line.get_color(), alpha=0.15)
-    ax.set(xlabel="round", ylabel="training reward", title="Reward per round (band: min/max over clients)")
-    ax.legend(fontsize=8)
-    written.append(_save(fig, plots / "reward.png"))
+    def figure(panels: list[tuple[str, str, str, dict]], name: str, caption: str, *, from_zero: bool = False,
+               sharey: bool = False, zero_line: str | None = None) -> None:
+        """panels: (title, y label, line style, {arm: curve}); panels without curves are left out."""
+        panels = [p for p in panels if p[3]]
+        if not panels:
+            return
+        fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels) + 0.8, 4), sharey=sharey,
+                                 squeeze=False)
+        for index, (ax, (title, ylabel, style, found)) in enumerate(zip(axes[0], panels)):
+            if zero_line is not None:
+                ax.axhline(0.0, color="black", linewidth=0.9, linestyle="--", label=zero_line)
+            for arm, (rounds, intervals) in found.items():
+                _draw(ax, rounds, intervals, colours[arm], arm, arm, style)
+            ax.set(xlabel="round", ylabel=ylabel, title=title)
+            if from_zero:
+                top = max(max(iv.high if iv.has_interval else iv.mean for iv in intervals)
+                          for _, intervals in found.values())
+                ax.set_ylim(0, top * 1.12 if top > 0 else 1)
+            ax.grid(alpha=0.25)
+            # Colours are fixed per arm, so one legend (in the first panel) serves the figure, unless another
+            # panel shows arms the first one lacks.
+            if index == 0 or set(found) - set(panels[0][3]):
+                ax.legend(fontsize=7)
+        written.append((_save(fig, plots / f"{name}.png"), caption))
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    for arm, runs in arms.items():
-        x, y = _mean_curve(runs, lambda r: r.get("parameter_drift"))
-        if x:
-            left.plot(x, y, marker=".", label=arm)
-        x, y = _mean_curve(runs, lambda r: (r.get("swap") or {}).get("policy_disagreement"))
-        if x:
-            right.plot(x, y, marker=".", label=arm)
-    left.set(xlabel="round", ylabel="mean pairwise L2 of client adapters", title="Parameter-space drift")
-    right.set(xlabel="round", ylabel="pairwise answer disagreement", title="Policy-space drift (public prompts)")
-    empty_reasons = ((left, "not measured:\nin sapo mode the server never sees weights"),
-                     (right, "not measured:\nanswers to public prompts exist in pubswap mode only"))
-    for axis, reason in empty_reasons:
-        if axis.lines:
-            axis.legend(fontsize=8)
-        else:
-            axis.text(0.5, 0.5, reason, ha="center", va="center", transform=axis.transAxes, fontsize=9)
-            axis.set(xticks=[], yticks=[])
-    written.append(_save(fig, plots / "drift.png"))
+    figure([(f"Held-out sampled accuracy ({note})", "sampled pass@1", "-", curves("sampled_accuracy")),
+            (f"Held-out greedy pass@1 ({note})", "greedy pass@1", "-", curves("greedy_accuracy"))],
+           "heldout_accuracy", "held-out sampled accuracy and greedy pass@1 at each evaluated round, mean over "
+           f"seeds ({note})", sharey=True)
+    figure([(f"Training reward per round ({note})", "mean reward of the clients' own rollouts", "-",
+             curves("train_reward"))], "reward",
+           f"training reward per round (mean over clients of their own rollouts), mean over seeds ({note})")
+    figure([(f"Cumulative training reward ({note})", "sum over rounds of the round's reward", "-",
+             curves("cumulative_reward"))], "cumulative_reward",
+           f"cumulative training reward (SAPO's headline metric), mean over seeds ({note})")
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for arm, runs in arms.items():
-        x, y = _mean_curve(runs, lambda r: (r["bytes"]["sent_by_clients"] + r["bytes"]["received_by_clients"]) / 1e6
-                           if "bytes" in r else None)
-        ax.plot(x, y, marker=".", label=arm)
-    ax.set(xlabel="round", ylabel="MB per round (all clients, both ways)", title="Bytes on the wire")
-    ax.legend(fontsize=8)
-    written.append(_save(fig, plots / "bytes.png"))
+    if baseline is not None and len(arms) > 1:
+        others = {arm: runs for arm, runs in arms.items() if arm != baseline}
+
+        def differences(key: str) -> dict[str, tuple[list[int], list[Interval]]]:
+            found = {arm: paired_band(runs, arms[baseline], PICKS[key]) for arm, runs in others.items()}
+            return {arm: curve for arm, curve in found.items() if curve[0]}
+
+        paired_n = {len({r.seed for r in runs} & {r.seed for r in arms[baseline]}) for runs in others.values()}
+        diff_note = "one seed: no interval" if paired_n <= {0, 1} else "band: 95% CI, paired t over seeds"
+        figure([("Held-out sampled accuracy", f"difference to {baseline}", "-", differences("sampled_accuracy")),
+                ("Training reward per round", f"difference to {baseline}", "-", differences("train_reward")),
+                ("Cumulative training reward", f"difference to {baseline}", "-",
+                 differences("cumulative_reward"))],
+               "paired_difference", f"each arm minus {baseline} on the same seed, mean over seeds ({diff_note}); "
+               "the dashed line is no difference", zero_line=f"{baseline} (zero)")
+
+    figure([("Parameter-space drift", "mean pairwise L2 of client adapters", "-", curves("parameter_drift")),
+            ("Policy-space drift (public prompts)", "pairwise answer disagreement", "-",
+             curves("policy_disagreement"))],
+           "drift", f"client drift per round, mean over seeds ({note}); arms whose mode does not measure it are "
+           "absent (SAPO: the server never sees weights; answers to public prompts exist in pubswap mode only)",
+           from_zero=True)
+    figure([("Bytes on the wire per round", "MB per round (all clients, both ways)", "-", curves("megabytes"))],
+           "bytes", f"MB per round, all clients both ways, mean over seeds ({note}); the y axis starts at 0",
+           from_zero=True)
     return written
 
 
@@ -194,57 +445,220 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
+# ----------------------------------------------------------------------------------------------- report.md
+
+def _clean(value):
+    """JSON without NaN: NaN and infinities become null."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def read_summary(out: Path) -> dict:
+    """The summary.json a previous report left under `out` ({} when there is none or it cannot be read)."""
+    try:
+        summary = json.loads((out / SUMMARY_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return summary if isinstance(summary, dict) else {}
+
+
+def _interval_json(interval: Interval, values: list[float]) -> dict:
+    return {"mean": interval.mean, "ci_low": interval.low, "ci_high": interval.high, "n": interval.n,
+            "sd": interval.sd, "values": values}
+
+
+def _rounds_cell(values: list[float]) -> str:
+    rounds = sorted({int(v) for v in values})
+    return str(rounds[0]) if len(rounds) == 1 else f"{rounds[0]}–{rounds[-1]}"
+
+
+def _sampled_description(runs: list[RunSummary]) -> str:
+    counts = sorted({int(r.values["samples"]) for r in runs if r.values["samples"] == r.values["samples"]})
+    if not counts:
+        return "one T=1 sample per held-out item (fixed seed)"
+    n = ", ".join(str(c) for c in counts)
+    unrecorded = " (one where not recorded)" if any(r.values["samples"] != r.values["samples"] for r in runs) else ""
+    return (f"pass@1 over n = {n}{unrecorded} T=1 samples per held-out item (fixed seed), averaged over items "
+            "and samples")
+
+
+def _describe_unpaired(pairs: list[PairedDifference]) -> list[str]:
+    notes = []
+    for pair in pairs:
+        if pair.only_arm:
+            notes.append(f"{pair.arm} seed(s) {', '.join(map(str, pair.only_arm))} (no {pair.baseline} run)")
+        if pair.only_baseline:
+            notes.append(f"{pair.baseline} seed(s) {', '.join(map(str, pair.only_baseline))} (no {pair.arm} run)")
+    return notes
+
+
 def write_report(out: Path, run_dirs: list[Path], *, failures: dict[tuple[str, int], str] | None = None,
-                 title: str = "pubswap-flwr comparison", notes: str = "", command: str = "") -> Path:
-    """report.md + summary.json + plots/ under `out`, from the runs' metrics.jsonl."""
-    out.mkdir(parents=True, exist_ok=True)
+                 title: str | None = None, notes: str | None = None, command: str = "",
+                 made_by: str | None = None, baseline: str | None = None, force: bool = False) -> Path:
+    """report.md + summary.json + plots/ under `out`, from the runs' metrics.jsonl.
+
+    Raises ReportExistsError when out/report.md exists and `force` is not given. `title`, `notes`, `made_by`
+    (the command that made the runs, when another one writes this report), `baseline` and the order of the arms
+    default to what the previous summary.json recorded, then to the default title, no notes, `command`, the
+    first arm and the order the runs are given in."""
+    out = Path(out)
+    report = out / REPORT_FILE
+    if report.exists() and not force:
+        raise ReportExistsError(f"{report} exists; pass force=True (pubswap report --force) to replace it, or "
+                                "write the new report elsewhere (--out)")
+    previous = read_summary(out)
+    title = title if title is not None else previous.get("title") or DEFAULT_TITLE
+    notes = notes if notes is not None else previous.get("notes") or ""
+    made_by = made_by if made_by is not None else previous.get("made_by") or command
     runs = [summarize_run(Path(d)) for d in run_dirs]
     arms = group(runs)
+    # A regenerated report keeps the previous one's arm order (a sweep's order: colours and the default baseline
+    # stay put), whatever order a shell glob gives the run directories in.
+    order = [arm for arm in previous.get("arms") or {} if arm in arms]
+    arms = {arm: arms[arm] for arm in order + [a for a in arms if a not in order]}
+    if baseline is None:
+        stored = previous.get("baseline")
+        baseline = stored if stored in arms else next(iter(arms), None)
+    elif baseline not in arms:
+        raise ValueError(f"baseline arm {baseline!r} has no runs; arms: {list(arms)}")
     failures = failures or {}
+    out.mkdir(parents=True, exist_ok=True)
+    generated = datetime.now(timezone.utc)
+
     lines = [f"# {title}", ""]
-    lines.append(f"Generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC from {len(runs)} run(s)"
-                 + (f" by `{command}`" if command else "") + ".")
+    stamp = f"{generated:%Y-%m-%d %H:%M} UTC from {len(runs)} run(s)"
+    if made_by and command and made_by != command:
+        lines.append(f"Runs made by `{made_by}`; this report generated {stamp} by `{command}`.")
+    else:
+        lines.append(f"Generated {stamp}" + (f" by `{command}`" if command else "") + ".")
     if notes:
         lines += ["", notes.strip()]
-    lines += ["", "Values are mean ± sample standard deviation over seeds; held-out metrics are from the last "
-                  "evaluated round. *Sampled* is one T=1 sample per held-out item (fixed seed).", ""]
-    lines.append("| arm | mode | seeds | " + " | ".join(title for title, _ in HEADLINE) + " |")
+    lines += ["", f"Each value is the mean over seeds with its {CONFIDENCE:.0%} confidence interval in brackets "
+                  "(Student t, n-1 degrees of freedom; *n/a* with a single seed, where no interval can be "
+                  "estimated). Held-out metrics are from the last evaluated round; *sampled* is "
+                  f"{_sampled_description(runs)}.", ""]
+    lines.append("| arm | mode | seeds | " + " | ".join(t for t, _ in HEADLINE) + " |")
     lines.append("|---|---|---|" + "---|" * len(HEADLINE))
-    summary: dict = {"arms": {}, "failures": {f"{a}-s{s}": d for (a, s), d in failures.items()}}
+    summary: dict = {"title": title, "notes": notes, "made_by": made_by, "command": command,
+                     "generated": f"{generated:%Y-%m-%d %H:%M} UTC", "confidence": CONFIDENCE,
+                     "baseline": baseline, "arms": {}, "paired": {}, "runs": {},
+                     "failures": {f"{a}-s{s}": d for (a, s), d in failures.items()}}
     for arm, members in arms.items():
         cells = []
-        summary["arms"][arm] = {"seeds": [r.seed for r in members], "mode": members[0].mode}
+        entry: dict = {"seeds": [r.seed for r in members], "mode": members[0].mode}
         for _, key in HEADLINE:
-            mean, sd = mean_sd([r.values[key] for r in members])
-            summary["arms"][arm][key] = {"mean": mean, "sd": sd, "values": [r.values[key] for r in members]}
-            digits = 1 if key in ("wall_s", "rounds") else 3
-            cells.append(fmt(mean, sd, digits))
+            values = [r.values[key] for r in members]
+            interval = mean_ci(values)
+            entry[key] = _interval_json(interval, values)
+            if key == "rounds":
+                cells.append(_rounds_cell(values))
+            else:
+                cells.append(fmt_ci(interval, 1 if key == "wall_s" else 3))
+        summary["arms"][arm] = entry
         lines.append(f"| {arm} | {members[0].mode} | {', '.join(str(r.seed) for r in members)} | "
                      + " | ".join(cells) + " |")
-    failed_arms = sorted({a for a, _ in failures})
-    for arm in failed_arms:
+    for arm in sorted({a for a, _ in failures}):
         if arm not in arms:
             lines.append(f"| {arm} | – | – | " + " | ".join("FAILED" for _ in HEADLINE) + " |")
+
+    pairs = paired_differences(arms, baseline) if baseline is not None and len(arms) > 1 else []
+    if pairs:
+        seeds = sorted({s for p in pairs for s in p.seeds})
+        lines += ["", f"## Paired differences against {baseline}", "",
+                  f"For a given seed every arm sees the same question streams and held-out items, so each arm is "
+                  f"compared with the baseline **{baseline}** seed by seed: arm minus {baseline} per seed, then the "
+                  f"mean difference over seeds with its {CONFIDENCE:.0%} confidence interval (paired t, n-1 degrees "
+                  "of freedom; *n/a* with one paired seed). An interval that excludes 0 is a difference the seeds "
+                  "resolve; one that includes 0 is not."]
+        unpaired = _describe_unpaired(pairs)
+        if unpaired:
+            lines += ["", "Left out of the pairing (a seed run by only one of the two arms): "
+                      + "; ".join(unpaired) + "."]
+        lines += ["", f"| arm − {baseline} | metric | " + " | ".join(f"s{s}" for s in seeds)
+                  + " | mean difference [95% CI] |", "|---|---|" + "---|" * len(seeds) + "---|"]
+        for pair in pairs:
+            summary["paired"][pair.arm] = {"seeds": pair.seeds, "left_out": {pair.arm: pair.only_arm,
+                                                                             baseline: pair.only_baseline}}
+            for label, key in PAIRED:
+                per_seed = pair.per_seed[key]
+                interval = pair.intervals[key]
+                summary["paired"][pair.arm][key] = _interval_json(interval, [per_seed[s] for s in sorted(per_seed)])
+                cells = [_num(per_seed[s], 3, True) if s in per_seed else "–" for s in seeds]
+                lines.append(f"| {pair.arm} | {label} | " + " | ".join(cells) + f" | {fmt_ci(interval, 3, True)} |")
+
+    with_se = any(r.values["sampled_accuracy_se"] == r.values["sampled_accuracy_se"] for r in runs)
+    lines += ["", "## Per run", "", "Final numbers of each run (held-out: last evaluated round)."
+              + (" *SE* is the run's own standard error of its held-out sampled accuracy over items; *n* is the "
+                 "number of samples per item." if with_se else ""), ""]
+    columns = ["greedy pass@1", "sampled acc"] + (["SE", "n"] if with_se else []) + [
+        "sampled reward", "cumulative reward", "rounds", "wall time (s)", "MB on the wire"]
+    lines += ["| run | seed | " + " | ".join(columns) + " |", "|---|---|" + "---|" * len(columns)]
+
+    def number(value: float, digits: int = 3) -> str:
+        return "–" if value != value else f"{value:.{digits}f}"
+
+    for arm, members in arms.items():
+        for r in members:
+            v = r.values
+            cells = [number(v["greedy_accuracy"]), number(v["sampled_accuracy"])]
+            if with_se:
+                cells += [number(v["sampled_accuracy_se"]), number(v["samples"], 0)]
+            cells += [number(v["sampled_reward"]), number(v["cumulative_reward"]), str(int(v["rounds"])),
+                      number(v["wall_s"], 1), number(v["megabytes"])]
+            lines.append(f"| {r.run_dir.name} | {r.seed} | " + " | ".join(cells) + " |")
+            summary["runs"][r.run_dir.name] = {"arm": arm, "seed": r.seed, **v}
+
     tasks = sorted({t for r in runs for t in r.per_task})
     if tasks:
-        lines += ["", "## Per task: held-out sampled accuracy (greedy pass@1 in brackets)", "",
+        lines += ["", "## Per task", "", "Held-out sampled accuracy, mean over seeds [95% CI]; greedy pass@1 "
+                  "(mean over seeds) in parentheses.", "",
                   "| arm | " + " | ".join(tasks) + " |", "|---|" + "---|" * len(tasks)]
         for arm, members in arms.items():
             cells = []
             for task in tasks:
-                sampled = mean_sd([r.per_task.get(task, {}).get("sampled_accuracy", float("nan")) for r in members])
-                greedy = mean_sd([r.per_task.get(task, {}).get("greedy_accuracy", float("nan")) for r in members])
-                cells.append(f"{fmt(*sampled)} ({greedy[0]:.3f})" if greedy[0] == greedy[0] else fmt(*sampled))
+                sampled = mean_ci(r.per_task.get(task, {}).get("sampled_accuracy") for r in members)
+                greedy = mean_ci(r.per_task.get(task, {}).get("greedy_accuracy") for r in members)
+                cells.append(fmt_ci(sampled) + (f" ({greedy.mean:.3f})" if greedy.n else ""))
             lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+        task_se = any(t.get("sampled_accuracy_se") is not None for r in runs for t in r.per_task.values())
+        if task_se:
+            lines += ["", "Per run: held-out sampled accuracy ± the run's standard error over the task's items.", "",
+                      "| run | " + " | ".join(tasks) + " |", "|---|" + "---|" * len(tasks)]
+            for members in arms.values():
+                for r in members:
+                    cells = []
+                    for task in tasks:
+                        entry = r.per_task.get(task, {})
+                        value, se = entry.get("sampled_accuracy"), entry.get("sampled_accuracy_se")
+                        cells.append("–" if value is None else f"{value:.3f}"
+                                     + (f" ± {se:.3f}" if se is not None else ""))
+                    lines.append(f"| {r.run_dir.name} | " + " | ".join(cells) + " |")
+
     if failures:
         lines += ["", "## Failed runs", ""]
         for (arm, seed), detail in sorted(failures.items()):
             lines.append(f"- **{arm}** seed {seed}: FAILED — {detail.strip().splitlines()[-1] if detail else ''}")
-    plots = write_plots(out, arms) if arms else []
+    colours = arm_colours(arms)
+    plots = write_plots(out, arms, baseline, colours) if arms else []
+    kept = {path.stem for path, _ in plots}
+    for name in PLOT_NAMES:  # a figure this report no longer draws must not linger from an older one
+        stale = out / "plots" / f"{name}.png"
+        if name not in kept and stale.is_file():
+            stale.unlink()
     if plots:
-        lines += ["", "## Plots", ""] + [f"![{p.stem}](plots/{p.name})" for p in plots]
+        lines += ["", "## Plots", "", "Colours are fixed per arm across every figure: "
+                  + ", ".join(f"{arm} {_colour_name(colours[arm])}" for arm in arms) + "."]
+        for path, caption in plots:
+            lines += ["", f"**{path.stem}**: {caption}.", "", f"![{path.stem}](plots/{path.name})"]
     lines += ["", "## Runs", ""] + [f"- `{r.run_dir}`" for r in runs]
-    report = out / "report.md"
+    summary["plots"] = [f"plots/{p.name}" for p, _ in plots]
     report.write_text("\n".join(lines) + "\n")
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    (out / SUMMARY_FILE).write_text(json.dumps(_clean(summary), indent=2))
     return report

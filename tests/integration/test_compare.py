@@ -62,7 +62,7 @@ def test_sweep_report_matches_metrics_and_names_failed_arms(tmp_path, capsys):
     assert "FAILED broken seed 7" in err and "does-not-exist" in err
     out = tmp_path / "results" / "mini"
     report = (out / "report.md").read_text()
-    for plot in ("heldout_accuracy", "reward", "drift", "bytes"):
+    for plot in ("heldout_accuracy", "reward", "cumulative_reward", "paired_difference", "drift", "bytes"):
         assert (out / "plots" / f"{plot}.png").stat().st_size > 1000
         assert f"plots/{plot}.png" in report
     table = _table(report)
@@ -73,13 +73,13 @@ def test_sweep_report_matches_metrics_and_names_failed_arms(tmp_path, capsys):
         final = [r for r in rows if r.get("eval")][-1]["eval"]
         cells = table[arm]
         assert cells[1] == mode and cells[2] == "7"
-        assert cells[3] == f"{final['greedy_accuracy']:.3f} ± 0.000"
-        assert cells[4] == f"{final['sampled_accuracy']:.3f} ± 0.000"
-        assert cells[5] == f"{final['sampled_reward']:.3f} ± 0.000"
-        assert cells[6] == f"{rows[-1]['cumulative_reward']:.3f} ± 0.000"
-        assert cells[7] == "1.0 ± 0.0"
+        assert cells[3] == f"{final['greedy_accuracy']:.3f} [n/a]"  # one seed: no interval
+        assert cells[4] == f"{final['sampled_accuracy']:.3f} [n/a]"
+        assert cells[5] == f"{final['sampled_reward']:.3f} [n/a]"
+        assert cells[6] == f"{rows[-1]['cumulative_reward']:.3f} [n/a]"
+        assert cells[7] == "1"
         megabytes = sum(r["bytes"]["sent_by_clients"] + r["bytes"]["received_by_clients"] for r in rows[1:]) / 1e6
-        assert cells[9] == f"{megabytes:.3f} ± 0.000"
+        assert cells[9] == f"{megabytes:.3f} [n/a]"
     outcomes = {o["arm"]: o["status"] for o in json.loads((out / "outcomes.json").read_text())}
     assert outcomes == {"fedavg": "completed", "balanced": "completed", "typo": "skipped-invalid", "broken": "failed"}
 
@@ -94,7 +94,7 @@ def test_sweep_report_matches_metrics_and_names_failed_arms(tmp_path, capsys):
     assert again["fedavg"][3:7] == table["fedavg"][3:7] and again["balanced"][3:7] == table["balanced"][3:7]
 
 
-def test_report_spread_is_the_sample_standard_deviation_over_seeds(tmp_path):
+def test_report_interval_is_the_t_interval_over_seeds(tmp_path):
     from pubswap_flwr.report import write_report
 
     runs = []
@@ -111,6 +111,7 @@ def test_report_spread_is_the_sample_standard_deviation_over_seeds(tmp_path):
         runs.append(run)
     report = write_report(tmp_path / "out", runs).read_text()
     cells = _table(report)["solo"]
-    assert cells[3] == f"{statistics.fmean([0.2, 0.3, 0.7]):.3f} ± {statistics.stdev([0.2, 0.3, 0.7]):.3f}"
-    assert cells[9] == "1.500 ± 0.000"
-    assert re.search(r"\| solo \| 0\.100 ± 0\.000 \(0\.400\) \|", report)
+    mean, half = statistics.fmean([0.2, 0.3, 0.7]), 4.302652729911275 * statistics.stdev([0.2, 0.3, 0.7]) / 3 ** 0.5
+    assert cells[3] == f"{mean:.3f} [{mean - half:.3f}, {mean + half:.3f}]" == "0.400 [-0.257, 1.057]"
+    assert cells[9] == "1.500 [1.500, 1.500]"
+    assert re.search(r"\| solo \| 0\.100 \[0\.100, 0\.100\] \(0\.400\) \|", report)

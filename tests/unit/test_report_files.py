@@ -1,0 +1,233 @@
+"""write_report and `pubswap report` on hand-made metrics.jsonl files: the tables (t intervals, n/a for one seed,
+paired differences with a seed missing in one arm, the per-run SE column only when the metrics carry it), the
+figures (one colour per arm in every figure, no empty figure or panel, bytes from 0, a zero line under the
+differences), and report.md never overwritten without force, keeping its title and notes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pubswap_flwr import report as report_module
+from pubswap_flwr.cli import main as pubswap
+from pubswap_flwr.report import ReportExistsError, arm_colours, read_summary, write_report
+
+TASKS = ("gcd", "count_bits")
+
+
+def _eval(accuracy: float, se: bool, samples: int = 4) -> dict:
+    out = {"greedy_accuracy": accuracy + 0.05, "sampled_accuracy": accuracy, "sampled_reward": accuracy + 0.1,
+           "per_task": {t: {"greedy_accuracy": accuracy + 0.05, "sampled_accuracy": accuracy} for t in TASKS}}
+    if se:
+        out.update(sampled_accuracy_se=0.012, sampled_reward_se=0.01, samples=samples)
+        for task in TASKS:
+            out["per_task"][task]["sampled_accuracy_se"] = 0.02
+    return out
+
+
+def make_run(root: Path, arm: str, seed: int, accuracy: float, *, mode: str = "fedavg", rounds: int = 3,
+             drift: bool = True, se: bool = False) -> Path:
+    """A run directory with rounds 0..rounds; held-out evaluated every round, final sampled accuracy `accuracy`."""
+    run = root / "runs" / f"{arm}-s{seed}"
+    run.mkdir(parents=True)
+    rows, cumulative = [], 0.0
+    for rnd in range(rounds + 1):
+        row: dict = {"round": rnd, "mode": mode,
+                     "eval": _eval(accuracy - 0.01 * (rounds - rnd), se)}
+        if rnd > 0:
+            reward = 0.3 + 0.01 * rnd + 0.001 * seed
+            cumulative += reward
+            row.update(train_reward=reward, cumulative_reward=cumulative,
+                       clients={"1": {"train_reward": reward - 0.05}, "2": {"train_reward": reward + 0.05}},
+                       time={"round_s": 2.0}, bytes={"sent_by_clients": 1_000_000, "received_by_clients": 500_000})
+            if drift:
+                row["parameter_drift"] = 4.0 - 0.1 * rnd
+        rows.append(row)
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return run
+
+
+def _table(text: str, first_cell: str) -> list[str]:
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| ") and cells[0] == first_cell:
+            return cells
+    raise AssertionError(f"no row {first_cell!r} in\n{text}")
+
+
+@pytest.fixture()
+def figures(monkeypatch):
+    """Every figure the report saves: {file stem: [(axis, {gid: set of colours})]}."""
+    import matplotlib.colors
+
+    seen: dict[str, list] = {}
+    original = report_module._save
+
+    def record(fig, path):
+        panels = []
+        for axis in fig.axes:
+            colours: dict[str, set] = {}
+            for artist in list(axis.lines) + list(axis.collections):
+                if artist.get_gid():
+                    colour = artist.get_color() if hasattr(artist, "get_xdata") else artist.get_facecolor()[0]
+                    colours.setdefault(artist.get_gid(), set()).add(matplotlib.colors.to_hex(colour))
+            panels.append((axis, colours))
+        seen[Path(path).stem] = panels
+        return original(fig, path)
+
+    monkeypatch.setattr(report_module, "_save", record)
+    return seen
+
+
+def test_tables_intervals_paired_differences_and_missing_seed(tmp_path):
+    runs = [make_run(tmp_path, "base", s, a) for s, a in ((0, 0.20), (1, 0.30), (2, 0.40))]
+    runs += [make_run(tmp_path, "treat", s, a) for s, a in ((0, 0.25), (1, 0.40), (3, 0.10))]
+    text = write_report(tmp_path, runs).read_text()
+    # base: sampled [0.2, 0.3, 0.4] -> 0.3 ± t(0.975, 2) * 0.1 / sqrt(3) = 0.3 ± 0.2484
+    cells = _table(text, "base")
+    assert cells[1:3] == ["fedavg", "0, 1, 2"]
+    assert cells[4] == "0.300 [0.052, 0.548]"
+    assert cells[7] == "3" and cells[9] == "4.500 [4.500, 4.500]"  # rounds; 3 rounds x 1.5 MB
+    assert "±" not in text
+    # treat - base on seeds 0 and 1 only: sampled +0.05, +0.10 -> 0.075 ± 12.706 * 0.025
+    assert "## Paired differences against base" in text
+    assert "Left out of the pairing (a seed run by only one of the two arms): treat seed(s) 3 (no base run); " \
+           "base seed(s) 2 (no treat run)." in text
+    row = _table(text, "treat")  # the arms table's row (it comes first)
+    # treat's own sampled [0.25, 0.40, 0.10] over 3 seeds: SD 0.15 -> 0.25 ± 4.3027 * 0.15 / sqrt(3) = ± 0.3726
+    assert row[4] == "0.250 [-0.123, 0.623]"
+    paired = [line for line in text.splitlines() if line.startswith("| treat | sampled acc |")]
+    assert paired == ["| treat | sampled acc | +0.050 | +0.100 | +0.075 [-0.243, +0.393] |"]
+    assert "| arm − base | metric | s0 | s1 | mean difference [95% CI] |" in text
+    summary = read_summary(tmp_path)
+    assert summary["baseline"] == "base"
+    assert summary["paired"]["treat"]["seeds"] == [0, 1]
+    assert summary["paired"]["treat"]["left_out"] == {"treat": [3], "base": [2]}
+    assert summary["paired"]["treat"]["sampled_accuracy"]["mean"] == pytest.approx(0.075)
+    assert summary["arms"]["base"]["sampled_accuracy"]["ci_low"] == pytest.approx(0.3 - 0.24841377118)
+
+
+def test_single_seed_shows_n_a_never_a_zero_spread(tmp_path):
+    runs = [make_run(tmp_path, "a", 0, 0.2), make_run(tmp_path, "b", 0, 0.3)]
+    text = write_report(tmp_path, runs).read_text()
+    cells = _table(text, "a")
+    assert cells[3:10] == ["0.250 [n/a]", "0.200 [n/a]", "0.300 [n/a]", "0.960 [n/a]", "3", "6.0 [n/a]",
+                           "4.500 [n/a]"]
+    assert "| b | sampled acc | +0.100 | +0.100 [n/a] |" in text
+    assert "± 0.000" not in text and "±" not in text
+    assert read_summary(tmp_path)["arms"]["a"]["sampled_accuracy"]["ci_low"] is None  # JSON null, not NaN
+
+
+def test_per_run_se_column_only_when_the_metrics_carry_it(tmp_path):
+    old = write_report(tmp_path / "old", [make_run(tmp_path / "old", "a", 0, 0.2)]).read_text()
+    header = next(line for line in old.splitlines() if line.startswith("| run | seed |"))
+    assert "| SE |" not in header and "| n |" not in header
+    assert "one T=1 sample per held-out item" in old
+    assert "standard error over the task's items" not in old
+
+    new = write_report(tmp_path / "new", [make_run(tmp_path / "new", "a", 0, 0.2, se=True),
+                                          make_run(tmp_path / "new", "a", 1, 0.3, se=True)]).read_text()
+    header = next(line for line in new.splitlines() if line.startswith("| run | seed |"))
+    assert header.startswith("| run | seed | greedy pass@1 | sampled acc | SE | n | sampled reward |")
+    assert _table(new, "a-s0")[2:6] == ["0.250", "0.200", "0.012", "4"]
+    assert "n = 4 T=1 samples per held-out item" in new
+    assert "| a-s1 | 0.300 ± 0.020 | 0.300 ± 0.020 |" in new  # per run and task, with its SE
+
+    mixed = write_report(tmp_path / "mixed", [make_run(tmp_path / "mixed", "a", 0, 0.2, se=True),
+                                              make_run(tmp_path / "mixed", "a", 1, 0.3)]).read_text()
+    assert _table(mixed, "a-s0")[4:6] == ["0.012", "4"] and _table(mixed, "a-s1")[4:6] == ["–", "–"]
+
+
+def test_one_colour_per_arm_in_every_figure(tmp_path, figures):
+    arms = ["fedavg", "fedprox", "balanced"]
+    runs = [make_run(tmp_path, arm, seed, 0.2 + 0.01 * seed, mode="pubswap" if arm == "balanced" else arm)
+            for arm in arms for seed in (0, 1)]
+    write_report(tmp_path, runs)
+    assert {"heldout_accuracy", "reward", "cumulative_reward", "paired_difference", "drift", "bytes"} <= set(figures)
+    expected = arm_colours(arms)
+    assert len(set(expected.values())) == 3
+    used: dict[str, set] = {}
+    for name, panels in figures.items():
+        for _, colours in panels:
+            for arm, found in colours.items():
+                used.setdefault(arm, set()).update(found)
+    assert used == {arm: {expected[arm]} for arm in arms}  # lines and bands alike, in every panel
+    assert "balanced" in {gid for _, colours in figures["drift"] for gid in colours}
+    # paired differences: the baseline is the zero line, not a curve
+    assert all("fedavg" not in colours for _, colours in figures["paired_difference"])
+    # the mapping is by position in the sweep, the same for every report of that sweep
+    assert arm_colours(arms) == arm_colours(arms + ["fedavg"]) == expected
+
+
+def test_no_empty_figure_or_panel(tmp_path, figures):
+    runs = [make_run(tmp_path, arm, 0, 0.2, mode="sapo", drift=False) for arm in ("sapo-8-0", "sapo-4-4")]
+    (tmp_path / "plots").mkdir()
+    (tmp_path / "plots" / "drift.png").write_bytes(b"stale")  # from an older report
+    text = write_report(tmp_path, runs).read_text()
+    assert "drift" not in figures and not (tmp_path / "plots" / "drift.png").exists()
+    assert "plots/drift.png" not in text and "not measured" not in text
+    for name, panels in figures.items():
+        for axis, colours in panels:
+            assert colours, f"{name} has an empty panel"
+
+    other = tmp_path / "partly"
+    runs = [make_run(other, "fedavg", 0, 0.2), make_run(other, "sapo", 0, 0.2, mode="sapo", drift=False)]
+    write_report(other, runs)
+    [(axis, colours)] = figures["drift"]  # policy drift: no arm has it, so no panel
+    assert set(colours) == {"fedavg"} and axis.get_title() == "Parameter-space drift"
+
+
+def test_bytes_from_zero_and_a_zero_line_under_differences(tmp_path, figures):
+    runs = [make_run(tmp_path, arm, seed, 0.2) for arm in ("a", "b") for seed in (0, 1)]
+    write_report(tmp_path, runs)
+    [(axis, _)] = figures["bytes"]
+    assert axis.get_ylim()[0] == 0 and axis.get_ylim()[1] > 1.5
+    for axis, _ in figures["paired_difference"]:
+        zero = [line for line in axis.lines if not line.get_gid() and set(line.get_ydata()) == {0.0}]
+        assert zero, axis.get_title()
+
+
+def test_report_never_overwritten_without_force_and_keeps_title_and_notes(tmp_path):
+    runs = [make_run(tmp_path, "a", 0, 0.2), make_run(tmp_path, "b", 0, 0.3)]
+    report = write_report(tmp_path, runs, title="compare-x", notes="Four clients, six rounds.",
+                          command="pubswap compare configs/compare-x.toml", force=True)
+    first = report.read_text()
+    with pytest.raises(ReportExistsError, match="force"):
+        write_report(tmp_path, runs, title="other")
+    assert report.read_text() == first
+
+    again = write_report(tmp_path, runs, command="pubswap report x/*", force=True).read_text()
+    assert again.startswith("# compare-x\n")
+    assert "Four clients, six rounds." in again
+    assert "Runs made by `pubswap compare configs/compare-x.toml`; this report generated" in again
+    assert "by `pubswap report x/*`" in again
+
+    renamed = write_report(tmp_path, runs, title="renamed", notes="", force=True).read_text()
+    assert renamed.startswith("# renamed\n") and "Four clients" not in renamed
+
+
+def test_pubswap_report_cli_force_baseline_and_kept_title(tmp_path, capsys):
+    runs = [make_run(tmp_path, arm, seed, 0.2 + 0.1 * i) for i, arm in enumerate(("x", "y", "z"))
+            for seed in (0, 1)]
+    args = ["report"] + [str(r) for r in runs]
+    assert pubswap(args + ["--title", "sweep t", "--notes", "kept notes"]) == 0
+    first = (tmp_path / "report.md").read_text()
+    assert f"by `pubswap report {tmp_path / 'runs'}/*`" in first
+    assert "## Paired differences against x" in first
+
+    assert pubswap(args) == 1
+    assert "exists" in capsys.readouterr().err and (tmp_path / "report.md").read_text() == first
+
+    assert pubswap(args + ["--force", "--baseline", "z"]) == 0
+    text = (tmp_path / "report.md").read_text()
+    assert text.startswith("# sweep t\n") and "kept notes" in text
+    assert "## Paired differences against z" in text and "| x | sampled acc | -0.200 | -0.200 |" in text
+    assert "--baseline z --force" in text
+
+    # the arm order (and so colours and the default baseline) of the previous report survives a glob's order
+    assert pubswap(["report"] + list(reversed(args[1:])) + ["--force"]) == 0
+    assert read_summary(tmp_path)["baseline"] == "z"
+    assert list(read_summary(tmp_path)["arms"]) == ["x", "y", "z"]
+    assert pubswap(args + ["--force", "--baseline", "nope"]) == 2
