@@ -1,0 +1,73 @@
+"""scripts/publish_results.py: a published sweep is never replaced without --force, and --regenerate rewrites
+its report from the committed runs with the sweep's title and notes and both commands recorded truthfully."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.unit.test_report_files import make_run
+
+ROOT = Path(__file__).resolve().parents[2]
+SWEEP = '''
+name = "mini-sweep"
+nodes = 2
+seeds = [0, 1]
+notes = "Two clients, three rounds."
+[config]
+num-server-rounds = 3
+[arms.fedavg]
+strategy.mode = "fedavg"
+[arms.fedprox]
+strategy.mode = "fedprox"
+'''
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("publish_results", ROOT / "scripts" / "publish_results.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _finished_sweep(tmp_path: Path) -> tuple[Path, Path]:
+    sweep = tmp_path / "mini-sweep.toml"
+    sweep.write_text(SWEEP)
+    results = tmp_path / "results"
+    outcomes = []
+    for arm in ("fedavg", "fedprox"):
+        for seed in (0, 1):
+            run = make_run(results / "mini-sweep", arm, seed, 0.2 + 0.05 * seed, mode=arm)
+            (run / "config.json").write_text("{}")
+            (run / "status.json").write_text(json.dumps({"status": "completed", "elapsed_s": 6.0}))
+            outcomes.append({"arm": arm, "seed": seed, "status": "completed", "detail": "", "run_dir": str(run)})
+    (results / "mini-sweep" / "outcomes.json").write_text(json.dumps(outcomes))
+    return sweep, results
+
+
+def test_publish_then_regenerate(tmp_path):
+    script = _script()
+    sweep, results = _finished_sweep(tmp_path)
+    docs = tmp_path / "docs"
+    published = script.publish(sweep, results, docs=docs)
+    text = (published / "report.md").read_text()
+    assert text.startswith("# mini-sweep\n") and "Two clients, three rounds." in text
+    assert (f"Runs made by `pubswap compare configs/mini-sweep.toml`; this report generated" in text
+            and f"by `python scripts/publish_results.py configs/mini-sweep.toml {results}`" in text)
+    assert sorted(p.name for p in (published / "runs").iterdir()) == [
+        "fedavg-s0", "fedavg-s1", "fedprox-s0", "fedprox-s1"]
+
+    with pytest.raises(SystemExit, match="--force"):
+        script.publish(sweep, results, docs=docs)
+    assert (published / "report.md").read_text() == text
+
+    script.regenerate(sweep, docs=docs)
+    again = (published / "report.md").read_text()
+    assert again.startswith("# mini-sweep\n") and "Two clients, three rounds." in again
+    assert "by `python scripts/publish_results.py --regenerate configs/mini-sweep.toml`" in again
+    assert "## Paired differences against fedavg" in again
+
+    assert script.publish(sweep, results, docs=docs, force=True) == published
