@@ -55,7 +55,7 @@ def test_publish_then_regenerate(tmp_path):
     published = script.publish(sweep, results, docs=docs)
     text = (published / "report.md").read_text()
     assert text.startswith("# mini-sweep\n") and "Two clients, three rounds." in text
-    assert (f"Runs made by `pubswap compare configs/mini-sweep.toml`; this report generated" in text
+    assert ("Runs made by `pubswap compare configs/mini-sweep.toml`; this report generated" in text
             and f"by `python scripts/publish_results.py configs/mini-sweep.toml {results}`" in text)
     assert sorted(p.name for p in (published / "runs").iterdir()) == [
         "fedavg-s0", "fedavg-s1", "fedprox-s0", "fedprox-s1"]
