@@ -15,6 +15,10 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
     ("compare-pubswap.toml", ["fedavg", "fedprox", "pubswap-random", "pubswap-balanced"], 4, [0, 1, 2]),
     ("compare-sapo.toml", ["sapo-8-0", "sapo-6-2", "sapo-4-4", "sapo-2-6"], 8, [0, 1, 2]),
     ("compare-sapo-long.toml", ["sapo-8-0", "sapo-4-4"], 8, [0]),
+    ("compare-control-sapo-strong-weak.toml", ["sapo-8-0", "sapo-4-4", "sapo-2-6"], 4, [0, 1, 2]),
+    ("compare-control-sapo-skills.toml", ["sapo-8-0", "sapo-4-4"], 4, [0, 1, 2]),
+    ("compare-control-pubswap-experts.toml",
+     ["fedavg", "fedprox", "pubswap-none", "pubswap-random", "pubswap-balanced"], 4, [0, 1, 2]),
 ])
 def test_shipped_sweeps_are_valid(name, arms, nodes, seeds):
     sweep = load_sweep(CONFIGS / name)
@@ -25,7 +29,8 @@ def test_shipped_sweeps_are_valid(name, arms, nodes, seeds):
     assert config["seed"] == 1 and config["run-name"] == f"{arms[0]}-s1" and config["output.dir"] == "/tmp/out/runs"
 
 
-@pytest.mark.parametrize("name", ["compare-sapo.toml", "compare-sapo-long.toml"])
+@pytest.mark.parametrize("name", ["compare-sapo.toml", "compare-sapo-long.toml", "compare-control-sapo-strong-weak.toml",
+                                  "compare-control-sapo-skills.toml"])
 def test_sapo_sweep_ratios_sum_to_eight(name):
     sweep = load_sweep(CONFIGS / name)
     for arm in sweep.arms:
