@@ -1,0 +1,60 @@
+"""SAPO node groups: held-out results of the nodes that run each model (e.g. the weak nodes of a strong/weak swarm),
+per arm with 95% CIs over seeds, and paired against a baseline arm seed by seed. Reads metrics.jsonl only.
+
+    python scripts/node_groups.py docs/results/control-sapo-strong-weak/runs --baseline sapo-8-0
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pubswap_flwr.report import fmt_ci, group, mean_ci, paired_differences, summarize_run  # noqa: E402
+
+METRICS = ("sampled_accuracy", "greedy_accuracy")
+
+
+def model_groups(rows: list[dict]) -> dict[str, dict[str, float]]:
+    """model -> metric -> mean over that model's nodes, at the last round where nodes evaluated."""
+    models = {node: c["model"] for row in rows for node, c in row.get("clients", {}).items()}
+    last = [r for r in rows if r.get("node_eval")][-1]
+    out: dict[str, dict[str, list[float]]] = {}
+    for node, evaluation in last["node_eval"].items():
+        for metric in METRICS:
+            if metric in evaluation:
+                out.setdefault(models[node], {}).setdefault(metric, []).append(evaluation[metric])
+    return {model: {m: sum(v) / len(v) for m, v in metrics.items()} for model, metrics in out.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", help="a sweep's runs/ folder")
+    parser.add_argument("--baseline", required=True, help="the arm others are paired against")
+    args = parser.parse_args()
+    runs = []
+    for run_dir in sorted(p for p in Path(args.runs).iterdir() if (p / "metrics.jsonl").is_file()):
+        summary = summarize_run(run_dir)
+        for model, metrics in model_groups(summary.rows).items():
+            for metric, value in metrics.items():
+                summary.values[f"{model} {metric}"] = value
+        runs.append(summary)
+    arms = group(runs)
+    keys = sorted({k for r in runs for k in r.values if " " in k})
+    print("| arm | seeds | " + " | ".join(keys) + " |")
+    print("|---|---|" + "---|" * len(keys))
+    for arm, members in arms.items():
+        print(f"| {arm} | {', '.join(str(r.seed) for r in members)} | "
+              + " | ".join(fmt_ci(mean_ci(r.values.get(k) for r in members)) for k in keys) + " |")
+    print()
+    print(f"| arm − {args.baseline} | " + " | ".join(keys) + " |")
+    print("|---|" + "---|" * len(keys))
+    for pair in paired_differences(arms, args.baseline, keys):
+        print(f"| {pair.arm} (seeds {', '.join(map(str, pair.seeds))}) | "
+              + " | ".join(fmt_ci(pair.intervals[k], signed=True) for k in keys) + " |")
+
+
+if __name__ == "__main__":
+    main()
