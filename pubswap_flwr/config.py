@@ -9,6 +9,7 @@ no lists).
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import re
 import tomllib
@@ -45,6 +46,24 @@ below_one = _check(lambda v: 0 <= v < 1, "in [0, 1)")
 at_least_one = _check(lambda v: v >= 1, ">= 1")
 at_least_two = _check(lambda v: v >= 2, ">= 2")
 
+INT64_MAX = 2**63 - 1  # Flower's run config carries 64-bit integers
+MAX_COMPLETIONS_PER_BATCH = 65536  # completions sampled at once (a GRPO step, a public step, a SAPO round)
+
+
+def _number(x: float) -> str:
+    if x == INT64_MAX:
+        return "2**63 - 1"
+    return str(int(x)) if float(x).is_integer() else repr(x)
+
+
+def between(low: float, high: float, *, above: bool = False, why: str = "") -> Check:
+    """low <= v <= high (low < v <= high with `above`). Upper bounds are generous: no real run gets near them,
+    they stop a typo or a hostile config from exhausting memory or time. The key's doc names the bound."""
+    low_text = f"{'>' if above else '>='} {_number(low)}"
+    check = _check(lambda v: (v > low if above else v >= low) and v <= high, f"{low_text} and <= {_number(high)}")
+    check.limit_doc = f"at most {_number(high)}" + (f": {why}" if why else "")  # type: ignore[attr-defined]
+    return check
+
 
 device_name = _check(lambda v: re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", v) is not None,
                      "auto, cpu, cuda, cuda:N or mps")
@@ -55,6 +74,9 @@ def one_of(*choices: str) -> Check:
 
 
 def opt(default: Any, check: Check | None = None, doc: str = "", key: str | None = None) -> Any:
+    limit = getattr(check, "limit_doc", "")
+    if limit:
+        doc = f"{doc} ({limit})" if doc else limit
     return field(default=default, metadata={"check": check, "doc": doc, "key": key})
 
 
@@ -63,8 +85,8 @@ class ModelConfig:
     name: str = opt("embedded:tiny", doc="embedded:<name> (data/models), a local HF model directory, or a Hub id")
     dtype: str = opt("float32", one_of("float32", "bfloat16", "float16"))
     device: str = opt("auto", device_name, "auto (cuda when torch sees a GPU, else cpu), cpu, cuda, cuda:N or mps")
-    lora_r: int = opt(16, positive)
-    lora_alpha: int = opt(32, positive)
+    lora_r: int = opt(16, between(1, 1024))
+    lora_alpha: int = opt(32, between(1, 65536), "LoRA scale = alpha / r")
     lora_dropout: float = opt(0.0, below_half)
     lora_targets: str = opt("all-linear", doc="all-linear, or comma-separated module names")
     node_models: str = opt("", doc="simulation: comma-separated model names assigned to partitions round robin")
@@ -72,28 +94,29 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class GenerationConfig:
-    max_new_tokens: int = opt(16, positive)
-    temperature: float = opt(1.0, positive)
-    top_k: int = opt(0, non_negative, "0 = no top-k filter")
+    max_new_tokens: int = opt(16, between(1, 32768))
+    temperature: float = opt(1.0, between(0, 100, above=True))
+    top_k: int = opt(0, between(0, 1_000_000), "0 = no top-k filter")
     top_p: float = opt(1.0, fraction)
-    max_prompt_tokens: int = opt(256, positive)
-    max_completion_chars: int = opt(4096, positive, "longer completions get reward 0")
+    max_prompt_tokens: int = opt(256, between(1, 1_048_576))
+    max_completion_chars: int = opt(4096, between(1, 1_048_576), "longer completions get reward 0; also the "
+                                                                 "limit on peers' response texts")
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    learning_rate: float = opt(2e-3, positive)
-    local_steps: int = opt(15, at_least_one, "tau: GRPO steps per client per round")
-    prompts_per_step: int = opt(8, at_least_one)
-    completions_per_prompt: int = opt(8, at_least_two, "K (GRPO group size)")
+    learning_rate: float = opt(2e-3, between(0, 10, above=True))
+    local_steps: int = opt(15, between(1, 10_000), "tau: GRPO steps per client per round")
+    prompts_per_step: int = opt(8, between(1, 4096), "times completions-per-prompt at most 65536 completions per step")
+    completions_per_prompt: int = opt(8, between(2, 1024), "K (GRPO group size)")
     loss_type: str = opt("dapo", one_of("dapo", "grpo"))
     epsilon_low: float = opt(0.2, below_one)
-    epsilon_high: float = opt(0.28, non_negative)
-    kl_beta: float = opt(0.0, non_negative)
-    inner_iterations: int = opt(1, at_least_one, "mu: optimizer steps per rollout batch")
-    micro_batch_size: int = opt(64, at_least_one)
-    max_grad_norm: float = opt(1.0, non_negative, "0 = no clipping")
-    weight_decay: float = opt(0.0, non_negative)
+    epsilon_high: float = opt(0.28, between(0, 10))
+    kl_beta: float = opt(0.0, between(0, 1000))
+    inner_iterations: int = opt(1, between(1, 1000), "mu: optimizer steps per rollout batch")
+    micro_batch_size: int = opt(64, between(1, 65536))
+    max_grad_norm: float = opt(1.0, between(0, 1e6), "0 = no clipping")
+    weight_decay: float = opt(0.0, between(0, 100))
     reset_optimizer: bool = opt(False, doc="reset Adam moments when a new global adapter arrives")
 
 
@@ -101,10 +124,10 @@ class TrainConfig:
 class TasksConfig:
     mix: str = opt("basic_arithmetic:1,gcd:1,count_bits:1,fraction_simplification:1,spell_backward:2",
                    doc="name:weight,... over presets, tasks.custom entries or rg:<generator>")
-    per_node: int = opt(2, non_negative, "non-IID: tasks per node (consecutive, round robin); 0 = every task")
+    per_node: int = opt(2, between(0, 10_000), "non-IID: tasks per node (consecutive, round robin); 0 = every task")
     node_mixes: str = opt("", doc="explicit per-partition mixes separated by ';' (overrides per-node)")
     custom: str = opt("", doc='JSON {"name": {"generator": ..., "config": {...}}}')
-    data_seed: int = opt(0, non_negative)
+    data_seed: int = opt(0, between(0, 100_000, why="reasoning-gym stream seeds stay below 2**63"))
     template: str = opt("auto", one_of("auto", "plain", "math", "mc"))
     data_paths: str = opt("", doc="simulation: comma-separated JSONL/parquet files assigned to partitions round "
                                "robin (deployment: node-config data-path)")
@@ -113,12 +136,13 @@ class TasksConfig:
 
 @dataclass(frozen=True)
 class EvalConfig:
-    every: int = opt(1, non_negative, "evaluate the global adapter every N rounds (0 = only round 0 and last)")
-    items_per_task: int = opt(100, at_least_one)
+    every: int = opt(1, between(0, 1_000_000), "evaluate the global adapter every N rounds (0 = only round 0 and "
+                                                "last)")
+    items_per_task: int = opt(100, between(1, 100_000))
     sampled: bool = opt(True, doc="also report sampled (T=1) accuracy/reward, which RL moves first")
-    samples: int = opt(4, at_least_one, "T=1 samples per held-out item: sampled pass@1 and reward average them "
+    samples: int = opt(4, between(1, 1024), "T=1 samples per held-out item: sampled pass@1 and reward average them "
                                         "(standard errors over items are reported)")
-    batch_size: int = opt(256, at_least_one)
+    batch_size: int = opt(256, between(1, 65536))
     data_path: str = opt("", doc="JSONL/parquet file used as the held-out set instead of generated task items")
     data_format: str = opt("", doc="row format of eval.data-path (empty = tasks.data-format)")
 
@@ -126,14 +150,21 @@ class EvalConfig:
 @dataclass(frozen=True)
 class StrategyConfig:
     mode: str = opt("fedavg", one_of(*MODES))
-    proximal_mu: float = opt(0.01, non_negative, "FedProx mu (used by fedprox, and pubswap with base fedprox)")
+    proximal_mu: float = opt(0.01, between(0, 1000), "FedProx mu (used by fedprox, and pubswap with base fedprox)")
     fraction_train: float = opt(1.0, fraction)
-    min_clients: int = opt(2, at_least_one, "a round proceeds when at least this many clients replied")
-    timeout: float = opt(3600.0, positive, "seconds to wait for replies on every exchange")
-    aggregation: str = opt("mean", one_of(*AGGREGATORS))
-    trim_fraction: float = opt(0.2, below_half, "trimmed-mean: fraction cut at each end")
-    clip_norm: float = opt(0.0, non_negative, "clip each client's update norm before aggregating (0 = off)")
-    dp_noise_multiplier: float = opt(0.0, non_negative, "central DP: Gaussian noise std = this x clip-norm / clients "
+    min_clients: int = opt(2, between(1, 100_000), "a round proceeds when at least this many clients replied; "
+                                                   "robust aggregation is only as robust as the smallest round")
+    timeout: float = opt(3600.0, between(0, 604_800, above=True, why="7 days"),
+                         "seconds to wait for replies on every exchange")
+    aggregation: str = opt("mean", one_of(*AGGREGATORS),
+                           "mean; median: per coordinate (of 2 clients it is their mean; it outvotes b bad clients "
+                           "only when n >= 2b + 1 replied); trimmed-mean: per coordinate, drops floor(trim-fraction x "
+                           "n) values at each end of n, so it needs strategy.min-clients x trim-fraction >= 1 "
+                           "(checked; with 0.2 a round of n <= 4 clients trims nothing)")
+    trim_fraction: float = opt(0.2, below_half, "trimmed-mean: fraction cut at each end; n clients lose floor(this x "
+                                                "n) per end")
+    clip_norm: float = opt(0.0, between(0, 1e6), "clip each client's update norm before aggregating (0 = off)")
+    dp_noise_multiplier: float = opt(0.0, between(0, 1000), "central DP: Gaussian noise std = this x clip-norm / clients "
                                                         "(0 = off; needs clip-norm > 0 and aggregation mean)")
 
 
@@ -141,9 +172,9 @@ class StrategyConfig:
 class PubSwapConfig:
     swap: str = opt("balanced", one_of(*SWAP_RULES), "balanced or random (the paper's rules); none: public steps on "
                                                      "the client's own responses only (an ablation)")
-    tau_swap: int = opt(5, at_least_one, "every tau_swap-th local step is a public step")
-    public_prompts: int = opt(4, at_least_one, "public prompts per public step")
-    public_size: int = opt(200, at_least_one)
+    tau_swap: int = opt(5, between(1, 10_000), "every tau_swap-th local step is a public step")
+    public_prompts: int = opt(4, between(1, 4096), "public prompts per public step")
+    public_size: int = opt(200, between(1, 100_000), "items in the public set (generated at start)")
     public_mix: str = opt("", doc="task mix of the public set (empty = tasks.mix)")
     correct_threshold: float = opt(1.0, fraction, "a response is correct when its reward >= this")
     base: str = opt("fedavg", one_of("fedavg", "fedprox"))
@@ -151,14 +182,15 @@ class PubSwapConfig:
 
 @dataclass(frozen=True)
 class SapoConfig:
-    local: int = opt(4, non_negative, "I: local rollout groups trained per round")
-    external: int = opt(4, non_negative, "J: external rollout groups trained per round")
+    local: int = opt(4, between(0, 256, why="a reply carries at most 256 packets"),
+                     "I: local rollout groups trained per round")
+    external: int = opt(4, between(0, 4096), "J: external rollout groups trained per round")
     sharing: str = opt("local", one_of("local", "fixed"), "local: a node samples B = I questions per round and shares "
                                                           "those I groups (the paper); fixed: it samples sapo.questions "
                                                           "and shares sapo.share of them whatever I is")
-    questions: int = opt(8, at_least_one, "B with sapo.sharing = fixed: questions sampled per node per round")
-    completions: int = opt(8, at_least_two, "L: completions per question")
-    share: int = opt(8, non_negative, "with sapo.sharing = fixed: groups each node shares per round")
+    questions: int = opt(8, between(1, 4096), "B with sapo.sharing = fixed: questions sampled per node per round")
+    completions: int = opt(8, between(2, 1024), "L: completions per question")
+    share: int = opt(8, between(0, 256, why="a reply carries at most 256 packets"), "with sapo.sharing = fixed: groups each node shares per round")
     async_mode: bool = opt(False, doc="one message per round, training on the previous round's pool", key="async")
     verify_provenance: bool = opt(True, doc="regenerate reasoning-gym packets from their provenance and drop "
                                             "forged ones")
@@ -168,7 +200,7 @@ class SapoConfig:
 @dataclass(frozen=True)
 class OutputConfig:
     dir: str = opt("runs", doc=f"run outputs root; relative paths resolve against ${OUTPUT_ROOT_ENV} or the cwd")
-    save_every: int = opt(1, non_negative, "save the global adapter every N rounds (the final one always)")
+    save_every: int = opt(1, between(0, 1_000_000), "save the global adapter every N rounds (the final one always)")
 
 
 SECTIONS = {
@@ -186,8 +218,8 @@ SECTIONS = {
 
 @dataclass(frozen=True)
 class ExperimentConfig:
-    num_server_rounds: int = opt(10, at_least_one)
-    seed: int = opt(0, non_negative)
+    num_server_rounds: int = opt(10, between(1, 1_000_000))
+    seed: int = opt(0, between(0, INT64_MAX))
     run_name: str = opt("", doc="run directory name (default <mode>-s<seed>-<run id>)")
     resume: bool = opt(False, doc="continue the run in output.dir/run-name from its last checkpoint")
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -250,6 +282,43 @@ class ExperimentConfig:
                               "strategy.aggregation = 'mean'")
         if self.strategy.aggregation != "mean" and self.strategy.mode == "sapo":
             raise ConfigError("strategy.aggregation applies to adapter averaging; sapo mode averages nothing")
+        if self.strategy.aggregation == "trimmed-mean":
+            self._check_trim()
+        t = self.train
+        if t.prompts_per_step * t.completions_per_prompt > MAX_COMPLETIONS_PER_BATCH:
+            raise ConfigError(f"train.prompts-per-step x train.completions-per-prompt = {t.prompts_per_step} x "
+                              f"{t.completions_per_prompt}: more than {MAX_COMPLETIONS_PER_BATCH} completions per step")
+        if self.strategy.mode == "pubswap" and self.pubswap.public_prompts * t.completions_per_prompt > \
+                MAX_COMPLETIONS_PER_BATCH:
+            raise ConfigError(f"pubswap.public-prompts x train.completions-per-prompt = {self.pubswap.public_prompts} "
+                              f"x {t.completions_per_prompt}: more than {MAX_COMPLETIONS_PER_BATCH} completions per "
+                              "public step")
+        if self.strategy.mode == "sapo":
+            questions, name = ((self.sapo.local, "sapo.local") if self.sapo.sharing == "local"
+                               else (self.sapo.questions, "sapo.questions"))
+            if questions * self.sapo.completions > MAX_COMPLETIONS_PER_BATCH:
+                raise ConfigError(f"{name} x sapo.completions = {questions} x {self.sapo.completions}: more than "
+                                  f"{MAX_COMPLETIONS_PER_BATCH} completions per round")
+
+    def _check_trim(self) -> None:
+        """A trimmed mean of n clients drops floor(trim-fraction x n) values at each end (aggregate.trimmed_mean). The
+        number of clients is only known per round, but a round may proceed with strategy.min-clients: at that size
+        it must trim at least one value per end, or the 'robust' aggregate is a plain mean."""
+        fraction, smallest = self.strategy.trim_fraction, self.strategy.min_clients
+        if int(fraction * smallest) >= 1:
+            return
+        if fraction <= 0:
+            raise ConfigError("strategy.aggregation = 'trimmed-mean' with strategy.trim-fraction = 0 trims nothing "
+                              "from any round: it is the plain mean; set a trim fraction in (0, 0.5) or use 'mean'")
+        needed = max(1, math.ceil(1 / fraction))
+        while int(fraction * needed) < 1:  # as aggregate.trimmed_mean rounds
+            needed += 1
+        raise ConfigError(
+            f"strategy.aggregation = 'trimmed-mean' with strategy.trim-fraction = {fraction} trims nothing from a "
+            f"round of strategy.min-clients = {smallest} clients: n clients lose floor({fraction} x n) at each end, "
+            f"which is 0 for n < {needed}. Set strategy.min-clients >= {needed}"
+            + (f" or strategy.trim-fraction >= 1/{smallest}" if smallest >= 3 else "")
+            + " (or aggregate with 'median', which needs 3 clients to differ from the mean)")
 
     # -- derived ---------------------------------------------------------------------------------------------
     def run_dir(self, run_id: int | str) -> Path:
@@ -278,7 +347,13 @@ def _convert(key: str, value: Any, kind: type) -> Any:
     if kind is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{key} = {value!r}: must be a number")
-        return float(value)
+        try:
+            converted = float(value)
+        except OverflowError:
+            converted = math.inf
+        if not math.isfinite(converted):
+            raise ConfigError(f"{key} = {value!r}: must be a finite number")
+        return converted
     if not isinstance(value, str):
         raise ConfigError(f"{key} = {value!r}: must be a string")
     return value

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 
@@ -119,6 +120,125 @@ def test_bad_value_raises_config_error_naming_the_key(key, value):
     with pytest.raises(ConfigError) as info:
         build(**{key: value})
     assert str(info.value).startswith(f"{key} = ")
+
+
+FLOAT_KEYS = [key for key, (_s, _a, spec) in key_table().items() if spec.type in (float, "float")]
+INT_KEYS = [key for key, (_s, _a, spec) in key_table().items() if spec.type in (int, "int")]
+
+
+@pytest.mark.parametrize("key", FLOAT_KEYS)
+@pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan"), 10**400])
+def test_every_float_key_refuses_non_finite_values(key, value):
+    with pytest.raises(ConfigError) as info:
+        build(**{key: value})
+    assert str(info.value) == f"{key} = {value!r}: must be a finite number"
+
+
+def test_an_infinite_dp_noise_multiplier_is_refused_before_it_can_make_an_all_inf_adapter():
+    with pytest.raises(ConfigError, match=r"^strategy.dp-noise-multiplier = inf: must be a finite number$"):
+        build(**{"strategy.dp-noise-multiplier": float("inf"), "strategy.clip-norm": 1.0})
+
+
+def test_every_number_key_has_an_upper_bound_named_in_its_doc():
+    docs = {key: doc for key, _default, doc in describe()}
+    unbounded = {"model.lora-dropout", "generation.top-p", "train.epsilon-low", "strategy.fraction-train",
+                 "strategy.trim-fraction", "pubswap.correct-threshold"}  # already bounded by 1 or 0.5
+    for key in INT_KEYS + FLOAT_KEYS:
+        if key in unbounded:
+            continue
+        assert "at most " in docs[key], key
+        bound = docs[key].rsplit("at most ", 1)[1].split()[0].rstrip(":)")  # the key's own bound comes last
+        too_big = 2**63 if bound == "2**63" else float(bound) * 1.5 + 1
+        with pytest.raises(ConfigError, match=rf"^{key} = .*: must be .*<= {re.escape(bound)}"):
+            build(**{key: too_big if key in FLOAT_KEYS else int(too_big)})
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("train.completions-per-prompt", 10**9, "must be >= 2 and <= 1024"),
+    ("train.prompts-per-step", 4097, "must be >= 1 and <= 4096"),
+    ("train.local-steps", 10_001, "must be >= 1 and <= 10000"),
+    ("generation.max-new-tokens", 10**6, "must be >= 1 and <= 32768"),
+    ("eval.items-per-task", 100_001, "must be >= 1 and <= 100000"),
+    ("pubswap.public-prompts", 5000, "must be >= 1 and <= 4096"),
+    ("pubswap.public-size", 10**7, "must be >= 1 and <= 100000"),
+    ("sapo.questions", 5000, "must be >= 1 and <= 4096"),
+    ("sapo.completions", 2000, "must be >= 2 and <= 1024"),
+    ("sapo.share", 257, "must be >= 0 and <= 256"),
+    ("sapo.local", 257, "must be >= 0 and <= 256"),
+    ("model.lora-r", 1025, "must be >= 1 and <= 1024"),
+    ("strategy.timeout", 1e9, "must be > 0 and <= 604800"),
+    ("num-server-rounds", 10**12, "must be >= 1 and <= 1000000"),
+    ("seed", 2**63, "must be >= 0 and <= 2\\*\\*63 - 1"),
+])
+def test_absurd_sizes_are_refused_naming_the_key_and_the_bound(key, value, message):
+    with pytest.raises(ConfigError, match=rf"^{key} = {value!r}: {message}$"):
+        build(**{key: value})
+
+
+def test_the_bounds_are_in_the_keys_docs():
+    docs = {key: doc for key, _default, doc in describe()}
+    assert docs["train.local-steps"] == "tau: GRPO steps per client per round (at most 10000)"
+    assert docs["strategy.timeout"] == "seconds to wait for replies on every exchange (at most 604800: 7 days)"
+    assert docs["model.lora-r"] == "at most 1024"
+    assert "floor(trim-fraction x n)" in docs["strategy.aggregation"] and "n <= 4" in docs["strategy.aggregation"]
+    assert "of 2 clients it is their mean" in docs["strategy.aggregation"]
+
+
+def test_pubswap_keys_lists_every_key_with_its_doc(capsys):
+    from pubswap_flwr.cli import main
+
+    assert main(["keys"]) == 0
+    out = capsys.readouterr().out
+    assert "train.local-steps" in out and "at most 10000" in out and "strategy.aggregation" in out
+
+
+@pytest.mark.parametrize("flat,message", [
+    ({"train.prompts-per-step": 256, "train.completions-per-prompt": 512},
+     "train.prompts-per-step x train.completions-per-prompt = 256 x 512: more than 65536 completions per step"),
+    ({"strategy.mode": "pubswap", "pubswap.public-prompts": 1024, "train.completions-per-prompt": 128,
+      "train.prompts-per-step": 1},
+     "pubswap.public-prompts x train.completions-per-prompt = 1024 x 128: more than 65536 completions per public "
+     "step"),
+    ({"strategy.mode": "sapo", "sapo.sharing": "fixed", "sapo.questions": 4096, "sapo.completions": 17,
+      "sapo.local": 4, "sapo.share": 4},
+     "sapo.questions x sapo.completions = 4096 x 17: more than 65536 completions per round"),
+    ({"strategy.mode": "sapo", "sapo.local": 256, "sapo.completions": 257},
+     "sapo.local x sapo.completions = 256 x 257: more than 65536 completions per round"),
+])
+def test_completions_sampled_at_once_are_bounded(flat, message):
+    with pytest.raises(ConfigError) as info:
+        build(**flat)
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize("min_clients,fraction,needed,hint", [
+    (2, 0.2, 5, ""),
+    (4, 0.2, 5, " or strategy.trim-fraction >= 1/4"),
+    (3, 0.3, 4, " or strategy.trim-fraction >= 1/3"),
+    (2, 0.49, 3, ""),
+])
+def test_a_trimmed_mean_that_would_trim_nothing_from_the_smallest_round_is_refused(min_clients, fraction, needed,
+                                                                                   hint):
+    flat = {"strategy.aggregation": "trimmed-mean", "strategy.min-clients": min_clients,
+            "strategy.trim-fraction": fraction}
+    with pytest.raises(ConfigError) as info:
+        build(**flat)
+    assert str(info.value) == (
+        f"strategy.aggregation = 'trimmed-mean' with strategy.trim-fraction = {fraction} trims nothing from a round "
+        f"of strategy.min-clients = {min_clients} clients: n clients lose floor({fraction} x n) at each end, which "
+        f"is 0 for n < {needed}. Set strategy.min-clients >= {needed}{hint} (or aggregate with 'median', which "
+        "needs 3 clients to differ from the mean)")
+    ok = build(**{**flat, "strategy.min-clients": needed})
+    assert int(ok.strategy.trim_fraction * ok.strategy.min_clients) >= 1
+
+
+def test_a_trimmed_mean_with_trim_fraction_zero_is_refused_and_one_that_trims_is_accepted():
+    with pytest.raises(ConfigError, match=r"strategy.trim-fraction = 0 trims nothing from any round"):
+        build(**{"strategy.aggregation": "trimmed-mean", "strategy.trim-fraction": 0.0, "strategy.min-clients": 10})
+    config = build(**{"strategy.aggregation": "trimmed-mean", "strategy.trim-fraction": 0.25,
+                      "strategy.min-clients": 4})
+    assert config.strategy.aggregation == "trimmed-mean"
+    assert build(**{"strategy.trim-fraction": 0.0}).strategy.trim_fraction == 0.0  # unused by 'mean'
 
 
 def test_bad_values_cover_every_section():
@@ -274,8 +394,27 @@ def test_flatten_deeply_nested():
     assert flatten({"a": {"b": {"c": 1}, "d": 2}, "e": 3}) == {"a.b.c": 1, "a.d": 2, "e": 3}
 
 
-PRESETS = sorted(p for p in (Path(__file__).resolve().parents[2] / "configs").glob("*.toml")
-                 if not p.name.startswith("compare-"))  # compare-*.toml are sweep files (tests/unit/test_sweeps.py)
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+def _is_sweep(path: Path) -> bool:
+    """Sweep files (compare-*.toml, control-*.toml, ...: `pubswap compare`) have [arms.<name>] tables."""
+    return "arms" in tomllib.loads(path.read_text())
+
+
+PRESETS = sorted(p for p in CONFIGS.glob("*.toml") if not _is_sweep(p))
+SWEEPS = sorted(p for p in CONFIGS.glob("*.toml") if _is_sweep(p))
+
+
+@pytest.mark.parametrize("sweep", SWEEPS, ids=lambda p: p.name)
+def test_every_arm_of_every_sweep_file_validates(sweep):
+    from pubswap_flwr.compare import load_sweep
+
+    loaded = load_sweep(sweep)
+    assert loaded.arms and all(arm.error is None for arm in loaded.arms)
+    for arm in loaded.arms:
+        for seed in loaded.seeds:
+            ExperimentConfig.from_flat(loaded.config_for(arm, seed, Path("/tmp/out")))
 
 
 @pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.name)
