@@ -103,6 +103,15 @@ class Exchange:
     def ordered(self, nodes: Iterable[int]) -> list[int]:
         return sorted(nodes, key=self.label)
 
+    def _check_identity(self, node: int, index: int) -> None:
+        """A node keeps the index it first reported: labels (swap donors, SAPO senders and their reputation) rest on
+        it, and a node that changed it could shed its record or receive its own packets."""
+        from .validate import Rejected
+
+        known = self.node_index.get(node)
+        if known is not None and known != index:
+            raise Rejected(f"node-index {index} differs from the {known} this node reported before")
+
     # -- send and receive ------------------------------------------------------------------------------------
     def send(self, messages: list[Message], decode: Callable[[int, Message], T]) -> ExchangeResult[T]:
         """Send, wait for replies (or the timeout), and accept each reply through the guard."""
@@ -128,6 +137,7 @@ class Exchange:
                 continue
             try:
                 decoded = decode(node, reply)
+                self._check_identity(node, decoded.report.node_index)
             except Exception as err:  # noqa: BLE001 - the per-reply guard: this reply is dropped with its reason
                 out.dropped[node] = _reason(err)
                 continue

@@ -71,7 +71,10 @@ class Learner:
         self.store = NodeStore(identity.state_dir, identity.model_name)
         self.state = self._load()
         self.stream = self._build_stream()
-        self.proximal_reference: dict[str, torch.Tensor] | None = None
+        # FedProx pulls towards the last global adapter; it is kept on disk because a round may span several
+        # messages (PubSwap segments), each served by a fresh Learner
+        self.proximal_reference: dict[str, torch.Tensor] | None = (
+            self._device_reference(self.store.load_reference()) if self.uses_proximal else None)
 
     @property
     def state_dir(self):
@@ -129,11 +132,19 @@ class Learner:
         return sorted({i.task for i in self.stream.items})
 
     # -- global adapter --------------------------------------------------------------------------------------
+    def _device_reference(self, saved: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor] | None:
+        if saved is None:
+            return None
+        params = self.policy.learner.params
+        return {n: saved[n].to(params[n].device, params[n].dtype) for n in params if n in saved}
+
     def receive_global(self, adapter: dict[str, torch.Tensor]) -> None:
         """Start a round from the server's adapter; it is also the FedProx reference."""
         self.policy.load_adapter(adapter)
         self.proximal_reference = ({n: p.detach().clone() for n, p in self.policy.learner.params.items()}
                                    if self.uses_proximal else None)
+        if self.proximal_reference is not None:
+            self.store.save_reference(self.proximal_reference)
         if self.cfg.train.reset_optimizer:
             self.policy.learner.reset_optimizer()
 

@@ -22,6 +22,7 @@ from .tasks.splits import MAX_NODES
 
 STATE_FILE = "node.json"
 ADAPTER_FILE = "adapter.safetensors"
+REFERENCE_FILE = "proximal-reference.safetensors"  # FedProx: the last global adapter (kept across messages)
 OPTIMIZER_FILE = "optimizer.pt"
 ROUND_START_DIR = "round-start"
 FILES = (STATE_FILE, ADAPTER_FILE, OPTIMIZER_FILE)
@@ -144,6 +145,15 @@ class NodeStore:
         tmp = self.directory / f".{STATE_FILE}.tmp"
         tmp.write_text(json.dumps(state.to_dict()))
         os.replace(tmp, self.directory / STATE_FILE)
+
+    def save_reference(self, reference: dict[str, torch.Tensor]) -> None:
+        tmp = self.directory / f".{REFERENCE_FILE}.tmp"
+        save_file({k: v.detach().cpu().contiguous() for k, v in reference.items()}, str(tmp))
+        os.replace(tmp, self.directory / REFERENCE_FILE)
+
+    def load_reference(self) -> dict[str, torch.Tensor] | None:
+        path = self.directory / REFERENCE_FILE
+        return load_file(str(path)) if path.is_file() else None
 
     def has_round_start(self, round_number: int) -> bool:
         marker = self.directory / ROUND_START_DIR / "round"

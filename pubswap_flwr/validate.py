@@ -139,6 +139,11 @@ def check_packet(entry: Any, limits: Limits, max_completions: int) -> Packet:
         raise Rejected("'answer' is missing")
     for key in ("uid", "task"):
         _text(item, key, 256)
+    provenance = item.get("provenance", {})
+    if isinstance(provenance, dict):  # what a receiver regenerates the item from, when given
+        for key, kinds in (("generator", str), ("config", dict), ("seed", int), ("index", int)):
+            if key in provenance and (not isinstance(provenance[key], kinds) or isinstance(provenance[key], bool)):
+                raise Rejected(f"provenance '{key}' must be {kinds.__name__}, got {type(provenance[key]).__name__}")
     for key in ("metadata", "provenance"):
         value = item.get(key, {})
         if not isinstance(value, dict):

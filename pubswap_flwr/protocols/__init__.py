@@ -1,15 +1,25 @@
 """The protocol registry: `strategy.mode` -> the protocol that owns both sides of that mode's exchange.
 
 A protocol is a module with
-- its messages: frozen dataclasses with a `message_type` (`train.<action>` or `query.<action>`), `to_record` and
-  `from_record`, used by both sides;
-- its server side: a `ServerProtocol` subclass whose `run_round(ctx)` sends instructions through `ctx.exchange`
-  (every reply enters through the exchange's per-reply guard) and records what happened in `ctx.log`;
-- its client side: `CLIENT_HANDLERS`, message type -> `handler(work) -> RecordDict`.
+- its messages: frozen dataclasses. Instructions (server -> client) subclass `base.Instruction`: a
+  `message_type` (`train.<action>` or `query.<action>`), `to_record()` and `from_record(content)`. Replies have
+  `to_record()` for the client and a `from_message(message, ...)` decoder for the server that checks everything
+  (it may take what the server expects, e.g. the prompt ids it asked about) and carries a `report: ClientReport`;
+- its server side: a `ServerProtocol` subclass whose `run_round(ctx)` sends instructions through
+  `ctx.exchange.send(messages, decode)` (every reply enters there, through the per-reply guard) and records what
+  happened in `ctx.log`; `state()`/`restore()` for what its checkpoint must keep;
+- its client side: `HANDLERS`, message type -> `handler(work: ClientWork) -> RecordDict` (`base.serve` loads the
+  node's learner and state around it).
 
-To add a mode: write `protocols/<mode>.py` like fedavg.py, add it to `PROTOCOLS` below and to
-`config.MODES`, and give it a golden run (tests/golden/runs.py). The ClientApp registers every protocol's
-handlers, so a mode's message types must be unique across protocols.
+To add a mode:
+1. write `protocols/<mode>.py` like fedavg.py (the smallest);
+2. add its class to `PROTOCOLS` and its `HANDLERS` to `_HANDLER_OWNERS` below (message types must be unique: a
+   duplicate is an error at import), and the mode's name to `config.MODES` (a test checks the two agree);
+3. add its settings as a config section and any cross-key checks to `ExperimentConfig.validate`;
+4. tests: a golden run (tests/golden/runs.py), its message flow in tests/protocols/test_rounds.py, its honest fake
+   reply in tests/protocols/fake_clients.py and its mode in tests/protocols/test_properties.py;
+5. docs/protocols.md: its row in the messages table.
+A subclass serves its parent's message types too (FedProx is FedAvg with mu).
 """
 
 from __future__ import annotations
@@ -18,9 +28,10 @@ from flwr.clientapp import ClientApp
 
 from ..config import ExperimentConfig
 from .base import ClientHandler, ServerProtocol, serve
-from .fedavg import CLIENT_HANDLERS as FEDAVG_HANDLERS, FedAvgProtocol, FedProxProtocol
-from .pubswap import CLIENT_HANDLERS as PUBSWAP_HANDLERS, PubSwapProtocol
-from .sapo import CLIENT_HANDLERS as SAPO_HANDLERS, SapoProtocol
+from . import fedavg, pubswap, sapo
+from .fedavg import FedAvgProtocol, FedProxProtocol
+from .pubswap import PubSwapProtocol
+from .sapo import SapoProtocol
 
 PROTOCOLS: dict[str, type[ServerProtocol]] = {
     "fedavg": FedAvgProtocol,
@@ -29,12 +40,24 @@ PROTOCOLS: dict[str, type[ServerProtocol]] = {
     "sapo": SapoProtocol,
 }
 
+# each protocol module's handlers, with the protocol class whose messages they serve
+_HANDLER_OWNERS = [(fedavg.HANDLERS, FedAvgProtocol), (pubswap.HANDLERS, PubSwapProtocol),
+                   (sapo.HANDLERS, SapoProtocol)]
+
+
+def _client_handlers() -> dict[str, tuple[ClientHandler, type[ServerProtocol]]]:
+    table: dict[str, tuple[ClientHandler, type[ServerProtocol]]] = {}
+    for handlers, owner in _HANDLER_OWNERS:
+        for message_type, handler in handlers.items():
+            if message_type in table:
+                raise ValueError(f"message type {message_type!r} of {owner.__name__} is already served by "
+                                 f"{table[message_type][1].__name__}")
+            table[message_type] = (handler, owner)
+    return table
+
+
 # message type -> (handler, the protocol class whose messages it serves)
-CLIENT_HANDLERS: dict[str, tuple[ClientHandler, type[ServerProtocol]]] = {
-    **{t: (h, FedAvgProtocol) for t, h in FEDAVG_HANDLERS.items()},
-    **{t: (h, PubSwapProtocol) for t, h in PUBSWAP_HANDLERS.items()},
-    **{t: (h, SapoProtocol) for t, h in SAPO_HANDLERS.items()},
-}
+CLIENT_HANDLERS = _client_handlers()
 
 
 def protocol_class(mode: str) -> type[ServerProtocol]:

@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("pubswap_flwr")
 
 Adapter = dict[str, Any]
+MAX_SECONDS = 1e7  # any duration a client reports (about 4 months)
+MAX_TIMESTAMP = 1e11  # a Unix time (year 5138)
 
 
 # -- reading untrusted records ---------------------------------------------------------------------------------
@@ -163,15 +165,19 @@ class ClientReport:
         tasks = payload.get("tasks", [])
         if not isinstance(tasks, list) or len(tasks) > 256:
             raise Rejected("'tasks' must be a list of at most 256 names")
-        optional = {key: number(metrics, key) if key in metrics else None for key in ("train-reward", "rollout-reward")}
+        # rewards are in [0, 1]; a node's cumulative reward adds one mean reward per round
+        optional = {key: number(metrics, key, low=0, high=1) if key in metrics else None
+                    for key in ("train-reward", "rollout-reward")}
+        t_start = number(metrics, "t-start", 0.0, low=0, high=MAX_TIMESTAMP)
+        t_end = number(metrics, "t-end", t_start, low=t_start, high=MAX_TIMESTAMP)
         return cls(
             node_index=int(number(metrics, "node-index", low=0, high=MAX_NODES - 1)),
             num_examples=int(number(metrics, "num-examples", 0.0, low=0, high=1e12)),
-            cumulative_reward=number(metrics, "cumulative-reward", 0.0),
+            cumulative_reward=number(metrics, "cumulative-reward", 0.0, low=0, high=1e9),
             total_steps=int(number(metrics, "total-steps", 0.0, low=0, high=1e12)),
-            t_start=number(metrics, "t-start", 0.0), t_end=number(metrics, "t-end", 0.0),
-            sample_seconds=number(metrics, "sample-seconds", 0.0, low=0),
-            update_seconds=number(metrics, "update-seconds", 0.0, low=0),
+            t_start=t_start, t_end=t_end,
+            sample_seconds=number(metrics, "sample-seconds", 0.0, low=0, high=MAX_SECONDS),
+            update_seconds=number(metrics, "update-seconds", 0.0, low=0, high=MAX_SECONDS),
             train_reward=optional["train-reward"],
             train_completions=int(number(metrics, "train-completions", 0.0, low=0, high=1e12)),
             rollout_reward=optional["rollout-reward"],
@@ -303,7 +309,8 @@ def serve(handler: ClientHandler, owner: type[ServerProtocol],
                                             header.run_name)
         if not protocol.per_node_models and identity.model_name != cfg.model.name:
             raise ValueError(f"this node's model {identity.model_name!r} differs from the run's model.name "
-                             f"{cfg.model.name!r}; only strategy.mode = 'sapo' lets nodes keep different models")
+                             f"{cfg.model.name!r}; strategy.mode = {cfg.strategy.mode!r} averages one model, so "
+                             "every node must run it (sapo lets nodes keep different models)")
         learner = Learner(cfg, identity, protocol.proximal_mu(cfg))
         if header.round_start:
             learner.begin_round(header.server_round)

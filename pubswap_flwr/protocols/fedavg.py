@@ -140,4 +140,4 @@ def local_round(work: ClientWork) -> RecordDict:
     return AdapterReply(work.client_report(), to_wire(work.learner.policy.adapter())).to_record()
 
 
-CLIENT_HANDLERS = {LocalRound.message_type: local_round}
+HANDLERS = {LocalRound.message_type: local_round}

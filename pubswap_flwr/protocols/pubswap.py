@@ -15,7 +15,7 @@ import random
 import time
 from functools import partial
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import combinations
 from typing import Any, ClassVar
 
@@ -110,6 +110,7 @@ class SegmentReply:
     report: ClientReport
     responses: dict[str, list[str]] | Scored
     adapter: Adapter | None = None
+    modal: dict[str, str | None] = field(default_factory=dict)  # server side: each prompt's most frequent answer
 
     def to_record(self) -> RecordDict:
         payload = {"responses": self.responses} if self.responses else None
@@ -128,7 +129,9 @@ class SegmentReply:
             scored = {uid: [(t, score(t, public.get(uid), max_chars=limit).reward) for t in texts[uid]]
                       for uid in uids}
         adapter = checked_adapter(message.content, reference) if reference is not None else None
-        return cls(report, scored, adapter)
+        modal = {uid: Counter(extract_answer(t) for t in texts).most_common(1)[0][0]
+                 for uid, texts in (texts.items() if uids else ())}
+        return cls(report, scored, adapter, modal)
 
 
 # -- server --------------------------------------------------------------------------------------------------------
@@ -201,7 +204,7 @@ class PubSwapProtocol(ServerProtocol):
                 break
             started = time.perf_counter()
             pending_sets, step_metrics = self.swap(ctx, {n: result.replies[n].responses for n in active}, uids, k,
-                                                   segment)
+                                                   segment, {n: result.replies[n].modal for n in active})
             step_metrics["step"] = next_public
             ctx.log.extra["public_steps"].append(step_metrics)
             ctx.log.server_seconds += time.perf_counter() - started
@@ -211,9 +214,10 @@ class PubSwapProtocol(ServerProtocol):
         ctx.log.extra["swap"] = summarise_public_steps(ctx.log.extra["public_steps"])
         record_scoring(ctx, budget)
 
-    def swap(self, ctx: RoundContext, responses: dict[int, Scored], uids: list[str], k: int,
-             segment: int) -> tuple[dict[int, dict], dict]:
-        """Each client's response set per prompt by the configured rule, and the public step's metrics."""
+    def swap(self, ctx: RoundContext, responses: dict[int, Scored], uids: list[str], k: int, segment: int,
+             modal: dict[int, dict[str, str | None]]) -> tuple[dict[int, dict], dict]:
+        """Each client's response set per prompt by the configured rule, and the public step's metrics (`modal`:
+        each client's most frequent answer per prompt, for policy disagreement)."""
         p = self.cfg.pubswap
         rng = random.Random(f"{self.cfg.seed}:swap:{ctx.number}:{segment}")
         label = ctx.exchange.label
@@ -237,9 +241,7 @@ class PubSwapProtocol(ServerProtocol):
                 swapped_pairs += outcome.swapped > 0
                 donors.append(outcome.donors_available)
                 own_reward[node].extend(reward for _, reward in responses[node][uid])
-            modal = [Counter(extract_answer(t) for t, _ in responses[node][uid]).most_common(1)[0][0]
-                     for node in nodes]
-            pairs = list(combinations(modal, 2))
+            pairs = list(combinations([modal[node][uid] for node in nodes], 2))
             if pairs:
                 disagreement.append(sum(a != b for a, b in pairs) / len(pairs))
         pair_count = max(len(nodes) * len(uids), 1)
@@ -329,4 +331,4 @@ def segment(work: ClientWork) -> RecordDict:
     return SegmentReply(work.client_report(), responses, adapter).to_record()
 
 
-CLIENT_HANDLERS = {Segment.message_type: segment}
+HANDLERS = {Segment.message_type: segment}

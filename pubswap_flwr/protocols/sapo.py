@@ -34,7 +34,8 @@ from ..tasks.splits import RANGE
 from ..tasks.verifiers import VERIFIERS
 from ..validate import Limits, Rejected, check_eval, check_packets
 from ..wire import CONFIG_KEY, DEFAULT_MAX_PAYLOAD_BYTES
-from .base import (ClientReport, ClientWork, Header, Instruction, RoundContext, ServerProtocol, number, payload_of,
+from .base import (MAX_SECONDS, ClientReport, ClientWork, Header, Instruction, RoundContext, ServerProtocol, number,
+                   payload_of,
                    read_reply, records, reply_records)
 
 log = logging.getLogger("pubswap_flwr")
@@ -150,7 +151,7 @@ class SapoReply:
         return cls(report, None if shared is None else tuple(shared), tuple(reasons),
                    _optional_eval(payload.get("eval-initial"), report, "initial evaluation"),
                    selection, rejections, _optional_eval(payload.get("eval"), report, "evaluation"),
-                   number(metrics, "eval-seconds", 0.0, low=0), scoring)
+                   number(metrics, "eval-seconds", 0.0, low=0, high=MAX_SECONDS), scoring)
 
 
 def _optional_eval(value: Any, report: ClientReport, what: str) -> dict | None:
@@ -346,9 +347,17 @@ def train_on_pool(learner: Learner, pool: Sequence[Packet], round_number: int, r
     if scfg.reputation:
         weight = lambda sender: reputation(*learner.state.peers.get(sender, (0, 0)))  # noqa: E731
     budget = budget or ScoringBudget(Limits.score_seconds, Limits.sender_scoring_seconds)
-    selection = select_external(pool, scfg.external,
-                                lambda packet: rescore(learner, packet, partial(budget.score, packet.sender)), rng,
-                                weight)
+
+    def scored(packet: Packet) -> list[float]:
+        """One peer packet's rewards; any failure rejects that packet only (select_external records ValueErrors)."""
+        try:
+            return rescore(learner, packet, partial(budget.score, packet.sender))
+        except ValueError:
+            raise
+        except Exception as err:  # noqa: BLE001 - the receiver's per-packet guard: a peer's packet must not fail it
+            raise ValueError(f"cannot be scored ({type(err).__name__}: {str(err)[:200]})") from None
+
+    selection = select_external(pool, scfg.external, scored, rng, weight)
     for sender in sorted({p.sender for p in pool}):  # verification record per peer (reputation)
         passed, failed = learner.state.peers.get(sender, (0, 0))
         count = sum(r.startswith(sender + "/") for r in selection.rejections)
@@ -412,5 +421,5 @@ def sapo_async_round(work: ClientWork) -> RecordDict:
     return _train_reply(work, message, packets, eval_initial)
 
 
-CLIENT_HANDLERS = {CollectRollouts.message_type: collect_rollouts, SapoTrain.message_type: sapo_train,
+HANDLERS = {CollectRollouts.message_type: collect_rollouts, SapoTrain.message_type: sapo_train,
                    SapoAsyncRound.message_type: sapo_async_round}

@@ -170,3 +170,60 @@ def test_node_evaluations_with_different_tasks_average_per_task():
     out = mean_eval([a, b])
     assert out == {"greedy_accuracy": 0.375, "sampled_accuracy": 0.5,
                    "per_task": {"gcd": {"greedy_accuracy": 0.5}, "count_bits": {"greedy_accuracy": 0.25}}}
+
+
+def test_a_packet_whose_provenance_cannot_be_read_is_refused_by_the_server_and_by_receivers(tmp_path):
+    from pubswap_flwr.learner import Learner, WorkReport
+    from pubswap_flwr.protocols.sapo import generate_rollouts, train_on_pool
+
+    crafted = {**ITEM, "verifier": "rg", "provenance": {"generator": "gcd", "config": [1, 2], "seed": 1, "index": 2}}
+    with pytest.raises(Rejected, match="provenance 'config' must be dict, got list"):
+        check_packet({"item": crafted, "completions": ["a"]}, Limits(), 4)
+    cfg = ExperimentConfig.from_flat({**SAPO, "tasks.mix": "gcd:1", "eval.items-per-task": 2})
+    learner = Learner(cfg, NodeIdentity(0, tmp_path / "node", "embedded:tiny"))
+    generate_rollouts(learner, 1, WorkReport())
+    bad = Packet("peer", TaskItem("gcd/x", "gcd", "q?", None, "rg", {}, {"generator": "gcd", "config": [1, 2]}),
+                 ("<answer>1</answer>", "<answer>2</answer>"))
+    selection = train_on_pool(learner, [bad], 1, WorkReport())
+    assert selection.rejected == 1 and "cannot be scored (TypeError" in selection.rejections[0]
+
+
+def _lie(field: str, value):
+    def hook(msg, context, reply):
+        if _partition(context) == 0 and not reply.has_error():
+            values = dict(reply.content[METRICS_KEY])
+            values[field] = value
+            reply.content[METRICS_KEY] = MetricRecord(values)
+        return reply
+
+    return hook
+
+
+@pytest.mark.parametrize("field,value,reason", [
+    ("train-reward", 1e308, "'train-reward' = 1e+308 is outside [0, 1]"),
+    ("t-end", 1.0, "'t-end' = 1.0 is outside"),
+    ("sample-seconds", 1e12, "'sample-seconds' = 1000000000000.0 is outside"),
+    ("cumulative-reward", -3.0, "'cumulative-reward' = -3.0 is outside"),
+])
+def test_client_numbers_out_of_their_range_drop_the_reply(tmp_path, field, value, reason):
+    simulate_in_process({**TINY, "output.dir": str(tmp_path), "run-name": "r"}, 3, reply_hook=_lie(field, value))
+    row = read_metrics(tmp_path / "r")[1]
+    (dropped,) = row["dropped"].values()
+    assert reason in dropped and row["cumulative_reward"] < 10
+
+
+def _change_index(msg, context, reply):
+    """Partition 0 claims another node index from round 2 on (to shed its reputation)."""
+    if _partition(context) == 0 and int(msg.content["config"]["server-round"]) == 2 and not reply.has_error():
+        values = dict(reply.content[METRICS_KEY])
+        values["node-index"] = 7
+        reply.content[METRICS_KEY] = MetricRecord(values)
+    return reply
+
+
+def test_a_node_cannot_change_its_index_midway(tmp_path):
+    simulate_in_process({**TINY, **SAPO, "num-server-rounds": 2, "output.dir": str(tmp_path), "run-name": "idx"}, 3,
+                        reply_hook=_change_index)
+    rows = read_metrics(tmp_path / "idx")
+    (reason,) = rows[2]["dropped"].values()
+    assert "node-index 7 differs from the 0 this node reported before" in reason

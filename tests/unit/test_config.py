@@ -426,3 +426,12 @@ def test_every_preset_loads_with_ours_and_flowers_parser(preset):
     assert ours and all(key in config.to_flat() for key in ours)
     flowers = parse_config_args([str(preset)])
     assert flatten_dict(flowers) == ours
+
+
+def test_every_mode_has_a_protocol_and_every_protocol_a_mode():
+    from pubswap_flwr.config import MODES
+    from pubswap_flwr.protocols import CLIENT_HANDLERS, PROTOCOLS
+
+    assert set(MODES) == set(PROTOCOLS)
+    assert set(CLIENT_HANDLERS) == {"train.local_round", "train.segment", "query.rollouts", "train.sapo",
+                                    "train.sapo_async"}

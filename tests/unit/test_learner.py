@@ -1,0 +1,34 @@
+"""A node's learner across messages: FedProx's reference (the last global adapter) survives a fresh Learner, as a
+PubSwap round's later segments need; without FedProx none is kept."""
+
+from __future__ import annotations
+
+import torch
+
+from pubswap_flwr.config import ExperimentConfig
+from pubswap_flwr.learner import Learner
+from pubswap_flwr.node_state import REFERENCE_FILE, NodeIdentity
+
+CFG = ExperimentConfig.from_flat({"eval.items-per-task": 2, "model.lora-r": 4})
+
+
+def test_the_proximal_reference_survives_a_new_learner_on_the_same_state(tmp_path):
+    identity = NodeIdentity(0, tmp_path / "node", "embedded:tiny")
+    first = Learner(CFG, identity, proximal_mu=0.1)
+    assert first.proximal_reference is None  # no global adapter received yet
+    global_adapter = {k: torch.full_like(v, 0.01) for k, v in first.policy.adapter().items()}
+    first.receive_global(global_adapter)
+    first.save()
+    with torch.no_grad():  # the node trains on: its adapter moves away from the reference
+        for p in first.policy.learner.params.values():
+            p.add_(1.0)
+    first.save()
+    second = Learner(CFG, identity, proximal_mu=0.1)
+    assert second.proximal_reference is not None
+    assert set(second.proximal_reference) == set(first.proximal_reference)
+    assert all(torch.equal(second.proximal_reference[n], first.proximal_reference[n])
+               for n in first.proximal_reference)
+    assert all(torch.all(v == 0.01) for v in second.proximal_reference.values())
+    plain = Learner(CFG, NodeIdentity(1, tmp_path / "plain", "embedded:tiny"), proximal_mu=0.0)
+    plain.receive_global(global_adapter)
+    assert plain.proximal_reference is None and not (tmp_path / "plain" / REFERENCE_FILE).exists()
