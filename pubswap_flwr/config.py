@@ -164,8 +164,8 @@ class StrategyConfig:
     trim_fraction: float = opt(0.2, below_half, "trimmed-mean: fraction cut at each end; n clients lose floor(this x "
                                                 "n) per end")
     clip_norm: float = opt(0.0, between(0, 1e6), "clip each client's update norm before aggregating (0 = off)")
-    dp_noise_multiplier: float = opt(0.0, between(0, 1000), "central DP: Gaussian noise std = this x clip-norm / clients "
-                                                        "(0 = off; needs clip-norm > 0 and aggregation mean)")
+    dp_noise_multiplier: float = opt(0.0, between(0, 1000), "central DP: Gaussian noise std = this x clip-norm / "
+                                     "clients (0 = off; needs clip-norm > 0 and aggregation mean)")
 
 
 @dataclass(frozen=True)
@@ -190,7 +190,8 @@ class SapoConfig:
                                                           "and shares sapo.share of them whatever I is")
     questions: int = opt(8, between(1, 4096), "B with sapo.sharing = fixed: questions sampled per node per round")
     completions: int = opt(8, between(2, 1024), "L: completions per question")
-    share: int = opt(8, between(0, 256, why="a reply carries at most 256 packets"), "with sapo.sharing = fixed: groups each node shares per round")
+    share: int = opt(8, between(0, 256, why="a reply carries at most 256 packets"),
+                     "with sapo.sharing = fixed: groups each node shares per round")
     async_mode: bool = opt(False, doc="one message per round, training on the previous round's pool", key="async")
     verify_provenance: bool = opt(True, doc="regenerate reasoning-gym packets from their provenance and drop "
                                             "forged ones")

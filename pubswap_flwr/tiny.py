@@ -3,8 +3,9 @@ LM, and a supervised warm-up on generated task items until held-out accuracy is 
 
     python -m pubswap_flwr.tiny build --preset tiny --out data/models/tiny
 
-The recipe (found by pilot builds on 2 CPU cores): vocab 512, hidden 128, 4 layers, AdamW 3e-3, batch 64, 1100 steps, loss on the
-answer tokens only. `build.json` beside the weights records the command, seed and held-out accuracy per task.
+The recipe (found by pilot builds on 2 CPU cores): vocab 512, hidden 128, 4 layers, AdamW 3e-3, batch 64, 1100
+steps, loss on the answer tokens only. `build.json` beside the weights records the command, seed and held-out
+accuracy per task.
 """
 
 from __future__ import annotations

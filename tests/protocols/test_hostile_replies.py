@@ -15,7 +15,8 @@ from pubswap_flwr.simulation import simulate_in_process as simulate
 from pubswap_flwr.tasks import score_completion
 from pubswap_flwr.wire import PAYLOAD_KEY, payload_from_record, payload_record
 
-TINY = {"train.prompts-per-step": 2, "train.completions-per-prompt": 4, "eval.items-per-task": 5, "seed": 2}
+TINY = {"train.prompts-per-step": 2, "train.completions-per-prompt": 4, "eval.items-per-task": 5, "eval.samples": 1,
+        "seed": 2}
 
 
 def _partition(context) -> int:
@@ -98,7 +99,8 @@ def _bad_packets(msg, context, reply):
 
 def test_malformed_sapo_packets_are_dropped_one_by_one(tmp_path):
     simulate({**TINY, "strategy.mode": "sapo", "num-server-rounds": 1, "sapo.local": 2, "sapo.external": 4,
-              "sapo.questions": 3, "sapo.completions": 4, "sapo.share": 3, "sapo.sharing": "fixed", "output.dir": str(tmp_path),
+              "sapo.questions": 3, "sapo.completions": 4, "sapo.share": 3, "sapo.sharing": "fixed",
+              "output.dir": str(tmp_path),
               "run-name": "packets"}, 3, reply_hook=_bad_packets)
     row = read_metrics(tmp_path / "packets")[-1]
     assert not row["dropped"] and len(row["clients"]) == 3
@@ -238,7 +240,8 @@ def _forge_answers(msg, context, reply):
 
 def test_sapo_receivers_drop_packets_with_forged_answers(tmp_path):
     simulate({**TINY, "strategy.mode": "sapo", "num-server-rounds": 1, "sapo.local": 2, "sapo.external": 4,
-              "sapo.questions": 3, "sapo.completions": 4, "sapo.share": 3, "sapo.sharing": "fixed", "output.dir": str(tmp_path),
+              "sapo.questions": 3, "sapo.completions": 4, "sapo.share": 3, "sapo.sharing": "fixed",
+              "output.dir": str(tmp_path),
               "run-name": "forged-sapo"}, 3, reply_hook=_forge_answers)
     row = read_metrics(tmp_path / "forged-sapo")[-1]
     assert not row["dropped"] and len(row["clients"]) == 3

@@ -84,6 +84,10 @@ def test_replies_round_trip_and_the_server_rescores_public_responses():
     ({"cumulative-reward": [1.0, 2.0]}, "'cumulative-reward' must be a finite number, got list"),
     ({"train-reward": float("nan")}, "'train-reward' must be a finite number"),
     ({"num-examples": -5}, "'num-examples' = -5 is outside"),
+    ({"train-reward": 1e308}, "'train-reward' = 1e+308 is outside [0, 1]"),
+    ({"t-end": 1.0}, "'t-end' = 1.0 is outside [10.0,"),
+    ({"sample-seconds": 1e12}, "'sample-seconds' = 1000000000000.0 is outside"),
+    ({"cumulative-reward": -3.0}, "'cumulative-reward' = -3.0 is outside"),
 ])
 def test_a_client_report_with_bad_numbers_is_refused(metrics, reason):
     content = reply_records(REPORT)
@@ -122,7 +126,8 @@ def _garbage(kind: str):
 ])
 def test_a_malformed_reply_drops_only_that_client(tmp_path, kind, reason):
     simulate_in_process({"num-server-rounds": 1, "train.local-steps": 1, "train.prompts-per-step": 2,
-                         "train.completions-per-prompt": 4, "eval.items-per-task": 2, "output.dir": str(tmp_path),
+                         "train.completions-per-prompt": 4, "eval.items-per-task": 2, "eval.samples": 1,
+                         "output.dir": str(tmp_path),
                          "run-name": kind}, 3, reply_hook=_garbage(kind))
     rows = read_metrics(tmp_path / kind)
     (dropped,) = rows[1]["dropped"].values()

@@ -56,7 +56,7 @@ def test_no_private_question_or_answer_leaves_a_client(tmp_path, mode):
     captured.mkdir()
     config = {"strategy.mode": mode, "num-server-rounds": 2, "train.local-steps": 3, "train.prompts-per-step": 4,
               "train.completions-per-prompt": 4, "pubswap.tau-swap": 2, "pubswap.public-prompts": 3,
-              "eval.items-per-task": 5, "output.dir": str(tmp_path), "run-name": mode}
+              "eval.items-per-task": 5, "eval.samples": 1, "output.dir": str(tmp_path), "run-name": mode}
     simulate(config, 3, reply_hook=_capture_to(captured))
     messages = [p.read_bytes() for p in sorted(captured.iterdir())]
     assert len(messages) == (2 * 3 if mode == "fedavg" else 2 * 3 * 2)  # rounds x clients (x segments)

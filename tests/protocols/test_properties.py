@@ -56,8 +56,8 @@ def mutations(draw):
     if kind == "payload-key":
         return kind, draw(st.sampled_from(PAYLOAD_KEYS)), draw(json_values)
     if kind == "payload-deep":
-        return kind, draw(st.sampled_from(["uid", "task", "question", "answer", "verifier", "metadata", "provenance"])), \
-            draw(json_values)
+        field = draw(st.sampled_from(["uid", "task", "question", "answer", "verifier", "metadata", "provenance"]))
+        return kind, field, draw(json_values)
     if kind == "payload-raw":
         return kind, draw(st.text(max_size=40)), None
     if kind == "drop":
