@@ -25,7 +25,7 @@ from pubswap_flwr.validate import Limits, Rejected, check_packet, check_public_r
 from pubswap_flwr.wire import METRICS_KEY, PAYLOAD_KEY, payload_from_record
 
 TINY = {"seed": 6, "train.prompts-per-step": 2, "train.completions-per-prompt": 4, "eval.items-per-task": 2,
-        "eval.samples": 1,
+        "eval.samples": 1, "eval.sampled": False,
         "train.local-steps": 2, "num-server-rounds": 1}
 SAPO = {"strategy.mode": "sapo", "sapo.questions": 3, "sapo.completions": 4, "sapo.local": 2, "sapo.external": 3,
         "sapo.share": 3, "sapo.sharing": "fixed"}
@@ -56,10 +56,8 @@ def test_no_claim_of_examples_moves_the_average_beyond_what_the_server_asked_for
     claims = load_file(str(tmp_path / "claims" / "checkpoint" / "global.safetensors"))
     assert all(np.array_equal(honest[k], claims[k]) for k in honest)  # capped at steps x prompts x K: equal weights
     row = read_metrics(tmp_path / "claims")[1]
-    assert len(row["aggregated_clients"]) == 3 and not row["dropped"]
-    simulate_in_process({**config, "run-name": "absurd"}, 3, reply_hook=_claim(1e30))
-    (reason,) = read_metrics(tmp_path / "absurd")[1]["dropped"].values()
-    assert "'num-examples' = 1e+30 is outside" in reason
+    assert len(row["aggregated_clients"]) == 3 and not row["dropped"]  # (a claim over 1e12 drops the reply:
+    # tests/protocols/test_messages.py)
 
 
 def test_weights_whose_sum_overflows_still_average():

@@ -13,7 +13,7 @@ from pubswap_flwr.simulation import simulate_in_process
 from tests.golden.runs import comparable
 
 TINY = {"seed": 5, "train.prompts-per-step": 2, "train.completions-per-prompt": 4, "eval.items-per-task": 3,
-        "eval.samples": 1,
+        "eval.samples": 1, "eval.sampled": False,
         "train.local-steps": 2}
 SAPO = {"strategy.mode": "sapo", "sapo.questions": 3, "sapo.completions": 4, "sapo.local": 2, "sapo.external": 2,
         "sapo.share": 3}
@@ -50,7 +50,7 @@ def _record(seen: list):
     return deliver
 
 
-@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("mode", [m for m in MODES if m != "fedprox"])  # fedprox sends fedavg's messages
 def test_each_round_sends_the_modes_message_types(tmp_path, mode):
     seen: list = []
     simulate_in_process({**TINY, **MODES[mode], "num-server-rounds": 2, "output.dir": str(tmp_path),
@@ -72,9 +72,8 @@ def _raise_in_round_one(message_type: str, partition: int):
     return hook
 
 
-@pytest.mark.parametrize("mode,message_type", [("fedavg", "train.local_round"), ("pubswap", "train.segment"),
-                                               ("sapo", "query.rollouts"), ("sapo", "train.sapo"),
-                                               ("sapo-async", "train.sapo_async")])
+@pytest.mark.parametrize("mode,message_type", [("pubswap", "train.segment"), ("sapo", "query.rollouts"),
+                                               ("sapo", "train.sapo")])  # fedavg: tests/integration, hostile tests
 def test_a_client_raising_is_dropped_and_the_round_goes_on(tmp_path, mode, message_type):
     simulate_in_process({**TINY, **MODES[mode], "num-server-rounds": 2, "output.dir": str(tmp_path),
                          "run-name": "drop"}, 3, client_hook=_raise_in_round_one(message_type, 1))
@@ -118,12 +117,12 @@ def _die_in_round_three(msg, context, call):
 @pytest.mark.parametrize("mode", ["pubswap", "sapo-async"])
 def test_a_run_resumed_after_the_server_died_mid_round_repeats_the_uninterrupted_metrics(tmp_path, mode):
     config = {**TINY, **MODES[mode], "num-server-rounds": 3, "eval.every": 0, "output.dir": str(tmp_path)}
-    simulate_in_process({**config, "run-name": "full"}, 3)
+    simulate_in_process({**config, "run-name": "full"}, 2)
     with pytest.raises(ServerDied):
-        simulate_in_process({**config, "run-name": "cut"}, 3, deliver=_die_in_round_three)
+        simulate_in_process({**config, "run-name": "cut"}, 2, deliver=_die_in_round_three)
     assert json.loads((tmp_path / "cut" / "checkpoint" / "state.json").read_text())["round"] == 2
     assert json.loads((tmp_path / "cut" / "status.json").read_text())["status"] == "failed"
-    simulate_in_process({**config, "run-name": "cut", "resume": True}, 3)
+    simulate_in_process({**config, "run-name": "cut", "resume": True}, 2)
     full, cut = read_metrics(tmp_path / "full"), read_metrics(tmp_path / "cut")
     assert [r["round"] for r in cut] == [0, 1, 2, 3]
     assert comparable(full) == comparable(cut)
