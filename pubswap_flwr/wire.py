@@ -6,6 +6,7 @@ and text payloads through `json.loads` with a size limit.
 
 from __future__ import annotations
 
+import io
 import json
 from typing import Any
 
@@ -29,10 +30,31 @@ def adapter_record(state: dict[str, np.ndarray]) -> ArrayRecord:
     return ArrayRecord({k: Array(np.ascontiguousarray(v, dtype=np.float16)) for k, v in state.items()})
 
 
+def _checked_numpy(key: str, array: Array) -> np.ndarray:
+    """The array's values, after checking its .npy header against the bytes it carries: a declared shape larger
+    than the data (which numpy would allocate before noticing) or an object dtype is refused before loading."""
+    data = array.data
+    stream = io.BytesIO(data)
+    try:
+        version = np.lib.format.read_magic(stream)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+            np.lib.format.read_array_header_2_0
+        shape, _fortran, dtype = read_header(stream)
+    except (ValueError, TypeError, EOFError, SyntaxError) as err:
+        raise WireError(f"adapter tensor {key!r} is not a readable .npy array: {err}") from None
+    if dtype.hasobject:
+        raise WireError(f"adapter tensor {key!r} has an object dtype")
+    declared = int(np.prod(shape, dtype=np.float64)) * dtype.itemsize
+    carried = len(data) - stream.tell()
+    if declared != carried:
+        raise WireError(f"adapter tensor {key!r} declares {declared} bytes of values but carries {carried}")
+    return np.load(io.BytesIO(data), allow_pickle=False)
+
+
 def adapter_from_record(record: ArrayRecord) -> dict[str, np.ndarray]:
     out = {}
     for key, array in record.items():
-        value = array.numpy()
+        value = _checked_numpy(key, array)
         if value.dtype.kind != "f":
             raise WireError(f"adapter tensor {key!r} has dtype {value.dtype}, expected floating point")
         out[key] = value

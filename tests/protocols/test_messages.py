@@ -136,3 +136,28 @@ def test_a_malformed_reply_drops_only_that_client(tmp_path, kind, reason):
     assert reason in dropped and dropped.startswith("rejected reply")
     assert rows[1]["aggregated"] is True and {c["node_index"] for c in rows[1]["clients"].values()} == {1, 2}
     assert json.loads((tmp_path / kind / "status.json").read_text())["status"] == "completed"
+
+
+def _npy(header: str, payload: bytes) -> bytes:
+    """A .npy file (format 1.0) with the given header dict text and value bytes."""
+    text = header.encode("latin1")
+    padding = 64 - (10 + len(text) + 1) % 64
+    text += b" " * padding + b"\n"
+    return b"\x93NUMPY\x01\x00" + len(text).to_bytes(2, "little") + text + payload
+
+
+@pytest.mark.parametrize("data,reason", [
+    (_npy("{'descr': '<f2', 'fortran_order': False, 'shape': (1000000000000,), }", b"\0" * 16),
+     "declares 2000000000000 bytes of values but carries 16"),
+    (_npy("{'descr': '|O', 'fortran_order': False, 'shape': (2,), }", b"\0" * 16), "has an object dtype"),
+    (_npy("{'descr': '<f2', 'fortran_order': False, 'shape': (2, 4), }", b"\0" * 7), "carries 7"),
+    (b"\x93NUMPY\x01", "is not a readable .npy array"),
+])
+def test_malformed_array_bytes_are_refused_before_numpy_allocates_them(data, reason):
+    from flwr.app import Array, ArrayRecord
+
+    from pubswap_flwr.wire import WireError, adapter_from_record
+
+    record = ArrayRecord({"m.lora_A.weight": Array(dtype="float16", shape=(2, 4), stype="numpy.ndarray", data=data)})
+    with pytest.raises(WireError, match=re.escape(reason)):
+        adapter_from_record(record)
