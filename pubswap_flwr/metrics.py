@@ -35,14 +35,16 @@ class RunExistsError(FileExistsError):
     """The run directory already holds metrics from another run."""
 
 
-def _clean(value: Any) -> Any:
-    """JSON-safe copy: non-finite floats become None."""
+def json_safe(value: Any) -> Any:
+    """JSON-safe copy: non-finite floats become None, paths text."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
+        return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
+        return [json_safe(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
     return value
 
 
@@ -71,7 +73,7 @@ class RunRecorder:
 
     def write_row(self, row: dict) -> None:
         with self.metrics_path.open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps(_clean(row), separators=(",", ":")) + "\n")
+            handle.write(json.dumps(json_safe(row), separators=(",", ":")) + "\n")
 
     def write_status(self, status: str, detail: str = "") -> None:
         write_status(self.run_dir, status, detail, time.time() - self.started)

@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterable
 
-from .metrics import STATUS_FILE, read_metrics
+from .metrics import STATUS_FILE, json_safe, read_metrics
 
 RUN_NAME = re.compile(r"^(?P<arm>.+)-s(?P<seed>\d+)$")
 DEFAULT_TITLE = "pubswap-flwr comparison"
@@ -447,19 +447,6 @@ def _save(fig, path: Path) -> Path:
 
 # ----------------------------------------------------------------------------------------------- report.md
 
-def _clean(value):
-    """JSON without NaN: NaN and infinities become null."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
-    if isinstance(value, Path):
-        return str(value)
-    return value
-
-
 def read_summary(out: Path) -> dict:
     """The summary.json a previous report left under `out` ({} when there is none or it cannot be read)."""
     try:
@@ -660,5 +647,5 @@ def write_report(out: Path, run_dirs: list[Path], *, failures: dict[tuple[str, i
     lines += ["", "## Runs", ""] + [f"- `{r.run_dir}`" for r in runs]
     summary["plots"] = [f"plots/{p.name}" for p, _ in plots]
     report.write_text("\n".join(lines) + "\n")
-    (out / SUMMARY_FILE).write_text(json.dumps(_clean(summary), indent=2))
+    (out / SUMMARY_FILE).write_text(json.dumps(json_safe(summary), indent=2))
     return report
