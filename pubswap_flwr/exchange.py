@@ -18,6 +18,7 @@ from typing import Callable, Generic, Iterable, TypeVar
 from flwr.app import Message
 from flwr.serverapp import Grid
 
+from .validate import Rejected
 from .wire import record_bytes
 
 log = logging.getLogger("pubswap_flwr")
@@ -56,8 +57,6 @@ def _union_length(intervals: Iterable[tuple[float, float]]) -> float:
 
 
 def _reason(err: Exception) -> str:
-    from .validate import Rejected
-
     text = str(err)[:500]
     return f"rejected reply: {text}" if isinstance(err, Rejected) else f"rejected reply ({type(err).__name__}): {text}"
 
@@ -106,8 +105,6 @@ class Exchange:
     def _check_identity(self, node: int, index: int) -> None:
         """A node keeps the index it first reported: labels (swap donors, SAPO senders and their reputation) rest on
         it, and a node that changed it could shed its record or receive its own packets."""
-        from .validate import Rejected
-
         known = self.node_index.get(node)
         if known is not None and known != index:
             raise Rejected(f"node-index {index} differs from the {known} this node reported before")

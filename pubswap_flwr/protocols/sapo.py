@@ -397,7 +397,7 @@ def _train_reply(work: ClientWork, message: SapoTrain, packets: list[Packet] | N
     if message.save_adapter:
         work.learner.policy.model.save_pretrained(str(work.learner.state_dir / "adapter"))
     return SapoReply(work.client_report(), None if packets is None else tuple(packets), (), eval_initial, counts,
-                     tuple(selection.rejections[:20]), evaluation, seconds,
+                     tuple(selection.rejections), evaluation, seconds,
                      {k: v for k, v in scoring.items() if v}).to_record()
 
 
