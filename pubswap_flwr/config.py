@@ -132,6 +132,9 @@ class TasksConfig:
     data_paths: str = opt("", doc="simulation: comma-separated JSONL/parquet files assigned to partitions round "
                                "robin (deployment: node-config data-path)")
     data_format: str = opt("generic", doc="row format of node data files")
+    partial_credit: bool = opt(True, doc="train on the verifiers' graded rewards (reasoning-gym gives a wrong answer "
+                                         "that contains the right one len(right)/len(answer)); false: reward 1 when "
+                                         "correct, else 0 (held-out metrics are unchanged)")
 
 
 @dataclass(frozen=True)
@@ -391,6 +394,21 @@ def load_toml(path: str | Path) -> dict[str, Any]:
             return flatten(tomllib.load(handle))
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{path}: invalid TOML: {err}") from err
+
+
+def parse_overrides(pairs: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """Flat overrides from "key=value" strings; values are read as TOML (`train.local-steps=2`, `tasks.mix="gcd:1"`),
+    and a value that is not valid TOML is taken as a plain string (`tasks.mix=gcd:1`)."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"override {pair!r} is not key=value")
+        try:
+            out[key.strip()] = tomllib.loads(f"v = {value.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            out[key.strip()] = value.strip()
+    return out
 
 
 def describe() -> list[tuple[str, Any, str]]:

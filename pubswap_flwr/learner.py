@@ -6,6 +6,7 @@ Sampling seeds derive from (run seed, node, call counter), so a restarted node d
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
 from dataclasses import dataclass, field
@@ -19,7 +20,8 @@ from .policy import Policy, cached_policy
 from .rollouts import Completion, RolloutGroup
 from .shared import derive_seed, policy_spec, resolve_data_path, task_universe
 from .tasks import ItemListStream, MixtureStream, TaskItem, load_items, node_mixes, parse_custom_tasks, parse_mix, \
-    score_completion
+    score_completion, training_reward
+from .tasks.verifiers import completion_shape
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +73,7 @@ class Learner:
         self.store = NodeStore(identity.state_dir, identity.model_name)
         self.state = self._load()
         self.stream = self._build_stream()
+        self.sampled_shapes: collections.Counter[str] = collections.Counter()  # of this message's own samples
         # FedProx pulls towards the last global adapter; it is kept on disk because a round may span several
         # messages (PubSwap segments), each served by a fresh Learner
         self.proximal_reference: dict[str, torch.Tensor] | None = (
@@ -160,10 +163,12 @@ class Learner:
         samples = self.policy.sample(items, k)
         prompts = self.policy.prompts(items)
         groups = []
-        limit = self.cfg.generation.max_completion_chars
+        limit, partial = self.cfg.generation.max_completion_chars, self.cfg.tasks.partial_credit
         for item, prompt, row in zip(items, prompts, samples):
             completions = [Completion(s.text, tuple(s.token_ids)) for s in row]
-            rewards = [score_completion(s.text, item, max_chars=limit).reward for s in row]
+            self.sampled_shapes.update(completion_shape(s.text) for s in row)
+            rewards = [training_reward(score_completion(s.text, item, max_chars=limit).reward, partial)
+                       for s in row]
             groups.append(RolloutGroup(prompt, completions, rewards, item.uid, item.task))
         return groups, time.perf_counter() - started
 

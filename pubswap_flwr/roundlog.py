@@ -26,6 +26,7 @@ class RoundLog:
     array_records: int = 0
     extra: dict[str, Any] = field(default_factory=dict)  # protocol-specific fields of the metrics row
     train_totals: dict[int, tuple[float, float]] = field(default_factory=dict)  # node -> (reward sum, completions)
+    shape_totals: dict[int, tuple[int, int]] = field(default_factory=dict)  # node -> (well formed, own samples)
 
     def client(self, node: int) -> dict:
         return self.clients.setdefault(node, {"bytes_sent": 0, "bytes_received": 0, "sample_s": 0.0,
@@ -62,6 +63,11 @@ class RoundLog:
                 row["train_reward"] = total / seen
             if report.rollout_reward is not None:
                 row["rollout_reward"] = report.rollout_reward
+            if report.sampled_completions:  # a PubSwap round's segments add up
+                formed, sampled = self.shape_totals.get(node, (0, 0))
+                formed, sampled = formed + report.well_formed_completions, sampled + report.sampled_completions
+                self.shape_totals[node] = (formed, sampled)
+                row["well_formed"] = formed / sampled
             row["cumulative_reward"] = report.cumulative_reward
             row["num_examples"] = float(report.num_examples)
             row["total_steps"] = float(report.total_steps)

@@ -134,6 +134,8 @@ class ClientReport:
     rollout_reward: float | None = None  # SAPO: mean reward of this message's own rollouts
     model: str = ""
     tasks: tuple[str, ...] = ()
+    sampled_completions: int = 0  # completions this node sampled itself in this message
+    well_formed_completions: int = 0  # of those, how many had exactly one <answer>...</answer> and nothing after
 
     @classmethod
     def of(cls, learner: Learner, report: WorkReport, started: float) -> "ClientReport":
@@ -144,13 +146,17 @@ class ClientReport:
             train_reward=report.mean_reward("private") if report.has("private") else None,
             train_completions=sum(s.completions for s in report.steps if s.kind == "private"),
             rollout_reward=report.mean_reward("rollout") if report.has("rollout") else None,
-            model=learner.identity.model_name, tasks=tuple(learner.task_names))
+            model=learner.identity.model_name, tasks=tuple(learner.task_names),
+            sampled_completions=sum(learner.sampled_shapes.values()),
+            well_formed_completions=learner.sampled_shapes.get("well-formed", 0))
 
     def metrics(self) -> dict:
         out = {"node-index": self.node_index, "num-examples": self.num_examples,
                "cumulative-reward": self.cumulative_reward, "total-steps": self.total_steps,
                "t-start": self.t_start, "t-end": self.t_end, "sample-seconds": self.sample_seconds,
-               "update-seconds": self.update_seconds, "train-completions": self.train_completions}
+               "update-seconds": self.update_seconds, "train-completions": self.train_completions,
+               "sampled-completions": self.sampled_completions,
+               "well-formed-completions": self.well_formed_completions}
         if self.train_reward is not None:
             out["train-reward"] = self.train_reward
         if self.rollout_reward is not None:
@@ -169,6 +175,7 @@ class ClientReport:
         optional = {key: number(metrics, key, low=0, high=1) if key in metrics else None
                     for key in ("train-reward", "rollout-reward")}
         t_start = number(metrics, "t-start", 0.0, low=0, high=MAX_TIMESTAMP)
+        sampled = int(number(metrics, "sampled-completions", 0.0, low=0, high=1e12))
         t_end = number(metrics, "t-end", t_start, low=t_start, high=MAX_TIMESTAMP)
         return cls(
             node_index=int(number(metrics, "node-index", low=0, high=MAX_NODES - 1)),
@@ -181,6 +188,8 @@ class ClientReport:
             train_reward=optional["train-reward"],
             train_completions=int(number(metrics, "train-completions", 0.0, low=0, high=1e12)),
             rollout_reward=optional["rollout-reward"],
+            sampled_completions=sampled,
+            well_formed_completions=int(number(metrics, "well-formed-completions", 0.0, low=0, high=sampled)),
             model=text(payload.get("model", ""), "'model'"),
             tasks=tuple(text(t, "a task name", 256) for t in tasks))
 

@@ -26,7 +26,8 @@ from ..config import ExperimentConfig
 from ..policy import from_wire, to_wire
 from ..rollouts import Completion, RolloutGroup
 from ..swap import Response, build_response_sets
-from ..tasks import ScoringBudget, extract_answer, score_completion
+from ..tasks import ScoringBudget, extract_answer, score_completion, training_reward
+from ..tasks.verifiers import completion_shape
 from ..validate import Limits, check_public_responses
 from ..wire import CONFIG_KEY
 from .base import (Adapter, ClientReport, ClientWork, Header, Instruction, RoundContext, ServerProtocol, adapter_of,
@@ -118,15 +119,17 @@ class SegmentReply:
 
     @classmethod
     def from_message(cls, message: Message, uids: list[str], k: int, limits: Limits, public,
-                     reference: Adapter | None, score=score_completion) -> "SegmentReply":
+                     reference: Adapter | None, score=score_completion,
+                     partial_credit: bool = True) -> "SegmentReply":
         """Decode and check a client's reply, scoring its responses with the server's verifier (`score`, under
-        the client's scoring budget in a round)."""
+        the client's scoring budget in a round; graded or 0/1 rewards as `tasks.partial-credit` says)."""
         _, payload, report = read_reply(message)
         scored: Scored = {}
         if uids:
             texts = check_public_responses(payload, uids, k, limits)
             limit = limits.max_completion_chars
-            scored = {uid: [(t, score(t, public.get(uid), max_chars=limit).reward) for t in texts[uid]]
+            scored = {uid: [(t, training_reward(score(t, public.get(uid), max_chars=limit).reward, partial_credit))
+                            for t in texts[uid]]
                       for uid in uids}
         adapter = checked_adapter(message.content, reference) if reference is not None else None
         modal = {uid: Counter(extract_answer(t) for t in texts).most_common(1)[0][0]
@@ -196,7 +199,8 @@ class PubSwapProtocol(ServerProtocol):
                                 is_final, master if segment == 0 else None, pending_sets.get(node)).to_message(node)
                         for node in active]
             result = ctx.exchange.send(messages, lambda node, reply: SegmentReply.from_message(
-                reply, uids, k, self.limits, self.public, master if is_final else None, partial(budget.score, node)))
+                reply, uids, k, self.limits, self.public, master if is_final else None, partial(budget.score, node),
+                self.cfg.tasks.partial_credit))
             ctx.log.absorb(result)
             active = [n for n in active if n in result.replies]
             if is_final:
@@ -286,6 +290,7 @@ def public_generate(work: ClientWork, uids: tuple[str, ...], k: int) -> dict[str
     learner.seed_sampling()
     started = time.perf_counter()
     samples = learner.policy.sample(items, k)
+    learner.sampled_shapes.update(completion_shape(s.text) for row in samples for s in row)
     learner.state.pending_public = {item.uid: [{"text": s.text, "ids": s.token_ids} for s in row]
                                     for item, row in zip(items, samples)}
     work.report.sample_seconds += time.perf_counter() - started

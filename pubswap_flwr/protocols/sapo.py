@@ -28,7 +28,7 @@ from ..learner import Learner, StepRecord, WorkReport
 from ..rollouts import Completion, RolloutGroup
 from ..sapo import Packet, Selection, fair_share, relay, reputation, select_external, select_local
 from ..shared import derive_seed
-from ..tasks import ScoringBudget, TaskItem, score_completion
+from ..tasks import ScoringBudget, TaskItem, score_completion, training_reward
 from ..tasks.specs import generate_entry
 from ..tasks.splits import RANGE
 from ..tasks.verifiers import VERIFIERS
@@ -332,7 +332,7 @@ def rescore(learner: Learner, packet: Packet, score=score_completion) -> list[fl
     if len(packet.completions) > learner.cfg.sapo.completions * 4:
         raise ValueError(f"packet has {len(packet.completions)} completions")
     scores = [score(text, item, max_chars=learner.cfg.generation.max_completion_chars) for text in packet.completions]
-    return [s.reward for s in scores]
+    return [training_reward(s.reward, learner.cfg.tasks.partial_credit) for s in scores]
 
 
 def train_on_pool(learner: Learner, pool: Sequence[Packet], round_number: int, report: WorkReport,

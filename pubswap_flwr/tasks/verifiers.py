@@ -72,6 +72,21 @@ def extract_answer(completion: str) -> str | None:
     return last.strip() if last is not None else None
 
 
+def completion_shape(completion: str) -> str:
+    """How a completion uses the answer tags: "well-formed" (exactly one <answer>...</answer>, only whitespace
+    after it), "no-answer" (no closed answer), "several-answers", "stray-close" (a "</answer>" outside any answer,
+    e.g. "<answer>1</answer>1</answer>"), or "text-after" (other text after the answer)."""
+    opens, closes = completion.count(ANSWER_OPEN), completion.count(ANSWER_CLOSE)
+    if extract_answer(completion) is None:
+        return "no-answer"
+    if opens > 1:
+        return "several-answers"
+    if closes > opens:
+        return "stray-close"
+    tail = completion[completion.rfind(ANSWER_CLOSE) + len(ANSWER_CLOSE):]
+    return "well-formed" if not tail.strip() else "text-after"
+
+
 _DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar("scoring_deadline", default=None)
 
 
@@ -386,6 +401,13 @@ def score_completion(
     if not math.isfinite(reward):
         return Score(0.0, f"scorer returned {reward}")
     return Score(min(1.0, max(0.0, float(reward))))
+
+
+def training_reward(reward: float, partial_credit: bool) -> float:
+    """The reward GRPO trains on: the verifier's graded reward, or with `partial_credit` off 1.0 for a correct
+    answer and 0.0 for anything less (reasoning-gym's graded scores can be farmed by answers that merely contain the
+    reference, e.g. "31" for 3 earns 0.5; docs/results/README.md, node collapses)."""
+    return reward if partial_credit else float(reward >= 1.0)
 
 
 def is_correct(reward: float, threshold: float = 1.0) -> bool:

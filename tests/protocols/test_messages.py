@@ -18,14 +18,15 @@ from pubswap_flwr.protocols.pubswap import Segment, SegmentReply, SwapEntry
 from pubswap_flwr.protocols.sapo import CollectRollouts, SapoAsyncRound, SapoReply, SapoTrain
 from pubswap_flwr.sapo import Packet
 from pubswap_flwr.simulation import simulate_in_process
-from pubswap_flwr.tasks import TaskItem
+from pubswap_flwr.tasks import Score, TaskItem
 from pubswap_flwr.validate import Limits, Rejected
 from pubswap_flwr.wire import METRICS_KEY, PAYLOAD_KEY, payload_record
 
 HEADER = Header(3, "run-x", "/runs/run-x", round_start=True)
 REPORT = ClientReport(node_index=2, num_examples=64, cumulative_reward=1.5, total_steps=7, t_start=10.0, t_end=12.5,
                       sample_seconds=1.0, update_seconds=0.5, train_reward=0.25, train_completions=64,
-                      model="embedded:tiny", tasks=("gcd", "count_bits"))
+                      model="embedded:tiny", tasks=("gcd", "count_bits"), sampled_completions=16,
+                      well_formed_completions=15)
 ADAPTER = {"a.lora_A.weight": np.arange(6, dtype=np.float32).reshape(2, 3) / 8,
            "a.lora_B.weight": np.ones((3, 2), dtype=np.float32)}
 ITEM = TaskItem("gcd/0", "gcd", "What is gcd(4, 6)?", "2", "exact")
@@ -72,6 +73,15 @@ def test_replies_round_trip_and_the_server_rescores_public_responses():
     claimed = SegmentReply(REPORT, {"public/gcd/1": ["<answer>2</answer>", "<answer>9</answer>"]})
     scored = SegmentReply.from_message(_reply(claimed.to_record()), ["public/gcd/1"], 2, Limits(), Public(), None)
     assert scored.responses == {"public/gcd/1": [("<answer>2</answer>", 1.0), ("<answer>9</answer>", 0.0)]}
+    graded = SegmentReply(REPORT, {"public/gcd/1": ["<answer>0.5</answer>"]})
+
+    def half(text, item, max_chars):
+        return Score(0.5)
+
+    for partial_credit, reward in ((True, 0.5), (False, 0.0)):
+        rescored = SegmentReply.from_message(_reply(graded.to_record()), ["public/gcd/1"], 1, Limits(), Public(),
+                                             None, half, partial_credit)
+        assert rescored.responses == {"public/gcd/1": [("<answer>0.5</answer>", reward)]}
     shared = SapoReply(REPORT, (Packet("", ITEM, ("<answer>2</answer>",)),), selection={"external-used": 3})
     back = SapoReply.from_message(_reply(shared.to_record()), Limits(), 4, packets=True, trained=True)
     assert back.packets[0].item == ITEM and back.selection["external-used"] == 3
@@ -90,6 +100,7 @@ def test_replies_round_trip_and_the_server_rescores_public_responses():
     ({"t-end": 1.0}, "'t-end' = 1.0 is outside [10.0,"),
     ({"sample-seconds": 1e12}, "'sample-seconds' = 1000000000000.0 is outside"),
     ({"cumulative-reward": -3.0}, "'cumulative-reward' = -3.0 is outside"),
+    ({"well-formed-completions": 17}, "'well-formed-completions' = 17 is outside [0, 16]"),
 ])
 def test_a_client_report_with_bad_numbers_is_refused(metrics, reason):
     content = reply_records(REPORT)

@@ -32,3 +32,20 @@ def test_the_proximal_reference_survives_a_new_learner_on_the_same_state(tmp_pat
     plain = Learner(CFG, NodeIdentity(1, tmp_path / "plain", "embedded:tiny"), proximal_mu=0.0)
     plain.receive_global(global_adapter)
     assert plain.proximal_reference is None and not (tmp_path / "plain" / REFERENCE_FILE).exists()
+
+
+def test_rollouts_train_on_graded_or_binary_rewards_and_count_answer_shapes(tmp_path):
+    """The same seeded rollouts: with tasks.partial-credit = false every reward is 0 or 1 and equals the graded
+    reward where that is 1; the learner counts the shapes of the completions it sampled."""
+    rewards = {}
+    for partial in (True, False):
+        cfg = CFG.with_overrides({"tasks.partial-credit": partial, "tasks.mix": "spell_backward:1", "tasks.per-node": 0})
+        learner = Learner(cfg, NodeIdentity(0, tmp_path / str(partial), "embedded:tiny"))
+        items = learner.stream.take(4, learner.state.cursor)
+        groups, _seconds = learner.rollout(items, 8)
+        rewards[partial] = [r for g in groups for r in g.rewards]
+        assert sum(learner.sampled_shapes.values()) == 32
+    graded, binary = rewards[True], rewards[False]
+    assert any(0 < r < 1 for r in graded)  # spell_backward pays partial credit for a partly right spelling
+    assert set(binary) <= {0.0, 1.0}
+    assert binary == [float(r >= 1.0) for r in graded]

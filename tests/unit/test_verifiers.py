@@ -66,6 +66,31 @@ def test_extract_answer(text, expected):
     assert extract_answer(text) == expected
 
 
+@pytest.mark.parametrize("text,shape", [
+    ("<answer>42</answer>", "well-formed"),
+    ("I think.\n<answer>42</answer>  \n", "well-formed"),
+    ("<answer>1</answer>1</answer>", "stray-close"),
+    ("<answer>1</answer> <answer>2</answer>", "several-answers"),
+    ("<answer>1</answer> so it is 1", "text-after"),
+    ("<answer>unterminated", "no-answer"),
+    ("no tags", "no-answer"),
+])
+def test_completion_shape(text, shape):
+    assert verifiers.completion_shape(text) == shape
+
+
+def test_partial_credit_is_farmable_and_binary_rewards_are_not():
+    """reasoning-gym's default scorer pays len(reference)/len(answer) for an answer containing the reference: a
+    node can earn reward on every gcd item with answers that are never right (the collapse in docs/results)."""
+    item = rg_item("eval", PRESETS["gcd"], 99, 3, "eval/gcd/3")
+    padded = score_completion(tagged(item.answer + "1"), item).reward
+    assert 0.0 < padded < 1.0
+    assert verifiers.training_reward(padded, partial_credit=True) == padded
+    assert verifiers.training_reward(padded, partial_credit=False) == 0.0
+    assert verifiers.training_reward(1.0, partial_credit=False) == 1.0
+    assert verifiers.training_reward(0.0, partial_credit=False) == 0.0
+
+
 # --- score_completion failure reasons ---------------------------------------------------------------------------
 
 
