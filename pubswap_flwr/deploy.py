@@ -127,6 +127,44 @@ def san_entries(hosts: Sequence[str]) -> list[x509.GeneralName]:
     return names
 
 
+def certificate_names(cert_path: Path) -> list[str]:
+    """The subjectAltName entries (DNS names and IP addresses) of a PEM certificate, as text."""
+    try:
+        cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+    except (OSError, ValueError) as err:
+        raise DeployError(f"cannot read the certificate {cert_path}: {err}") from err
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return []
+    return [*san.get_values_for_type(x509.DNSName), *(str(a) for a in san.get_values_for_type(x509.IPAddress))]
+
+
+def _matches(host: str, name: str) -> bool:
+    """TLS host name matching (RFC 6125): IP addresses compare as addresses, names case-insensitively, and a
+    leading `*.` covers exactly one label."""
+    try:
+        return ipaddress.ip_address(host) == ipaddress.ip_address(name)
+    except ValueError:
+        pass
+    host, name = host.lower().rstrip("."), name.lower().rstrip(".")
+    if name.startswith("*."):
+        head, _, rest = host.partition(".")
+        return bool(head) and rest == name[2:]
+    return host == name
+
+
+def check_address_in_certificate(host: str, cert_path: Path) -> None:
+    """SuperNodes and the flwr CLI verify the SuperLink's certificate against the address they dial: refuse to
+    print commands for an address the certificate does not name."""
+    names = certificate_names(cert_path)
+    if not any(_matches(host, name) for name in names):
+        raise DeployError(f"--superlink host {host!r} is not in {cert_path.name}'s subjectAltName "
+                          f"({', '.join(names) or 'none'}): TLS clients would refuse the connection; use one of those names, or "
+                          f"reissue the certificates with `pubswap deploy certs --out {cert_path.parent} --host {host} "
+                          "--force` and hand out the new ca.crt")
+
+
 def _name(common_name: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "pubswap-flwr"),
                       x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
@@ -342,14 +380,20 @@ def deployment_commands(directory: str | Path, superlink: str, orgs: Sequence[Or
         if missing:
             raise DeployError(f"missing in {base}: {', '.join(missing)} (create them with `pubswap deploy certs "
                               f"--out {base}` and `pubswap deploy key --org NAME --out {base}`)")
+        check_address_in_certificate(host, cert)
     configs = [node_config(o, i) for i, o in enumerate(orgs)]
     outputs = _absolute(str(output_dir), "output dir") if output_dir else base / "runs"
-    bind = "127.0.0.1" if host in ("localhost", "127.0.0.1", "::1") else "0.0.0.0"
+    ipv6 = ":" in host
+    address = f"[{host}]:{port}" if ipv6 else f"{host}:{port}"  # as dialled: IPv6 in brackets
+    if host in ("localhost", "127.0.0.1", "::1"):
+        bind = "::1" if ipv6 else "127.0.0.1"
+    else:
+        bind = "::" if ipv6 else "0.0.0.0"
     cli_home = base / "cli-home"
     overrides = [*run_config, f"output.dir='{outputs}'"]
 
     out = [
-        f"# pubswap-flwr deployment: one SuperLink at {host}:{port}, {len(orgs)} organization(s): "
+        f"# pubswap-flwr deployment: one SuperLink at {address}, {len(orgs)} organization(s): "
         f"{', '.join(names)}.",
         "# Every shell: the project's environment (flower-superlink, flower-supernode and flwr on PATH), e.g.",
         f"#   source {shlex.quote(str(app_dir / '.venv' / 'bin' / 'activate'))}",
@@ -366,7 +410,7 @@ def deployment_commands(directory: str | Path, superlink: str, orgs: Sequence[Or
         'mkdir -p "$FLWR_HOME"',
         "cat >> \"$FLWR_HOME/config.toml\" <<'EOF'",
         f"[superlink.{connection}]",
-        f"address = {json.dumps(f'{host}:{port}')}",
+        f"address = {json.dumps(address)}",
         f"root-certificates = {json.dumps(str(ca))}",
         "EOF",
         "",
@@ -381,7 +425,7 @@ def deployment_commands(directory: str | Path, superlink: str, orgs: Sequence[Or
             "",
             f"# {4 + i}. {org.name}'s SuperNode ({org.name}'s machine, terminal {2 + i}). Needs ca.crt and its "
             f"private key {org.name}.",
-            _command(["flower-supernode"], ["--superlink", f"{host}:{port}"], ["--root-certificates", str(ca)],
+            _command(["flower-supernode"], ["--superlink", address], ["--root-certificates", str(ca)],
                      ["--auth-supernode-private-key", str(keys[org.name][0])], ["--port", str(ports[i])],
                      ["--node-config", config], env={"FLWR_HOME": str(base / f"{org.name}-home")}),
         ]
@@ -486,7 +530,8 @@ def register(sub) -> None:
     commands.add_argument("--dir", required=True, help="directory with ca.crt, server.pem, server.key and the "
                                                        "organizations' keys NAME, NAME.pub")
     commands.add_argument("--superlink", required=True, help="HOST:PORT the SuperNodes and the CLI reach the "
-                                                             "SuperLink at (must be in the certificate's SAN)")
+                                                             "SuperLink at (must be in the certificate's SAN: "
+                                                             "checked)")
     commands.add_argument("--org", action=_OrgStart, dest="orgs", metavar="NAME", help="start an organization")
     commands.add_argument("--data", action=_OrgField, dest="data", metavar="PATH",
                           help="its private JSONL/parquet data (node-config data-path)")

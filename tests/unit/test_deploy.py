@@ -301,6 +301,7 @@ def test_registration_connection_and_run_commands(deploy_dir):
 
 
 def test_relative_paths_are_printed_absolute(deploy_dir, monkeypatch):
+    deploy.make_certs(deploy_dir, ["10.0.0.5"], force=True)
     monkeypatch.chdir(deploy_dir.parent)
     orgs = [deploy.Org("org-a", os.path.relpath(SAMPLES / "org-a.jsonl"), "state-a")]
     text = deploy.deployment_commands("deploy", "10.0.0.5:9000", orgs)
@@ -357,3 +358,41 @@ def test_cli_per_org_options_must_follow_an_org(tmp_path, capsys):
         main(["deploy", "commands", "--dir", str(tmp_path), "--superlink", "h:1", "--data", "x"])
     assert exit_info.value.code == 2
     assert "--data must follow an --org" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("address", ["localhost:8000", "LOCALHOST:8000", "127.0.0.1:8000", "[::1]:8000",
+                                     "superlink.example.org:9000", "10.1.2.3:8000", "node7.fleet.example.org:8000"])
+def test_commands_accept_every_address_in_the_certificate(tmp_path, address):
+    directory = tmp_path / "d"
+    deploy.make_certs(directory, ["superlink.example.org", "10.1.2.3", "::1", "*.fleet.example.org"])
+    deploy.make_org_key("org-a", directory)
+    text = deploy.deployment_commands(directory, address, [deploy.Org("org-a", None, str(tmp_path / "s"))])
+    (node,) = _argv(text, "flower-supernode")
+    assert _option(node, "--superlink") == address  # an IPv6 address keeps its brackets
+    if address.startswith("[::1]"):
+        (superlink,) = _argv(text, "flower-superlink")
+        assert _option(superlink, "--host") == "::1"  # listens where the SuperNodes dial
+
+
+@pytest.mark.parametrize("address, host", [("10.9.8.7:8000", "10.9.8.7"), ("superlink.example.org:8000",
+                                                                          "superlink.example.org"),
+                                           ("a.b.fleet.example.org:8000", "a.b.fleet.example.org"),
+                                           ("[::2]:8000", "::2")])
+def test_commands_refuse_an_address_outside_the_certificate(tmp_path, capsys, address, host):
+    directory = tmp_path / "d"
+    deploy.make_certs(directory, ["*.fleet.example.org"])
+    deploy.make_org_key("org-a", directory)
+    code = main(["deploy", "commands", "--dir", str(directory), "--superlink", address,
+                 "--org", "org-a", "--state-dir", str(tmp_path / "s")])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""
+    assert captured.err.count("\n") == 1
+    assert captured.err.startswith(f"error: --superlink host {host!r} is not in server.pem's subjectAltName "
+                                   "(localhost, *.fleet.example.org, 127.0.0.1): TLS clients would refuse")
+    assert f"--host {host} --force" in captured.err
+
+
+def test_commands_without_file_checks_do_not_read_the_certificate(tmp_path):
+    text = deploy.deployment_commands(tmp_path / "nothing-here", "10.9.8.7:8000",
+                                      [deploy.Org("org-a", None, str(tmp_path / "s"))], check_files=False)
+    assert "--superlink 10.9.8.7:8000" in text
