@@ -1,24 +1,29 @@
 """The `pubswap` command.
 
-    pubswap keys                              every run-config key with its default and meaning
-    pubswap run [-c OVERRIDES] [--nodes 4]    `flwr run . --stream` plus a status check (`flwr run` exits 0 on failure)
-    pubswap simulate -c FILE --nodes N        one run in-process through Flower's simulation engine
+    pubswap keys                              every run-config key with its default, allowed values and meaning
+    pubswap run [-c CONFIG] [--nodes 4]       `flwr run . --stream` plus a status check (`flwr run` exits 0 on failure)
+    pubswap simulate [-c CONFIG] --nodes N    one run in-process through Flower's simulation engine
     pubswap compare SWEEP.toml                arms x seeds, then report.md and plots
     pubswap report RUN_DIR...                 the report again, from metrics.jsonl alone
+
+`run` and `simulate` take the same `-c` values, applied in order: TOML files and key=value pairs. Both check the
+config and the run directory before starting Flower or Ray; a problem is one line on stderr and exit code 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-from .config import describe
+from . import logs, preflight
+from .config import describe, key_choices
 
 FLWR_ENV = {"FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
 FINISHED = "finished:"
@@ -26,6 +31,10 @@ FINISHED = "finished:"
 
 class FlowerRunError(RuntimeError):
     """`flwr run` could not submit the run, or the run finished in a failed state."""
+
+
+class UsageError(ValueError):
+    """The command's config or run directory cannot be used; caught in main: one line on stderr, exit code 2."""
 
 
 BIN_DIR = Path(sys.executable).parent  # the venv's bin: flwr, flower-superlink, flower-supernode live here
@@ -90,45 +99,144 @@ def stream_logs(run_id: str, env: dict[str, str], connection: str | None = None)
 
 
 def cmd_keys(_: argparse.Namespace) -> int:
+    choices = key_choices()
     for key, default, doc in describe():
-        print(f"{key:34} {json.dumps(default):>14}  {doc}")
+        allowed = f"(one of: {' | '.join(choices[key])}) " if key in choices else ""
+        print(f"{key:34} {json.dumps(default):>14}  {allowed}{doc}".rstrip())
     return 0
 
 
+# -- run and simulate: the same -c values, checked before Flower or Ray start -----------------------------------
+
+
+def add_config_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-c", "--config", action="append", default=[], metavar="FILE.toml | KEY=VALUE ...",
+                        help="a TOML file or key=value pairs (values as TOML, e.g. \"strategy.mode='fedprox' "
+                             "train.local-steps=2\"); repeatable, applied in order")
+
+
+def checked(flat: dict[str, Any]) -> preflight.Checked:
+    """The config and its run directory, checked before anything starts; a problem becomes a UsageError."""
+    try:
+        return preflight.check(flat)
+    except preflight.PROBLEMS as err:
+        raise UsageError(preflight.one_line(err)) from err
+
+
+def read_config_options(args: argparse.Namespace) -> dict[str, Any]:
+    try:
+        return preflight.read_overrides(args.config)
+    except preflight.PROBLEMS as err:
+        raise UsageError(preflight.one_line(err)) from err
+
+
+def toml_value(value: Any) -> str:
+    """A run-config value (bool, int, float, str) as TOML."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")  # a JSON string is a TOML one
+    raise UsageError(f"run-config value {value!r} is not a bool, number or string")
+
+
+def write_overrides(overrides: dict[str, Any], path: Path) -> Path:
+    """Overrides as a TOML file of dotted keys: `flwr run` takes one TOML file or key=value pairs, and a file
+    carries any string (Flower's key=value pattern cannot quote a quote)."""
+    path.write_text("".join(f"{key} = {toml_value(value)}\n" for key, value in overrides.items()), encoding="utf-8")
+    return path
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    overrides = read_config_options(args)
+    cfg = checked({**preflight.app_defaults(args.app), **overrides}).config
+    if not args.connection:
+        # The local SuperLink resolves a relative output.dir against the directory it was started from, which may
+        # be another checkout's; make it this directory's, where the run-name check above looked.
+        overrides["output.dir"] = str(cfg.run_dir("-").parent)
     env = flower_env()
     federation = "" if args.connection else \
         f"num-supernodes={args.nodes} client-resources-num-cpus={args.cpus_per_client}" + \
         (f" client-resources-num-gpus={args.gpus_per_client}" if args.gpus_per_client > 0 else "")
-    run_id = submit(args.app, args.config or [], federation, env, args.connection)
-    print(f"run {run_id} submitted", flush=True)
-    logs = stream_logs(run_id, env, args.connection) if not args.quiet else None
+    with tempfile.TemporaryDirectory(prefix="pubswap-run-") as tmp:
+        config_files = [str(write_overrides(overrides, Path(tmp) / "overrides.toml"))] if overrides else []
+        run_id = submit(args.app, config_files, federation, env, args.connection)
+    print(f"run {run_id} submitted (stop it with `flwr stop {run_id}" +
+          (f" {args.connection}" if args.connection else "") + "`)", flush=True)
+    logs_process = stream_logs(run_id, env, args.connection) if not args.quiet else None
     try:
         row = wait(run_id, env, args.connection)
     finally:
-        if logs is not None:
-            logs.terminate()
-            logs.wait(timeout=10)
+        if logs_process is not None:
+            logs_process.terminate()
+            logs_process.wait(timeout=10)
     status = row.get("status")
     print(f"run {run_id}: {status} ({row.get('elapsed', 0):.0f} s) {row.get('status-details', '')}")
     return 0 if status == "finished:completed" else 1
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="pubswap", description="pubswap-flwr: federated and swarm RL post-training")
-    sub = parser.add_subparsers(dest="command", required=True)
-    keys = sub.add_parser("keys", help="list every run-config key with its default")
-    keys.set_defaults(func=cmd_keys)
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from .compare import run_status
+
+    config: dict[str, Any] = json.loads(args.json) if args.json else {}
+    config.update(read_config_options(args))
+    if args.run_name:
+        config["run-name"] = args.run_name
+    if args.out:
+        config["output.dir"] = str(Path(args.out).resolve())
+    run_dir = checked(config).run_dir  # None without a run-name: the directory is named after Flower's run id
+    logs.setup(verbose=args.verbose, flower=True)
+    from .simulation import simulate, simulate_in_process
+
+    if args.engine == "inprocess":
+        simulate_in_process(config, args.nodes)
+    else:
+        simulate(config, args.nodes, cpus_per_client=args.cpus_per_client, gpus_per_client=args.gpus_per_client)
+    if run_dir is not None and run_status(run_dir).get("status") != "completed":
+        print(f"run did not complete: {run_status(run_dir)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def register_run(sub) -> None:
     run = sub.add_parser("run", help="flwr run with a status check (non-zero exit when the run fails)")
     run.add_argument("app", nargs="?", default=".")
     run.add_argument("connection", nargs="?", default=None, help="SuperLink connection (default: local simulation)")
-    run.add_argument("-c", "--config", action="append", help="run-config overrides, as for flwr run -c")
+    add_config_options(run)
     run.add_argument("--nodes", type=int, default=4, help="simulated SuperNodes (default 4)")
     run.add_argument("--cpus-per-client", type=int, default=1)
     run.add_argument("--gpus-per-client", type=float, default=0.0,
                      help="GPU share per simulated client, e.g. 0.25 (default 0: CPU only)")
     run.add_argument("--quiet", action="store_true", help="do not stream the run's log")
     run.set_defaults(func=cmd_run)
+
+
+def register_simulate(sub) -> None:
+    simulate = sub.add_parser("simulate", help="one in-process run through Flower's simulation engine")
+    add_config_options(simulate)
+    simulate.add_argument("--json", help="flat config as JSON (applied first)")
+    simulate.add_argument("--nodes", type=int, default=4)
+    simulate.add_argument("--engine", choices=["ray", "inprocess"], default="ray",
+                          help="ray: Flower's simulation engine (clients in parallel); inprocess: no Ray, nodes served "
+                               "one after another in this process (same code and results, quick to start)")
+    simulate.add_argument("--cpus-per-client", type=int, default=1)
+    simulate.add_argument("--gpus-per-client", type=float, default=0.0,
+                          help="GPU share per client, e.g. 0.25 (default 0: CPU only)")
+    simulate.add_argument("--run-name")
+    simulate.add_argument("--out", help="output.dir")
+    simulate.add_argument("--verbose", action="store_true",
+                          help="also a line per client reply in every exchange (time, reward, bytes)")
+    simulate.set_defaults(func=cmd_simulate)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="pubswap", description="pubswap-flwr: federated and swarm RL post-training")
+    sub = parser.add_subparsers(dest="command", required=True)
+    keys = sub.add_parser("keys", help="list every run-config key with its default and allowed values")
+    keys.set_defaults(func=cmd_keys)
+    register_run(sub)
+    register_simulate(sub)
     from .compare import register as register_compare
     from .deploy import register as register_deploy
 
@@ -136,9 +244,12 @@ def main(argv: list[str] | None = None) -> int:
     register_deploy(sub)
     args = parser.parse_args(argv)
     if args.command in ("compare", "report"):
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+        logs.setup()
     try:
         return args.func(args)
+    except UsageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     except FlowerRunError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

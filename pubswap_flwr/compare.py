@@ -260,28 +260,6 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_simulate(args: argparse.Namespace) -> int:
-    from .simulation import simulate, simulate_in_process
-
-    config: dict[str, Any] = json.loads(args.json) if args.json else {}
-    for path in args.config or []:
-        config.update(load_toml(path))
-    if args.run_name:
-        config["run-name"] = args.run_name
-    if args.out:
-        config["output.dir"] = str(Path(args.out).resolve())
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
-    if args.engine == "inprocess":
-        simulate_in_process(config, args.nodes)
-    else:
-        simulate(config, args.nodes, cpus_per_client=args.cpus_per_client, gpus_per_client=args.gpus_per_client)
-    run_dir = ExperimentConfig.from_flat(config).run_dir(run_id="local") if config.get("run-name") else None
-    if run_dir is not None and run_status(run_dir).get("status") != "completed":
-        print(f"run did not complete: {run_status(run_dir)}", file=sys.stderr)
-        return 1
-    return 0
-
-
 def register(sub) -> None:
     compare = sub.add_parser("compare", help="run a sweep of arms x seeds and write the report")
     compare.add_argument("sweep", help="sweep TOML file (see configs/compare-*.toml)")
@@ -299,16 +277,3 @@ def register(sub) -> None:
                         help="arm the others are compared with, seed by seed (default: the first arm given)")
     report.add_argument("--force", action="store_true", help="replace an existing report.md")
     report.set_defaults(func=cmd_report)
-    simulate = sub.add_parser("simulate", help="one in-process run through Flower's simulation engine")
-    simulate.add_argument("-c", "--config", action="append", help="TOML preset(s) applied in order")
-    simulate.add_argument("--json", help="flat config as JSON (applied first)")
-    simulate.add_argument("--nodes", type=int, default=4)
-    simulate.add_argument("--engine", choices=["ray", "inprocess"], default="ray",
-                          help="ray: Flower's simulation engine (clients in parallel); inprocess: no Ray, nodes served "
-                               "one after another in this process (same code and results, quick to start)")
-    simulate.add_argument("--cpus-per-client", type=int, default=1)
-    simulate.add_argument("--gpus-per-client", type=float, default=0.0,
-                          help="GPU share per client, e.g. 0.25 (default 0: CPU only)")
-    simulate.add_argument("--run-name")
-    simulate.add_argument("--out", help="output.dir")
-    simulate.set_defaults(func=cmd_simulate)

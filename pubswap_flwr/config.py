@@ -70,7 +70,9 @@ device_name = _check(lambda v: re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", v) is n
 
 
 def one_of(*choices: str) -> Check:
-    return _check(lambda v: v in choices, "one of " + ", ".join(repr(c) for c in choices))
+    check = _check(lambda v: v in choices, "one of " + ", ".join(repr(c) for c in choices))
+    check.choices = choices  # type: ignore[attr-defined]  # listed by `pubswap keys` (key_choices)
+    return check
 
 
 def opt(default: Any, check: Check | None = None, doc: str = "", key: str | None = None) -> Any:
@@ -415,6 +417,12 @@ def describe() -> list[tuple[str, Any, str]]:
     """(key, default, doc) for every key, in declaration order (README/pyproject generation and `pubswap keys`)."""
     defaults = ExperimentConfig().to_flat()
     return [(key, defaults[key], spec.metadata.get("doc", "")) for key, (_s, _a, spec) in key_table().items()]
+
+
+def key_choices() -> dict[str, tuple[str, ...]]:
+    """The allowed values of every choice key (those checked with one_of), e.g. strategy.mode -> (fedavg, ...)."""
+    return {key: spec.metadata["check"].choices for key, (_s, _a, spec) in key_table().items()
+            if hasattr(spec.metadata.get("check"), "choices")}
 
 
 def replace_section(config: ExperimentConfig, section: str, **changes: Any) -> ExperimentConfig:

@@ -22,6 +22,7 @@ from .validate import Rejected
 from .wire import record_bytes
 
 log = logging.getLogger("pubswap_flwr")
+client_log = logging.getLogger("pubswap_flwr.clients")  # a line per client reply, shown with --verbose
 
 T = TypeVar("T")
 
@@ -74,10 +75,13 @@ class Exchange:
         self.seed = seed
         self.settle_seconds = settle_seconds
         self.node_index: dict[int, int] = {}  # Flower node id -> node index reported by the client
+        self.round = 0  # for progress lines: the round being run, and how many exchanges of each type it had
+        self._sent: dict[str, int] = {}
 
     # -- who takes part --------------------------------------------------------------------------------------
     def select(self, round_number: int) -> list[int]:
         """Wait (up to the timeout) for at least min-clients nodes, then sample fraction-train of them."""
+        self.round, self._sent = round_number, {}
         deadline = time.time() + self.timeout
         nodes: list[int] = []
         stable_since = time.time()
@@ -114,6 +118,7 @@ class Exchange:
         """Send, wait for replies (or the timeout), and accept each reply through the guard."""
         out: ExchangeResult[T] = ExchangeResult()
         by_id: dict[str, int] = {}
+        step = self._progress_start(messages)
         for msg in messages:
             out.bytes_out[msg.metadata.dst_node_id] = record_bytes(msg.content)
             out.array_records += len(msg.content.array_records)
@@ -151,4 +156,27 @@ class Exchange:
         for node, reason in out.dropped.items():
             log.warning("dropped client %d: %s", node, reason)
         out.busy = min(_union_length(intervals), out.wall)
+        self._progress_end(step, out, len(messages))
         return out
+
+    # -- progress lines --------------------------------------------------------------------------------------
+    def _progress_start(self, messages: list[Message]) -> str:
+        kind = messages[0].metadata.message_type if messages else "nothing"
+        self._sent[kind] = self._sent.get(kind, 0) + 1
+        step = f"[round {self.round}] {kind} #{self._sent[kind]}"
+        log.info("%s: sent to %d client(s), waiting for replies", step, len(messages))
+        return step
+
+    def _progress_end(self, step: str, out: ExchangeResult, sent: int) -> None:
+        log.info("%s: %d of %d replied in %.1f s%s", step, len(out.replies), sent, out.wall,
+                 f", {len(out.dropped)} dropped" if out.dropped else "")
+        if not client_log.isEnabledFor(logging.INFO):
+            return
+        for node in self.ordered(out.replies):
+            report = out.replies[node].report
+            reward = report.train_reward if report.train_reward is not None else report.rollout_reward
+            client_log.info("%s:   client %d (node %d): %.1f s (sampling %.1f s, update %.1f s)%s, %.2f MB up, "
+                            "%.2f MB down", step, report.node_index, node, report.t_end - report.t_start,
+                            report.sample_seconds, report.update_seconds,
+                            "" if reward is None else f", reward {reward:.3f}", out.bytes_in.get(node, 0) / 1e6,
+                            out.bytes_out.get(node, 0) / 1e6)

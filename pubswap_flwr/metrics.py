@@ -11,20 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from .config import ExperimentConfig
+from .logs import route_logs_to_flower  # noqa: F401  (the ServerApp and ClientApp call it from here)
 
 log = logging.getLogger("pubswap_flwr")
 
-
-def route_logs_to_flower() -> None:
-    """Send this package's log lines through Flower's console handler, so `flwr run --stream` and `flwr log` show
-    the per-round progress (a logger without a handler would only print warnings)."""
-    package = logging.getLogger("pubswap_flwr")
-    flower = logging.getLogger("flwr")
-    if flower.handlers and not package.handlers:
-        for handler in flower.handlers:
-            package.addHandler(handler)
-        package.setLevel(logging.INFO)
-        package.propagate = False
 
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.json"
@@ -33,6 +23,14 @@ STATUS_FILE = "status.json"
 
 class RunExistsError(FileExistsError):
     """The run directory already holds metrics from another run."""
+
+
+def refuse_existing_run(run_dir: Path) -> None:
+    """RunExistsError when `run_dir` already holds a run's metrics (a new run must not mix its rows into them)."""
+    metrics = run_dir / METRICS_FILE
+    if metrics.exists() and metrics.stat().st_size > 0:
+        raise RunExistsError(f"{run_dir} already holds a run's metrics; choose another run-name, remove the "
+                             "directory, or set resume = true to continue it")
 
 
 def json_safe(value: Any) -> Any:
@@ -57,9 +55,8 @@ class RunRecorder:
         self.cfg = cfg
         self.started = time.time()
         metrics = run_dir / METRICS_FILE
-        if resume_after is None and metrics.exists() and metrics.stat().st_size > 0:
-            raise RunExistsError(f"{run_dir} already holds a run's metrics; choose another run-name, remove the "
-                                 "directory, or set resume = true to continue it")
+        if resume_after is None:
+            refuse_existing_run(run_dir)
         if resume_after is not None and metrics.exists():
             kept = [row for row in read_metrics(run_dir) if row["round"] <= resume_after]
             metrics.write_text("".join(json.dumps(row, separators=(",", ":")) + "\n" for row in kept))

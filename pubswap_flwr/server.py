@@ -12,10 +12,11 @@ import torch
 from flwr.app import Context
 from flwr.serverapp import Grid
 
-from . import checkpoint
-from .config import ExperimentConfig
+from . import preflight
+from .config import ConfigError, ExperimentConfig
 from .evaluation import evaluate
-from .metrics import RunRecorder, route_logs_to_flower, write_status
+from .logs import route_logs_to_flower
+from .metrics import RunRecorder, write_status
 from .policy import Policy
 from .protocols import run_protocol
 from .runner import Runner
@@ -53,23 +54,28 @@ class GlobalEvaluator:
         self.policy.model.save_pretrained(str(directory))
 
 
+def _checked_config(flat) -> ExperimentConfig:
+    try:
+        return ExperimentConfig.from_flat(flat)
+    except ConfigError as err:
+        log.error("%s", preflight.one_line(err))  # one line above Flower's traceback of the failed ServerApp
+        raise
+
+
 def run(grid: Grid, context: Context, settle_seconds: float = 1.0) -> None:
     """The whole run: config → run dir → protocol rounds → final status."""
     route_logs_to_flower()
-    cfg = ExperimentConfig.from_flat(context.run_config)  # stops the run at start on a bad key or value
-    torch.manual_seed(cfg.seed)
+    # First, as `pubswap run | simulate` do before starting Flower: the config and the run directory.
+    cfg = _checked_config(context.run_config)
     run_dir = cfg.run_dir(context.run_id)
-    saved = None
-    if cfg.resume:
-        try:
-            saved = checkpoint.load(run_dir)  # falls back to the previous checkpoint when the latest is corrupt
-            if saved is None:
-                raise FileNotFoundError(f"resume = true but {run_dir} has no checkpoint to continue from")
-            checkpoint.check_compatible(saved, cfg)
-        except Exception as err:  # the interrupted run's status.json still says "running"
-            if run_dir.is_dir():
-                write_status(run_dir, "failed", f"resume: {type(err).__name__}: {err}")
-            raise
+    try:
+        saved = preflight.check_run_dir(cfg, run_dir)
+    except Exception as err:  # re-raised: logged as one line, and a failed resume marks its run failed
+        log.error("%s", preflight.one_line(err))
+        if cfg.resume and run_dir.is_dir():  # the interrupted run's status.json still says "running"
+            write_status(run_dir, "failed", f"resume: {type(err).__name__}: {err}")
+        raise
+    torch.manual_seed(cfg.seed)
     recorder = RunRecorder(run_dir, cfg, context.run_id, resume_after=saved.round if saved else None)
     log.info("pubswap-flwr run %s: mode %s, outputs in %s", context.run_id, cfg.strategy.mode, run_dir)
     started = time.time()

@@ -1,0 +1,95 @@
+"""Checks made before Flower or Ray start (`pubswap run | simulate`) and first thing in the ServerApp: the config
+(every key and value) and the run directory (a new run must not reuse one; a resumed run needs its checkpoint).
+
+Light on purpose: importing this module (and the CLI that calls it) loads neither Flower, Ray nor torch, so a bad
+config fails in a moment with one line instead of after the simulation engine started.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from . import checkpoint
+from .checkpoint import CheckpointError
+from .config import ConfigError, ExperimentConfig, flatten, load_toml, parse_overrides
+from .metrics import RunExistsError, refuse_existing_run
+
+# What a preflight check raises for a problem the user can fix; anything else is a bug and keeps its traceback.
+# FileNotFoundError: a -c file that does not exist, or resume = true without a checkpoint.
+PROBLEMS = (ConfigError, RunExistsError, CheckpointError, FileNotFoundError)
+
+# One `-c` argument holds key=value pairs separated by spaces, as `flwr run -c` takes them (its own pattern: a value
+# is a quoted string or runs to the next space).
+_PAIR = re.compile(r"""(\S+?)=('[^']*'|"[^"]*"|\S+)""")
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A config that passed, its run directory (None when Flower's run id names it), and the checkpoint a resumed
+    run continues from."""
+
+    config: ExperimentConfig
+    run_dir: Path | None
+    saved: checkpoint.ServerCheckpoint | None = None
+
+
+def one_line(err: BaseException) -> str:
+    """The error as one line (a TOML parser's message may span several)."""
+    return " ".join(str(err).split())
+
+
+def read_overrides(values: Iterable[str]) -> dict[str, Any]:
+    """Flat overrides from `-c` values applied in order: a TOML file (`configs/smoke.toml`) or key=value pairs
+    (`"num-server-rounds=2 strategy.mode='fedprox'"`, values read as TOML, else as plain strings)."""
+    out: dict[str, Any] = {}
+    for value in values:
+        text = value.strip()
+        if text.endswith(".toml") or (Path(text).is_file() and "=" not in text):
+            if not Path(text).expanduser().is_file():
+                raise FileNotFoundError(f"-c {value}: no such config file")
+            out.update(load_toml(Path(text).expanduser()))
+            continue
+        pairs = [f"{key}={raw}" for key, raw in _PAIR.findall(text)]
+        leftover = _PAIR.sub("", text).strip()
+        if not pairs or leftover:
+            raise ConfigError(f"-c {value!r}: expected a TOML file or key=value pairs (e.g. num-server-rounds=2)")
+        out.update(parse_overrides(pairs))
+    return out
+
+
+def app_defaults(app: str | Path) -> dict[str, Any]:
+    """The run config a Flower app declares ([tool.flwr.app.config] of its pyproject.toml, flattened), which
+    `flwr run` fuses with the overrides; {} when `app` is not a directory with a pyproject.toml."""
+    pyproject = Path(app).expanduser() / "pyproject.toml"
+    if not pyproject.is_file():
+        return {}
+    with pyproject.open("rb") as handle:
+        data = tomllib.load(handle)
+    return flatten(data.get("tool", {}).get("flwr", {}).get("app", {}).get("config", {}))
+
+
+def check_run_dir(cfg: ExperimentConfig, run_dir: Path) -> checkpoint.ServerCheckpoint | None:
+    """A new run refuses a directory that holds a run's metrics; a resumed one needs a usable checkpoint made with
+    a compatible config, which it returns."""
+    if not cfg.resume:
+        refuse_existing_run(run_dir)
+        return None
+    saved = checkpoint.load(run_dir)  # falls back to the previous checkpoint when the latest is corrupt
+    if saved is None:
+        raise FileNotFoundError(f"resume = true but {run_dir} has no checkpoint to continue from")
+    checkpoint.check_compatible(saved, cfg)
+    return saved
+
+
+def check(flat: Mapping[str, Any], run_id: int | str | None = None) -> Checked:
+    """The config built from Flower's flat run config, and its run directory checked. Without a `run_id` (before
+    Flower assigned one) the directory is only checked when `run-name` names it."""
+    cfg = ExperimentConfig.from_flat(flat)
+    if run_id is None and not cfg.run_name:
+        return Checked(cfg, None)
+    run_dir = cfg.run_dir(run_id if run_id is not None else "")
+    return Checked(cfg, run_dir, check_run_dir(cfg, run_dir))
