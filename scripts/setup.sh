@@ -4,10 +4,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
+step() { echo "[setup $1/4, ${SECONDS}s] $2" >&2; }  # pip runs --quiet: say what each stage is doing
+if [ -x .venv/bin/python ]; then step 1 "reusing .venv"; else step 1 "creating .venv with $PYTHON"; fi
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+step 2 "upgrading pip"
 .venv/bin/python -m pip install --quiet --upgrade pip
 # torch first and pinned: a plain `torch` requirement on a machine without torch pulls a multi-GB CUDA build.
+step 3 "installing torch 2.13.0 (the CPU build; about a minute when it is not installed yet)"
 .venv/bin/python -m pip install --quiet "torch==2.13.0"
+step 4 "installing pubswap-flwr (editable) and its dependencies: Flower, transformers, peft, test tools (a few minutes the first time)"
 .venv/bin/python -m pip install --quiet -e ".[test]"
 if ! grep -q FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION .venv/bin/activate; then
     cat >> .venv/bin/activate <<'ENV'
@@ -15,4 +20,4 @@ if ! grep -q FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION .venv/bin/activate; th
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
 ENV
 fi
-echo "pubswap-flwr is set up: . .venv/bin/activate"
+echo "pubswap-flwr is set up in $SECONDS s: . .venv/bin/activate"
