@@ -115,10 +115,11 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
                              "train.local-steps=2\"); repeatable, applied in order")
 
 
-def checked(flat: dict[str, Any]) -> preflight.Checked:
-    """The config and its run directory, checked before anything starts; a problem becomes a UsageError."""
+def checked(flat: dict[str, Any], *, run_dir: bool = True) -> preflight.Checked:
+    """The config and (with `run_dir`) its run directory, checked before anything starts; a problem becomes a
+    UsageError."""
     try:
-        return preflight.check(flat)
+        return preflight.check(flat, run_dir=run_dir)
     except preflight.PROBLEMS as err:
         raise UsageError(preflight.one_line(err)) from err
 
@@ -150,7 +151,8 @@ def write_overrides(overrides: dict[str, Any], path: Path) -> Path:
 
 def cmd_run(args: argparse.Namespace) -> int:
     overrides = read_config_options(args)
-    cfg = checked({**preflight.app_defaults(args.app), **overrides}).config
+    # A remote SuperLink's run directory is on its machine: only the config can be checked here.
+    cfg = checked({**preflight.app_defaults(args.app), **overrides}, run_dir=not args.connection).config
     if not args.connection:
         # The local SuperLink resolves a relative output.dir against the directory it was started from, which may
         # be another checkout's; make it this directory's, where the run-name check above looked.
@@ -179,7 +181,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_simulate(args: argparse.Namespace) -> int:
     from .compare import run_status
 
-    config: dict[str, Any] = json.loads(args.json) if args.json else {}
+    try:
+        config: dict[str, Any] = json.loads(args.json) if args.json else {}
+    except json.JSONDecodeError as err:
+        raise UsageError(f"--json: not valid JSON ({err})") from err
+    if not isinstance(config, dict):
+        raise UsageError(f"--json must hold a JSON object of run-config keys, got {type(config).__name__}")
     config.update(read_config_options(args))
     if args.run_name:
         config["run-name"] = args.run_name

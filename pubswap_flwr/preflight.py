@@ -85,11 +85,12 @@ def check_run_dir(cfg: ExperimentConfig, run_dir: Path) -> checkpoint.ServerChec
     return saved
 
 
-def check(flat: Mapping[str, Any], run_id: int | str | None = None) -> Checked:
+def check(flat: Mapping[str, Any], run_id: int | str | None = None, *, run_dir: bool = True) -> Checked:
     """The config built from Flower's flat run config, and its run directory checked. Without a `run_id` (before
-    Flower assigned one) the directory is only checked when `run-name` names it."""
+    Flower assigned one) the directory is only checked when `run-name` names it; `run_dir=False` checks the config
+    alone (a remote SuperLink's run directory is on its machine)."""
     cfg = ExperimentConfig.from_flat(flat)
-    if run_id is None and not cfg.run_name:
+    if not run_dir or (run_id is None and not cfg.run_name):
         return Checked(cfg, None)
-    run_dir = cfg.run_dir(run_id if run_id is not None else "")
-    return Checked(cfg, run_dir, check_run_dir(cfg, run_dir))
+    path = cfg.run_dir(run_id if run_id is not None else "")
+    return Checked(cfg, path, check_run_dir(cfg, path))

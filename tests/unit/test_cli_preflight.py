@@ -159,3 +159,29 @@ def test_the_server_app_checks_the_run_directory_first(tmp_path):
     with pytest.raises(ConfigError, match="unknown config key 'train.local-step'"):
         server.run(None, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
                                  run_config={"train.local-step": 2}))
+
+
+def test_run_on_a_remote_superlink_checks_the_config_but_not_a_local_directory(tmp_path, monkeypatch):
+    submitted = {}
+
+    def submit(app, overrides, federation, env, connection=None):
+        from flwr.common.config import parse_config_args
+
+        submitted.update(config=parse_config_args(overrides), connection=connection, federation=federation)
+        raise cli.FlowerRunError("stop here")
+
+    monkeypatch.setattr(cli, "submit", submit)
+    monkeypatch.chdir(tmp_path)
+    _existing_run(tmp_path)  # ./runs/smoke here says nothing about the SuperLink machine's runs/smoke
+    assert cli.main(["run", str(PROJECT), "prod", "-c", "run-name='smoke'"]) == 1
+    assert submitted == {"config": {"run-name": "smoke"}, "connection": "prod", "federation": ""}
+    assert cli.main(["run", str(PROJECT), "prod", "-c", "run-nam='smoke'"]) == 2  # the config still is
+
+
+@pytest.mark.parametrize("text, message", [("{oops", "error: --json: not valid JSON (Expecting property name"),
+                                           ("[1]", "error: --json must hold a JSON object of run-config keys, got "
+                                                   "list")])
+def test_simulate_json_errors_are_one_line(capsys, text, message):
+    assert cli.main(["simulate", "--json", text]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message) and err.count("\n") == 1
