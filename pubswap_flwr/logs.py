@@ -78,7 +78,8 @@ def _stderr_handler() -> logging.Handler:
 def route_logs_to_flower() -> None:
     """Under `flwr run` (no `pubswap` command configured the console): send this package's lines through Flower's
     console handler, so `flwr run --stream` and `flwr log` show the per-round progress (a logger without a handler
-    would only print warnings). Per-client lines stay off."""
+    would only print warnings). Per-client lines stay off; third parties are quieted as under `pubswap`."""
+    _quiet_third_parties()  # before Flower's simulation engine starts Ray in this process (its FutureWarning)
     package = logging.getLogger(PACKAGE)
     flower = logging.getLogger("flwr")
     if flower.handlers and not package.handlers:
