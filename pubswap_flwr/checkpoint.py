@@ -36,8 +36,8 @@ STATE_FILE = "state.json"
 ADAPTER_FILE = "global.safetensors"
 _TMP_DIR = f".{CHECKPOINT_DIR}.tmp"
 _OLD_DIR = f".{CHECKPOINT_DIR}.old"  # the previous checkpoint while it is being replaced (and older versions' swap)
-# Keys a resumed run may change: how many rounds in total, and the resume flag itself.
-RESUMABLE_CHANGES = {"num-server-rounds", "resume"}
+# Keys a resumed run may change: how many rounds in total, the resume flag itself, and where metrics are reported.
+RESUMABLE_CHANGES = {"num-server-rounds", "resume", "output.report-to"}
 
 
 class CheckpointError(ValueError):
@@ -252,8 +252,9 @@ def check_adapter(saved: ServerCheckpoint, model_adapter: Mapping[str, Any]) -> 
 def check_compatible(checkpoint: ServerCheckpoint, cfg: ExperimentConfig) -> None:
     """A resumed run must use the checkpointed config (only the round count may grow)."""
     now = cfg.to_flat()
+    defaults = ExperimentConfig().to_flat()  # a key added after the checkpoint was written had its default then
     changed = sorted(k for k in set(now) | set(checkpoint.config)
-                     if k not in RESUMABLE_CHANGES and now.get(k) != checkpoint.config.get(k))
+                     if k not in RESUMABLE_CHANGES and now.get(k) != checkpoint.config.get(k, defaults.get(k)))
     if changed:
         raise ConfigError(f"cannot resume with a different config; changed keys: {', '.join(changed)}")
     if cfg.num_server_rounds < checkpoint.round:

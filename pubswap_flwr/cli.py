@@ -249,6 +249,9 @@ def main(argv: list[str] | None = None) -> int:
 
     register_compare(sub)
     register_deploy(sub)
+    from .export import register as register_export  # `pubswap export RUN OUT [--merged]`
+
+    register_export(sub)
     args = parser.parse_args(argv)
     if args.command in ("compare", "report"):
         logs.setup()

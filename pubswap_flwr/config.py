@@ -20,6 +20,7 @@ from typing import Any, Callable, Mapping
 MODES = ("fedavg", "fedprox", "pubswap", "sapo")
 SWAP_RULES = ("balanced", "random", "none")
 AGGREGATORS = ("mean", "median", "trimmed-mean")
+REPORT_TO = ("none", "tensorboard", "wandb", "mlflow")  # pubswap_flwr/trackers.py
 OUTPUT_ROOT_ENV = "PUBSWAP_OUTPUT_ROOT"
 
 
@@ -120,6 +121,11 @@ class TrainConfig:
     max_grad_norm: float = opt(1.0, between(0, 1e6), "0 = no clipping")
     weight_decay: float = opt(0.0, between(0, 100))
     reset_optimizer: bool = opt(False, doc="reset Adam moments when a new global adapter arrives")
+    scale_rewards: str = opt("group", one_of("group", "batch", "none"), "TRL's scale_rewards: divide r - group mean "
+                                                                       "by the group's reward std, the batch's, or "
+                                                                       "nothing")
+    mask_truncated_completions: bool = opt(False, doc="TRL's mask_truncated_completions: completions cut at "
+                                                      "generation.max-new-tokens without EOS leave the loss")
 
 
 @dataclass(frozen=True)
@@ -207,6 +213,8 @@ class SapoConfig:
 class OutputConfig:
     dir: str = opt("runs", doc=f"run outputs root; relative paths resolve against ${OUTPUT_ROOT_ENV} or the cwd")
     save_every: int = opt(1, between(0, 1_000_000), "save the global adapter every N rounds (the final one always)")
+    report_to: str = opt("none", one_of(*REPORT_TO), "also log every metrics row to an experiment tracker (HF/TRL's "
+                                                      "report_to; install the extra of the same name)")
 
 
 SECTIONS = {

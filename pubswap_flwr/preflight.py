@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from . import checkpoint
+from . import checkpoint, trackers
 from .checkpoint import CheckpointError
 from .config import ConfigError, ExperimentConfig, flatten, load_toml, parse_overrides
 from .metrics import RunExistsError, refuse_existing_run
@@ -90,6 +90,7 @@ def check(flat: Mapping[str, Any], run_id: int | str | None = None, *, run_dir: 
     Flower assigned one) the directory is only checked when `run-name` names it; `run_dir=False` checks the config
     alone (a remote SuperLink's run directory is on its machine)."""
     cfg = ExperimentConfig.from_flat(flat)
+    trackers.check(cfg.output.report_to)  # the server's tracker package is installed (nodes never track)
     if not run_dir or (run_id is None and not cfg.run_name):
         return Checked(cfg, None)
     path = cfg.run_dir(run_id if run_id is not None else "")

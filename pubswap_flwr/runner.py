@@ -13,10 +13,11 @@ import time
 import numpy as np
 from flwr.serverapp import Grid
 
-from . import checkpoint
+from . import checkpoint, trackers
 from .config import ExperimentConfig
 from .exchange import Exchange
-from .metrics import RunRecorder
+from .export import run_summary, write_card
+from .metrics import RunRecorder, json_safe
 from .protocols import ServerProtocol
 from .protocols.base import Adapter, RoundContext
 from .roundlog import RoundLog
@@ -38,9 +39,26 @@ class Runner:
         self.settle_seconds = settle_seconds
         self.cumulative_reward = 0.0
         self.exchange: Exchange | None = None
+        self.tracker: trackers.Tracker = trackers.Tracker()
+
+    def _write_row(self, row: dict) -> None:
+        """metrics.jsonl, the configured experiment tracker (output.report-to), and the console line."""
+        self.recorder.write_row(row)
+        self.tracker.log(row["round"], trackers.scalars(json_safe(row)))
+        self.recorder.progress(row)
 
     def run(self, grid: Grid, initial_adapter: Adapter | None) -> Adapter | None:
         """All rounds; returns the final global adapter (None in modes without one)."""
+        self.tracker = trackers.open_tracker(self.cfg, self.recorder.run_dir)
+        try:
+            master = self._rounds(grid, initial_adapter)
+        except BaseException:
+            self.tracker.close("failed")
+            raise
+        self.tracker.close("completed")
+        return master
+
+    def _rounds(self, grid: Grid, initial_adapter: Adapter | None) -> Adapter | None:
         s = self.cfg.strategy
         self.exchange = Exchange(grid, timeout=s.timeout, min_clients=s.min_clients, fraction=s.fraction_train,
                                  seed=self.cfg.seed, settle_seconds=self.settle_seconds)
@@ -94,8 +112,7 @@ class Runner:
         initial = round_log.extra.pop("initial_eval", None)
         if initial:  # nodes' own starting points (SAPO), measured at the start of round 1
             row0 = {"round": 0, "mode": mode, "node_eval": initial, "eval": mean_eval(list(initial.values()))}
-            self.recorder.write_row(row0)
-            self.recorder.progress(row0)
+            self._write_row(row0)
         row: dict = {"round": round_log.number, "mode": mode}
         if self.evaluator is not None and master is not None and self.eval_due(round_log.number, final):
             started = time.perf_counter()
@@ -105,17 +122,21 @@ class Runner:
             evals = round_log.extra.pop("node_eval")
             row["node_eval"] = evals
             row["eval"] = mean_eval(list(evals.values()))
+        saved = []
         if self.evaluator is not None and master is not None and round_log.number > 0:
             save_every = self.cfg.output.save_every
             adapters = self.recorder.run_dir / "adapters"
             if final or (save_every > 0 and round_log.number % save_every == 0):
-                self.evaluator.save(master, adapters / f"round-{round_log.number:04d}")
-            if final:
-                self.evaluator.save(master, adapters / "final")
+                saved.append(adapters / f"round-{round_log.number:04d}")
+                self.evaluator.save(master, saved[-1])
+            if final:  # the folder to hand on: the tokenizer travels with it
+                saved.append(adapters / "final")
+                self.evaluator.save(master, saved[-1], tokenizer=True)
         if round_log.number > 0:
             row.update(self._round_fields(round_log))
-        self.recorder.write_row(row)
-        self.recorder.progress(row)
+        self._write_row(row)
+        for directory in saved:  # the model card shows the round's metrics, known only now
+            write_card(directory, run_summary(self.cfg, round_log.number, json_safe(row)))
 
     def _round_fields(self, round_log: RoundLog) -> dict:
         # by node index, so that means over clients sum in one order whatever order replies arrived in

@@ -12,7 +12,7 @@ import torch
 from flwr.app import Context
 from flwr.serverapp import Grid
 
-from . import preflight
+from . import preflight, trackers
 from .config import ConfigError, ExperimentConfig
 from .evaluation import evaluate
 from .logs import route_logs_to_flower
@@ -48,15 +48,20 @@ class GlobalEvaluator:
         return evaluate(self.policy, self.items, sampled=e.sampled, samples=e.samples, batch_size=e.batch_size,
                         seed=self.cfg.seed, max_chars=self.cfg.generation.max_completion_chars)
 
-    def save(self, master: dict[str, np.ndarray], directory: Path) -> None:
-        """adapter_config.json + adapter_model.safetensors, loadable with PeftModel.from_pretrained(base, dir)."""
+    def save(self, master: dict[str, np.ndarray], directory: Path, tokenizer: bool = False) -> None:
+        """adapter_config.json (portable base-model reference) + adapter_model.safetensors, loadable with
+        PeftModel.from_pretrained(base, dir); with `tokenizer`, the tokenizer too (export.save_adapter)."""
+        from .export import save_adapter
+
         self._load(master)
-        self.policy.model.save_pretrained(str(directory))
+        save_adapter(self.policy, directory, tokenizer=tokenizer)
 
 
 def _checked_config(flat) -> ExperimentConfig:
     try:
-        return ExperimentConfig.from_flat(flat)
+        cfg = ExperimentConfig.from_flat(flat)
+        trackers.check(cfg.output.report_to)  # output.report-to's package: a ConfigError naming the extra
+        return cfg
     except ConfigError as err:
         log.error("%s", preflight.one_line(err))  # one line above Flower's traceback of the failed ServerApp
         raise

@@ -13,7 +13,8 @@ step 2 "upgrading pip"
 step 3 "installing torch 2.13.0 (the CPU build; about a minute when it is not installed yet)"
 .venv/bin/python -m pip install --quiet "torch==2.13.0"
 step 4 "installing pubswap-flwr (editable) and its dependencies: Flower, transformers, peft, test tools (a few minutes the first time)"
-.venv/bin/python -m pip install --quiet -e ".[test]"
+# the test extras and the experiment trackers of output.report-to (their tests read back what each one wrote)
+.venv/bin/python -m pip install --quiet -e ".[test,tensorboard,wandb,mlflow]"
 if ! grep -q FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION .venv/bin/activate; then
     cat >> .venv/bin/activate <<'ENV'
 # pubswap-flwr: dependencies are preinstalled in this venv; never let Flower `uv sync` them per run.

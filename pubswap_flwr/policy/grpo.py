@@ -8,7 +8,10 @@ tokens in the whole batch, "grpo" averages per sequence then over sequences; opt
 re-tokenized locally with EOS appended, then truncated. With one inner iteration the old policy is the current one
 (ratio 1, as in TRL); with more, a no-grad pass scores the old log-probs first. Foreign completions are treated as
 on-policy samples of the local model, as TRL does without vLLM (its old log-probs are the current model's, so
-the ratio starts at 1 whoever sampled the text).
+the ratio starts at 1 whoever sampled the text). TRL's `scale_rewards` ("group": the above; "batch": the batch's
+std instead of the group's; "none": r - mean alone) and `mask_truncated_completions` (completions that end in neither
+EOS nor pad, i.e. cut at the token limit, leave the loss and its token count, but their rewards still shape their
+groups' advantages) are settings.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from ..rollouts import RolloutGroup
 from .sampling import GenerationSettings
 
 LOSS_TYPES = ("dapo", "grpo")
+SCALE_REWARDS = ("group", "batch", "none")
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,8 @@ class GRPOSettings:
     adam_beta1: float = 0.9
     adam_beta2: float = 0.99
     proximal_mu: float = 0.0
+    scale_rewards: str = "group"
+    mask_truncated_completions: bool = False
 
 
 @dataclass
@@ -51,11 +57,19 @@ class Batch:
     rewards: torch.Tensor  # (B,)
     group_sizes: list[int]
     foreign: torch.Tensor  # (B,) bool
+    truncated: torch.Tensor  # (B,) bool: the completion ends in neither EOS nor pad (cut at the token limit)
 
     def to(self, device: torch.device) -> "Batch":
         return Batch(self.prompt_ids.to(device), self.prompt_mask.to(device), self.completion_ids.to(device),
                      self.completion_mask.to(device), self.rewards.to(device), self.group_sizes,
-                     self.foreign.to(device))
+                     self.foreign.to(device), self.truncated.to(device))
+
+    def without_truncated(self) -> "Batch":
+        """TRL's mask_truncated_completions: truncated completions' tokens leave the completion mask (the loss, the
+        DAPO token count and, as in TRL, attention over those tokens)."""
+        mask = self.completion_mask * (~self.truncated).unsqueeze(1).to(self.completion_mask.dtype)
+        return Batch(self.prompt_ids, self.prompt_mask, self.completion_ids, mask, self.rewards, self.group_sizes,
+                     self.foreign, self.truncated)
 
     @property
     def input_ids(self) -> torch.Tensor:
@@ -83,14 +97,24 @@ class UpdateStats:
     extra: dict = field(default_factory=dict)
 
 
-def group_advantages(rewards: torch.Tensor, group_sizes: Sequence[int], eps: float = 1e-4) -> torch.Tensor:
-    """(r - group mean) / (group std + eps) with the unbiased std; a group of one gets advantage 0."""
+def group_advantages(rewards: torch.Tensor, group_sizes: Sequence[int], eps: float = 1e-4,
+                     scale: str = "group") -> torch.Tensor:
+    """(r - group mean) / (std + eps), as TRL's scale_rewards: "group" divides by the group's unbiased std, "batch"
+    by the whole batch's, "none" not at all. A group of one gets advantage 0."""
+    if scale not in SCALE_REWARDS:
+        raise ValueError(f"unknown reward scaling {scale!r}; expected one of {SCALE_REWARDS}")
     out = torch.zeros_like(rewards, dtype=torch.float32)
+    batch_std = rewards.float().std(unbiased=True) if scale == "batch" and rewards.numel() > 1 else None
     start = 0
     for size in group_sizes:
         group = rewards[start:start + size].float()
         if size > 1:
-            out[start:start + size] = (group - group.mean()) / (group.std(unbiased=True) + eps)
+            centred = group - group.mean()
+            if scale == "group":
+                centred = centred / (group.std(unbiased=True) + eps)
+            elif scale == "batch":
+                centred = centred / (batch_std + eps)
+            out[start:start + size] = centred
         start += size
     return out
 
@@ -111,7 +135,9 @@ def build_batch(tokenizer, groups: Sequence[RolloutGroup], generation: Generatio
     completions: list[list[int]] = []
     rewards: list[float] = []
     foreign: list[bool] = []
+    truncated: list[bool] = []
     sizes: list[int] = []
+    ends = {tokenizer.eos_token_id, tokenizer.pad_token_id}
     for group in groups:
         sizes.append(len(group.completions))
         for completion, reward in zip(group.completions, group.rewards):
@@ -120,6 +146,7 @@ def build_batch(tokenizer, groups: Sequence[RolloutGroup], generation: Generatio
             completions.append(ids if ids else [tokenizer.eos_token_id])
             rewards.append(float(reward))
             foreign.append(not completion.is_own)
+            truncated.append(completions[-1][-1] not in ends)
     enc = tokenizer(prompts, return_tensors="pt", padding=True, truncation=True,
                     max_length=generation.max_prompt_tokens, add_special_tokens=False)
     width = max(len(c) for c in completions)
@@ -130,7 +157,7 @@ def build_batch(tokenizer, groups: Sequence[RolloutGroup], generation: Generatio
         comp_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
         comp_mask[row, : len(ids)] = 1
     return Batch(enc["input_ids"], enc["attention_mask"], comp_ids, comp_mask,
-                 torch.tensor(rewards, dtype=torch.float32), sizes, torch.tensor(foreign))
+                 torch.tensor(rewards, dtype=torch.float32), sizes, torch.tensor(foreign), torch.tensor(truncated))
 
 
 def per_token_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
@@ -207,6 +234,8 @@ class GRPOLearner:
     def __init__(self, model, tokenizer, settings: GRPOSettings, generation: GenerationSettings = GenerationSettings()):
         if settings.loss_type not in LOSS_TYPES:
             raise ValueError(f"train.loss-type must be one of {LOSS_TYPES}, got {settings.loss_type!r}")
+        if settings.scale_rewards not in SCALE_REWARDS:
+            raise ValueError(f"train.scale-rewards must be one of {SCALE_REWARDS}, got {settings.scale_rewards!r}")
         self.model = model
         self.tokenizer = tokenizer
         self.settings = settings
@@ -243,8 +272,11 @@ class GRPOLearner:
         if not groups:
             return stats
         batch = build_batch(self.tokenizer, groups, self.generation).to(next(iter(self.params.values())).device)
+        if s.mask_truncated_completions:
+            batch = batch.without_truncated()
+            stats.extra["truncated_masked"] = int(batch.truncated.sum())
         n = batch.rewards.shape[0]
-        advantages = group_advantages(batch.rewards, batch.group_sizes)
+        advantages = group_advantages(batch.rewards, batch.group_sizes, scale=s.scale_rewards)
         mask = batch.completion_mask.float()
         total_tokens = float(mask.sum())
         chunks = [slice(i, min(i + s.micro_batch_size, n)) for i in range(0, n, s.micro_batch_size)]

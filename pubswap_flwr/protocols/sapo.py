@@ -394,8 +394,13 @@ def _train_reply(work: ClientWork, message: SapoTrain, packets: list[Packet] | N
         started = time.perf_counter()
         evaluation = work.evaluate()
         seconds = time.perf_counter() - started
-    if message.save_adapter:
-        work.learner.policy.model.save_pretrained(str(work.learner.state_dir / "adapter"))
+    if message.save_adapter:  # this node's model, portable: tokenizer, card, base-model reference
+        from ..export import run_summary, save_adapter, write_card
+
+        folder = work.learner.state_dir / "adapter"
+        save_adapter(work.learner.policy, folder)
+        write_card(folder, run_summary(work.cfg, message.header.server_round, {"eval": evaluation or {}},
+                                       node=work.learner.state_dir.name))
     return SapoReply(work.client_report(), None if packets is None else tuple(packets), (), eval_initial, counts,
                      tuple(selection.rejections), evaluation, seconds,
                      {k: v for k, v in scoring.items() if v}).to_record()

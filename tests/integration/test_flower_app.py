@@ -81,13 +81,16 @@ def test_saved_adapter_loads_with_peft_and_generates(flower, tmp_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from pubswap_flwr.policy.model import resolve_model
+
     row = flower.run(_overrides(tmp_path, "peft", "num-server-rounds=1"))
     assert row["status"] == "finished:completed", row
     adapter_dir = tmp_path / "peft" / "adapters" / "final"
     config = json.loads((adapter_dir / "adapter_config.json").read_text())
-    base = AutoModelForCausalLM.from_pretrained(config["base_model_name_or_path"])
+    assert config["base_model_name_or_path"] == "embedded:tiny"  # portable: data/models/tiny of any checkout
+    base = AutoModelForCausalLM.from_pretrained(resolve_model(config["base_model_name_or_path"]))
     model = PeftModel.from_pretrained(base, str(adapter_dir))
-    tokenizer = AutoTokenizer.from_pretrained(config["base_model_name_or_path"])
+    tokenizer = AutoTokenizer.from_pretrained(str(adapter_dir))  # saved beside the adapter
     prompt = "<|im_start|>user\nCalculate 4 + 7.\nReply with only the final answer as <answer>X</answer>.<|im_end|>\n" \
              "<|im_start|>assistant\n"
     ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)

@@ -1,0 +1,251 @@
+"""Portable results: adapter folders with tokenizer, model card and a movable base-model reference; `pubswap export`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+# Light at import (the `pubswap` command registers this module's subcommand): torch, transformers and peft load
+# only when an adapter is saved, loaded or exported.
+EMBEDDED_PREFIX = "embedded:"  # policy.model.EMBEDDED_PREFIX
+ADAPTER_CONFIG = "adapter_config.json"
+SUMMARY_FILE = "pubswap_run.json"  # what the card says, machine-readable (the card is rendered from it)
+CARD_FILE = "README.md"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+PROJECT = "pubswap-flwr"
+
+
+class ExportError(ValueError):
+    """The run or adapter folder cannot be exported; the message says what is missing."""
+
+
+# -- saving an adapter folder --------------------------------------------------------------------------------------
+def base_reference(model_name: str, location: str) -> str:
+    """What adapter_config.json records as the base model: `embedded:<name>` for the project's embedded models
+    (their absolute path is only valid on the machine that trained), otherwise the local path or Hub id as given."""
+    return model_name if model_name.startswith(EMBEDDED_PREFIX) else location
+
+
+def save_adapter(policy, directory: Path, *, tokenizer: bool = True) -> None:
+    """The policy's adapter in PEFT format, its base-model reference made portable, and (with `tokenizer`) the
+    tokenizer beside it. The model card comes separately (`write_card`), once the round's metrics are known."""
+    directory = Path(directory)
+    policy.model.save_pretrained(str(directory))
+    path = directory / ADAPTER_CONFIG
+    config = json.loads(path.read_text())
+    config["base_model_name_or_path"] = base_reference(policy.spec.model_name, policy.location)
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    if tokenizer:
+        policy.tokenizer.save_pretrained(str(directory))
+
+
+def run_summary(cfg, round_number: int, row: dict | None = None, *, node: str = "") -> dict[str, Any]:
+    """The facts a card shows: mode, rounds, tasks, the base model, LoRA and GRPO settings, and the round's metrics
+    (held-out evaluation, train and cumulative reward) when the row has them."""
+    row = row or {}
+    t = cfg.train
+    summary: dict[str, Any] = {
+        "project": PROJECT, "base_model": cfg.model.name, "mode": cfg.strategy.mode,
+        "round": round_number, "rounds": cfg.num_server_rounds, "seed": cfg.seed,
+        "tasks": {"mix": cfg.tasks.mix, "per-node": cfg.tasks.per_node, "node-mixes": cfg.tasks.node_mixes,
+                  "data-paths": cfg.tasks.data_paths},
+        "lora": {"r": cfg.model.lora_r, "alpha": cfg.model.lora_alpha, "targets": cfg.model.lora_targets},
+        "grpo": {"loss-type": t.loss_type, "completions-per-prompt": t.completions_per_prompt,
+                 "learning-rate": t.learning_rate, "epsilon-low": t.epsilon_low, "epsilon-high": t.epsilon_high,
+                 "kl-beta": t.kl_beta, "local-steps": t.local_steps},
+        "metrics": {},
+    }
+    if node:
+        summary["node"] = node
+    held = row.get("eval") or {}
+    for key in ("greedy_accuracy", "sampled_accuracy", "sampled_reward"):
+        if isinstance(held.get(key), (int, float)):
+            summary["metrics"][f"eval/{key}"] = held[key]
+    for key in ("train_reward", "cumulative_reward"):
+        if isinstance(row.get(key), (int, float)):
+            summary["metrics"][key] = row[key]
+    return summary
+
+
+def write_card(directory: Path, summary: dict[str, Any], *, merged: bool = False) -> None:
+    """README.md (a Hugging Face model card) and pubswap_run.json, replacing PEFT's empty template."""
+    directory = Path(directory)
+    (directory / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+    has_tokenizer = any((directory / name).is_file() for name in TOKENIZER_FILES)
+    (directory / CARD_FILE).write_text(render_card(summary, merged=merged, has_tokenizer=has_tokenizer))
+
+
+def _is_hub_id(name: str) -> bool:
+    return not name.startswith(EMBEDDED_PREFIX) and not Path(name).expanduser().is_absolute() and \
+        not name.startswith((".", "~")) and name.count("/") <= 1
+
+
+def render_card(summary: dict[str, Any], *, merged: bool = False, has_tokenizer: bool = True) -> str:
+    """The card's markdown: YAML metadata, what was trained and how, the round's metrics, how to load it."""
+    base = summary["base_model"]
+    header = ["---", f"library_name: {'transformers' if merged else 'peft'}"]
+    if _is_hub_id(base):
+        header.append(f"base_model: {base}")
+    header += ["tags:", "- pubswap-flwr", "- grpo", "- lora", "- federated-learning", "---", ""]
+    what = "a standalone model (LoRA adapter merged into the base weights)" if merged else "a LoRA adapter"
+    node = f", node {summary['node']}" if summary.get("node") else ""
+    lines = header + [
+        f"# {what[0].upper() + what[1:]} trained with GRPO by {PROJECT}", "",
+        f"Mode `{summary['mode']}`{node}, after round {summary['round']} of {summary['rounds']} (seed "
+        f"{summary['seed']}).", "",
+        "| | |", "|---|---|",
+        f"| base model | `{base}`" + (" (the embedded model shipped in the pubswap-flwr checkout's "
+                                    f"`data/models/{base[len(EMBEDDED_PREFIX):]}`)" if base.startswith(EMBEDDED_PREFIX)
+                                    else "") + " |",
+        f"| tasks | `{summary['tasks']['mix']}`" + (f", node mixes `{summary['tasks']['node-mixes']}`"
+                                                     if summary["tasks"].get("node-mixes") else
+                                                     f", {summary['tasks']['per-node']} per node (0 = all)") + " |",
+        f"| LoRA | r {summary['lora']['r']}, alpha {summary['lora']['alpha']}, `{summary['lora']['targets']}` |",
+        "| GRPO | " + ", ".join(f"{k} {v}" for k, v in summary["grpo"].items()) + " |",
+    ]
+    names = {"eval/greedy_accuracy": "held-out greedy pass@1", "eval/sampled_accuracy": "held-out sampled pass@1",
+             "eval/sampled_reward": "held-out sampled reward", "train_reward": "train reward (this round)",
+             "cumulative_reward": "cumulative train reward"}
+    for key, label in names.items():
+        if key in summary["metrics"]:
+            lines.append(f"| {label} | {summary['metrics'][key]:.4f} |")
+    if not summary["metrics"]:
+        lines.append("| metrics | not evaluated at this round (see the run's metrics.jsonl) |")
+    lines += ["", "## Load it", ""]
+    if merged:
+        lines += ["```python", "from transformers import AutoModelForCausalLM, AutoTokenizer", "",
+                  'model = AutoModelForCausalLM.from_pretrained("PATH/TO/THIS/FOLDER")',
+                  'tokenizer = AutoTokenizer.from_pretrained("PATH/TO/THIS/FOLDER")', "```", ""]
+    else:
+        location = f"data/models/{base[len(EMBEDDED_PREFIX):]}" if base.startswith(EMBEDDED_PREFIX) else base
+        tokenizer = "PATH/TO/THIS/FOLDER" if has_tokenizer else location  # round-NNNN folders: the base's
+        lines += ["With pubswap-flwr installed (resolves `embedded:` base models):", "",
+                  "```python", "from pubswap_flwr.export import load_adapter_model", "",
+                  'model, tokenizer = load_adapter_model("PATH/TO/THIS/FOLDER")', "```", "",
+                  "With plain transformers + peft:", "",
+                  "```python", "from peft import PeftModel", "from transformers import AutoModelForCausalLM, "
+                  "AutoTokenizer", "",
+                  f'base = AutoModelForCausalLM.from_pretrained("{location}")',
+                  'model = PeftModel.from_pretrained(base, "PATH/TO/THIS/FOLDER")',
+                  f'tokenizer = AutoTokenizer.from_pretrained("{tokenizer}")', "```", "",
+                  "A standalone copy with the adapter merged in: `pubswap export RUN_DIR OUT --merged`.", ""]
+    return "\n".join(lines)
+
+
+# -- loading -------------------------------------------------------------------------------------------------------
+def adapter_folder(path: str | Path) -> Path:
+    """An adapter folder, or a run directory's final global adapter (adapters/final)."""
+    path = Path(path).expanduser()
+    if (path / ADAPTER_CONFIG).is_file():
+        return path
+    final = path / "adapters" / "final"
+    if (final / ADAPTER_CONFIG).is_file():
+        return final
+    if (path / "nodes").is_dir() and not (path / "adapters").is_dir():
+        raise ExportError(f"{path} has no global adapter (a sapo run keeps one model per node): export a node's, "
+                          f"e.g. {path / 'nodes' / 'partition-0' / 'adapter'}")
+    raise ExportError(f"{path} is neither an adapter folder (no {ADAPTER_CONFIG}) nor a run directory with "
+                      f"adapters/final/{ADAPTER_CONFIG}")
+
+
+def base_location(adapter_dir: Path) -> str:
+    """Where the adapter's base model loads from on this machine (`embedded:` names resolve to data/models)."""
+    config = json.loads((adapter_dir / ADAPTER_CONFIG).read_text())
+    from .policy.model import resolve_model
+
+    name = config.get("base_model_name_or_path")
+    if not isinstance(name, str) or not name:
+        raise ExportError(f"{adapter_dir / ADAPTER_CONFIG} names no base model (base_model_name_or_path)")
+    return resolve_model(name)
+
+
+def load_tokenizer_for(adapter_dir: Path, base: str):
+    """The tokenizer saved beside the adapter, else the base model's."""
+    from .policy.model import load_tokenizer
+
+    has_own = any((adapter_dir / name).is_file() for name in TOKENIZER_FILES)
+    return load_tokenizer(str(adapter_dir) if has_own else base)
+
+
+def load_adapter_model(path: str | Path, *, device: str = "cpu", dtype: str = "float32"):
+    """(PeftModel, tokenizer) for an adapter folder or a run directory, its base model resolved on this machine."""
+    from peft import PeftModel
+
+    from .policy.model import load_causal_lm
+
+    adapter_dir = adapter_folder(path)
+    base = base_location(adapter_dir)
+    model = PeftModel.from_pretrained(load_causal_lm(base, dtype, device), str(adapter_dir))
+    for config in model.peft_config.values():  # where the base was found here (peft re-reads it when saving)
+        config.base_model_name_or_path = base
+    model.eval()
+    return model, load_tokenizer_for(adapter_dir, base)
+
+
+# -- export --------------------------------------------------------------------------------------------------------
+def _summary_of(adapter_dir: Path) -> dict[str, Any]:
+    path = adapter_dir / SUMMARY_FILE
+    if path.is_file():
+        return json.loads(path.read_text())
+    config = json.loads((adapter_dir / ADAPTER_CONFIG).read_text())  # an adapter saved before cards existed
+    return {"project": PROJECT, "base_model": config.get("base_model_name_or_path", "?"), "mode": "?", "round": "?",
+            "rounds": "?", "seed": "?", "tasks": {"mix": "?"}, "metrics": {},
+            "lora": {"r": config.get("r"), "alpha": config.get("lora_alpha"), "targets": config.get("target_modules")},
+            "grpo": {}}
+
+
+def export(path: str | Path, out: str | Path, *, merged: bool = False, force: bool = False) -> Path:
+    """Write `out`: with `merged`, a standalone model (adapter merged into fp32 base weights, tokenizer, card) that
+    plain `AutoModelForCausalLM.from_pretrained(out)` loads; otherwise a copy of the adapter with tokenizer and card."""
+    adapter_dir = adapter_folder(path)
+    out = Path(out).expanduser()
+    source, target = adapter_dir.resolve(), out.resolve()
+    if target == source or target in source.parents or (out / "metrics.jsonl").exists():
+        raise ExportError(f"{out} holds a run or the adapter being exported; choose another folder")
+    if out.exists() and any(out.iterdir()):
+        if not force:
+            raise ExportError(f"{out} exists and is not empty; choose another folder or pass --force")
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    base = base_location(adapter_dir)
+    tokenizer = load_tokenizer_for(adapter_dir, base)
+    summary = _summary_of(adapter_dir)
+    if merged:
+        model, _ = load_adapter_model(adapter_dir)
+        model = model.merge_and_unload()
+        model.save_pretrained(str(out), safe_serialization=True)
+    else:
+        for name in ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin"):
+            if (adapter_dir / name).is_file():
+                shutil.copy2(adapter_dir / name, out / name)
+    tokenizer.save_pretrained(str(out))
+    write_card(out, summary, merged=merged)
+    return out
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from .policy.model import ModelError
+
+    try:
+        out = export(args.run, args.out, merged=args.merged, force=args.force)
+    except (ExportError, ModelError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"{'merged model' if args.merged else 'adapter'} written to {out}")
+    return 0
+
+
+def register(sub) -> None:
+    export_parser = sub.add_parser("export", help="write a run's final adapter, or a standalone merged model, to a "
+                                                  "folder (tokenizer and model card included)")
+    export_parser.add_argument("run", help="a run directory (its adapters/final) or an adapter folder")
+    export_parser.add_argument("out", help="the folder to write")
+    export_parser.add_argument("--merged", action="store_true",
+                               help="merge the adapter into the base weights: a standalone model that "
+                                    "AutoModelForCausalLM.from_pretrained(OUT) loads")
+    export_parser.add_argument("--force", action="store_true", help="replace a non-empty OUT")
+    export_parser.set_defaults(func=cmd_export)
