@@ -1,7 +1,9 @@
 """SAPO node groups: held-out results of the nodes that run each model (e.g. the weak nodes of a strong/weak swarm),
-per arm with 95% CIs over seeds, and paired against a baseline arm seed by seed. Reads metrics.jsonl only.
+or (`--split own-task`) of each node on the tasks it practises against the tasks only its peers practise, per arm
+with 95% CIs over seeds, and paired against a baseline arm seed by seed. Reads metrics.jsonl only.
 
     python scripts/node_groups.py docs/results/control-sapo-strong-weak/runs --baseline sapo-8-0
+    python scripts/node_groups.py docs/results/control-sapo-skills/runs --baseline sapo-8-0 --split own-task
 """
 
 from __future__ import annotations
@@ -29,15 +31,35 @@ def model_groups(rows: list[dict]) -> dict[str, dict[str, float]]:
     return {model: {m: sum(v) / len(v) for m, v in metrics.items()} for model, metrics in out.items()}
 
 
+def own_task_groups(rows: list[dict]) -> dict[str, dict[str, float]]:
+    """"own tasks" / "other tasks" -> metric -> mean over nodes (each node's mean over its own tasks, or over the
+    held-out tasks it does not train on), at the last round where nodes evaluated."""
+    tasks = {node: set(c["tasks"]) for row in rows for node, c in row.get("clients", {}).items()}
+    last = [r for r in rows if r.get("node_eval")][-1]
+    out: dict[str, dict[str, list[float]]] = {}
+    for node, evaluation in last["node_eval"].items():
+        per_task = evaluation["per_task"]
+        for name, chosen in (("own tasks", [t for t in per_task if t in tasks[node]]),
+                             ("other tasks", [t for t in per_task if t not in tasks[node]])):
+            for metric in METRICS:
+                values = [per_task[t][metric] for t in chosen if metric in per_task[t]]
+                if values:
+                    out.setdefault(name, {}).setdefault(metric, []).append(sum(values) / len(values))
+    return {name: {m: sum(v) / len(v) for m, v in metrics.items()} for name, metrics in out.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", help="a sweep's runs/ folder")
     parser.add_argument("--baseline", required=True, help="the arm others are paired against")
+    parser.add_argument("--split", choices=["model", "own-task"], default="model",
+                        help="group nodes by model (default), or each node's own tasks against the others'")
     args = parser.parse_args()
+    groups_of = model_groups if args.split == "model" else own_task_groups
     runs = []
     for run_dir in sorted(p for p in Path(args.runs).iterdir() if (p / "metrics.jsonl").is_file()):
         summary = summarize_run(run_dir)
-        for model, metrics in model_groups(summary.rows).items():
+        for model, metrics in groups_of(summary.rows).items():
             for metric, value in metrics.items():
                 summary.values[f"{model} {metric}"] = value
         runs.append(summary)
