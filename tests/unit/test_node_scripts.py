@@ -1,0 +1,50 @@
+"""scripts/node_groups.py (own tasks against peers' tasks) and scripts/node_health.py (collapsed nodes) on
+hand-made metrics rows."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _eval(sampled: float, per_task: dict[str, float]) -> dict:
+    return {"sampled_accuracy": sampled, "greedy_accuracy": sampled,
+            "per_task": {t: {"sampled_accuracy": v, "greedy_accuracy": v} for t, v in per_task.items()}}
+
+
+ROWS = [
+    {"round": 0, "node_eval": {"a": _eval(0.3, {"gcd": 0.4, "bits": 0.2}), "b": _eval(0.3, {"gcd": 0.4, "bits": 0.2})}},
+    {"round": 1, "clients": {"a": {"node_index": 0, "tasks": ["gcd"], "well_formed": 1.0, "rollout_reward": 0.5},
+                             "b": {"node_index": 1, "tasks": ["bits"], "well_formed": 0.4, "rollout_reward": 0.3}}},
+    {"round": 2, "node_eval": {"a": _eval(0.35, {"gcd": 0.6, "bits": 0.1}), "b": _eval(0.02, {"gcd": 0.0, "bits": 0.04})},
+     "clients": {"a": {"node_index": 0, "tasks": ["gcd"], "well_formed": 0.9, "rollout_reward": 0.6},
+                 "b": {"node_index": 1, "tasks": ["bits"], "well_formed": 0.1, "rollout_reward": 0.2}}},
+]
+
+
+def test_own_task_groups_average_each_nodes_own_and_other_tasks_at_the_last_evaluation():
+    groups = _script("node_groups").own_task_groups(ROWS)
+    # node a: own gcd 0.6, other bits 0.1; node b: own bits 0.04, other gcd 0.0
+    assert groups["own tasks"]["sampled_accuracy"] == pytest.approx((0.6 + 0.04) / 2)
+    assert groups["other tasks"]["sampled_accuracy"] == pytest.approx((0.1 + 0.0) / 2)
+
+
+def test_node_health_flags_the_node_whose_accuracy_fell_below_the_threshold():
+    health = _script("node_health")
+    nodes = health.node_rows(ROWS)
+    assert nodes[1]["well_formed"] == [(1, 0.4), (2, 0.1)]
+    assert nodes[0]["reward"][-1] == (2, 0.6)
+    assert health.collapse_round(nodes[1]["eval"], 0.05) == 2
+    assert health.collapse_round(nodes[0]["eval"], 0.05) is None
+    assert health.collapse_round([(0, 0.01, 0.0), (10, 0.0, 0.0)], 0.05) is None  # never above: not a collapse
