@@ -177,6 +177,10 @@ class StrategyConfig:
     clip_norm: float = opt(0.0, between(0, 1e6), "clip each client's update norm before aggregating (0 = off)")
     dp_noise_multiplier: float = opt(0.0, between(0, 1000), "central DP: Gaussian noise std = this x clip-norm / "
                                      "clients (0 = off; needs clip-norm > 0 and aggregation mean)")
+    compression: str = opt("none", one_of("none", "int8", "int4"),
+                           "adapters on the wire: none (fp16 tensors); int8 / int4: blockwise-quantized deltas against "
+                           "the last global, with error feedback, both directions (not sapo: it sends no adapters)")
+    compression_block: int = opt(64, between(1, 65536), "values per fp16 scale with strategy.compression")
 
 
 @dataclass(frozen=True)
@@ -294,6 +298,9 @@ class ExperimentConfig:
         if self.strategy.dp_noise_multiplier > 0 and (self.strategy.clip_norm <= 0 or self.strategy.aggregation != "mean"):
             raise ConfigError("strategy.dp-noise-multiplier > 0 needs strategy.clip-norm > 0 and "
                               "strategy.aggregation = 'mean'")
+        if self.strategy.compression != "none" and self.strategy.mode == "sapo":
+            raise ConfigError(f"strategy.compression = {self.strategy.compression!r} compresses adapters; sapo mode "
+                              "sends none (only rollouts), so leave it at 'none'")
         if self.strategy.aggregation != "mean" and self.strategy.mode == "sapo":
             raise ConfigError("strategy.aggregation applies to adapter averaging; sapo mode averages nothing")
         if self.strategy.aggregation == "trimmed-mean":

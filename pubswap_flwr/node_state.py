@@ -12,7 +12,9 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
+from safetensors.numpy import load_file as load_numpy, save_file as save_numpy
 from safetensors.torch import load_file, save_file
 
 from .config import ExperimentConfig
@@ -26,6 +28,9 @@ REFERENCE_FILE = "proximal-reference.safetensors"  # FedProx: the last global ad
 OPTIMIZER_FILE = "optimizer.pt"
 ROUND_START_DIR = "round-start"
 FILES = (STATE_FILE, ADAPTER_FILE, OPTIMIZER_FILE)
+GLOBAL_FILE = "global.safetensors"  # strategy.compression: the global the node holds (the base of deltas)
+RESIDUAL_FILE = "residual.safetensors"  # strategy.compression: what quantization lost (error feedback)
+OPTIONAL_FILES = (GLOBAL_FILE, RESIDUAL_FILE)  # in the round-start snapshot when present
 
 
 @dataclass(frozen=True)
@@ -155,6 +160,16 @@ class NodeStore:
         path = self.directory / REFERENCE_FILE
         return load_file(str(path)) if path.is_file() else None
 
+    def save_arrays(self, name: str, arrays: dict[str, np.ndarray]) -> None:
+        """float32 arrays under `name` in the state dir, written atomically (compression's global and residual)."""
+        tmp = self.directory / f".{name}.tmp"
+        save_numpy({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in arrays.items()}, str(tmp))
+        os.replace(tmp, self.directory / name)
+
+    def load_arrays(self, name: str) -> dict[str, np.ndarray] | None:
+        path = self.directory / name
+        return load_numpy(str(path)) if path.is_file() else None
+
     def has_round_start(self, round_number: int) -> bool:
         marker = self.directory / ROUND_START_DIR / "round"
         return marker.is_file() and int(marker.read_text()) == round_number
@@ -165,6 +180,11 @@ class NodeStore:
         for name in FILES:
             if (snapshot / name).is_file():
                 shutil.copy2(snapshot / name, self.directory / name)
+        for name in OPTIONAL_FILES:
+            if (snapshot / name).is_file():
+                shutil.copy2(snapshot / name, self.directory / name)
+            elif (self.directory / name).is_file():
+                (self.directory / name).unlink()
 
     def snapshot_round_start(self, round_number: int) -> None:
         """Copy the saved state as round `round_number`'s starting point (swapped in whole)."""
@@ -175,6 +195,9 @@ class NodeStore:
         tmp.mkdir()
         for name in FILES:
             shutil.copy2(self.directory / name, tmp / name)
+        for name in OPTIONAL_FILES:
+            if (self.directory / name).is_file():
+                shutil.copy2(self.directory / name, tmp / name)
         (tmp / "round").write_text(str(round_number))
         if snapshot.exists():
             shutil.rmtree(snapshot)

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from .compression import Codec, CodecError, Quantized
 from .sapo import Packet
 from .tasks import TaskItem
 from .tasks.verifiers import VERIFIERS
@@ -53,6 +54,17 @@ def check_adapter(adapter: Adapter, reference: Adapter) -> Adapter:
             raise Rejected(f"adapter tensor {key} has NaN or Inf values")
         out[key] = value.astype(np.float32)
     return out
+
+
+def check_compressed(quantized: Quantized, reference: Adapter, codec: Codec) -> Adapter:
+    """A compressed reply decoded against the global adapter it is a delta of: scales finite, >= 0 and bounded,
+    one per block of the reference's tensors, codes in range and as many as the reference has values; the result
+    then passes check_adapter. Returns fp32 reference + delta."""
+    try:
+        delta = codec.decode(quantized, reference)
+    except CodecError as err:
+        raise Rejected(f"compressed adapter ({codec.scheme}, block {codec.block}): {err}") from None
+    return check_adapter({k: reference[k].astype(np.float32) + delta[k] for k in reference}, reference)
 
 
 def check_weight(weight: Any) -> float:

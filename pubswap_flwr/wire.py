@@ -15,6 +15,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 ADAPTER_KEY = "adapter"
+QUANTIZED_KEY = "adapter-q"  # strategy.compression: an adapter delta as blockwise codes and scales
 CONFIG_KEY = "config"
 METRICS_KEY = "metrics"
 PAYLOAD_KEY = "payload"
@@ -59,6 +60,19 @@ def adapter_from_record(record: ArrayRecord) -> dict[str, np.ndarray]:
             raise WireError(f"adapter tensor {key!r} has dtype {value.dtype}, expected floating point")
         out[key] = value
     return out
+
+
+def quantized_record(codes: np.ndarray, scales: np.ndarray) -> ArrayRecord:
+    """A compressed adapter delta: its `codes` (int8, or uint8 int4 pairs) and fp16 `scales`, both flat."""
+    return ArrayRecord({"codes": Array(np.ascontiguousarray(codes)), "scales": Array(np.ascontiguousarray(scales))})
+
+
+def quantized_from_record(record: ArrayRecord) -> tuple[np.ndarray, np.ndarray]:
+    """(codes, scales) of a compressed delta record: exactly those two arrays, read as their .npy headers allow
+    (dtypes, sizes and values are checked against the reference adapter by the codec)."""
+    if set(record.keys()) != {"codes", "scales"}:
+        raise WireError(f"a compressed adapter holds arrays 'codes' and 'scales', got {sorted(record.keys())[:4]}")
+    return _checked_numpy("codes", record["codes"]), _checked_numpy("scales", record["scales"])
 
 
 def payload_record(obj: Any) -> ConfigRecord:

@@ -16,12 +16,14 @@ import numpy as np
 from flwr.app import Message, RecordDict
 
 from ..aggregate import aggregate, mean_pairwise_l2
+from ..compression import Broadcast, Codec, Quantized
 from ..config import ExperimentConfig
 from ..policy import from_wire, to_wire
 from ..validate import Rejected, check_adapter, check_weight
 from ..wire import CONFIG_KEY
 from .base import (Adapter, ClientReport, ClientWork, Header, Instruction, RoundContext, ServerProtocol, adapter_of,
                    log, read_reply, records, reply_records)
+from .transfer import Downlink, checked_upload, codec_of, downlink_for, put_quantized, receive_global, upload
 
 
 # -- messages ------------------------------------------------------------------------------------------------------
@@ -29,19 +31,23 @@ from .base import (Adapter, ClientReport, ClientWork, Header, Instruction, Round
 class LocalRound(Instruction):
     message_type: ClassVar[str] = "train.local_round"
     header: Header
-    adapter: Adapter
+    adapter: Adapter | None  # None only when `downlink` carries the global as a delta
     local_steps: int
+    downlink: Downlink | None = None  # strategy.compression
 
     def to_record(self) -> RecordDict:
-        return records({**self.header.to_config(), "local-steps": self.local_steps}, adapter=self.adapter)
+        extra = self.downlink.config() if self.downlink is not None else {}
+        content = records({**self.header.to_config(), "local-steps": self.local_steps, **extra}, adapter=self.adapter)
+        return put_quantized(content, self.downlink.delta if self.downlink is not None else None)
 
     @classmethod
     def from_record(cls, content: RecordDict) -> "LocalRound":
         config = content[CONFIG_KEY]
         adapter = adapter_of(content)
-        if adapter is None:
+        downlink = Downlink.read(config, content)
+        if adapter is None and (downlink is None or downlink.delta is None):
             raise ValueError("a local round needs the global adapter")
-        return cls(Header.from_config(config), adapter, int(config["local-steps"]))
+        return cls(Header.from_config(config), adapter, int(config["local-steps"]), downlink)
 
 
 @dataclass(frozen=True)
@@ -49,19 +55,24 @@ class AdapterReply:
     """The client's adapter after its local steps (fedavg/fedprox; pubswap's last segment adds it too)."""
 
     report: ClientReport
-    adapter: Adapter
+    adapter: Adapter | Quantized  # Quantized: strategy.compression's delta against the global the node holds
 
     def to_record(self) -> RecordDict:
+        if isinstance(self.adapter, Quantized):
+            return put_quantized(reply_records(self.report), self.adapter)
         return reply_records(self.report, adapter=self.adapter)
 
     @classmethod
-    def from_message(cls, message: Message, reference: Adapter) -> "AdapterReply":
+    def from_message(cls, message: Message, reference: Adapter, codec: Codec | None = None) -> "AdapterReply":
         _, _, report = read_reply(message)
-        return cls(report, checked_adapter(message.content, reference))
+        return cls(report, checked_adapter(message.content, reference, codec))
 
 
-def checked_adapter(content: RecordDict, reference: Adapter) -> Adapter:
-    """The reply's adapter as fp32 after key, shape and finiteness checks against the global adapter."""
+def checked_adapter(content: RecordDict, reference: Adapter, codec: Codec | None = None) -> Adapter:
+    """The reply's adapter as fp32 after key, shape and finiteness checks against the global adapter (with
+    compression: decoded as a delta against `reference`, the global the node was sent, and checked)."""
+    if codec is not None:
+        return checked_upload(content, reference, codec)
     adapter = adapter_of(content)
     if adapter is None:
         raise Rejected("reply has no adapter")
@@ -70,11 +81,12 @@ def checked_adapter(content: RecordDict, reference: Adapter) -> Adapter:
 
 # -- server --------------------------------------------------------------------------------------------------------
 def aggregate_adapters(ctx: RoundContext, cfg: ExperimentConfig, master: Adapter, adapters: dict[int, Adapter],
-                       expected: dict[int, float]) -> Adapter:
+                       expected: dict[int, float], base: Adapter | None = None) -> Adapter:
     """The new global adapter from the round's valid adapters, each weighted by the examples its client reported
     over the round but never more than the server asked it for (`expected`: steps x prompts x K), so no claim can
     take the average over; a client with no valid weight is dropped; `master` is kept when fewer than
-    min-clients remain."""
+    min-clients remain. `base` is the global the clients started from (update clipping measures from it; default
+    `master`)."""
     started = time.perf_counter()
     valid: dict[int, tuple[Adapter, float]] = {}
     for node in ctx.exchange.ordered(adapters):
@@ -94,7 +106,8 @@ def aggregate_adapters(ctx: RoundContext, cfg: ExperimentConfig, master: Adapter
         chosen = [a for a, _ in valid.values()]
         ctx.log.extra["parameter_drift"] = mean_pairwise_l2(chosen)
         master = aggregate(chosen, [w for _, w in valid.values()], method=s.aggregation,
-                           trim_fraction=s.trim_fraction, reference=master, clip_norm=s.clip_norm,
+                           trim_fraction=s.trim_fraction,
+                           reference=master if base is None else base, clip_norm=s.clip_norm,
                            noise_multiplier=s.dp_noise_multiplier, rng=np.random.default_rng([cfg.seed, ctx.number]))
         ctx.log.extra["aggregated"] = True
     ctx.log.extra["aggregated_clients"] = sorted(valid)
@@ -103,12 +116,20 @@ def aggregate_adapters(ctx: RoundContext, cfg: ExperimentConfig, master: Adapter
 
 
 class FedAvgProtocol(ServerProtocol):
+    def __init__(self, cfg: ExperimentConfig, public=None):
+        super().__init__(cfg, public)
+        codec = codec_of(cfg)
+        self.broadcast = Broadcast(codec) if codec is not None else None  # strategy.compression's downlink
+
     def describe(self) -> str:
         return f"tau={self.cfg.train.local_steps}"
 
     def run_round(self, ctx: RoundContext) -> None:
         assert self.master is not None
         nodes = ctx.exchange.select(ctx.number)
+        if self.broadcast is not None:
+            self.run_compressed_round(ctx, nodes)
+            return
         instruction = LocalRound(ctx.header(round_start=True), self.master, self.cfg.train.local_steps)
         master = self.master
         result = ctx.exchange.send([instruction.to_message(n) for n in nodes],
@@ -118,6 +139,26 @@ class FedAvgProtocol(ServerProtocol):
         expected = {n: float(t.local_steps * t.prompts_per_step * t.completions_per_prompt) for n in nodes}
         self.master = aggregate_adapters(ctx, self.cfg, self.master, {n: r.adapter for n, r in result.replies.items()},
                                          expected)
+
+    def run_compressed_round(self, ctx: RoundContext, nodes: list[int]) -> None:
+        """As run_round, with the global sent as a quantized delta (or whole to nodes that missed the last one) and
+        the replies decoded against it."""
+        broadcast = self.broadcast
+        assert broadcast is not None and self.master is not None
+        broadcast.advance(self.master)
+        sent, codec = broadcast.current, broadcast.codec
+        messages = []
+        for node in nodes:
+            whole, downlink = downlink_for(broadcast, node)
+            messages.append(LocalRound(ctx.header(round_start=True), whole, self.cfg.train.local_steps,
+                                       downlink).to_message(node))
+        result = ctx.exchange.send(messages, lambda node, reply: AdapterReply.from_message(reply, sent, codec))
+        broadcast.confirm(result.replies)
+        ctx.log.absorb(result)
+        t = self.cfg.train
+        expected = {n: float(t.local_steps * t.prompts_per_step * t.completions_per_prompt) for n in nodes}
+        self.master = aggregate_adapters(ctx, self.cfg, self.master, {n: r.adapter for n, r in result.replies.items()},
+                                         expected, base=sent)
 
 
 class FedProxProtocol(FedAvgProtocol):
@@ -135,9 +176,16 @@ class FedProxProtocol(FedAvgProtocol):
 def local_round(work: ClientWork) -> RecordDict:
     """Load the global adapter, run tau private GRPO steps, reply the adapter."""
     message = LocalRound.from_record(work.message.content)
-    work.learner.receive_global(from_wire(message.adapter))
+    codec = codec_of(work.cfg)
+    if codec is None:
+        work.learner.receive_global(from_wire(message.adapter))
+    else:
+        if message.downlink is None:
+            raise ValueError(f"strategy.compression = {codec.scheme!r}, but the message's global is not compressed")
+        work.learner.receive_global(receive_global(work, message.adapter, message.downlink, codec))
     work.learner.private_steps(message.local_steps, work.report)
-    return AdapterReply(work.client_report(), to_wire(work.learner.policy.adapter())).to_record()
+    adapter = to_wire(work.learner.policy.adapter()) if codec is None else upload(work, codec)
+    return AdapterReply(work.client_report(), adapter).to_record()
 
 
 HANDLERS = {LocalRound.message_type: local_round}

@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 import numpy as np
 from flwr.app import Message, RecordDict
 
+from ..compression import Broadcast, Codec, Quantized
 from ..config import ExperimentConfig
 from ..policy import from_wire, to_wire
 from ..rollouts import Completion, RolloutGroup
@@ -33,6 +34,7 @@ from ..wire import CONFIG_KEY
 from .base import (Adapter, ClientReport, ClientWork, Header, Instruction, RoundContext, ServerProtocol, adapter_of,
                    payload_of, read_reply, record_scoring, records, reply_records)
 from .fedavg import aggregate_adapters, checked_adapter
+from .transfer import Downlink, codec_of, downlink_for, put_quantized, receive_global, upload
 
 Scored = dict[str, list[tuple[str, float]]]  # public prompt id -> (response text, server's reward)
 
@@ -79,15 +81,18 @@ class Segment(Instruction):
     final: bool
     adapter: Adapter | None = None  # segment 0: the global adapter
     response_sets: dict[str, tuple[SwapEntry, ...]] | None = None  # the pending public step's sets
+    downlink: Downlink | None = None  # segment 0 with strategy.compression (then `adapter` may be None)
 
     def to_record(self) -> RecordDict:
         config = {**self.header.to_config(), "private-steps": self.private_steps,
-                  "public-uids": "\n".join(self.public_uids), "k": self.k, "final": self.final}
+                  "public-uids": "\n".join(self.public_uids), "k": self.k, "final": self.final,
+                  **(self.downlink.config() if self.downlink is not None else {})}
         payload = None
         if self.response_sets is not None:
             payload = {"response-sets": {uid: [e.to_dict() for e in entries]
                                          for uid, entries in self.response_sets.items()}}
-        return records(config, adapter=self.adapter, payload=payload)
+        return put_quantized(records(config, adapter=self.adapter, payload=payload),
+                             self.downlink.delta if self.downlink is not None else None)
 
     @classmethod
     def from_record(cls, content: RecordDict) -> "Segment":
@@ -100,7 +105,7 @@ class Segment(Instruction):
             raise ValueError(f"malformed response sets: {type(err).__name__}: {err}") from None
         return cls(Header.from_config(config), int(config.get("private-steps", 0)),
                    tuple(u for u in str(config.get("public-uids", "")).split("\n") if u), int(config["k"]),
-                   bool(config.get("final", False)), adapter_of(content), response_sets)
+                   bool(config.get("final", False)), adapter_of(content), response_sets, Downlink.read(config, content))
 
 
 @dataclass(frozen=True)
@@ -110,17 +115,19 @@ class SegmentReply:
 
     report: ClientReport
     responses: dict[str, list[str]] | Scored
-    adapter: Adapter | None = None
+    adapter: Adapter | Quantized | None = None  # Quantized: strategy.compression's delta
     modal: dict[str, str | None] = field(default_factory=dict)  # server side: each prompt's most frequent answer
 
     def to_record(self) -> RecordDict:
         payload = {"responses": self.responses} if self.responses else None
+        if isinstance(self.adapter, Quantized):
+            return put_quantized(reply_records(self.report, payload=payload), self.adapter)
         return reply_records(self.report, payload=payload, adapter=self.adapter)
 
     @classmethod
     def from_message(cls, message: Message, uids: list[str], k: int, limits: Limits, public,
                      reference: Adapter | None, score=score_completion,
-                     partial_credit: bool = True) -> "SegmentReply":
+                     partial_credit: bool = True, codec: Codec | None = None) -> "SegmentReply":
         """Decode and check a client's reply, scoring its responses with the server's verifier (`score`, under
         the client's scoring budget in a round; graded or 0/1 rewards as `tasks.partial-credit` says)."""
         _, payload, report = read_reply(message)
@@ -131,7 +138,7 @@ class SegmentReply:
             scored = {uid: [(t, training_reward(score(t, public.get(uid), max_chars=limit).reward, partial_credit))
                             for t in texts[uid]]
                       for uid in uids}
-        adapter = checked_adapter(message.content, reference) if reference is not None else None
+        adapter = checked_adapter(message.content, reference, codec) if reference is not None else None
         modal = {uid: Counter(extract_answer(t) for t in texts).most_common(1)[0][0]
                  for uid, texts in (texts.items() if uids else ())}
         return cls(report, scored, adapter, modal)
@@ -141,6 +148,8 @@ class SegmentReply:
 class PubSwapProtocol(ServerProtocol):
     def __init__(self, cfg: ExperimentConfig, public=None):
         super().__init__(cfg, public)
+        codec = codec_of(cfg)
+        self.broadcast = Broadcast(codec) if codec is not None else None  # strategy.compression's downlink
         self.public_cursor = 0
         self.limits = Limits(max_completion_chars=cfg.generation.max_completion_chars)
 
@@ -188,6 +197,10 @@ class PubSwapProtocol(ServerProtocol):
         t = self.cfg.train
         expected = {node: 0.0 for node in active}  # completions the server asks each client to train on
         budget = ScoringBudget(self.limits.score_seconds, self.limits.sender_scoring_seconds)
+        codec = None
+        if self.broadcast is not None:  # compression: the global as a delta, replies decoded against what was sent
+            self.broadcast.advance(master)
+            master, codec = self.broadcast.current, self.broadcast.codec
         for segment in range(len(positions) + 1):
             is_final = segment == len(positions)
             next_public = positions[segment] if not is_final else self.cfg.train.local_steps + 1
@@ -196,11 +209,13 @@ class PubSwapProtocol(ServerProtocol):
                 expected[node] += (next_public - previous - 1) * t.prompts_per_step * t.completions_per_prompt + public
             uids = [] if is_final else self.next_public_uids()
             messages = [Segment(ctx.header(round_start=segment == 0), next_public - previous - 1, tuple(uids), k,
-                                is_final, master if segment == 0 else None, pending_sets.get(node)).to_message(node)
-                        for node in active]
+                                is_final, *self.global_for(node, master, segment, pending_sets.get(node)))
+                        .to_message(node) for node in active]
             result = ctx.exchange.send(messages, lambda node, reply: SegmentReply.from_message(
                 reply, uids, k, self.limits, self.public, master if is_final else None, partial(budget.score, node),
-                self.cfg.tasks.partial_credit))
+                self.cfg.tasks.partial_credit, codec))
+            if segment == 0 and self.broadcast is not None:
+                self.broadcast.confirm(result.replies)
             ctx.log.absorb(result)
             active = [n for n in active if n in result.replies]
             if is_final:
@@ -214,9 +229,19 @@ class PubSwapProtocol(ServerProtocol):
             ctx.log.server_seconds += time.perf_counter() - started
             previous = next_public
         self.master = aggregate_adapters(ctx, self.cfg, self.master,
-                                         {n: r.adapter for n, r in final_replies.items()}, expected)
+                                         {n: r.adapter for n, r in final_replies.items()}, expected, base=master)
         ctx.log.extra["swap"] = summarise_public_steps(ctx.log.extra["public_steps"])
         record_scoring(ctx, budget)
+
+    def global_for(self, node: int, master: Adapter, segment: int, sets: dict | None) -> tuple:
+        """Segment's last fields for `node`: (the global adapter, the response sets, the compressed downlink); only
+        segment 0 carries the global."""
+        if segment != 0:
+            return None, sets, None
+        if self.broadcast is None:
+            return master, sets, None
+        whole, downlink = downlink_for(self.broadcast, node)
+        return whole, sets, downlink
 
     def swap(self, ctx: RoundContext, responses: dict[int, Scored], uids: list[str], k: int, segment: int,
              modal: dict[int, dict[str, str | None]]) -> tuple[dict[int, dict], dict]:
@@ -326,13 +351,20 @@ def segment(work: ClientWork) -> RecordDict:
     """[load the global adapter] [public step on the sent sets] private steps [K responses to the next public
     prompts] [last segment: the adapter]."""
     message = Segment.from_record(work.message.content)
-    if message.adapter is not None:
+    codec = codec_of(work.cfg)
+    if codec is not None and message.header.round_start:
+        if message.downlink is None:
+            raise ValueError(f"strategy.compression = {codec.scheme!r}, but the message's global is not compressed")
+        work.learner.receive_global(receive_global(work, message.adapter, message.downlink, codec))
+    elif message.adapter is not None:
         work.learner.receive_global(from_wire(message.adapter))
     if message.response_sets is not None:
         public_update(work, message.response_sets)
     work.learner.private_steps(message.private_steps, work.report)
     responses = public_generate(work, message.public_uids, message.k) if message.public_uids else {}
-    adapter = to_wire(work.learner.policy.adapter()) if message.final else None
+    adapter = None
+    if message.final:
+        adapter = to_wire(work.learner.policy.adapter()) if codec is None else upload(work, codec)
     return SegmentReply(work.client_report(), responses, adapter).to_record()
 
 

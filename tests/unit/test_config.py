@@ -318,6 +318,7 @@ def test_pubswap_tau_swap_must_not_exceed_local_steps():
     ({"sapo.local": 9, "sapo.questions": 8, "sapo.sharing": "fixed"}, r"sapo.local = 9 exceeds sapo.questions = 8"),
     ({"sapo.share": 9, "sapo.questions": 8, "sapo.sharing": "fixed"}, r"sapo.share = 9 exceeds sapo.questions = 8"),
     ({"strategy.aggregation": "median"}, r"strategy.aggregation applies to adapter averaging"),
+    ({"strategy.compression": "int8"}, r"strategy.compression = 'int8' compresses adapters; sapo mode sends none"),
 ])
 def test_sapo_cross_checks(flat, match):
     with pytest.raises(ConfigError, match=match):

@@ -1,0 +1,118 @@
+"""Adapters on the wire under strategy.compression: the server's quantized downlink and the nodes' error-feedback uplink.
+
+Downlink: a node that confirmed the previous global gets the new one as a quantized delta against it (`Downlink`
+names both by SHA-256, and the node checks them); any other node gets it whole in fp16. Uplink: the node sends
+adapter − global + residual quantized, and keeps what was lost as its new residual in its state dir.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from flwr.app import ConfigRecord, RecordDict
+
+from ..compression import Broadcast, Codec, CodecError, Quantized, apply_delta, fingerprint
+from ..config import ExperimentConfig
+from ..node_state import GLOBAL_FILE, RESIDUAL_FILE
+from ..validate import Rejected, check_compressed
+from ..wire import QUANTIZED_KEY, quantized_from_record, quantized_record
+from .base import Adapter, ClientWork
+
+SHA_KEY, BASE_KEY = "adapter-sha", "adapter-base"
+
+
+def codec_of(cfg: ExperimentConfig) -> Codec | None:
+    s = cfg.strategy
+    return None if s.compression == "none" else Codec(s.compression, s.compression_block)
+
+
+def quantized_of(content: RecordDict) -> Quantized | None:
+    if QUANTIZED_KEY not in content:
+        return None
+    codes, scales = quantized_from_record(content[QUANTIZED_KEY])
+    return Quantized(codes, scales)
+
+
+def put_quantized(content: RecordDict, quantized: Quantized | None) -> RecordDict:
+    if quantized is not None:
+        content[QUANTIZED_KEY] = quantized_record(quantized.codes, quantized.scales)
+    return content
+
+
+@dataclass(frozen=True)
+class Downlink:
+    """With compression: `sha` of the global this message carries, and, when it carries a delta, the `base` global
+    it is a delta against (the message's adapter record is then absent)."""
+
+    sha: str
+    base: str = ""
+    delta: Quantized | None = None
+
+    def config(self) -> dict:
+        return {SHA_KEY: self.sha, BASE_KEY: self.base}
+
+    @classmethod
+    def read(cls, config: ConfigRecord, content: RecordDict) -> "Downlink | None":
+        if SHA_KEY not in config:
+            return None
+        delta = quantized_of(content)
+        base = str(config.get(BASE_KEY, ""))
+        if (delta is None) != (base == ""):
+            raise ValueError("a compressed global names a base exactly when it carries a delta")
+        return cls(str(config[SHA_KEY]), base, delta)
+
+
+def downlink_for(broadcast: Broadcast, node: int) -> tuple[Adapter | None, Downlink]:
+    """(the whole global or None, its Downlink) for `node` this round."""
+    if broadcast.sends_delta(node):
+        return None, Downlink(broadcast.current_sha, broadcast.previous_sha, broadcast.delta)
+    assert broadcast.current is not None
+    return broadcast.current, Downlink(broadcast.current_sha)
+
+
+def receive_global(work: ClientWork, whole: Adapter | None, downlink: Downlink, codec: Codec) -> dict[str, torch.Tensor]:
+    """The global adapter of a compressed message, decoded against the global this node holds and checked against
+    the server's SHA-256; kept in the state dir as the base of the next deltas both ways."""
+    store = work.learner.store
+    if downlink.delta is not None:
+        held = store.load_arrays(GLOBAL_FILE)
+        held_sha = fingerprint(held) if held is not None else "none"
+        if held_sha != downlink.base:
+            raise ValueError(f"the global adapter is a delta against {downlink.base[:12]}, but this node holds "
+                             f"{held_sha[:12]}; it gets the whole global next round")
+        try:
+            new = apply_delta(held, codec.decode(downlink.delta, held))
+        except CodecError as err:
+            raise ValueError(f"compressed global adapter: {err}") from None
+    elif whole is not None:
+        new = {k: np.asarray(v, dtype=np.float32) for k, v in whole.items()}
+    else:
+        raise ValueError("the message carries no global adapter")
+    if fingerprint(new) != downlink.sha:
+        raise ValueError(f"decoded global adapter {fingerprint(new)[:12]} differs from the server's "
+                         f"{downlink.sha[:12]}")
+    store.save_arrays(GLOBAL_FILE, new)
+    return {k: torch.from_numpy(v.copy()) for k, v in new.items()}
+
+
+def upload(work: ClientWork, codec: Codec) -> Quantized:
+    """This node's adapter as a quantized delta against the global it holds, with error feedback."""
+    store = work.learner.store
+    base = store.load_arrays(GLOBAL_FILE)
+    if base is None:
+        raise ValueError("strategy.compression: this node holds no global adapter to send a delta against")
+    current = {k: v.detach().to(torch.float32).cpu().numpy() for k, v in work.learner.policy.adapter().items()}
+    quantized, _, residual = codec.compress({k: current[k] - base[k] for k in base}, store.load_arrays(RESIDUAL_FILE))
+    store.save_arrays(RESIDUAL_FILE, residual)
+    return quantized
+
+
+def checked_upload(content: RecordDict, reference: Adapter, codec: Codec) -> Adapter:
+    """A compressed reply's adapter: reference + its delta, checked like any adapter (validate.check_compressed)."""
+    quantized = quantized_of(content)
+    if quantized is None:
+        raise Rejected(f"reply has no compressed adapter (strategy.compression = {codec.scheme})")
+    return check_compressed(quantized, reference, codec)
+
