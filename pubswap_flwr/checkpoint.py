@@ -249,10 +249,15 @@ def check_adapter(saved: ServerCheckpoint, model_adapter: Mapping[str, Any]) -> 
                          {k: tuple(np.shape(v)) for k, v in model_adapter.items()})
 
 
+# keys whose default changed after they were added: a checkpoint written before they existed ran with these values
+FIRST_DEFAULTS = {"tasks.partial-credit": True}
+
+
 def check_compatible(checkpoint: ServerCheckpoint, cfg: ExperimentConfig) -> None:
     """A resumed run must use the checkpointed config (only the round count may grow)."""
     now = cfg.to_flat()
-    defaults = ExperimentConfig().to_flat()  # a key added after the checkpoint was written had its default then
+    # a key added after the checkpoint was written had its first default then
+    defaults = {**ExperimentConfig().to_flat(), **FIRST_DEFAULTS}
     changed = sorted(k for k in set(now) | set(checkpoint.config)
                      if k not in RESUMABLE_CHANGES and now.get(k) != checkpoint.config.get(k, defaults.get(k)))
     if changed:

@@ -140,9 +140,11 @@ class TasksConfig:
     data_paths: str = opt("", doc="simulation: comma-separated JSONL/parquet files assigned to partitions round "
                                "robin (deployment: node-config data-path)")
     data_format: str = opt("generic", doc="row format of node data files")
-    partial_credit: bool = opt(True, doc="train on the verifiers' graded rewards (reasoning-gym gives a wrong answer "
-                                         "that contains the right one len(right)/len(answer)); false: reward 1 when "
-                                         "correct, else 0 (held-out metrics are unchanged)")
+    partial_credit: bool = opt(False, doc="train on the verifiers' graded rewards (reasoning-gym pays a wrong answer "
+                                          "that contains the right one len(right)/len(answer), and spell_backward a "
+                                          "right prefix followed by junk); false: reward 1 when correct, else 0 (the "
+                                          "default since graded rewards let a node's answers rot, docs/results/README.md; "
+                                          "held-out metrics are unchanged)")
 
 
 @dataclass(frozen=True)

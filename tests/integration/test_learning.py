@@ -25,5 +25,6 @@ def test_local_grpo_raises_held_out_sampled_reward(tmp_path):
     node.private_steps(40, report)
     after = evaluate(node.policy, held_out, seed=0)
     assert len(report.steps) == 40 and report.num_examples == 40 * 8 * 8
-    # Measured on this machine: 0.351 -> 0.410 for seed 0 (seeds 1-3: +0.028, +0.082, +0.074).
+    # Measured on this machine with graded training rewards (the default then): 0.351 -> 0.410 for seed 0 (seeds
+    # 1-3: +0.028, +0.082, +0.074); it also passes with the 0/1 rewards that are the default now.
     assert after["sampled_reward"] >= before["sampled_reward"] + 0.02, (before, after)

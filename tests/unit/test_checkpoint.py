@@ -312,3 +312,15 @@ def test_a_run_resumed_from_a_corrupt_checkpoint_repeats_the_uninterrupted_metri
     assert comparable(full) == comparable(cut)
     assert json.loads((tmp_path / "cut" / "status.json").read_text())["status"] == "completed"
     assert checkpoint.load(tmp_path / "cut").round == 3
+
+
+def test_a_checkpoint_older_than_a_key_resumes_only_with_that_keys_first_default():
+    """tasks.partial-credit was added with default true and later defaulted to false: a checkpoint written before the
+    key existed trained on graded rewards, so it resumes with true and is refused with the new default."""
+    from pubswap_flwr.config import ConfigError
+
+    old = {k: v for k, v in FEDAVG.items() if k != "tasks.partial-credit"}
+    saved_old = checkpoint.ServerCheckpoint(1, old)
+    checkpoint.check_compatible(saved_old, ExperimentConfig.from_flat({**old, "tasks.partial-credit": True}))
+    with pytest.raises(ConfigError, match="changed keys: tasks.partial-credit"):
+        checkpoint.check_compatible(saved_old, ExperimentConfig.from_flat(old))
