@@ -55,7 +55,8 @@ def _forge_public(msg, context, reply):
 
 def test_forged_and_malformed_public_responses(tmp_path):
     config = {**TINY, "strategy.mode": "pubswap", "num-server-rounds": 2, "train.local-steps": 2,
-              "pubswap.tau-swap": 2, "pubswap.public-prompts": 3, "output.dir": str(tmp_path), "run-name": "forged"}
+              "pubswap.tau-swap": 2, "pubswap.public-prompts": 3, "output.dir": str(tmp_path), "run-name": "forged",
+              "tasks.partial-credit": True}  # graded: the server's own score of the forged answers is not 0 or 1
     simulate(config, 4, reply_hook=_forge_public)
     public = task_universe(ExperimentConfig.from_flat(config)).public
     rows = read_metrics(tmp_path / "forged")
