@@ -13,6 +13,9 @@ from .exchange import ExchangeResult
 log = logging.getLogger("pubswap_flwr")
 
 
+WELL_FORMED_WARNING = 0.8  # below this share of well-formed own samples a client is warned about
+
+
 @dataclass
 class RoundLog:
     number: int
@@ -73,6 +76,19 @@ class RoundLog:
             row["total_steps"] = float(report.total_steps)
             row["model"] = report.model
             row["tasks"] = report.tasks
+
+    def warn_broken_formats(self, threshold: float = WELL_FORMED_WARNING) -> list[int]:
+        """Log a warning for each client whose own samples this round kept the answer format less often than
+        `threshold` (the first sign of a collapse, docs/results/README.md); returns those node ids."""
+        broken = []
+        for node, (formed, sampled) in sorted(self.shape_totals.items()):
+            if sampled and formed / sampled < threshold and node not in self.dropped:
+                broken.append(node)
+                log.warning("round %d: client %d (node index %s) kept the <answer>...</answer> format in only %d of "
+                            "its %d samples (%.0f%%): its answers may be breaking down; a learning rate too high for "
+                            "the model does this", self.number, node, self.clients.get(node, {}).get("node_index"),
+                            formed, sampled, 100 * formed / sampled)
+        return broken
 
     def drop(self, node: int, reason: str) -> None:
         self.dropped[node] = reason

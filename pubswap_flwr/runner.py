@@ -141,6 +141,7 @@ class Runner:
     def _round_fields(self, round_log: RoundLog) -> dict:
         # by node index, so that means over clients sum in one order whatever order replies arrived in
         order = sorted(round_log.clients, key=lambda n: (round_log.clients[n].get("node_index", -1), n))
+        round_log.warn_broken_formats()
         clients = {str(n): round_log.clients[n] for n in order if n not in round_log.dropped}
         rewards = [c.get(self.protocol.reward_field) for c in clients.values()]
         rewards = [r for r in rewards if r is not None]
