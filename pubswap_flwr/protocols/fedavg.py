@@ -16,14 +16,14 @@ import numpy as np
 from flwr.app import Message, RecordDict
 
 from ..aggregate import aggregate, mean_pairwise_l2
-from ..compression import Broadcast, Codec, Quantized
+from ..compression import Codec, Quantized
 from ..config import ExperimentConfig
-from ..policy import from_wire, to_wire
 from ..validate import Rejected, check_adapter, check_weight
 from ..wire import CONFIG_KEY
 from .base import (Adapter, ClientReport, ClientWork, Header, Instruction, RoundContext, ServerProtocol, adapter_of,
                    log, read_reply, records, reply_records)
-from .transfer import Downlink, checked_upload, codec_of, downlink_for, put_quantized, receive_global, upload
+from .transfer import (Downlink, adapter_to_send, broadcast_of, checked_upload, global_for, put_quantized, start_round,
+                       take_global)
 
 
 # -- messages ------------------------------------------------------------------------------------------------------
@@ -118,42 +118,25 @@ def aggregate_adapters(ctx: RoundContext, cfg: ExperimentConfig, master: Adapter
 class FedAvgProtocol(ServerProtocol):
     def __init__(self, cfg: ExperimentConfig, public=None):
         super().__init__(cfg, public)
-        codec = codec_of(cfg)
-        self.broadcast = Broadcast(codec) if codec is not None else None  # strategy.compression's downlink
+        self.broadcast = broadcast_of(cfg)
 
     def describe(self) -> str:
         return f"tau={self.cfg.train.local_steps}"
 
     def run_round(self, ctx: RoundContext) -> None:
+        """The global to every selected node (with compression: as a quantized delta to nodes holding the last one),
+        tau local steps, the replies' adapters averaged."""
         assert self.master is not None
         nodes = ctx.exchange.select(ctx.number)
-        if self.broadcast is not None:
-            self.run_compressed_round(ctx, nodes)
-            return
-        instruction = LocalRound(ctx.header(round_start=True), self.master, self.cfg.train.local_steps)
-        master = self.master
-        result = ctx.exchange.send([instruction.to_message(n) for n in nodes],
-                                   lambda node, reply: AdapterReply.from_message(reply, master))
-        ctx.log.absorb(result)
-        t = self.cfg.train
-        expected = {n: float(t.local_steps * t.prompts_per_step * t.completions_per_prompt) for n in nodes}
-        self.master = aggregate_adapters(ctx, self.cfg, self.master, {n: r.adapter for n, r in result.replies.items()},
-                                         expected)
-
-    def run_compressed_round(self, ctx: RoundContext, nodes: list[int]) -> None:
-        """As run_round, with the global sent as a quantized delta (or whole to nodes that missed the last one) and
-        the replies decoded against it."""
-        broadcast = self.broadcast
-        assert broadcast is not None and self.master is not None
-        broadcast.advance(self.master)
-        sent, codec = broadcast.current, broadcast.codec
+        sent, codec = start_round(self.broadcast, self.master)
         messages = []
         for node in nodes:
-            whole, downlink = downlink_for(broadcast, node)
+            whole, downlink = global_for(self.broadcast, sent, node)
             messages.append(LocalRound(ctx.header(round_start=True), whole, self.cfg.train.local_steps,
                                        downlink).to_message(node))
         result = ctx.exchange.send(messages, lambda node, reply: AdapterReply.from_message(reply, sent, codec))
-        broadcast.confirm(result.replies)
+        if self.broadcast is not None:
+            self.broadcast.confirm(result.replies)
         ctx.log.absorb(result)
         t = self.cfg.train
         expected = {n: float(t.local_steps * t.prompts_per_step * t.completions_per_prompt) for n in nodes}
@@ -176,16 +159,9 @@ class FedProxProtocol(FedAvgProtocol):
 def local_round(work: ClientWork) -> RecordDict:
     """Load the global adapter, run tau private GRPO steps, reply the adapter."""
     message = LocalRound.from_record(work.message.content)
-    codec = codec_of(work.cfg)
-    if codec is None:
-        work.learner.receive_global(from_wire(message.adapter))
-    else:
-        if message.downlink is None:
-            raise ValueError(f"strategy.compression = {codec.scheme!r}, but the message's global is not compressed")
-        work.learner.receive_global(receive_global(work, message.adapter, message.downlink, codec))
+    take_global(work, message.adapter, message.downlink)
     work.learner.private_steps(message.local_steps, work.report)
-    adapter = to_wire(work.learner.policy.adapter()) if codec is None else upload(work, codec)
-    return AdapterReply(work.client_report(), adapter).to_record()
+    return AdapterReply(work.client_report(), adapter_to_send(work)).to_record()
 
 
 HANDLERS = {LocalRound.message_type: local_round}

@@ -22,9 +22,8 @@ from typing import Any, ClassVar
 import numpy as np
 from flwr.app import Message, RecordDict
 
-from ..compression import Broadcast, Codec, Quantized
+from ..compression import Codec, Quantized
 from ..config import ExperimentConfig
-from ..policy import from_wire, to_wire
 from ..rollouts import Completion, RolloutGroup
 from ..swap import Response, build_response_sets
 from ..tasks import ScoringBudget, extract_answer, score_completion, training_reward
@@ -34,7 +33,7 @@ from ..wire import CONFIG_KEY
 from .base import (Adapter, ClientReport, ClientWork, Header, Instruction, RoundContext, ServerProtocol, adapter_of,
                    payload_of, read_reply, record_scoring, records, reply_records)
 from .fedavg import aggregate_adapters, checked_adapter
-from .transfer import Downlink, codec_of, downlink_for, put_quantized, receive_global, upload
+from .transfer import Downlink, adapter_to_send, broadcast_of, global_for, put_quantized, start_round, take_global
 
 Scored = dict[str, list[tuple[str, float]]]  # public prompt id -> (response text, server's reward)
 
@@ -148,8 +147,7 @@ class SegmentReply:
 class PubSwapProtocol(ServerProtocol):
     def __init__(self, cfg: ExperimentConfig, public=None):
         super().__init__(cfg, public)
-        codec = codec_of(cfg)
-        self.broadcast = Broadcast(codec) if codec is not None else None  # strategy.compression's downlink
+        self.broadcast = broadcast_of(cfg)
         self.public_cursor = 0
         self.limits = Limits(max_completion_chars=cfg.generation.max_completion_chars)
 
@@ -197,10 +195,7 @@ class PubSwapProtocol(ServerProtocol):
         t = self.cfg.train
         expected = {node: 0.0 for node in active}  # completions the server asks each client to train on
         budget = ScoringBudget(self.limits.score_seconds, self.limits.sender_scoring_seconds)
-        codec = None
-        if self.broadcast is not None:  # compression: the global as a delta, replies decoded against what was sent
-            self.broadcast.advance(master)
-            master, codec = self.broadcast.current, self.broadcast.codec
+        master, codec = start_round(self.broadcast, master)  # compression: replies decoded against what was sent
         for segment in range(len(positions) + 1):
             is_final = segment == len(positions)
             next_public = positions[segment] if not is_final else self.cfg.train.local_steps + 1
@@ -238,9 +233,7 @@ class PubSwapProtocol(ServerProtocol):
         segment 0 carries the global."""
         if segment != 0:
             return None, sets, None
-        if self.broadcast is None:
-            return master, sets, None
-        whole, downlink = downlink_for(self.broadcast, node)
+        whole, downlink = global_for(self.broadcast, master, node)
         return whole, sets, downlink
 
     def swap(self, ctx: RoundContext, responses: dict[int, Scored], uids: list[str], k: int, segment: int,
@@ -351,20 +344,13 @@ def segment(work: ClientWork) -> RecordDict:
     """[load the global adapter] [public step on the sent sets] private steps [K responses to the next public
     prompts] [last segment: the adapter]."""
     message = Segment.from_record(work.message.content)
-    codec = codec_of(work.cfg)
-    if codec is not None and message.header.round_start:
-        if message.downlink is None:
-            raise ValueError(f"strategy.compression = {codec.scheme!r}, but the message's global is not compressed")
-        work.learner.receive_global(receive_global(work, message.adapter, message.downlink, codec))
-    elif message.adapter is not None:
-        work.learner.receive_global(from_wire(message.adapter))
+    if message.header.round_start:  # segment 0 carries the global
+        take_global(work, message.adapter, message.downlink)
     if message.response_sets is not None:
         public_update(work, message.response_sets)
     work.learner.private_steps(message.private_steps, work.report)
     responses = public_generate(work, message.public_uids, message.k) if message.public_uids else {}
-    adapter = None
-    if message.final:
-        adapter = to_wire(work.learner.policy.adapter()) if codec is None else upload(work, codec)
+    adapter = adapter_to_send(work) if message.final else None
     return SegmentReply(work.client_report(), responses, adapter).to_record()
 
 

@@ -16,6 +16,7 @@ from flwr.app import ConfigRecord, RecordDict
 from ..compression import Broadcast, Codec, CodecError, Quantized, apply_delta, fingerprint
 from ..config import ExperimentConfig
 from ..node_state import GLOBAL_FILE, RESIDUAL_FILE
+from ..policy import from_wire, to_wire
 from ..validate import Rejected, check_compressed
 from ..wire import QUANTIZED_KEY, quantized_from_record, quantized_record
 from .base import Adapter, ClientWork
@@ -26,6 +27,12 @@ SHA_KEY, BASE_KEY = "adapter-sha", "adapter-base"
 def codec_of(cfg: ExperimentConfig) -> Codec | None:
     s = cfg.strategy
     return None if s.compression == "none" else Codec(s.compression, s.compression_block)
+
+
+def broadcast_of(cfg: ExperimentConfig) -> Broadcast | None:
+    """The server's downlink state under strategy.compression (None without it)."""
+    codec = codec_of(cfg)
+    return Broadcast(codec) if codec is not None else None
 
 
 def quantized_of(content: RecordDict) -> Quantized | None:
@@ -64,8 +71,20 @@ class Downlink:
         return cls(str(config[SHA_KEY]), base, delta)
 
 
-def downlink_for(broadcast: Broadcast, node: int) -> tuple[Adapter | None, Downlink]:
-    """(the whole global or None, its Downlink) for `node` this round."""
+def start_round(broadcast: Broadcast | None, master: Adapter) -> tuple[Adapter, Codec | None]:
+    """(the global the round's replies are decoded and clipped against, the codec to decode them with): `master`
+    and None without compression; with it, the broadcast advanced to `master`, as the nodes will rebuild it."""
+    if broadcast is None:
+        return master, None
+    broadcast.advance(master)
+    assert broadcast.current is not None
+    return broadcast.current, broadcast.codec
+
+
+def global_for(broadcast: Broadcast | None, master: Adapter, node: int) -> tuple[Adapter | None, Downlink | None]:
+    """(the whole global or None, its Downlink or None) for `node` this round; uncompressed: (`master`, None)."""
+    if broadcast is None:
+        return master, None
     if broadcast.sends_delta(node):
         return None, Downlink(broadcast.current_sha, broadcast.previous_sha, broadcast.delta)
     assert broadcast.current is not None
@@ -95,6 +114,24 @@ def receive_global(work: ClientWork, whole: Adapter | None, downlink: Downlink, 
                          f"{downlink.sha[:12]}")
     store.save_arrays(GLOBAL_FILE, new)
     return {k: torch.from_numpy(v.copy()) for k, v in new.items()}
+
+
+def take_global(work: ClientWork, whole: Adapter | None, downlink: Downlink | None) -> None:
+    """Start the node's round from the message's global: as sent, or under strategy.compression rebuilt by
+    `receive_global`."""
+    codec = codec_of(work.cfg)
+    if codec is None:
+        work.learner.receive_global(from_wire(whole))
+        return
+    if downlink is None:
+        raise ValueError(f"strategy.compression = {codec.scheme!r}, but the message's global is not compressed")
+    work.learner.receive_global(receive_global(work, whole, downlink, codec))
+
+
+def adapter_to_send(work: ClientWork) -> Adapter | Quantized:
+    """The node's adapter for its reply: fp16 as is, or under strategy.compression `upload`'s quantized delta."""
+    codec = codec_of(work.cfg)
+    return to_wire(work.learner.policy.adapter()) if codec is None else upload(work, codec)
 
 
 def upload(work: ClientWork, codec: Codec) -> Quantized:
