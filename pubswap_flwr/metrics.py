@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from .config import ExperimentConfig
-from .logs import route_logs_to_flower  # noqa: F401  (the ServerApp and ClientApp call it from here)
 
 log = logging.getLogger("pubswap_flwr")
 

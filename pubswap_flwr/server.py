@@ -12,7 +12,7 @@ import torch
 from flwr.app import Context
 from flwr.serverapp import Grid
 
-from . import preflight, trackers
+from . import preflight
 from .config import ConfigError, ExperimentConfig
 from .evaluation import evaluate
 from .logs import route_logs_to_flower
@@ -59,9 +59,7 @@ class GlobalEvaluator:
 
 def _checked_config(flat) -> ExperimentConfig:
     try:
-        cfg = ExperimentConfig.from_flat(flat)
-        trackers.check(cfg.output.report_to)  # output.report-to's package: a ConfigError naming the extra
-        return cfg
+        return preflight.check(flat, run_dir=False).config  # as `pubswap run | simulate` check it
     except ConfigError as err:
         log.error("%s", preflight.one_line(err))  # one line above Flower's traceback of the failed ServerApp
         raise

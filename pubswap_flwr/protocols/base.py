@@ -20,7 +20,7 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from ..config import ExperimentConfig
 from ..evaluation import evaluate
 from ..learner import Learner, WorkReport
-from ..metrics import route_logs_to_flower
+from ..logs import route_logs_to_flower
 from ..node_state import NodeIdentity
 from ..tasks.splits import MAX_NODES
 from ..validate import Rejected
