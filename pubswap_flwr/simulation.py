@@ -60,14 +60,47 @@ def simulate_in_process(run_config: dict[str, Any], num_nodes: int, *, client_ho
     return grid
 
 
+def check_ray_address(address: str) -> str:
+    """`address` if it names a Ray cluster to join: `host:port` of its head node (`ray start --head --port`), or
+    `auto` (the cluster `ray start` last started on this machine); a ValueError that says what is wrong otherwise.
+    Ray Client (`ray://`) addresses are refused: the driver, which runs the ServerApp, must be a cluster node."""
+    text = address.strip()
+    if text == "auto":
+        return text
+    if "://" in text:
+        raise ValueError(f"ray address {address!r} is a URL: give the head node's host:port (`ray start --head "
+                         "--port`, default 6379) and run on a machine of the cluster; Ray Client (ray://) is not "
+                         "supported")
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or any(c.isspace() or c in "/@" for c in host) or not port.isdigit() \
+            or not 0 < int(port) < 65536:
+        raise ValueError(f"ray address {address!r} is not host:port (the head node's `ray start --head --port`) "
+                         "or auto")
+    return text
+
+
 def ray_backend_config(cpus_per_client: float = 1.0, gpus_per_client: float = 0.0, total_cpus: int | None = None,
-                       verbose: bool = False) -> dict[str, Any]:
+                       verbose: bool = False, address: str | None = None) -> dict[str, Any]:
     """Flower's Ray backend config. Ray hides GPUs from actors that ask for none, so a client only sees a GPU (and
-    `model.device = "auto"` only picks it) when `gpus_per_client` > 0; a fraction lets several clients share one."""
+    `model.device = "auto"` only picks it) when `gpus_per_client` > 0; a fraction lets several clients share one.
+
+    Without `address` the run starts its own Ray instance on this machine (`address = "local"`, so neither
+    `RAY_ADDRESS` nor a cluster `ray start` left on this machine is joined by accident) with `total_cpus` CPUs and
+    the GPUs torch sees. With `address` it joins that running cluster: Flower passes `init_args` to `ray.init` as
+    they are, Ray refuses CPU or GPU counts when joining (the cluster's nodes declared theirs at `ray start`), and
+    Flower sizes its actor pool from every node's resources, so clients run on all of them."""
     if cpus_per_client <= 0:
         raise ValueError(f"cpus per client must be > 0, got {cpus_per_client}")
     if gpus_per_client < 0:
         raise ValueError(f"gpus per client must be >= 0, got {gpus_per_client}")
+    client_resources = {"num_cpus": cpus_per_client, "num_gpus": float(gpus_per_client)}
+    logging_args = {"logging_level": logging.ERROR, "log_to_driver": verbose}
+    if address is not None:
+        if total_cpus is not None:
+            raise ValueError("total cpus cannot be set when joining a Ray cluster: its nodes declared their CPUs "
+                             "at `ray start`")
+        return {"client_resources": client_resources,
+                "init_args": {"address": check_ray_address(address), **logging_args}}
     gpus = 0
     if gpus_per_client > 0:
         import torch
@@ -78,19 +111,23 @@ def ray_backend_config(cpus_per_client: float = 1.0, gpus_per_client: float = 0.
                              "to simulate on the CPU")
         if gpus_per_client > gpus:
             raise ValueError(f"gpus per client = {gpus_per_client} but only {gpus} GPU(s) are visible")
-    return {"client_resources": {"num_cpus": cpus_per_client, "num_gpus": float(gpus_per_client)},
-            "init_args": {"num_cpus": total_cpus or os.cpu_count() or 2, "num_gpus": gpus, "include_dashboard": False,
-                          "logging_level": logging.ERROR, "log_to_driver": verbose}}
+    return {"client_resources": client_resources,
+            "init_args": {"address": "local", "num_cpus": total_cpus or os.cpu_count() or 2, "num_gpus": gpus,
+                          "include_dashboard": False, **logging_args}}
 
 
 def simulate(run_config: dict[str, Any], num_nodes: int, *, cpus_per_client: float = 1.0, gpus_per_client: float = 0.0,
              total_cpus: int | None = None, client_hook: ClientHook | None = None,
-             reply_hook: ReplyHook | None = None, verbose: bool = False) -> None:
-    """Run one experiment in-process with `num_nodes` simulated SuperNodes (Ray backend)."""
+             reply_hook: ReplyHook | None = None, verbose: bool = False, ray_address: str | None = None) -> None:
+    """Run one experiment in-process with `num_nodes` simulated SuperNodes (Ray backend): on a Ray instance of its
+    own, or on the running cluster at `ray_address` (default: `$RAY_ADDRESS`, Ray's own variable, when set)."""
     from flwr.simulation import run_simulation
 
     os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
-    backend_config = ray_backend_config(cpus_per_client, gpus_per_client, total_cpus, verbose)
+    address = ray_address or os.environ.get("RAY_ADDRESS") or None
+    backend_config = ray_backend_config(cpus_per_client, gpus_per_client, total_cpus, verbose, address)
+    if address is not None:
+        log.info("joining the Ray cluster at %s", address)
     server, client = build_apps(run_config, client_hook, reply_hook)
     run_simulation(server_app=server, client_app=client, num_supernodes=num_nodes, backend_name="ray",
                    backend_config=backend_config, verbose_logging=verbose)

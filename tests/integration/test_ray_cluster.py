@@ -1,0 +1,89 @@
+"""A run on an existing multi-node Ray cluster (`simulate(..., ray_address=...)`, what `pubswap simulate
+--ray-address` and a sweep's `ray-address` do): a head and a worker node of one CPU each, started on this machine
+with Ray's own cluster test utilities, get one client actor each; every client records the Ray node it ran on, and
+the run's metrics equal the golden single-machine run's.
+
+The cluster lives under its own short temp dir (`RAY_TMPDIR`), so the `ray_current_cluster` file Ray writes for
+it cannot make another process's `ray.init()` on this machine join it, and the test stops every process it
+started, checked, even when the run fails."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from pubswap_flwr.metrics import read_metrics
+from pubswap_flwr.simulation import simulate
+from tests.golden.runs import GOLDEN_DIR, RUNS, comparable
+
+pytestmark = pytest.mark.slow
+
+
+def _record_ray_node(directory: str, msg, context) -> None:
+    """Client hook (runs in the Ray actor): which Ray node served which partition's message."""
+    import ray
+
+    entry = {"partition": int(context.node_config["partition-id"]), "type": msg.metadata.message_type,
+             "round": int(msg.content["config"]["server-round"]) if "config" in msg.content else None,
+             "node": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
+    path = Path(directory) / f"{entry['partition']}-{msg.metadata.message_id}.json"
+    path.write_text(json.dumps(entry))
+
+
+@pytest.fixture()
+def two_node_cluster(monkeypatch):
+    """A Ray head and a worker node with one CPU each on this machine; every process they started is stopped
+    afterwards (and checked to be gone)."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    # Short (Ray's socket paths must stay under 107 characters) and this test's own.
+    temp = tempfile.mkdtemp(prefix="pubswap-ray-", dir="/tmp")
+    monkeypatch.setenv("RAY_TMPDIR", temp)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    cluster = Cluster()
+    try:
+        head = cluster.add_node(num_cpus=1, include_dashboard=False)
+        worker = cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        yield cluster, head, worker
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        nodes = [n for n in (cluster.head_node, *cluster.worker_nodes) if n is not None]
+        cluster.shutdown()
+        left = [process for node in nodes for process in node.live_processes()]
+        shutil.rmtree(temp, ignore_errors=True)
+        assert not left, f"Ray processes left running: {left}"
+
+
+def test_a_run_on_a_two_node_ray_cluster_uses_both_nodes_and_repeats_the_golden_metrics(tmp_path, two_node_cluster):
+    import torch
+
+    cluster, head, worker = two_node_cluster
+    name = "fedavg"
+    config, nodes = RUNS[name]
+    placements = tmp_path / "placements"
+    placements.mkdir()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the server's evaluation sums in the order the golden run did
+    try:
+        simulate({**config, "output.dir": str(tmp_path), "run-name": name}, nodes, ray_address=cluster.address,
+                 client_hook=functools.partial(_record_ray_node, str(placements)))
+    finally:
+        torch.set_num_threads(threads)
+    served = [json.loads(p.read_text()) for p in placements.iterdir()]
+    train = [s for s in served if s["type"] == "train.local_round"]
+    assert len(train) == nodes * config["num-server-rounds"]
+    by_node = {n: sorted((s["round"], s["partition"]) for s in train if s["node"] == n) for n in
+               (head.node_id, worker.node_id)}
+    assert {s["node"] for s in served} == set(by_node)
+    assert all(by_node.values()), f"a node served no client: {by_node}"
+    rows = json.loads(json.dumps(comparable(read_metrics(tmp_path / name))))
+    assert rows == json.loads((GOLDEN_DIR / f"{name}.json").read_text())
