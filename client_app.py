@@ -1,7 +1,6 @@
-"""pubswap-flwr ClientApp: every protocol's message types (train.<action>, query.<action>) routed to its handler."""
+"""pubswap-flwr ClientApp: every protocol's message types (train.<action>, query.<action>), served in this process
+or, on a deployed node with `deploy.warm-worker`, by the node's warm worker (pubswap_flwr/nodeapp.py)."""
 
-from flwr.clientapp import ClientApp
+from pubswap_flwr.nodeapp import build_client_app
 
-from pubswap_flwr.protocols import register_client_handlers
-
-app = register_client_handlers(ClientApp())
+app = build_client_app()

@@ -223,6 +223,17 @@ class OutputConfig:
                                                       "report_to; install the extra of the same name)")
 
 
+@dataclass(frozen=True)
+class DeployConfig:
+    warm_worker: bool = opt(True, doc="deployed nodes only (no effect in simulation): serve messages from a local "
+                                      "worker process per node that keeps the model loaded between messages, reached "
+                                      "through an owner-only unix socket (docs/deployment.md); false: Flower's fresh "
+                                      "ClientApp process per message loads it every time")
+    worker_idle_timeout: float = opt(900.0, between(0, 604_800, above=True, why="7 days"),
+                                     "seconds a warm worker waits for its node's next message before it exits and "
+                                     "frees its memory (the next message starts a new one)")
+
+
 SECTIONS = {
     "model": ModelConfig,
     "generation": GenerationConfig,
@@ -233,6 +244,7 @@ SECTIONS = {
     "pubswap": PubSwapConfig,
     "sapo": SapoConfig,
     "output": OutputConfig,
+    "deploy": DeployConfig,
 }
 
 
@@ -251,6 +263,7 @@ class ExperimentConfig:
     pubswap: PubSwapConfig = field(default_factory=PubSwapConfig)
     sapo: SapoConfig = field(default_factory=SapoConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
+    deploy: DeployConfig = field(default_factory=DeployConfig)
 
     # -- construction ----------------------------------------------------------------------------------------
     @classmethod

@@ -1,0 +1,91 @@
+"""The bytes between a ClientApp and its node's warm worker: length-prefixed frames over a unix stream socket.
+
+A frame is an 8-byte big-endian length and that many bytes. A conversation:
+
+    worker → client   hello    JSON {"worker": PROTOCOL, "pid": ...}   (sent when the worker takes the connection)
+    client → worker   request  JSON {"task-id": ..., "idle-timeout": ...}, then the Context and the Message as
+                               Flower's own protobuf (`context_to_proto`, `message_to_proto`)
+    worker → client   reply    JSON {"ok": true} and the reply Message as protobuf, or {"ok": false, "error": text}
+
+JSON and protobuf only: nothing read from the socket is ever unpickled or evaluated.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+from typing import Any
+
+from flwr.app import Context, Message
+from flwr.common.serde import context_from_proto, context_to_proto, message_from_proto, message_to_proto
+from flwr.proto.message_pb2 import Context as ProtoContext  # pylint: disable=no-name-in-module
+from flwr.proto.message_pb2 import Message as ProtoMessage  # pylint: disable=no-name-in-module
+
+PROTOCOL = 1
+MAX_FRAME = 2**31 - 1  # protobuf's own limit on one message
+MAX_JSON_FRAME = 1 << 20
+_LENGTH = struct.Struct(">Q")
+
+
+class ConnectionClosed(ConnectionError):
+    """The other side closed the socket (or died) before a whole frame arrived."""
+
+
+class FrameError(ValueError):
+    """A frame that is not what the conversation expects (too long, not a JSON object, wrong protocol)."""
+
+
+def _recv_exact(sock: socket.socket, size: int) -> bytes:
+    chunks, left = [], size
+    while left:
+        chunk = sock.recv(min(left, 1 << 20))
+        if not chunk:
+            raise ConnectionClosed(f"the peer closed the connection with {left} of {size} bytes still to come")
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def send_frame(sock: socket.socket, data: bytes) -> None:
+    if len(data) > MAX_FRAME:
+        raise FrameError(f"a frame of {len(data)} bytes is over the {MAX_FRAME}-byte limit")
+    sock.sendall(_LENGTH.pack(len(data)) + data)
+
+
+def recv_frame(sock: socket.socket, limit: int = MAX_FRAME) -> bytes:
+    (size,) = _LENGTH.unpack(_recv_exact(sock, _LENGTH.size))
+    if size > limit:
+        raise FrameError(f"a frame of {size} bytes is over the {limit}-byte limit")
+    return _recv_exact(sock, size)
+
+
+def send_json(sock: socket.socket, value: dict[str, Any]) -> None:
+    send_frame(sock, json.dumps(value).encode())
+
+
+def recv_json(sock: socket.socket) -> dict[str, Any]:
+    data = recv_frame(sock, MAX_JSON_FRAME)
+    try:
+        value = json.loads(data)
+    except ValueError as err:
+        raise FrameError(f"a header frame is not JSON: {err}") from None
+    if not isinstance(value, dict):
+        raise FrameError(f"a header frame is a JSON {type(value).__name__}, not an object")
+    return value
+
+
+def send_message(sock: socket.socket, message: Message) -> None:
+    send_frame(sock, message_to_proto(message).SerializeToString())
+
+
+def recv_message(sock: socket.socket) -> Message:
+    return message_from_proto(ProtoMessage.FromString(recv_frame(sock)))
+
+
+def send_context(sock: socket.socket, context: Context) -> None:
+    send_frame(sock, context_to_proto(context).SerializeToString())
+
+
+def recv_context(sock: socket.socket) -> Context:
+    return context_from_proto(ProtoContext.FromString(recv_frame(sock)))

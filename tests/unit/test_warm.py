@@ -1,0 +1,146 @@
+"""The warm path's pieces without a worker process: the ClientApp's routing and message types, the owner-only
+directory checks, the socket framing, and a worker's answer to a handler that raises (the real processes are in
+tests/integration/test_warm_worker.py)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import subprocess
+import sys
+
+import pytest
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
+
+from pubswap_flwr import nodeapp
+from pubswap_flwr.protocols import CLIENT_HANDLERS
+from pubswap_flwr.warm import client, framing, worker
+
+
+def test_the_light_client_app_routes_every_protocol_message_type():
+    assert sorted(nodeapp.MESSAGE_TYPES) == sorted(CLIENT_HANDLERS)
+
+
+def test_client_app_module_imports_neither_torch_nor_the_protocols():
+    code = "import sys, client_app; print('torch' in sys.modules, 'pubswap_flwr.protocols' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    assert done.stdout.split() == ["False", "False"]
+
+
+@pytest.fixture()
+def task_identity():
+    saved = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 7, 11, 3
+    yield
+    TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
+
+
+def _message() -> Message:
+    message = Message(RecordDict({"config": ConfigRecord({"x": 1})}), dst_node_id=11, message_type="train.segment")
+    message.metadata.__dict__["_message_id"] = message.object_id
+    return message
+
+
+def _context(node_config: dict, **run_config) -> Context:
+    return Context(run_id=7, node_id=11, node_config=node_config, state=RecordDict(), run_config=run_config)
+
+
+@pytest.mark.parametrize("node_config, run_config, warm", [
+    ({"partition-id": 0, "num-partitions": 2}, {}, False),  # simulation: always in process
+    ({"partition-id": 0, "num-partitions": 2}, {"deploy.warm-worker": True}, False),
+    ({"state-dir": "/tmp/x"}, {"deploy.warm-worker": False}, False),  # deployed, warm path off
+    ({"state-dir": "/tmp/x"}, {}, True),  # deployed: warm by default
+])
+def test_route_sends_deployed_nodes_to_their_worker(monkeypatch, task_identity, node_config, run_config, warm):
+    calls = []
+    monkeypatch.setattr(nodeapp, "in_process_app", lambda: lambda m, c: calls.append("in-process") or m)
+
+    def fake_call(message, context, *, idle_timeout, task_id):
+        calls.append(("worker", idle_timeout, task_id))
+        return Message(RecordDict({"reply": ConfigRecord({"ok": True})}), reply_to=message)
+
+    monkeypatch.setattr(client, "call", fake_call)
+    message = _message()
+    reply = nodeapp.route(message, _context(node_config, **run_config))
+    if warm:
+        assert calls == [("worker", 900.0, 3)]
+        assert reply.metadata.reply_to_message_id == message.metadata.message_id
+        assert reply.content["reply"]["ok"] is True
+    else:
+        assert calls == ["in-process"]
+
+
+def test_worker_directory_must_be_owner_only(tmp_path, monkeypatch):
+    good = tmp_path / "good"
+    monkeypatch.setenv(client.RUNTIME_DIR_ENV, str(good))
+    assert client.runtime_dir() == good and stat.S_IMODE(good.stat().st_mode) == 0o700
+    open_dir = tmp_path / "open"
+    open_dir.mkdir(mode=0o755)
+    open_dir.chmod(0o755)
+    with pytest.raises(client.WorkerError, match="others could reach"):
+        client.check_private_dir(open_dir)
+    link = tmp_path / "link"
+    link.symlink_to(good)
+    with pytest.raises(client.WorkerError, match="not a link"):
+        client.check_private_dir(link)
+    monkeypatch.setenv(client.RUNTIME_DIR_ENV, str(open_dir))
+    with pytest.raises(client.WorkerError, match="chmod 700"):
+        client.runtime_dir()
+
+
+def test_a_socket_path_too_long_for_unix_sockets_is_a_clear_error(tmp_path, monkeypatch):
+    deep = tmp_path / ("d" * 90)
+    monkeypatch.setenv(client.RUNTIME_DIR_ENV, str(deep))
+    with pytest.raises(client.WorkerError, match="shorter directory"):
+        client.address_for(_context({"state-dir": "/tmp/x"}), watch_pid=1)
+
+
+def test_worker_address_differs_per_node_config_and_watch_pid(tmp_path, monkeypatch):
+    monkeypatch.setenv(client.RUNTIME_DIR_ENV, str(tmp_path / "w"))
+    a = client.address_for(_context({"state-dir": "/a"}), 100)
+    assert a == client.address_for(_context({"state-dir": "/a"}), 100)
+    assert a != client.address_for(_context({"state-dir": "/b"}), 100)
+    assert a != client.address_for(_context({"state-dir": "/a"}), 101)
+
+
+def test_frames_carry_json_messages_and_contexts_and_refuse_the_rest(task_identity):
+    left, right = socket.socketpair()
+    with left, right:
+        framing.send_json(left, {"a": [1, "b"]})
+        assert framing.recv_json(right) == {"a": [1, "b"]}
+        message, context = _message(), _context({"state-dir": "/s"}, seed=3)
+        framing.send_context(left, context)
+        framing.send_message(left, message)
+        got_context, got = framing.recv_context(right), framing.recv_message(right)
+        assert got_context.node_config == {"state-dir": "/s"} and got_context.run_config == {"seed": 3}
+        assert got.content["config"]["x"] == 1 and got.metadata.message_type == "train.segment"
+        framing.send_frame(left, b"[1, 2]")
+        with pytest.raises(framing.FrameError, match="not an object"):
+            framing.recv_json(right)
+        framing.send_frame(left, b"x" * 64)
+        with pytest.raises(framing.FrameError, match="over the 16-byte limit"):
+            framing.recv_frame(right, limit=16)
+    a, b = socket.socketpair()
+    with a, b:
+        a.sendall(b"\0\0\0\0\0\0\0\x09abc")
+        a.close()
+        with pytest.raises(framing.ConnectionClosed):
+            framing.recv_frame(b)
+
+
+def test_a_handler_that_raises_in_the_worker_is_relayed_as_an_error(task_identity):
+    def failing_app(message, context):
+        raise ValueError("no such task")
+
+    left, right = socket.socketpair()
+    with left, right:
+        framing.send_json(left, {"task-id": 3, "idle-timeout": 5.0})
+        framing.send_context(left, _context({"state-dir": "/s"}))
+        framing.send_message(left, _message())
+        assert worker.serve_one(right, failing_app) == 5.0
+        assert framing.recv_json(left)["worker"] == framing.PROTOCOL
+        answer = framing.recv_json(left)
+        assert answer["ok"] is False and "ValueError: no such task" in answer["error"]
