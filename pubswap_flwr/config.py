@@ -126,6 +126,15 @@ class TrainConfig:
                                                                        "nothing")
     mask_truncated_completions: bool = opt(False, doc="TRL's mask_truncated_completions: completions cut at "
                                                       "generation.max-new-tokens without EOS leave the loss")
+    foreign_correction: str = opt("none", one_of("none", "weight", "is"),
+                                  "loss weight of foreign completions (other clients' / nodes' text): none (ratio 1, "
+                                  "as in both papers); weight: train.foreign-weight; is: per-token truncated importance "
+                                  "weight min(pi_self / mu_donor, train.is-cap) from the donor's sampling log-probs "
+                                  "(sent with its responses; same tokenizer only, else train.foreign-weight)")
+    foreign_weight: float = opt(0.5, between(0, 1), "weight of foreign tokens with foreign-correction weight, and "
+                                                    "the fallback of is")
+    is_cap: float = opt(2.0, between(0, 1000, above=True), "C: truncation of the importance weight (foreign-correction "
+                                                           "is)")
 
 
 @dataclass(frozen=True)
@@ -195,6 +204,22 @@ class PubSwapConfig:
     public_mix: str = opt("", doc="task mix of the public set (empty = tasks.mix)")
     correct_threshold: float = opt(1.0, fraction, "a response is correct when its reward >= this")
     base: str = opt("fedavg", one_of("fedavg", "fedprox"))
+    donor: str = opt("uniform", one_of("uniform", "likely"),
+                     "Balanced's donor choice: uniform at random (the paper), or likely: the server sends up to "
+                     "donor-candidates correct responses and the receiving client keeps those its current policy finds "
+                     "most likely (mean token log-prob)")
+    donor_candidates: int = opt(8, between(1, 64), "donor = likely: candidates sent per (client, prompt)")
+    schedule: str = opt("fixed", one_of("fixed", "adaptive"),
+                        "fixed: a public step every tau-swap steps; adaptive: the number of public steps per round "
+                        "follows the last round's policy disagreement between clients (min/max-public-steps, "
+                        "disagreement-low/high); round 1 uses tau / tau-swap")
+    min_public_steps: int = opt(1, between(1, 10_000), "schedule = adaptive: public steps at disagreement-low or below")
+    max_public_steps: int = opt(8, between(1, 10_000), "schedule = adaptive: the budget, public steps at "
+                                                       "disagreement-high or above")
+    disagreement_low: float = opt(0.2, between(0, 1), "schedule = adaptive: disagreement at or below which the fewest "
+                                                      "public steps run")
+    disagreement_high: float = opt(0.6, between(0, 1), "schedule = adaptive: disagreement at or above which the "
+                                                       "budget runs")
 
 
 @dataclass(frozen=True)
@@ -303,6 +328,19 @@ class ExperimentConfig:
         if self.strategy.mode == "pubswap" and self.pubswap.tau_swap > self.train.local_steps:
             raise ConfigError(f"pubswap.tau-swap = {self.pubswap.tau_swap} exceeds train.local-steps = "
                               f"{self.train.local_steps}: no public step would run")
+        p = self.pubswap
+        if self.strategy.mode == "pubswap" and p.donor == "likely" and p.swap != "balanced":
+            raise ConfigError(f"pubswap.donor = 'likely' chooses among Balanced's donors; pubswap.swap is {p.swap!r}")
+        if self.strategy.mode == "pubswap" and p.schedule == "adaptive":
+            if p.min_public_steps > p.max_public_steps:
+                raise ConfigError(f"pubswap.min-public-steps = {p.min_public_steps} exceeds pubswap.max-public-steps "
+                                  f"= {p.max_public_steps}")
+            if p.max_public_steps > self.train.local_steps:
+                raise ConfigError(f"pubswap.max-public-steps = {p.max_public_steps} exceeds train.local-steps = "
+                                  f"{self.train.local_steps}")
+            if p.disagreement_low >= p.disagreement_high:
+                raise ConfigError(f"pubswap.disagreement-low = {p.disagreement_low} must be below "
+                                  f"pubswap.disagreement-high = {p.disagreement_high}")
         if self.strategy.mode == "sapo":
             if self.sapo.local + self.sapo.external == 0:
                 raise ConfigError("sapo.local + sapo.external must be >= 1")

@@ -17,7 +17,7 @@ import torch
 from .config import ExperimentConfig
 from .node_state import NodeIdentity, NodeState, NodeStore
 from .policy import Policy, cached_policy
-from .rollouts import Completion, RolloutGroup
+from .rollouts import Behaviour, Completion, RolloutGroup
 from .shared import derive_seed, policy_spec, resolve_data_path, task_universe
 from .tasks import ItemListStream, MixtureStream, TaskItem, load_items, node_mixes, parse_custom_tasks, parse_mix, \
     score_completion, training_reward
@@ -46,6 +46,10 @@ class WorkReport:
     sample_seconds: float = 0.0
     update_seconds: float = 0.0
     num_examples: int = 0
+    foreign_tokens: int = 0  # train.foreign-correction: foreign tokens trained on, their summed weight,
+    foreign_weight_sum: float = 0.0  # how many had their importance ratio truncated at the cap,
+    is_capped_tokens: int = 0
+    fallbacks: collections.Counter = field(default_factory=collections.Counter)  # and why foreign text had no IS
 
     def add(self, record: StepRecord) -> None:
         self.steps.append(record)
@@ -165,7 +169,9 @@ class Learner:
         groups = []
         limit, partial = self.cfg.generation.max_completion_chars, self.cfg.tasks.partial_credit
         for item, prompt, row in zip(items, prompts, samples):
-            completions = [Completion(s.text, tuple(s.token_ids)) for s in row]
+            completions = [Completion(s.text, tuple(s.token_ids), behaviour=Behaviour(tuple(s.token_ids),
+                                                                                      tuple(s.logprobs))
+                                      if len(s.logprobs) == len(s.token_ids) else None) for s in row]
             self.sampled_shapes.update(completion_shape(s.text) for s in row)
             rewards = [training_reward(score_completion(s.text, item, max_chars=limit).reward, partial)
                        for s in row]
@@ -186,6 +192,9 @@ class Learner:
         stats, update_s = self.learn(groups)
         self.state.steps += 1
         report.num_examples += stats.completions
+        report.foreign_tokens += stats.extra.get("foreign_tokens", 0)
+        report.foreign_weight_sum += stats.extra.get("foreign_weight_sum", 0.0)
+        report.is_capped_tokens += stats.extra.get("is_capped_tokens", 0)
         report.add(StepRecord(self.state.steps, kind, stats.mean_reward, stats.completions, sample_seconds,
                               update_s, stats.zero_advantage_groups, stats.foreign_completions))
 

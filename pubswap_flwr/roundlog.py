@@ -30,6 +30,8 @@ class RoundLog:
     extra: dict[str, Any] = field(default_factory=dict)  # protocol-specific fields of the metrics row
     train_totals: dict[int, tuple[float, float]] = field(default_factory=dict)  # node -> (reward sum, completions)
     shape_totals: dict[int, tuple[int, int]] = field(default_factory=dict)  # node -> (well formed, own samples)
+    foreign_totals: dict[int, tuple[int, float, int, int]] = field(default_factory=dict)  # node -> (foreign tokens,
+    # their summed weight, tokens capped, fallback completions) under train.foreign-correction
 
     def client(self, node: int) -> dict:
         return self.clients.setdefault(node, {"bytes_sent": 0, "bytes_received": 0, "sample_s": 0.0,
@@ -71,6 +73,14 @@ class RoundLog:
                 formed, sampled = formed + report.well_formed_completions, sampled + report.sampled_completions
                 self.shape_totals[node] = (formed, sampled)
                 row["well_formed"] = formed / sampled
+            if report.foreign_tokens or report.foreign_fallbacks:  # train.foreign-correction; segments add up
+                tokens, weight, capped, fallbacks = self.foreign_totals.get(node, (0, 0.0, 0, 0))
+                tokens, weight = tokens + report.foreign_tokens, weight + report.foreign_weight_sum
+                capped, fallbacks = capped + report.is_capped_tokens, fallbacks + report.foreign_fallbacks
+                self.foreign_totals[node] = (tokens, weight, capped, fallbacks)
+                row["foreign_weight_mean"] = weight / tokens if tokens else 0.0
+                row["is_capped_fraction"] = capped / tokens if tokens else 0.0
+                row["foreign_fallbacks"] = fallbacks
             row["cumulative_reward"] = report.cumulative_reward
             row["num_examples"] = float(report.num_examples)
             row["total_steps"] = float(report.total_steps)

@@ -12,23 +12,46 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from .rollouts import Behaviour
 from .tasks import TaskItem
 
 
 @dataclass(frozen=True)
 class Packet:
-    """A shared rollout: the question with its answer and task metadata, and the sender's completions."""
+    """A shared rollout: the question with its answer and task metadata, and the sender's completions; with
+    train.foreign-correction = "is", also how the sender sampled each completion and its tokenizer's fingerprint."""
 
     sender: str
     item: TaskItem
     completions: tuple[str, ...]
+    behaviour: tuple[Behaviour | None, ...] | None = None
+    tokenizer: str = ""
 
     def to_wire(self) -> dict[str, Any]:
-        return {"sender": self.sender, "item": self.item.to_dict(), "completions": list(self.completions)}
+        out = {"sender": self.sender, "item": self.item.to_dict(), "completions": list(self.completions)}
+        if self.behaviour is not None:
+            out["behaviour"] = [None if b is None else b.to_wire() for b in self.behaviour]
+            out["tokenizer"] = self.tokenizer
+        return out
 
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> "Packet":
-        return cls(str(data["sender"]), TaskItem.from_dict(data["item"]), tuple(data["completions"]))
+        """A packet as the server relays it; behaviours are checked again (ValueError) since they feed the loss."""
+        completions = tuple(data["completions"])
+        return cls(str(data["sender"]), TaskItem.from_dict(data["item"]), completions,
+                   behaviours_from_wire(data.get("behaviour"), len(completions)), str(data.get("tokenizer", ""))[:64])
+
+    def with_sender(self, sender: str) -> "Packet":
+        return Packet(sender, self.item, self.completions, self.behaviour, self.tokenizer)
+
+
+def behaviours_from_wire(raw: Any, count: int) -> tuple[Behaviour | None, ...] | None:
+    """A packet's behaviours: one per completion (None where the sender sent none); ValueError when malformed."""
+    if raw is None:
+        return None
+    if not isinstance(raw, list) or len(raw) != count:
+        raise ValueError(f"behaviour must list one entry per completion ({count})")
+    return tuple(None if row is None else Behaviour.from_wire(row) for row in raw)
 
 
 def relay(pool: Sequence[Packet], receiver: str) -> list[Packet]:

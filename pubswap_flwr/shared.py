@@ -89,7 +89,8 @@ def policy_spec(cfg: ExperimentConfig, model_name: str | None = None, proximal_m
             epsilon_high=t.epsilon_high, kl_beta=t.kl_beta, inner_iterations=t.inner_iterations,
             micro_batch_size=t.micro_batch_size, max_grad_norm=t.max_grad_norm, weight_decay=t.weight_decay,
             proximal_mu=proximal_mu, scale_rewards=t.scale_rewards,
-            mask_truncated_completions=t.mask_truncated_completions,
+            mask_truncated_completions=t.mask_truncated_completions, foreign_correction=t.foreign_correction,
+            foreign_weight=t.foreign_weight, is_cap=t.is_cap,
         ),
         template=cfg.tasks.template,
     )

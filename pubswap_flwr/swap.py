@@ -7,6 +7,12 @@ the rule's own keep condition c >= K/2 holds. Which incorrect responses are repl
 is uniform at random from a seeded RNG. Random: K responses drawn uniformly without replacement from the pooled
 N·K responses to that prompt (the client's own included). None (an ablation, not in the paper): every client keeps
 its own K, so public steps train on public prompts without any swapping.
+
+Receiver-aware donors (`donor = "likely"`, beyond the paper): Balanced picks the slots as above, but instead of
+drawing the donors the server hands the client its candidates (every correct donor response, at most
+`max_candidates` drawn at random); the client keeps the ones its current policy finds most likely (`most_likely`),
+i.e. the foreign text closest to what it would sample itself. The scoring happens on the receiver, over public
+prompts and public responses only, so nothing private moves.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 
 @dataclass(frozen=True)
@@ -25,6 +31,7 @@ class Response:
     index: int  # position in that client's K responses
     text: str
     reward: float
+    behaviour: Any = None  # the donor's sampling ids and log-probs (train.foreign-correction = "is"), carried along
 
 
 def is_correct(response: Response, threshold: float) -> bool:
@@ -62,6 +69,37 @@ def balanced(own: Sequence[Response], pool: Sequence[Response], threshold: float
     return out
 
 
+@dataclass(frozen=True)
+class DonorChoice:
+    """donor = likely: the client's own slots to fill and the correct donor responses to fill them from."""
+
+    slots: tuple[int, ...]
+    candidates: tuple[Response, ...]
+
+
+def balanced_choice(own: Sequence[Response], pool: Sequence[Response], threshold: float, rng: random.Random,
+                    max_candidates: int) -> DonorChoice | None:
+    """Balanced's slots for the client that wrote `own`, with up to `max_candidates` donors to choose from (None
+    when the client keeps its own K: it is not failing, or nobody else answered right)."""
+    if not own:
+        return None
+    me = own[0].client
+    need = swaps_needed(sum(is_correct(r, threshold) for r in own), len(own))
+    donors = [r for r in pool if r.client != me and is_correct(r, threshold)]
+    wrong_slots = [i for i, r in enumerate(own) if not is_correct(r, threshold)]
+    count = min(need, len(donors), len(wrong_slots))
+    if count == 0:
+        return None
+    slots = tuple(sorted(rng.sample(wrong_slots, count)))
+    candidates = tuple(rng.sample(donors, max_candidates)) if len(donors) > max_candidates else tuple(donors)
+    return DonorChoice(slots, candidates)
+
+
+def most_likely(scores: Sequence[float], count: int) -> list[int]:
+    """Indices of the `count` highest scores, highest first (equal scores: the earlier first)."""
+    return sorted(range(len(scores)), key=lambda i: (-scores[i], i))[:count]
+
+
 def random_set(pool: Sequence[Response], k: int, rng: random.Random) -> list[Response]:
     """K responses uniformly without replacement from the pooled responses to the prompt."""
     if k > len(pool):
@@ -90,24 +128,30 @@ class SwapOutcome:
     swapped: int  # responses in the set that came from other clients
     donors_available: int  # correct responses from other clients for this prompt
     own_correct: int
+    choice: DonorChoice | None = None  # donor = likely: the client fills `responses`' slots from these
 
 
 def build_response_sets(pool: Sequence[Response], rule: str, threshold: float, k: int,
-                        rng: random.Random) -> dict[str, SwapOutcome]:
-    """Every client's response set for one prompt under `rule` ("balanced" | "random" | "none")."""
+                        rng: random.Random, donor: str = "uniform", max_candidates: int = 8) -> dict[str, SwapOutcome]:
+    """Every client's response set for one prompt under `rule` ("balanced" | "random" | "none"); with Balanced
+    and `donor` "likely", each failing client gets its own K and a DonorChoice instead of drawn donors."""
     if rule not in RULES:
         raise ValueError(f"unknown swap rule {rule!r}; expected one of {sorted(RULES)}")
+    if donor not in ("uniform", "likely"):
+        raise ValueError(f"unknown donor choice {donor!r}; expected 'uniform' or 'likely'")
     by_client: dict[str, list[Response]] = {}
     for response in pool:
         by_client.setdefault(response.client, []).append(response)
     out = {}
     for client in sorted(by_client):
         own = sorted(by_client[client], key=lambda r: r.index)
+        donors = sum(r.client != client and is_correct(r, threshold) for r in pool)
+        correct = sum(is_correct(r, threshold) for r in own)
+        if rule == "balanced" and donor == "likely":
+            choice = balanced_choice(own, pool, threshold, rng, max_candidates)
+            out[client] = SwapOutcome(list(own), len(choice.slots) if choice else 0, donors, correct, choice)
+            continue
         chosen = RULES[rule](own, pool, k, rng, threshold)
-        out[client] = SwapOutcome(
-            responses=chosen,
-            swapped=sum(r.client != client for r in chosen),
-            donors_available=sum(r.client != client and is_correct(r, threshold) for r in pool),
-            own_correct=sum(is_correct(r, threshold) for r in own),
-        )
+        out[client] = SwapOutcome(responses=chosen, swapped=sum(r.client != client for r in chosen),
+                                  donors_available=donors, own_correct=correct)
     return out

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from .compression import Codec, CodecError, Quantized
-from .sapo import Packet
+from .sapo import Packet, behaviours_from_wire
 from .tasks import TaskItem
 from .tasks.verifiers import VERIFIERS
 
@@ -175,7 +175,14 @@ def check_packet(entry: Any, limits: Limits, max_completions: int) -> Packet:
             raise Rejected(f"a completion has {len(text)} chars, over the {limits.max_completion_chars} limit")
         check_utf8(text, "a completion")
     check_utf8(json.dumps(item, ensure_ascii=False), "the item")  # also strings inside metadata
-    return Packet("", TaskItem.from_dict(item), tuple(completions))
+    try:
+        behaviour = behaviours_from_wire(entry.get("behaviour"), len(completions))
+    except ValueError as err:
+        raise Rejected(str(err)) from None
+    tokenizer = entry.get("tokenizer", "")
+    if not isinstance(tokenizer, str) or len(tokenizer) > 64:
+        raise Rejected("'tokenizer' must be a fingerprint of at most 64 chars")
+    return Packet("", TaskItem.from_dict(item), tuple(completions), behaviour, tokenizer)
 
 
 def check_packets(payload: Any, limits: Limits, max_completions: int) -> tuple[list[Packet], list[str]]:

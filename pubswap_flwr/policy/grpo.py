@@ -12,6 +12,15 @@ the ratio starts at 1 whoever sampled the text). TRL's `scale_rewards` ("group":
 std instead of the group's; "none": r - mean alone) and `mask_truncated_completions` (completions that end in neither
 EOS nor pad, i.e. cut at the token limit, leave the loss and its token count, but their rewards still shape their
 groups' advantages) are settings.
+
+`foreign_correction` (an extension beyond both papers, which train on foreign text at ratio 1): "weight" scales the
+loss of every foreign token by `foreign_weight`; "is" weights each foreign token by the truncated importance ratio
+min(pi_receiver(t) / mu_donor(t), C) from the donor's sampling log-probs (a `Behaviour` the receiver accepted: same
+tokenizer, ids that decode to the verified text), and falls back to `foreign_weight` for foreign completions without
+one. Per token, not per sequence: a sequence ratio is a product over every token and is 0 or huge for any
+non-trivial drift, while per-token truncation keeps each factor in [0, C] (truncated IS as used to correct
+sampler/trainer mismatch in RL post-training). The weight is detached and multiplies the clipped surrogate, so the
+DAPO token count is unchanged.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ from .sampling import GenerationSettings
 
 LOSS_TYPES = ("dapo", "grpo")
 SCALE_REWARDS = ("group", "batch", "none")
+FOREIGN_CORRECTIONS = ("none", "weight", "is")
 
 
 @dataclass(frozen=True)
@@ -46,6 +56,9 @@ class GRPOSettings:
     proximal_mu: float = 0.0
     scale_rewards: str = "group"
     mask_truncated_completions: bool = False
+    foreign_correction: str = "none"
+    foreign_weight: float = 0.5
+    is_cap: float = 2.0
 
 
 @dataclass
@@ -58,18 +71,22 @@ class Batch:
     group_sizes: list[int]
     foreign: torch.Tensor  # (B,) bool
     truncated: torch.Tensor  # (B,) bool: the completion ends in neither EOS nor pad (cut at the token limit)
+    donor_logps: torch.Tensor | None = None  # (B, C) the donors' sampling log-probs (0 where there is none)
+    has_behaviour: torch.Tensor | None = None  # (B,) bool: the row's tokens are a donor's with its log-probs
 
     def to(self, device: torch.device) -> "Batch":
         return Batch(self.prompt_ids.to(device), self.prompt_mask.to(device), self.completion_ids.to(device),
                      self.completion_mask.to(device), self.rewards.to(device), self.group_sizes,
-                     self.foreign.to(device), self.truncated.to(device))
+                     self.foreign.to(device), self.truncated.to(device),
+                     None if self.donor_logps is None else self.donor_logps.to(device),
+                     None if self.has_behaviour is None else self.has_behaviour.to(device))
 
     def without_truncated(self) -> "Batch":
         """TRL's mask_truncated_completions: truncated completions' tokens leave the completion mask (the loss, the
         DAPO token count and, as in TRL, attention over those tokens)."""
         mask = self.completion_mask * (~self.truncated).unsqueeze(1).to(self.completion_mask.dtype)
         return Batch(self.prompt_ids, self.prompt_mask, self.completion_ids, mask, self.rewards, self.group_sizes,
-                     self.foreign, self.truncated)
+                     self.foreign, self.truncated, self.donor_logps, self.has_behaviour)
 
     @property
     def input_ids(self) -> torch.Tensor:
@@ -120,9 +137,12 @@ def group_advantages(rewards: torch.Tensor, group_sizes: Sequence[int], eps: flo
 
 
 def encode_completion(tokenizer, completion, max_tokens: int) -> list[int]:
-    """Own samples: their sampled ids. Foreign text: local ids + EOS, truncated to `max_tokens`."""
+    """Own samples: their sampled ids; foreign ones with an accepted behaviour: the donor's sampled ids. Other
+    foreign text: local ids + EOS. Truncated to `max_tokens`."""
     if completion.token_ids is not None:
         ids = list(completion.token_ids)
+    elif completion.behaviour is not None:
+        ids = list(completion.behaviour.ids)
     else:
         ids = tokenizer(completion.text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
     return ids[:max_tokens]
@@ -137,12 +157,15 @@ def build_batch(tokenizer, groups: Sequence[RolloutGroup], generation: Generatio
     foreign: list[bool] = []
     truncated: list[bool] = []
     sizes: list[int] = []
+    behaviours: dict[int, list[float]] = {}  # row -> the donor's log-probs of its ids
     ends = {tokenizer.eos_token_id, tokenizer.pad_token_id}
     for group in groups:
         sizes.append(len(group.completions))
         for completion, reward in zip(group.completions, group.rewards):
             prompts.append(group.prompt)
             ids = encode_completion(tokenizer, completion, generation.max_new_tokens)
+            if completion.token_ids is None and completion.behaviour is not None and ids:
+                behaviours[len(completions)] = list(completion.behaviour.logprobs[:len(ids)])
             completions.append(ids if ids else [tokenizer.eos_token_id])
             rewards.append(float(reward))
             foreign.append(not completion.is_own)
@@ -156,8 +179,16 @@ def build_batch(tokenizer, groups: Sequence[RolloutGroup], generation: Generatio
     for row, ids in enumerate(completions):
         comp_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
         comp_mask[row, : len(ids)] = 1
+    donor_logps = has_behaviour = None
+    if behaviours:
+        donor_logps = torch.zeros((len(completions), width), dtype=torch.float32)
+        has_behaviour = torch.zeros(len(completions), dtype=torch.bool)
+        for row, logps in behaviours.items():
+            donor_logps[row, : len(logps)] = torch.tensor(logps, dtype=torch.float32)
+            has_behaviour[row] = True
     return Batch(enc["input_ids"], enc["attention_mask"], comp_ids, comp_mask,
-                 torch.tensor(rewards, dtype=torch.float32), sizes, torch.tensor(foreign), torch.tensor(truncated))
+                 torch.tensor(rewards, dtype=torch.float32), sizes, torch.tensor(foreign), torch.tensor(truncated),
+                 donor_logps, has_behaviour)
 
 
 def per_token_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
@@ -176,6 +207,25 @@ def clipped_token_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages:
     adv = advantages.unsqueeze(1)
     clipped = torch.clamp(ratio, 1 - eps_low, 1 + eps_high)
     return -torch.min(ratio * adv, clipped * adv), ratio
+
+
+def foreign_token_weights(receiver_logps: torch.Tensor, foreign: torch.Tensor, mode: str, weight: float,
+                          cap: float, donor_logps: torch.Tensor | None = None,
+                          has_behaviour: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-token loss weights (B, C) for `train.foreign-correction`: 1 for own rows; foreign rows get `weight`
+    ("weight"), or min(exp(receiver - donor), cap) per token where the row has the donor's log-probs and `weight`
+    where it has not ("is"). `receiver_logps` are the receiver's (detached) log-probs of the row's tokens."""
+    if mode not in FOREIGN_CORRECTIONS:
+        raise ValueError(f"unknown foreign correction {mode!r}; expected one of {FOREIGN_CORRECTIONS}")
+    weights = torch.ones_like(receiver_logps)
+    if mode == "none":
+        return weights
+    rows = foreign.unsqueeze(1)
+    weights = torch.where(rows, torch.full_like(weights, weight), weights)
+    if mode == "is" and donor_logps is not None and has_behaviour is not None:
+        ratio = torch.exp(receiver_logps.detach() - donor_logps).clamp(max=cap)
+        weights = torch.where((foreign & has_behaviour).unsqueeze(1), ratio, weights)
+    return weights
 
 
 def aggregate_loss(per_token: torch.Tensor, mask: torch.Tensor, loss_type: str, total_tokens: float,
@@ -203,6 +253,8 @@ class MicroBatchLoss:
     clip_low: float  # active tokens whose negative-advantage ratio fell below 1 - eps_low
     clip_high: float  # active tokens whose positive-advantage ratio rose above 1 + eps_high
     kl: float  # summed per-token KL over active tokens (0 without a reference)
+    foreign_weight: float = 0.0  # summed loss weight over active foreign tokens (train.foreign-correction)
+    capped: float = 0.0  # active foreign tokens whose importance ratio was truncated at the cap
 
 
 def micro_batch_loss(model, batch: Batch, rows: slice, advantages: torch.Tensor, old_logps: torch.Tensor | None,
@@ -215,6 +267,18 @@ def micro_batch_loss(model, batch: Batch, rows: slice, advantages: torch.Tensor,
     old = logps.detach() if old_logps is None else old_logps
     per_token, ratio = clipped_token_loss(logps, old, advantages[rows], s.epsilon_low, s.epsilon_high)
     mask = batch.completion_mask[rows].float()
+    foreign_weight = capped = 0.0
+    if s.foreign_correction != "none":
+        donor = None if batch.donor_logps is None else batch.donor_logps[rows]
+        behaviour = None if batch.has_behaviour is None else batch.has_behaviour[rows]
+        weights = foreign_token_weights(old, batch.foreign[rows], s.foreign_correction, s.foreign_weight, s.is_cap,
+                                        donor, behaviour)
+        per_token = per_token * weights
+        foreign_mask = mask * batch.foreign[rows].unsqueeze(1).float()
+        foreign_weight = float((weights * foreign_mask).sum())
+        if donor is not None and behaviour is not None:
+            raw = torch.exp(old - donor)
+            capped = float(((raw > s.is_cap) & behaviour.unsqueeze(1)).float().mul(foreign_mask).sum())
     kl_total = 0.0
     if ref_logps is not None and s.kl_beta > 0:
         diff = ref_logps - logps
@@ -225,7 +289,7 @@ def micro_batch_loss(model, batch: Batch, rows: slice, advantages: torch.Tensor,
     adv = advantages[rows].unsqueeze(1)
     clip_low = float((((ratio < 1 - s.epsilon_low) & (adv < 0)).float() * mask).sum())
     clip_high = float((((ratio > 1 + s.epsilon_high) & (adv > 0)).float() * mask).sum())
-    return MicroBatchLoss(loss, clip_low, clip_high, kl_total)
+    return MicroBatchLoss(loss, clip_low, clip_high, kl_total, foreign_weight, capped)
 
 
 class GRPOLearner:
@@ -236,6 +300,9 @@ class GRPOLearner:
             raise ValueError(f"train.loss-type must be one of {LOSS_TYPES}, got {settings.loss_type!r}")
         if settings.scale_rewards not in SCALE_REWARDS:
             raise ValueError(f"train.scale-rewards must be one of {SCALE_REWARDS}, got {settings.scale_rewards!r}")
+        if settings.foreign_correction not in FOREIGN_CORRECTIONS:
+            raise ValueError(f"train.foreign-correction must be one of {FOREIGN_CORRECTIONS}, got "
+                             f"{settings.foreign_correction!r}")
         self.model = model
         self.tokenizer = tokenizer
         self.settings = settings
@@ -298,7 +365,7 @@ class GRPOLearner:
         if s.kl_beta > 0:
             with torch.no_grad(), self.model.disable_adapter():
                 ref = torch.cat([self._logps(batch, c) for c in chunks])
-        clip_low = clip_high = kl_sum = loss_sum = 0.0
+        clip_low = clip_high = kl_sum = loss_sum = foreign_weight = capped = 0.0
         for _ in range(s.inner_iterations):
             self.optimizer.zero_grad(set_to_none=True)
             for rows in chunks:
@@ -310,6 +377,8 @@ class GRPOLearner:
                 clip_low += part.clip_low
                 clip_high += part.clip_high
                 kl_sum += part.kl
+                foreign_weight += part.foreign_weight
+                capped += part.capped
             if mu > 0 and proximal_reference is not None:
                 prox = proximal_term(self.params, proximal_reference, mu)
                 prox.backward()
@@ -324,4 +393,23 @@ class GRPOLearner:
         stats.clip_low_fraction = clip_low / denom
         stats.clip_high_fraction = clip_high / denom
         stats.kl = kl_sum / denom
+        if s.foreign_correction != "none":  # sums over inner iterations: the mean weight is sum / tokens
+            stats.extra["foreign_tokens"] = int((mask * batch.foreign.unsqueeze(1).float()).sum()) * s.inner_iterations
+            stats.extra["foreign_weight_sum"] = foreign_weight
+            stats.extra["is_capped_tokens"] = int(capped)
         return stats
+
+    @torch.no_grad()
+    def mean_logprobs(self, prompt: str, completions: Sequence) -> list[float]:
+        """Each completion's mean per-token log-prob under the current policy, as an update would tokenize it
+        (pubswap.donor = "likely" ranks donor responses by it; the mean, not the sum, so length does not decide)."""
+        if not completions:
+            return []
+        group = RolloutGroup(prompt, list(completions), [0.0] * len(completions))
+        batch = build_batch(self.tokenizer, [group], self.generation).to(next(iter(self.params.values())).device)
+        was_training = self.model.training
+        self.model.eval()
+        logps = self._logps(batch, slice(0, len(completions)))
+        self.model.train(was_training)
+        mask = batch.completion_mask.float()
+        return ((logps * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).tolist()

@@ -136,6 +136,10 @@ class ClientReport:
     tasks: tuple[str, ...] = ()
     sampled_completions: int = 0  # completions this node sampled itself in this message
     well_formed_completions: int = 0  # of those, how many had exactly one <answer>...</answer> and nothing after
+    foreign_tokens: int = 0  # train.foreign-correction: foreign tokens trained on in this message,
+    foreign_weight_sum: float = 0.0  # their summed loss weight,
+    is_capped_tokens: int = 0  # those whose importance ratio was truncated at train.is-cap,
+    foreign_fallbacks: int = 0  # and foreign completions without a usable donor behaviour (fallback weight)
 
     @classmethod
     def of(cls, learner: Learner, report: WorkReport, started: float) -> "ClientReport":
@@ -148,7 +152,9 @@ class ClientReport:
             rollout_reward=report.mean_reward("rollout") if report.has("rollout") else None,
             model=learner.identity.model_name, tasks=tuple(learner.task_names),
             sampled_completions=sum(learner.sampled_shapes.values()),
-            well_formed_completions=learner.sampled_shapes.get("well-formed", 0))
+            well_formed_completions=learner.sampled_shapes.get("well-formed", 0),
+            foreign_tokens=report.foreign_tokens, foreign_weight_sum=report.foreign_weight_sum,
+            is_capped_tokens=report.is_capped_tokens, foreign_fallbacks=sum(report.fallbacks.values()))
 
     def metrics(self) -> dict:
         out = {"node-index": self.node_index, "num-examples": self.num_examples,
@@ -161,6 +167,9 @@ class ClientReport:
             out["train-reward"] = self.train_reward
         if self.rollout_reward is not None:
             out["rollout-reward"] = self.rollout_reward
+        if self.foreign_tokens or self.foreign_fallbacks:  # only with train.foreign-correction
+            out.update({"foreign-tokens": self.foreign_tokens, "foreign-weight-sum": self.foreign_weight_sum,
+                        "is-capped-tokens": self.is_capped_tokens, "foreign-fallbacks": self.foreign_fallbacks})
         return out
 
     def payload(self) -> dict:
@@ -176,6 +185,7 @@ class ClientReport:
                     for key in ("train-reward", "rollout-reward")}
         t_start = number(metrics, "t-start", 0.0, low=0, high=MAX_TIMESTAMP)
         sampled = int(number(metrics, "sampled-completions", 0.0, low=0, high=1e12))
+        foreign = int(number(metrics, "foreign-tokens", 0.0, low=0, high=1e12))
         t_end = number(metrics, "t-end", t_start, low=t_start, high=MAX_TIMESTAMP)
         return cls(
             node_index=int(number(metrics, "node-index", low=0, high=MAX_NODES - 1)),
@@ -190,6 +200,11 @@ class ClientReport:
             rollout_reward=optional["rollout-reward"],
             sampled_completions=sampled,
             well_formed_completions=int(number(metrics, "well-formed-completions", 0.0, low=0, high=sampled)),
+            foreign_tokens=foreign,
+            # weights are in [0, max(train.is-cap, 1)]; train.is-cap is at most 1000
+            foreign_weight_sum=number(metrics, "foreign-weight-sum", 0.0, low=0, high=1000.0 * max(foreign, 1)),
+            is_capped_tokens=int(number(metrics, "is-capped-tokens", 0.0, low=0, high=foreign)),
+            foreign_fallbacks=int(number(metrics, "foreign-fallbacks", 0.0, low=0, high=1e12)),
             model=text(payload.get("model", ""), "'model'"),
             tasks=tuple(text(t, "a task name", 256) for t in tasks))
 

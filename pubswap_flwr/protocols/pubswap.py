@@ -7,10 +7,16 @@ next, and the ids of the next public prompts; the client applies the public step
 responses on the next public prompts with its current policy and replies them. The server scores every response
 with its own verifier (public prompts are referenced by id; client-claimed rewards are never read) and builds the
 next sets. The last segment's reply carries the adapter, aggregated as in fedavg/fedprox (`pubswap.base`).
+
+Beyond the paper (each off by default): with `train.foreign-correction = "is"` replies carry each response's
+sampling ids and log-probs, which travel with a donated response to its receiver; with `pubswap.donor = "likely"`
+a failing client gets candidates and keeps the ones its own policy finds most likely; with `pubswap.schedule =
+"adaptive"` the number of public steps per round follows the last round's policy disagreement (schedule.py).
 """
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from functools import partial
@@ -24,16 +30,20 @@ from flwr.app import Message, RecordDict
 
 from ..compression import Codec, Quantized
 from ..config import ExperimentConfig
-from ..rollouts import Completion, RolloutGroup
-from ..swap import Response, build_response_sets
+from ..policy.behaviour import accept_behaviour
+from ..rollouts import Behaviour, Completion, RolloutGroup
+from ..schedule import even_positions, fixed_positions, public_step_count
+from ..swap import Response, build_response_sets, most_likely
 from ..tasks import ScoringBudget, extract_answer, score_completion, training_reward
 from ..tasks.verifiers import completion_shape
-from ..validate import Limits, check_public_responses
+from ..validate import Limits, Rejected, check_public_responses
 from ..wire import CONFIG_KEY
 from .base import (Adapter, ClientReport, ClientWork, Header, Instruction, RoundContext, ServerProtocol, adapter_of,
                    payload_of, read_reply, record_scoring, records, reply_records)
 from .fedavg import aggregate_adapters, checked_adapter
 from .transfer import Downlink, adapter_to_send, broadcast_of, global_for, put_quantized, start_round, take_global
+
+log = logging.getLogger("pubswap_flwr")
 
 Scored = dict[str, list[tuple[str, float]]]  # public prompt id -> (response text, server's reward)
 
@@ -47,11 +57,15 @@ class SwapEntry:
     own_index: int = -1
     text: str = ""
     source: str = ""
+    behaviour: Behaviour | None = None  # the donor's sampling ids and log-probs (train.foreign-correction = "is")
 
     def to_dict(self) -> dict:
         if self.own_index >= 0:
             return {"own_index": self.own_index, "reward": self.reward}
-        return {"own_index": -1, "text": self.text, "reward": self.reward, "source": self.source}
+        out = {"own_index": -1, "text": self.text, "reward": self.reward, "source": self.source}
+        if self.behaviour is not None:
+            out["behaviour"] = self.behaviour.to_wire()
+        return out
 
     @classmethod
     def from_dict(cls, data: Any) -> "SwapEntry":
@@ -67,7 +81,36 @@ class SwapEntry:
         text, source = data.get("text"), data.get("source", "peer")
         if not isinstance(text, str) or not isinstance(source, str):
             raise ValueError("a foreign response needs text and a source name")
-        return cls(float(reward), -1, text, source)
+        behaviour = Behaviour.from_wire(data["behaviour"]) if data.get("behaviour") is not None else None
+        return cls(float(reward), -1, text, source, behaviour)
+
+
+MAX_CANDIDATES = 64  # pubswap.donor-candidates' bound
+
+
+@dataclass(frozen=True)
+class DonorChoice:
+    """donor = likely, on the wire: the client's own slots to fill with the most likely of `candidates`."""
+
+    slots: tuple[int, ...]
+    candidates: tuple[SwapEntry, ...]
+
+    def to_dict(self) -> dict:
+        return {"slots": list(self.slots), "candidates": [c.to_dict() for c in self.candidates]}
+
+    @classmethod
+    def from_dict(cls, data: Any, k: int) -> "DonorChoice":
+        if not isinstance(data, dict):
+            raise ValueError(f"a donor choice is {type(data).__name__}, not an object")
+        slots, candidates = data.get("slots"), data.get("candidates")
+        if not isinstance(slots, list) or not isinstance(candidates, list):
+            raise ValueError("a donor choice needs 'slots' and 'candidates' lists")
+        if not slots or len(set(slots)) != len(slots) or not all(type(i) is int and 0 <= i < k for i in slots):
+            raise ValueError(f"donor choice slots must be distinct integers in [0, {k})")
+        entries = tuple(SwapEntry.from_dict(c) for c in candidates)
+        if not len(slots) <= len(entries) <= MAX_CANDIDATES or any(e.own_index >= 0 for e in entries):
+            raise ValueError(f"a donor choice needs {len(slots)}..{MAX_CANDIDATES} foreign candidates")
+        return cls(tuple(slots), entries)
 
 
 @dataclass(frozen=True)
@@ -81,6 +124,7 @@ class Segment(Instruction):
     adapter: Adapter | None = None  # segment 0: the global adapter
     response_sets: dict[str, tuple[SwapEntry, ...]] | None = None  # the pending public step's sets
     downlink: Downlink | None = None  # segment 0 with strategy.compression (then `adapter` may be None)
+    choices: dict[str, DonorChoice] | None = None  # pubswap.donor = likely: slots to fill per prompt
 
     def to_record(self) -> RecordDict:
         config = {**self.header.to_config(), "private-steps": self.private_steps,
@@ -90,21 +134,28 @@ class Segment(Instruction):
         if self.response_sets is not None:
             payload = {"response-sets": {uid: [e.to_dict() for e in entries]
                                          for uid, entries in self.response_sets.items()}}
+            if self.choices:
+                payload["donor-choices"] = {uid: c.to_dict() for uid, c in self.choices.items()}
         return put_quantized(records(config, adapter=self.adapter, payload=payload),
                              self.downlink.delta if self.downlink is not None else None)
 
     @classmethod
     def from_record(cls, content: RecordDict) -> "Segment":
         config = content[CONFIG_KEY]
-        sets = payload_of(content).get("response-sets")
+        payload = payload_of(content)
+        sets, choices = payload.get("response-sets"), payload.get("donor-choices")
+        k = int(config["k"])
         try:
             response_sets = None if sets is None else {str(uid): tuple(SwapEntry.from_dict(e) for e in entries)
                                                        for uid, entries in dict(sets).items()}
+            donor_choices = None if choices is None else {str(uid): DonorChoice.from_dict(c, k)
+                                                          for uid, c in dict(choices).items()}
         except (TypeError, KeyError, ValueError) as err:
             raise ValueError(f"malformed response sets: {type(err).__name__}: {err}") from None
         return cls(Header.from_config(config), int(config.get("private-steps", 0)),
-                   tuple(u for u in str(config.get("public-uids", "")).split("\n") if u), int(config["k"]),
-                   bool(config.get("final", False)), adapter_of(content), response_sets, Downlink.read(config, content))
+                   tuple(u for u in str(config.get("public-uids", "")).split("\n") if u), k,
+                   bool(config.get("final", False)), adapter_of(content), response_sets, Downlink.read(config, content),
+                   donor_choices)
 
 
 @dataclass(frozen=True)
@@ -116,9 +167,13 @@ class SegmentReply:
     responses: dict[str, list[str]] | Scored
     adapter: Adapter | Quantized | None = None  # Quantized: strategy.compression's delta
     modal: dict[str, str | None] = field(default_factory=dict)  # server side: each prompt's most frequent answer
+    behaviour: dict[str, list[Behaviour | None]] = field(default_factory=dict)  # foreign-correction = is
 
     def to_record(self) -> RecordDict:
-        payload = {"responses": self.responses} if self.responses else None
+        payload: dict | None = {"responses": self.responses} if self.responses else None
+        if payload is not None and self.behaviour:
+            payload["behaviour"] = {uid: [b.to_wire() if b is not None else None for b in rows]
+                                    for uid, rows in self.behaviour.items()}
         if isinstance(self.adapter, Quantized):
             return put_quantized(reply_records(self.report, payload=payload), self.adapter)
         return reply_records(self.report, payload=payload, adapter=self.adapter)
@@ -126,13 +181,18 @@ class SegmentReply:
     @classmethod
     def from_message(cls, message: Message, uids: list[str], k: int, limits: Limits, public,
                      reference: Adapter | None, score=score_completion,
-                     partial_credit: bool = True, codec: Codec | None = None) -> "SegmentReply":
+                     partial_credit: bool = True, codec: Codec | None = None,
+                     with_behaviour: bool = False) -> "SegmentReply":
         """Decode and check a client's reply, scoring its responses with the server's verifier (`score`, under
-        the client's scoring budget in a round; graded or 0/1 rewards as `tasks.partial-credit` says)."""
+        the client's scoring budget in a round; graded or 0/1 rewards as `tasks.partial-credit` says); with
+        `with_behaviour`, also its responses' sampling log-probs (checked; a missing one is passed on as None)."""
         _, payload, report = read_reply(message)
         scored: Scored = {}
+        behaviour: dict[str, list[Behaviour | None]] = {}
         if uids:
             texts = check_public_responses(payload, uids, k, limits)
+            if with_behaviour:
+                behaviour = check_behaviours(payload.get("behaviour"), uids, k)
             limit = limits.max_completion_chars
             scored = {uid: [(t, training_reward(score(t, public.get(uid), max_chars=limit).reward, partial_credit))
                             for t in texts[uid]]
@@ -140,7 +200,26 @@ class SegmentReply:
         adapter = checked_adapter(message.content, reference, codec) if reference is not None else None
         modal = {uid: Counter(extract_answer(t) for t in texts).most_common(1)[0][0]
                  for uid, texts in (texts.items() if uids else ())}
-        return cls(report, scored, adapter, modal)
+        return cls(report, scored, adapter, modal, behaviour)
+
+
+def check_behaviours(raw: Any, uids: list[str], k: int) -> dict[str, list[Behaviour | None]]:
+    """A reply's sampling behaviours: None for prompts or responses that sent none; anything malformed rejects the
+    reply, as a malformed response does."""
+    if raw is None:
+        return {uid: [None] * k for uid in uids}
+    if not isinstance(raw, dict) or not set(raw) <= set(uids):
+        raise Rejected("'behaviour' must be an object keyed by the requested prompt ids")
+    out = {}
+    for uid in uids:
+        rows = raw.get(uid, [None] * k)
+        if not isinstance(rows, list) or len(rows) != k:
+            raise Rejected(f"prompt {uid}: behaviour must list {k} entries")
+        try:
+            out[uid] = [None if row is None else Behaviour.from_wire(row) for row in rows]
+        except ValueError as err:
+            raise Rejected(f"prompt {uid}: {err}") from None
+    return out
 
 
 # -- server --------------------------------------------------------------------------------------------------------
@@ -150,6 +229,7 @@ class PubSwapProtocol(ServerProtocol):
         self.broadcast = broadcast_of(cfg)
         self.public_cursor = 0
         self.limits = Limits(max_completion_chars=cfg.generation.max_completion_chars)
+        self.last_disagreement: float | None = None  # schedule = adaptive: the signal for the next round
 
     @staticmethod
     def proximal_mu(cfg: ExperimentConfig) -> float:
@@ -157,18 +237,36 @@ class PubSwapProtocol(ServerProtocol):
 
     def describe(self) -> str:
         p = self.cfg.pubswap
+        extra = "".join(f" {key}={value}" for key, value, default in (
+            ("donor", p.donor, "uniform"), ("schedule", p.schedule, "fixed"),
+            ("foreign-correction", self.cfg.train.foreign_correction, "none")) if value != default)
         return (f"swap={p.swap} tau={self.cfg.train.local_steps} tau-swap={p.tau_swap} "
-                f"public-prompts={p.public_prompts} base={p.base}")
+                f"public-prompts={p.public_prompts} base={p.base}{extra}")
 
     def state(self) -> dict:
-        return {"public_cursor": self.public_cursor}
+        state: dict = {"public_cursor": self.public_cursor}
+        if self.last_disagreement is not None:
+            state["last_disagreement"] = self.last_disagreement
+        return state
 
     def restore(self, state: dict) -> None:
         self.public_cursor = int(state.get("public_cursor", 0))
+        last = state.get("last_disagreement")
+        self.last_disagreement = None if last is None else float(last)
 
     def public_step_positions(self) -> list[int]:
-        tau, every = self.cfg.train.local_steps, self.cfg.pubswap.tau_swap
-        return [t for t in range(1, tau + 1) if t % every == 0]
+        """This round's public steps: every tau-swap-th (fixed), or as many as the last round's policy
+        disagreement asks for, spread evenly (adaptive; round 1 has no signal and uses the fixed count)."""
+        p, tau = self.cfg.pubswap, self.cfg.train.local_steps
+        fixed = fixed_positions(tau, p.tau_swap)
+        if p.schedule == "fixed":
+            return fixed
+        if self.last_disagreement is None:
+            count = min(max(len(fixed), p.min_public_steps), p.max_public_steps)
+        else:
+            count = public_step_count(self.last_disagreement, p.disagreement_low, p.disagreement_high,
+                                      p.min_public_steps, p.max_public_steps)
+        return even_positions(tau, count)
 
     def next_public_uids(self) -> list[str]:
         """The next prompts of the public set, in a fresh seeded order each pass over it."""
@@ -186,8 +284,14 @@ class PubSwapProtocol(ServerProtocol):
         assert self.master is not None and self.public is not None
         k = self.cfg.train.completions_per_prompt
         positions = self.public_step_positions()
+        if self.cfg.pubswap.schedule == "adaptive":
+            ctx.log.extra["schedule"] = {"signal": self.last_disagreement, "public_steps": len(positions),
+                                         "positions": positions}
+            log.info("round %d: %d public steps (last round's policy disagreement %s)", ctx.number, len(positions),
+                     "n/a" if self.last_disagreement is None else f"{self.last_disagreement:.3f}")
         active = ctx.exchange.select(ctx.number)
         pending_sets: dict[int, dict] = {}
+        pending_choices: dict[int, dict] = {}
         previous = 0
         ctx.log.extra["public_steps"] = []
         final_replies: dict[int, SegmentReply] = {}
@@ -204,11 +308,12 @@ class PubSwapProtocol(ServerProtocol):
                 expected[node] += (next_public - previous - 1) * t.prompts_per_step * t.completions_per_prompt + public
             uids = [] if is_final else self.next_public_uids()
             messages = [Segment(ctx.header(round_start=segment == 0), next_public - previous - 1, tuple(uids), k,
-                                is_final, *self.global_for(node, master, segment, pending_sets.get(node)))
+                                is_final, *self.global_for(node, master, segment, pending_sets.get(node)),
+                                choices=pending_choices.get(node) or None)
                         .to_message(node) for node in active]
             result = ctx.exchange.send(messages, lambda node, reply: SegmentReply.from_message(
                 reply, uids, k, self.limits, self.public, master if is_final else None, partial(budget.score, node),
-                self.cfg.tasks.partial_credit, codec))
+                self.cfg.tasks.partial_credit, codec, self.cfg.train.foreign_correction == "is"))
             if segment == 0 and self.broadcast is not None:
                 self.broadcast.confirm(result.replies)
             ctx.log.absorb(result)
@@ -217,8 +322,9 @@ class PubSwapProtocol(ServerProtocol):
                 final_replies = result.replies
                 break
             started = time.perf_counter()
-            pending_sets, step_metrics = self.swap(ctx, {n: result.replies[n].responses for n in active}, uids, k,
-                                                   segment, {n: result.replies[n].modal for n in active})
+            pending_sets, pending_choices, step_metrics = self.swap(
+                ctx, {n: result.replies[n].responses for n in active}, uids, k, segment,
+                {n: result.replies[n].modal for n in active}, {n: result.replies[n].behaviour for n in active})
             step_metrics["step"] = next_public
             ctx.log.extra["public_steps"].append(step_metrics)
             ctx.log.server_seconds += time.perf_counter() - started
@@ -226,6 +332,8 @@ class PubSwapProtocol(ServerProtocol):
         self.master = aggregate_adapters(ctx, self.cfg, self.master,
                                          {n: r.adapter for n, r in final_replies.items()}, expected, base=master)
         ctx.log.extra["swap"] = summarise_public_steps(ctx.log.extra["public_steps"])
+        if ctx.log.extra["public_steps"]:
+            self.last_disagreement = ctx.log.extra["swap"]["policy_disagreement"]
         record_scoring(ctx, budget)
 
     def global_for(self, node: int, master: Adapter, segment: int, sets: dict | None) -> tuple:
@@ -237,28 +345,39 @@ class PubSwapProtocol(ServerProtocol):
         return whole, sets, downlink
 
     def swap(self, ctx: RoundContext, responses: dict[int, Scored], uids: list[str], k: int, segment: int,
-             modal: dict[int, dict[str, str | None]]) -> tuple[dict[int, dict], dict]:
-        """Each client's response set per prompt by the configured rule, and the public step's metrics (`modal`:
-        each client's most frequent answer per prompt, for policy disagreement)."""
+             modal: dict[int, dict[str, str | None]], behaviour: dict[int, dict[str, list]] | None = None
+             ) -> tuple[dict[int, dict], dict[int, dict], dict]:
+        """Each client's response set per prompt by the configured rule, its donor choices (pubswap.donor =
+        likely), and the public step's metrics (`modal`: each client's most frequent answer per prompt, for policy
+        disagreement; `behaviour`: each response's sampling log-probs, passed on with donated responses)."""
         p = self.cfg.pubswap
         rng = random.Random(f"{self.cfg.seed}:swap:{ctx.number}:{segment}")
         label = ctx.exchange.label
         nodes = ctx.exchange.ordered(responses)
         sets: dict[int, dict] = {node: {} for node in nodes}
+        choices: dict[int, dict] = {node: {} for node in nodes}
+        behaviour = behaviour or {}
+        candidates = []
         swapped = {node: 0 for node in nodes}
         swapped_pairs = 0
         donors = []
         disagreement = []
         own_reward: dict[int, list[float]] = {node: [] for node in nodes}
         for uid in uids:
-            pool = [Response(label(node), i, text, reward) for node in nodes
-                    for i, (text, reward) in enumerate(responses[node][uid])]
-            outcomes = build_response_sets(pool, p.swap, p.correct_threshold, k, rng) if pool else {}
+            pool = [Response(label(node), i, text, reward, (behaviour.get(node) or {}).get(uid, [None] * k)[i])
+                    for node in nodes for i, (text, reward) in enumerate(responses[node][uid])]
+            outcomes = build_response_sets(pool, p.swap, p.correct_threshold, k, rng, p.donor,
+                                           p.donor_candidates) if pool else {}
             for node in nodes:
                 me = label(node)
                 outcome = outcomes[me]
                 sets[node][uid] = tuple(SwapEntry(r.reward, r.index) if r.client == me
-                                        else SwapEntry(r.reward, -1, r.text, r.client) for r in outcome.responses)
+                                        else SwapEntry(r.reward, -1, r.text, r.client, r.behaviour)
+                                        for r in outcome.responses)
+                if outcome.choice is not None:
+                    choices[node][uid] = DonorChoice(outcome.choice.slots, tuple(
+                        SwapEntry(r.reward, -1, r.text, r.client, r.behaviour) for r in outcome.choice.candidates))
+                    candidates.append(len(outcome.choice.candidates))
                 swapped[node] += outcome.swapped
                 swapped_pairs += outcome.swapped > 0
                 donors.append(outcome.donors_available)
@@ -276,7 +395,9 @@ class PubSwapProtocol(ServerProtocol):
             "public_reward_before_swap": {str(n): float(np.mean(r)) if r else 0.0 for n, r in own_reward.items()},
             "policy_disagreement": float(np.mean(disagreement)) if disagreement else 0.0,
         }
-        return sets, metrics
+        if p.donor == "likely":
+            metrics["mean_donor_candidates"] = float(np.mean(candidates)) if candidates else 0.0
+        return sets, choices, metrics
 
 
 def summarise_public_steps(steps: list[dict]) -> dict:
@@ -312,17 +433,62 @@ def public_generate(work: ClientWork, uids: tuple[str, ...], k: int) -> dict[str
     learner.state.pending_public = {item.uid: [{"text": s.text, "ids": s.token_ids} for s in row]
                                     for item, row in zip(items, samples)}
     work.report.sample_seconds += time.perf_counter() - started
-    return {uid: [s["text"] for s in rows] for uid, rows in learner.state.pending_public.items()}
+    if learner.cfg.train.foreign_correction == "is":  # the log-probs travel with whatever is donated
+        return {uid: [s.text for s in row] for uid, row in zip(uids, samples)}, {
+            uid: [Behaviour(tuple(s.token_ids), tuple(s.logprobs)) if s.token_ids else None for s in row]
+            for uid, row in zip(uids, samples)}
+    return {uid: [s["text"] for s in rows] for uid, rows in learner.state.pending_public.items()}, {}
 
 
-def public_update(work: ClientWork, response_sets: dict[str, tuple[SwapEntry, ...]]) -> None:
-    """One GRPO step on the server-built response sets. Own responses keep their sampled ids; foreign text is
-    re-tokenized; rewards are the server's (it re-verified every response)."""
+def foreign_completion(work: ClientWork, entry: SwapEntry) -> Completion:
+    """A donated response as a completion; with the importance-sampling correction, its donor's behaviour when
+    this client can use it (same tokenizer, ids that decode to the text), else text only (the fallback weight)."""
+    learner = work.learner
+    behaviour = None
+    if learner.cfg.train.foreign_correction == "is":
+        behaviour, why = accept_behaviour(learner.policy.tokenizer, entry.text, entry.behaviour,
+                                          learner.cfg.generation.max_new_tokens)
+        if behaviour is None:
+            work.report.fallbacks[why] = work.report.fallbacks.get(why, 0) + 1
+    return Completion(entry.text, None, entry.source, behaviour)
+
+
+def log_fallbacks(work: ClientWork) -> None:
+    """train.foreign-correction = is: say which foreign completions fell back to train.foreign-weight, and why."""
+    if work.report.fallbacks:
+        log.info("node %d: %d foreign completions without a usable donor behaviour, weighted by "
+                 "train.foreign-weight = %g: %s", work.learner.identity.index, sum(work.report.fallbacks.values()),
+                 work.learner.cfg.train.foreign_weight,
+                 "; ".join(f"{why} ({n})" for why, n in work.report.fallbacks.most_common()))
+
+
+def likeliest(work: ClientWork, prompt: str, entries: tuple[SwapEntry, ...], choice: DonorChoice) -> tuple:
+    """The response set with `choice.slots` filled by the candidates this client's policy finds most likely."""
+    for slot in choice.slots:
+        if slot >= len(entries) or entries[slot].own_index < 0:
+            raise ValueError(f"donor choice slot {slot} is not one of the client's own responses")
+    scores = work.learner.policy.learner.mean_logprobs(prompt, [foreign_completion(work, c)
+                                                                for c in choice.candidates])
+    picked = [choice.candidates[i] for i in most_likely(scores, len(choice.slots))]
+    out = list(entries)
+    for slot, entry in zip(choice.slots, picked):
+        out[slot] = entry
+    return tuple(out)
+
+
+def public_update(work: ClientWork, response_sets: dict[str, tuple[SwapEntry, ...]],
+                  choices: dict[str, DonorChoice] | None = None) -> None:
+    """One GRPO step on the server-built response sets (with pubswap.donor = likely, the chosen slots filled by
+    the candidates this policy finds most likely). Own responses keep their sampled ids; foreign text is
+    re-tokenized, or takes its donor's ids with the importance-sampling correction; rewards are the server's (it
+    re-verified every response)."""
     learner = work.learner
     groups = []
     for uid, entries in response_sets.items():
         item = public_items(work, [uid])[0]
         own = learner.state.pending_public.get(uid, [])
+        if choices and uid in choices:
+            entries = likeliest(work, learner.prompt(item), entries, choices[uid])
         completions = []
         for entry in entries:
             if entry.own_index >= 0:
@@ -332,10 +498,11 @@ def public_update(work: ClientWork, response_sets: dict[str, tuple[SwapEntry, ..
                 sample = own[entry.own_index]
                 completions.append(Completion(sample["text"], tuple(sample["ids"])))
             else:
-                completions.append(Completion(entry.text, None, entry.source))
+                completions.append(foreign_completion(work, entry))
         groups.append(RolloutGroup(learner.prompt(item), completions, [e.reward for e in entries], uid, item.task))
     if not groups:
         return
+    log_fallbacks(work)
     learner.learn_step(groups, "public", work.report)
     learner.state.pending_public = {}
 
@@ -347,11 +514,11 @@ def segment(work: ClientWork) -> RecordDict:
     if message.header.round_start:  # segment 0 carries the global
         take_global(work, message.adapter, message.downlink)
     if message.response_sets is not None:
-        public_update(work, message.response_sets)
+        public_update(work, message.response_sets, message.choices)
     work.learner.private_steps(message.private_steps, work.report)
-    responses = public_generate(work, message.public_uids, message.k) if message.public_uids else {}
+    responses, behaviour = public_generate(work, message.public_uids, message.k) if message.public_uids else ({}, {})
     adapter = adapter_to_send(work) if message.final else None
-    return SegmentReply(work.client_report(), responses, adapter).to_record()
+    return SegmentReply(work.client_report(), responses, adapter, behaviour=behaviour).to_record()
 
 
 HANDLERS = {Segment.message_type: segment}

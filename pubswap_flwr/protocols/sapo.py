@@ -25,6 +25,7 @@ from flwr.app import Message, RecordDict
 
 from ..config import ExperimentConfig
 from ..learner import Learner, StepRecord, WorkReport
+from ..policy.behaviour import accept_behaviour, tokenizer_fingerprint
 from ..rollouts import Completion, RolloutGroup
 from ..sapo import Packet, Selection, fair_share, relay, reputation, select_external, select_local
 from ..shared import derive_seed
@@ -202,7 +203,7 @@ class SapoProtocol(ServerProtocol):
                 ctx.log.client(node)["packets_rejected"] = len(reply.packet_rejections)
                 ctx.log.extra.setdefault("rejected_packets", {})[str(node)] = list(reply.packet_rejections[:10])
             label = ctx.exchange.label(node)
-            pool.extend(Packet(label, p.item, p.completions) for p in reply.packets or ())  # sender = who sent it
+            pool.extend(p.with_sender(label) for p in reply.packets or ())  # sender = who sent it
         return pool
 
     def _train_messages(self, ctx: RoundContext, kind: type[SapoTrain], nodes: list[int], pool: list[Packet],
@@ -276,13 +277,17 @@ def generate_rollouts(learner: Learner, round_number: int, report: WorkReport) -
         {"item": item.to_dict(), "texts": [c.text for c in g.completions],
          "ids": [list(c.token_ids or ()) for c in g.completions], "rewards": g.rewards}
         for item, g in zip(items, groups)]
+    behaviour = learner.cfg.train.foreign_correction == "is"  # the receivers weigh these completions by them
+    fingerprint = tokenizer_fingerprint(learner.policy.tokenizer) if behaviour else ""
     rewards = [r for g in groups for r in g.rewards]
     mean = sum(rewards) / len(rewards)
     learner.state.cumulative_reward += mean
     report.add(StepRecord(learner.state.steps, "rollout", mean, len(rewards), sample_s, 0.0,
                           sum(not g.has_signal for g in groups), 0))
     chosen = shuffled(range(len(items)), derive_seed(learner.cfg.seed, learner.identity.index, round_number, "share"))
-    return [Packet("", items[i], tuple(c.text for c in groups[i].completions)) for i in chosen[:share]]
+    return [Packet("", items[i], tuple(c.text for c in groups[i].completions),
+                   tuple(c.behaviour for c in groups[i].completions) if behaviour else None, fingerprint)
+            for i in chosen[:share]]
 
 
 def pending_groups(learner: Learner) -> list[RolloutGroup]:
@@ -369,14 +374,36 @@ def train_on_pool(learner: Learner, pool: Sequence[Packet], round_number: int, r
         log.info("node %d: %d of J=%d external groups available after filtering (%d zero-advantage, "
                  "%d rejected, %d received)", index, len(selection.chosen), scfg.external,
                  selection.zero_advantage, selection.rejected, selection.received)
-    external = [RolloutGroup(learner.prompt(s.packet.item),
-                             [Completion(t, None, s.packet.sender) for t in s.packet.completions],
+    external = [RolloutGroup(learner.prompt(s.packet.item), external_completions(learner, s.packet, report),
                              list(s.rewards), s.packet.item.uid, s.packet.item.task) for s in selection.chosen]
     groups = local + external
+    if report.fallbacks:
+        log.info("node %d: %d external completions without a usable sender behaviour, weighted by "
+                 "train.foreign-weight = %g: %s", index, sum(report.fallbacks.values()), learner.cfg.train.foreign_weight,
+                 "; ".join(f"{why} ({n})" for why, n in report.fallbacks.most_common()))
     if groups:
         learner.learn_step(groups, "sapo", report)
     learner.state.pending_sapo = []
     return selection
+
+
+def external_completions(learner: Learner, packet: Packet, report: WorkReport) -> list[Completion]:
+    """A peer's completions as foreign members of a group; with train.foreign-correction = "is", each keeps its
+    sender's behaviour when this node can use it (same tokenizer fingerprint, ids decoding to the text), else it is
+    text only and train.foreign-weight weighs it (the reason counted in `report.fallbacks`)."""
+    if learner.cfg.train.foreign_correction != "is":
+        return [Completion(t, None, packet.sender) for t in packet.completions]
+    tokenizer = learner.policy.tokenizer
+    same = packet.tokenizer == tokenizer_fingerprint(tokenizer)
+    behaviours = packet.behaviour or (None,) * len(packet.completions)
+    out = []
+    for text, behaviour in zip(packet.completions, behaviours):
+        usable, why = (accept_behaviour(tokenizer, text, behaviour, learner.cfg.generation.max_new_tokens) if same
+                       else (None, "the sender's tokenizer differs"))
+        if usable is None:
+            report.fallbacks[why] += 1
+        out.append(Completion(text, None, packet.sender, usable))
+    return out
 
 
 def _train_reply(work: ClientWork, message: SapoTrain, packets: list[Packet] | None,
