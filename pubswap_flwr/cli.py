@@ -193,13 +193,24 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.out:
         config["output.dir"] = str(Path(args.out).resolve())
     run_dir = checked(config).run_dir  # None without a run-name: the directory is named after Flower's run id
+    address = args.ray_address or (os.environ.get("RAY_ADDRESS") if args.engine == "ray" else None) or None
+    if address is not None:
+        from .simulation import reachable_ray_address
+
+        if args.engine == "inprocess":
+            raise UsageError("--ray-address joins a Ray cluster; --engine inprocess runs without Ray")
+        try:
+            reachable_ray_address(address)
+        except ValueError as err:
+            raise UsageError(f"--ray-address: {err}" if args.ray_address else f"RAY_ADDRESS: {err}") from err
     logs.setup(verbose=args.verbose, flower=True)
     from .simulation import simulate, simulate_in_process
 
     if args.engine == "inprocess":
         simulate_in_process(config, args.nodes)
     else:
-        simulate(config, args.nodes, cpus_per_client=args.cpus_per_client, gpus_per_client=args.gpus_per_client)
+        simulate(config, args.nodes, cpus_per_client=args.cpus_per_client, gpus_per_client=args.gpus_per_client,
+                 ray_address=address)
     if run_dir is not None and run_status(run_dir).get("status") != "completed":
         print(f"run did not complete: {run_status(run_dir)}", file=sys.stderr)
         return 1
@@ -230,6 +241,9 @@ def register_simulate(sub) -> None:
     simulate.add_argument("--cpus-per-client", type=int, default=1)
     simulate.add_argument("--gpus-per-client", type=float, default=0.0,
                           help="GPU share per client, e.g. 0.25 (default 0: CPU only)")
+    simulate.add_argument("--ray-address", metavar="HOST:PORT",
+                          help="run on a running Ray cluster: its head node's address (`ray start --head --port`), "
+                               "or auto (default: $RAY_ADDRESS when set, else a Ray instance of this run's own)")
     simulate.add_argument("--run-name")
     simulate.add_argument("--out", help="output.dir")
     simulate.add_argument("--verbose", action="store_true",

@@ -11,6 +11,7 @@ Sweep file:
     nodes = 4                        # simulated SuperNodes
     seeds = [0, 1, 2]
     base = "fedavg.toml"             # optional: a preset (relative to the sweep file) applied first
+    ray-address = "10.0.0.5:6379"    # optional: run on this Ray cluster (else $RAY_ADDRESS, else this machine)
     [config]                         # overrides for every arm (nested tables or dotted keys)
     num-server-rounds = 8
     [arms.fedavg]
@@ -62,6 +63,7 @@ class Sweep:
     gpus_per_client: float = 0.0
     timeout_s: float = 4 * 3600
     notes: str = ""
+    ray_address: str | None = None  # a running Ray cluster's head node (host:port); None: $RAY_ADDRESS or local
 
     def run_name(self, arm: str, seed: int) -> str:
         return f"{arm}-s{seed}"
@@ -79,7 +81,7 @@ def load_sweep(path: str | Path) -> Sweep:
     except (OSError, tomllib.TOMLDecodeError) as err:
         raise SweepError(f"{path}: cannot read the sweep file: {err}") from err
     known = {"name", "nodes", "seeds", "base", "config", "arms", "cpus-per-client", "gpus-per-client", "timeout-s",
-             "notes"}
+             "notes", "ray-address"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise SweepError(f"{path}: unknown sweep keys {unknown}; known: {sorted(known)}")
@@ -113,9 +115,17 @@ def load_sweep(path: str | Path) -> Sweep:
     gpus = raw.get("gpus-per-client", 0.0)
     if isinstance(gpus, bool) or not isinstance(gpus, (int, float)) or gpus < 0:
         raise SweepError(f"{path}: gpus-per-client must be a number >= 0 (a fraction shares a GPU), got {gpus!r}")
+    address = raw.get("ray-address")
+    if address is not None:
+        from .simulation import check_ray_address
+
+        try:
+            address = check_ray_address(str(address))
+        except ValueError as err:
+            raise SweepError(f"{path}: {err}") from err
     return Sweep(str(raw.get("name") or path.stem), nodes, seeds, base, arms, path,
                  int(raw.get("cpus-per-client", 1)), float(gpus), float(raw.get("timeout-s", 4 * 3600)),
-                 str(raw.get("notes", "")))
+                 str(raw.get("notes", "")), address)
 
 
 @dataclass
@@ -140,10 +150,13 @@ def run_status(run_dir: Path) -> dict:
 
 
 def run_one(config: dict[str, Any], nodes: int, cpus_per_client: int, timeout_s: float, log_path: Path,
-            gpus_per_client: float = 0.0) -> tuple[int, str]:
-    """One run in a fresh process through Flower's simulation engine; (exit code, last lines of its log)."""
+            gpus_per_client: float = 0.0, ray_address: str | None = None) -> tuple[int, str]:
+    """One run in a fresh process through Flower's simulation engine, on this machine or on the Ray cluster at
+    `ray_address` (the process also inherits $RAY_ADDRESS); (exit code, last lines of its log)."""
     command = [sys.executable, "-m", "pubswap_flwr.cli", "simulate", "--nodes", str(nodes), "--cpus-per-client",
                str(cpus_per_client), "--gpus-per-client", str(gpus_per_client), "--json", json.dumps(config)]
+    if ray_address is not None:
+        command += ["--ray-address", ray_address]
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("w") as handle:
         try:
@@ -182,7 +195,7 @@ def run_sweep(sweep: Sweep, out: Path, only: list[str] | None = None, dry_run: b
             log.info("%s seed %d: running (%d nodes)", arm.name, seed, sweep.nodes)
             code, tail = run_one(sweep.config_for(arm, seed, out), sweep.nodes, sweep.cpus_per_client,
                                  sweep.timeout_s, out / "logs" / f"{sweep.run_name(arm.name, seed)}.log",
-                                 sweep.gpus_per_client)
+                                 sweep.gpus_per_client, sweep.ray_address)
             status = run_status(run_dir)
             ok = code == 0 and status.get("status") == "completed"
             detail = status.get("detail") or tail
@@ -203,7 +216,15 @@ def _clear(run_dir: Path) -> None:
 def cmd_compare(args: argparse.Namespace) -> int:
     from .report import write_report
 
-    sweep = load_sweep(args.sweep)
+    try:
+        sweep = load_sweep(args.sweep)
+        if args.ray_address is not None:
+            from .simulation import check_ray_address
+
+            sweep.ray_address = check_ray_address(args.ray_address)
+    except ValueError as err:  # SweepError, or a bad --ray-address
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     out = Path(args.out) / sweep.name
     out.mkdir(parents=True, exist_ok=True)
     outcomes = run_sweep(sweep, out, args.only, args.dry_run)
@@ -266,6 +287,9 @@ def register(sub) -> None:
     compare.add_argument("--out", default="results", help="results root (default: results/<sweep name>)")
     compare.add_argument("--only", nargs="*", help="run only these arms")
     compare.add_argument("--dry-run", action="store_true", help="print what would run")
+    compare.add_argument("--ray-address", metavar="HOST:PORT",
+                         help="run every arm on this running Ray cluster (its head node's `ray start --head --port`; "
+                              "overrides the sweep file's ray-address)")
     compare.set_defaults(func=cmd_compare)
     report = sub.add_parser("report", help="write report.md and plots from run directories' metrics.jsonl")
     report.add_argument("runs", nargs="+", help="run directories (named <arm>-s<seed>)")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from typing import Any, Callable
 
 from flwr.app import Context, Message
@@ -79,6 +80,21 @@ def check_ray_address(address: str) -> str:
     return text
 
 
+def reachable_ray_address(address: str, timeout_s: float = 5.0) -> str:
+    """`address` checked (`check_ray_address`) and, for host:port, answering on that port: Ray waits without end
+    for a cluster that is not there (the run would hang), so a closed port is an error that says how to start one."""
+    address = check_ray_address(address)
+    if address == "auto":
+        return address
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as err:
+        raise ValueError(f"no Ray cluster answers at {address} ({err}); start its head node with `ray start --head "
+                         f"--port={port}` (and the others with `ray start --address={address}`)") from err
+    return address
+
+
 def ray_backend_config(cpus_per_client: float = 1.0, gpus_per_client: float = 0.0, total_cpus: int | None = None,
                        verbose: bool = False, address: str | None = None) -> dict[str, Any]:
     """Flower's Ray backend config. Ray hides GPUs from actors that ask for none, so a client only sees a GPU (and
@@ -125,9 +141,10 @@ def simulate(run_config: dict[str, Any], num_nodes: int, *, cpus_per_client: flo
 
     os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
     address = ray_address or os.environ.get("RAY_ADDRESS") or None
-    backend_config = ray_backend_config(cpus_per_client, gpus_per_client, total_cpus, verbose, address)
     if address is not None:
+        address = reachable_ray_address(address)
         log.info("joining the Ray cluster at %s", address)
+    backend_config = ray_backend_config(cpus_per_client, gpus_per_client, total_cpus, verbose, address)
     server, client = build_apps(run_config, client_hook, reply_hook)
     run_simulation(server_app=server, client_app=client, num_supernodes=num_nodes, backend_name="ray",
                    backend_config=backend_config, verbose_logging=verbose)

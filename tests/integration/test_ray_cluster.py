@@ -36,31 +36,36 @@ def _record_ray_node(directory: str, msg, context) -> None:
     path.write_text(json.dumps(entry))
 
 
-@pytest.fixture()
-def two_node_cluster(monkeypatch):
-    """A Ray head and a worker node with one CPU each on this machine; every process they started is stopped
-    afterwards (and checked to be gone)."""
+@pytest.fixture(scope="module")
+def two_node_cluster():
+    """A Ray head and a worker node with one CPU each on this machine, for this module's tests; every process
+    they started is stopped afterwards, and checked to be gone."""
     import ray
     from ray.cluster_utils import Cluster
 
-    # Short (Ray's socket paths must stay under 107 characters) and this test's own.
+    # Short (Ray's socket paths must stay under 107 characters) and this module's own.
     temp = tempfile.mkdtemp(prefix="pubswap-ray-", dir="/tmp")
-    monkeypatch.setenv("RAY_TMPDIR", temp)
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    cluster = Cluster()
-    try:
-        head = cluster.add_node(num_cpus=1, include_dashboard=False)
-        worker = cluster.add_node(num_cpus=1)
-        cluster.wait_for_nodes()
-        yield cluster, head, worker
-    finally:
-        if ray.is_initialized():
-            ray.shutdown()
-        nodes = [n for n in (cluster.head_node, *cluster.worker_nodes) if n is not None]
-        cluster.shutdown()
-        left = [process for node in nodes for process in node.live_processes()]
-        shutil.rmtree(temp, ignore_errors=True)
-        assert not left, f"Ray processes left running: {left}"
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("RAY_TMPDIR", temp)
+        env.delenv("RAY_ADDRESS", raising=False)
+        cluster = Cluster()
+        try:
+            head = cluster.add_node(num_cpus=1, include_dashboard=False)
+            worker = cluster.add_node(num_cpus=1)
+            cluster.wait_for_nodes()
+            yield cluster, head, worker
+        finally:
+            if ray.is_initialized():
+                ray.shutdown()
+            nodes = [n for n in (cluster.head_node, *cluster.worker_nodes) if n is not None]
+            cluster.shutdown()
+            left = [process for node in nodes for process in node.live_processes()]
+            shutil.rmtree(temp, ignore_errors=True)
+            assert not left, f"Ray processes left running: {left}"
+
+
+def _golden(name: str) -> list[dict]:
+    return json.loads((GOLDEN_DIR / f"{name}.json").read_text())
 
 
 def test_a_run_on_a_two_node_ray_cluster_uses_both_nodes_and_repeats_the_golden_metrics(tmp_path, two_node_cluster):
@@ -86,4 +91,33 @@ def test_a_run_on_a_two_node_ray_cluster_uses_both_nodes_and_repeats_the_golden_
     assert {s["node"] for s in served} == set(by_node)
     assert all(by_node.values()), f"a node served no client: {by_node}"
     rows = json.loads(json.dumps(comparable(read_metrics(tmp_path / name))))
-    assert rows == json.loads((GOLDEN_DIR / f"{name}.json").read_text())
+    assert rows == _golden(name)
+
+
+def _client_actor_nodes(cluster) -> dict[str, str]:
+    """Flower client actors the cluster ever ran (dead ones included): actor id -> Ray node id."""
+    return {actor_id: info["Address"]["NodeID"] for actor_id, info in cluster.global_state.actor_table(None).items()
+            if info["ActorClassName"] == "ClientAppActor"}
+
+
+def test_a_sweep_with_a_ray_address_runs_its_arms_on_the_cluster(tmp_path, two_node_cluster, monkeypatch):
+    """`pubswap compare` with `ray-address` in the sweep file: each arm's `pubswap simulate` process joins the
+    cluster, Flower places one client actor on each node, and the arm's metrics are the golden run's."""
+    from pubswap_flwr.compare import load_sweep, run_sweep
+
+    cluster, head, worker = two_node_cluster
+    config, nodes = RUNS["fedavg"]
+    sweep_file = tmp_path / "sweep.toml"
+    sweep_file.write_text(f'name = "on-a-cluster"\nnodes = {nodes}\nseeds = [{config["seed"]}]\n'
+                          f'ray-address = "{cluster.address}"\n[config]\n'
+                          + "".join(f"{key} = {json.dumps(value)}\n" for key, value in config.items() if key != "seed")
+                          + "[arms.fedavg]\n")
+    sweep = load_sweep(sweep_file)
+    assert sweep.ray_address == cluster.address
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the arm's process evaluates with one thread, as the golden run did
+    before = _client_actor_nodes(cluster)
+    (outcome,) = run_sweep(sweep, tmp_path / "out")
+    assert outcome.status == "completed", outcome.detail
+    actors = {a: n for a, n in _client_actor_nodes(cluster).items() if a not in before}
+    assert sorted(actors.values()) == sorted([head.node_id, worker.node_id])
+    assert json.loads(json.dumps(comparable(read_metrics(outcome.run_dir)))) == _golden("fedavg")
