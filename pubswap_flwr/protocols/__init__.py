@@ -14,7 +14,8 @@ A protocol is a module with
 To add a mode:
 1. write `protocols/<mode>.py` like fedavg.py (the smallest);
 2. add its class to `PROTOCOLS` and its `HANDLERS` to `_HANDLER_OWNERS` below (message types must be unique: a
-   duplicate is an error at import), and the mode's name to `config.MODES` (a test checks the two agree);
+   duplicate is an error at import), the mode's name to `config.MODES` and its message types to
+   `nodeapp.MESSAGE_TYPES`, the ClientApp's routing table (tests check that each pair agrees);
 3. add its settings as a config section and any cross-key checks to `ExperimentConfig.validate`;
 4. tests: a golden run (tests/golden/runs.py), its message flow in tests/protocols/test_rounds.py, its honest fake
    reply in tests/protocols/fake_clients.py and its mode in tests/protocols/test_properties.py;
