@@ -40,6 +40,11 @@ CERT_FILES = ("ca.crt", "ca.key", "server.pem", "server.key")
 DEFAULT_HOSTS = ("localhost", "127.0.0.1")
 DEFAULT_CONNECTION = "pubswap-deploy"
 DEFAULT_NODE_PORT = 9094  # flower-supernode's default local Runtime API port; org i gets 9094 + i
+# The environment of every SuperNode. Its flower-superexec (started by the SuperNode with the SuperNode's environment;
+# it launches one flwr-clientapp per message) looks for a new message every FLWR_SUPEREXEC_TASK_POLL_INTERVAL seconds,
+# 1.0 by default and 0.01-60 accepted (flwr/supercore/superexec/run_superexec.py, _get_task_poll_interval): 0.2 s
+# takes 0.4 s of average wait off every message for five local requests a second. docs/deployment.md, "Latency".
+SUPERNODE_ENV = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.2"}
 CURVE = ec.SECP384R1  # NIST P-384: Flower accepts NIST curves only for SuperNode auth keys
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 DNS_PATTERN = re.compile(r"^(?=.{1,253}$)(\*\.)?([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)"
@@ -427,7 +432,8 @@ def deployment_commands(directory: str | Path, superlink: str, orgs: Sequence[Or
             f"private key {org.name}.",
             _command(["flower-supernode"], ["--superlink", address], ["--root-certificates", str(ca)],
                      ["--auth-supernode-private-key", str(keys[org.name][0])], ["--port", str(ports[i])],
-                     ["--node-config", config], env={"FLWR_HOME": str(base / f"{org.name}-home")}),
+                     ["--node-config", config],
+                     env={"FLWR_HOME": str(base / f"{org.name}-home"), **SUPERNODE_ENV}),
         ]
     step = 4 + len(orgs)
     out += [

@@ -4,6 +4,13 @@ per-reply guard — the one place where a reply from another party enters the se
 A reply is accepted only when its decoder (a protocol's typed reply `from_record`, plus any validation and
 scoring the protocol asks for) returns without raising; any exception drops that reply, and only that reply,
 with its reason. A node that errs or does not answer within `strategy.timeout` is dropped the same way.
+
+Replies are pulled every PULL_INTERVAL seconds: Flower 1.42's `HttpGrid.send_and_receive` (the deployed ServerApp's
+grid, `flwr/superlink/grid/http_grid.py`) sleeps a fixed 3 s between pulls, on average 1.5 s of idle wait per
+exchange. So with a grid that has `push_messages` and `pull_messages` (Flower's `Grid` interface) the exchange pushes
+and pulls itself, with the same rules as `send_and_receive`: one push, pull until every message has a reply or the
+timeout has passed. A grid that answers every message within `push_messages` (`synchronous = True`, the in-process
+grid: a withheld reply is the timeout path without waiting) or that has no push/pull keeps `send_and_receive`.
 """
 
 from __future__ import annotations
@@ -23,6 +30,10 @@ from .wire import record_bytes
 
 log = logging.getLogger("pubswap_flwr")
 client_log = logging.getLogger("pubswap_flwr.clients")  # a line per client reply, shown with --verbose
+
+# Seconds between two pulls of the replies: what Flower's own in-memory grid waits (InMemoryGrid.pull_interval,
+# the simulation engine's grid), against HttpGrid's 3 s. Each pull is one local request to the SuperLink.
+PULL_INTERVAL = 0.1
 
 T = TypeVar("T")
 
@@ -62,13 +73,23 @@ def _reason(err: Exception) -> str:
     return f"rejected reply: {text}" if isinstance(err, Rejected) else f"rejected reply ({type(err).__name__}): {text}"
 
 
+def _pulls_itself(grid: object) -> bool:
+    """Whether the exchange pushes and pulls through this grid itself (see the module docstring)."""
+    return (not getattr(grid, "synchronous", False) and callable(getattr(grid, "push_messages", None))
+            and callable(getattr(grid, "pull_messages", None)))
+
+
 class Exchange:
     """The server's side of the wire for one run. `settle_seconds`: how long the node set must stay unchanged
     before a round starts (simulated nodes register one by one; an in-process grid has them all at once)."""
 
     def __init__(self, grid: Grid, *, timeout: float, min_clients: int, fraction: float, seed: int,
-                 settle_seconds: float = 1.0):
+                 settle_seconds: float = 1.0, pull_interval: float = PULL_INTERVAL):
         self.grid = grid
+        self.pull_interval = pull_interval
+        self.pulls = _pulls_itself(grid)  # False: the grid's send_and_receive (see the module docstring)
+        self._clock: Callable[[], float] = time.monotonic  # replaced in tests, with _sleep
+        self._sleep: Callable[[float], None] = time.sleep
         self.timeout = timeout
         self.min_clients = min_clients
         self.fraction = fraction
@@ -123,10 +144,12 @@ class Exchange:
             out.bytes_out[msg.metadata.dst_node_id] = record_bytes(msg.content)
             out.array_records += len(msg.content.array_records)
         started = time.perf_counter()
-        replies = list(self.grid.send_and_receive(messages, timeout=self.timeout))
+        replies, unsent = self._send_and_receive(messages)
         out.wall = time.perf_counter() - started
         for msg in messages:
             by_id[msg.metadata.message_id] = msg.metadata.dst_node_id
+        for node in unsent:
+            out.dropped[node] = "the message could not be pushed to the SuperLink"
         intervals = []
         decode_started = time.perf_counter()
         for reply in replies:
@@ -158,6 +181,32 @@ class Exchange:
         out.busy = min(_union_length(intervals), out.wall)
         self._progress_end(step, out, len(messages))
         return out
+
+    def _send_and_receive(self, messages: list[Message]) -> tuple[list[Message], list[int]]:
+        """The replies that came within the timeout, and the nodes whose message the grid did not take."""
+        if self.pulls:
+            try:
+                ids = list(self.grid.push_messages(messages))
+            except NotImplementedError:  # a grid that only implements send_and_receive (nothing was sent)
+                self.pulls = False
+            else:
+                return self._pull(ids), [m.metadata.dst_node_id for m in messages if m.metadata.message_id not in ids]
+        return list(self.grid.send_and_receive(messages, timeout=self.timeout)), []
+
+    def _pull(self, ids: list[str]) -> list[Message]:
+        """Flower's send_and_receive loop (pull, stop when every message has its reply, stop at the timeout), with
+        PULL_INTERVAL between pulls. A message the grid did not take (no id, `None` from HttpGrid) has nothing to
+        wait for."""
+        pending = {i for i in ids if i}
+        deadline = self._clock() + self.timeout
+        replies: list[Message] = []
+        while pending and self._clock() < deadline:
+            got = list(self.grid.pull_messages(sorted(pending)))
+            replies.extend(got)
+            pending.difference_update(reply.metadata.reply_to_message_id for reply in got)
+            if pending:
+                self._sleep(max(0.0, min(self.pull_interval, deadline - self._clock())))
+        return replies
 
     # -- progress lines --------------------------------------------------------------------------------------
     def _progress_start(self, messages: list[Message]) -> str:

@@ -13,7 +13,7 @@ import logging
 import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
@@ -50,6 +50,10 @@ class InProcessGrid(Grid):
 
     Node ids are fixed (`first_node_id + partition`), so runs repeat exactly; `node_config` carries `partition-id`
     and `num-partitions` as Flower's simulation sets them (plus `extra_node_config` per partition)."""
+
+    # every node answers within push_messages, so the exchange keeps send_and_receive (pubswap_flwr.exchange): a
+    # withheld reply is then the timeout path without waiting for the timeout
+    synchronous: ClassVar[bool] = True
 
     client_app: ClientApp
     num_nodes: int

@@ -130,10 +130,10 @@ class Deployment:
     def state_dir(self, org: str) -> Path:
         return self.root / "state" / org
 
-    def start(self, label: str, args: list[str], home: str) -> subprocess.Popen:
+    def start(self, label: str, args: list[str], home: str, env: dict[str, str] | None = None) -> subprocess.Popen:
         log = (self.root / "logs" / f"{label}.log").open("ab")
-        proc = subprocess.Popen(args, env=self.env(home), stdout=log, stderr=subprocess.STDOUT, cwd=self.root,
-                                start_new_session=True)
+        proc = subprocess.Popen(args, env={**self.env(home), **(env or {})}, stdout=log, stderr=subprocess.STDOUT,
+                                cwd=self.root, start_new_session=True)
         log.close()
         self.processes[label] = proc
         self.seen.add(proc.pid)
@@ -151,7 +151,7 @@ class Deployment:
         args = [flwr_executable("flower-supernode"), "--superlink", self.address,
                 "--root-certificates", str(self.keys / "ca.crt"),
                 "--auth-supernode-private-key", str(self.keys / org), "--port", str(port), "--node-config", config]
-        return self.start(label or org, args, f"{org}-home")
+        return self.start(label or org, args, f"{org}-home", deploy.SUPERNODE_ENV)  # as `pubswap deploy commands`
 
     def launch(self, unregistered: tuple[str, ...] = ()) -> "Deployment":
         """Certificates and keys, a TLS SuperLink with node authentication, the CLI connection, ORGS registered and

@@ -285,6 +285,22 @@ def test_supernode_commands_have_keys_distinct_ports_and_parseable_node_config(d
     assert config_b["partition-id"] == 1
 
 
+def test_supernodes_start_with_a_short_superexec_poll_interval_that_flower_reads(deploy_dir, monkeypatch):
+    from flwr.supercore.superexec.run_superexec import _get_task_poll_interval
+
+    lines = _commands(deploy_dir).replace("\\\n", " ").splitlines()
+    nodes = [shlex.split(line) for line in lines if "flower-supernode" in line and not line.startswith("#")]
+    assert len(nodes) == 2
+    for words in nodes:
+        env = dict(w.split("=", 1) for w in words[:words.index("flower-supernode")])
+        assert env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] == deploy.SUPERNODE_ENV["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"]
+    # the name and value are Flower 1.42's: flower-superexec (which inherits the SuperNode's environment) reads them
+    monkeypatch.setenv("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", deploy.SUPERNODE_ENV["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"])
+    assert _get_task_poll_interval() == 0.2
+    monkeypatch.delenv("FLWR_SUPEREXEC_TASK_POLL_INTERVAL")
+    assert _get_task_poll_interval() == 1.0  # Flower's default
+
+
 def test_registration_connection_and_run_commands(deploy_dir):
     text = _commands(deploy_dir, connection="prod", run_config=["num-server-rounds=2 strategy.mode='pubswap'"])
     registers = _argv(text, "flwr")
