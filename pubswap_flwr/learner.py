@@ -17,6 +17,7 @@ import torch
 from .config import ExperimentConfig
 from .node_state import NodeIdentity, NodeState, NodeStore
 from .policy import Policy, cached_policy
+from .policy.behaviour import accept_behaviour
 from .rollouts import Behaviour, Completion, RolloutGroup
 from .shared import derive_seed, policy_spec, resolve_data_path, task_universe
 from .tasks import ItemListStream, MixtureStream, TaskItem, load_items, node_mixes, parse_custom_tasks, parse_mix, \
@@ -185,6 +186,27 @@ class Learner:
         started = time.perf_counter()
         stats = self.policy.update(groups, self.proximal_reference)
         return stats, time.perf_counter() - started
+
+    def foreign_completion(self, text: str, source: str, behaviour: Behaviour | None, report: WorkReport | None,
+                           same_tokenizer: bool = True) -> Completion:
+        """Another party's text as a foreign group member. With train.foreign-correction = "is" it keeps the sender's
+        behaviour when this node can use it (same tokenizer, ids decoding to the text); otherwise it is text only,
+        weighted by train.foreign-weight, and the reason is counted in `report.fallbacks` (when given)."""
+        if self.cfg.train.foreign_correction != "is":
+            return Completion(text, None, source)
+        usable, why = (accept_behaviour(self.policy.tokenizer, text, behaviour, self.cfg.generation.max_new_tokens)
+                       if same_tokenizer else (None, "the sender's tokenizer differs"))
+        if usable is None and report is not None:
+            report.fallbacks[why] += 1
+        return Completion(text, None, source, usable)
+
+    def log_fallbacks(self, report: WorkReport) -> None:
+        """Say which foreign completions fell back to train.foreign-weight, and why."""
+        if report.fallbacks:
+            log.info("node %d: %d foreign completions without a usable sender behaviour, weighted by "
+                     "train.foreign-weight = %g: %s", self.identity.index, sum(report.fallbacks.values()),
+                     self.cfg.train.foreign_weight,
+                     "; ".join(f"{why} ({n})" for why, n in report.fallbacks.most_common()))
 
     def learn_step(self, groups: Sequence[RolloutGroup], kind: str, report: WorkReport,
                    sample_seconds: float = 0.0) -> None:

@@ -30,7 +30,6 @@ from flwr.app import Message, RecordDict
 
 from ..compression import Codec, Quantized
 from ..config import ExperimentConfig
-from ..policy.behaviour import accept_behaviour
 from ..rollouts import Behaviour, Completion, RolloutGroup
 from ..schedule import even_positions, fixed_positions, public_step_count
 from ..swap import Response, build_response_sets, most_likely
@@ -440,35 +439,15 @@ def public_generate(work: ClientWork, uids: tuple[str, ...], k: int) -> dict[str
     return {uid: [s["text"] for s in rows] for uid, rows in learner.state.pending_public.items()}, {}
 
 
-def foreign_completion(work: ClientWork, entry: SwapEntry) -> Completion:
-    """A donated response as a completion; with the importance-sampling correction, its donor's behaviour when
-    this client can use it (same tokenizer, ids that decode to the text), else text only (the fallback weight)."""
-    learner = work.learner
-    behaviour = None
-    if learner.cfg.train.foreign_correction == "is":
-        behaviour, why = accept_behaviour(learner.policy.tokenizer, entry.text, entry.behaviour,
-                                          learner.cfg.generation.max_new_tokens)
-        if behaviour is None:
-            work.report.fallbacks[why] = work.report.fallbacks.get(why, 0) + 1
-    return Completion(entry.text, None, entry.source, behaviour)
-
-
-def log_fallbacks(work: ClientWork) -> None:
-    """train.foreign-correction = is: say which foreign completions fell back to train.foreign-weight, and why."""
-    if work.report.fallbacks:
-        log.info("node %d: %d foreign completions without a usable donor behaviour, weighted by "
-                 "train.foreign-weight = %g: %s", work.learner.identity.index, sum(work.report.fallbacks.values()),
-                 work.learner.cfg.train.foreign_weight,
-                 "; ".join(f"{why} ({n})" for why, n in work.report.fallbacks.most_common()))
-
-
 def likeliest(work: ClientWork, prompt: str, entries: tuple[SwapEntry, ...], choice: DonorChoice) -> tuple:
     """The response set with `choice.slots` filled by the candidates this client's policy finds most likely."""
     for slot in choice.slots:
         if slot >= len(entries) or entries[slot].own_index < 0:
             raise ValueError(f"donor choice slot {slot} is not one of the client's own responses")
-    scores = work.learner.policy.learner.mean_logprobs(prompt, [foreign_completion(work, c)
-                                                                for c in choice.candidates])
+    learner = work.learner  # candidates are scored as they would train; fallbacks count once, for those kept
+    scores = learner.policy.learner.mean_logprobs(prompt, [learner.foreign_completion(c.text, c.source, c.behaviour,
+                                                                                      None)
+                                                           for c in choice.candidates])
     picked = [choice.candidates[i] for i in most_likely(scores, len(choice.slots))]
     out = list(entries)
     for slot, entry in zip(choice.slots, picked):
@@ -498,11 +477,12 @@ def public_update(work: ClientWork, response_sets: dict[str, tuple[SwapEntry, ..
                 sample = own[entry.own_index]
                 completions.append(Completion(sample["text"], tuple(sample["ids"])))
             else:
-                completions.append(foreign_completion(work, entry))
+                completions.append(learner.foreign_completion(entry.text, entry.source, entry.behaviour,
+                                                              work.report))
         groups.append(RolloutGroup(learner.prompt(item), completions, [e.reward for e in entries], uid, item.task))
     if not groups:
         return
-    log_fallbacks(work)
+    learner.log_fallbacks(work.report)
     learner.learn_step(groups, "public", work.report)
     learner.state.pending_public = {}
 

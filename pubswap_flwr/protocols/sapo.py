@@ -25,7 +25,7 @@ from flwr.app import Message, RecordDict
 
 from ..config import ExperimentConfig
 from ..learner import Learner, StepRecord, WorkReport
-from ..policy.behaviour import accept_behaviour, tokenizer_fingerprint
+from ..policy.behaviour import tokenizer_fingerprint
 from ..rollouts import Completion, RolloutGroup
 from ..sapo import Packet, Selection, fair_share, relay, reputation, select_external, select_local
 from ..shared import derive_seed
@@ -377,10 +377,7 @@ def train_on_pool(learner: Learner, pool: Sequence[Packet], round_number: int, r
     external = [RolloutGroup(learner.prompt(s.packet.item), external_completions(learner, s.packet, report),
                              list(s.rewards), s.packet.item.uid, s.packet.item.task) for s in selection.chosen]
     groups = local + external
-    if report.fallbacks:
-        log.info("node %d: %d external completions without a usable sender behaviour, weighted by "
-                 "train.foreign-weight = %g: %s", index, sum(report.fallbacks.values()), learner.cfg.train.foreign_weight,
-                 "; ".join(f"{why} ({n})" for why, n in report.fallbacks.most_common()))
+    learner.log_fallbacks(report)
     if groups:
         learner.learn_step(groups, "sapo", report)
     learner.state.pending_sapo = []
@@ -388,22 +385,12 @@ def train_on_pool(learner: Learner, pool: Sequence[Packet], round_number: int, r
 
 
 def external_completions(learner: Learner, packet: Packet, report: WorkReport) -> list[Completion]:
-    """A peer's completions as foreign members of a group; with train.foreign-correction = "is", each keeps its
-    sender's behaviour when this node can use it (same tokenizer fingerprint, ids decoding to the text), else it is
-    text only and train.foreign-weight weighs it (the reason counted in `report.fallbacks`)."""
-    if learner.cfg.train.foreign_correction != "is":
-        return [Completion(t, None, packet.sender) for t in packet.completions]
-    tokenizer = learner.policy.tokenizer
-    same = packet.tokenizer == tokenizer_fingerprint(tokenizer)
+    """A peer's completions as foreign members of a group (with their sender's behaviours where usable)."""
+    same = learner.cfg.train.foreign_correction == "is" and packet.tokenizer == tokenizer_fingerprint(
+        learner.policy.tokenizer)
     behaviours = packet.behaviour or (None,) * len(packet.completions)
-    out = []
-    for text, behaviour in zip(packet.completions, behaviours):
-        usable, why = (accept_behaviour(tokenizer, text, behaviour, learner.cfg.generation.max_new_tokens) if same
-                       else (None, "the sender's tokenizer differs"))
-        if usable is None:
-            report.fallbacks[why] += 1
-        out.append(Completion(text, None, packet.sender, usable))
-    return out
+    return [learner.foreign_completion(text, packet.sender, behaviour, report, same)
+            for text, behaviour in zip(packet.completions, behaviours)]
 
 
 def _train_reply(work: ClientWork, message: SapoTrain, packets: list[Packet] | None,

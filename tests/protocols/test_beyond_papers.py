@@ -11,7 +11,7 @@ from flwr.app import Message
 from flwr.supercore.task_identity import TaskIdentity
 
 from pubswap_flwr.config import ConfigError, ExperimentConfig
-from pubswap_flwr.learner import WorkReport
+from pubswap_flwr.learner import Learner, WorkReport
 from pubswap_flwr.protocols.base import ClientReport, Header
 from pubswap_flwr.protocols.pubswap import (DonorChoice, PubSwapProtocol, Segment, SegmentReply, SwapEntry,
                                             check_behaviours, likeliest)
@@ -76,6 +76,7 @@ def _work(scores: dict[str, float]):
     policy_learner = SimpleNamespace(mean_logprobs=lambda prompt, completions: [scores[c.text] for c in completions])
     cfg = ExperimentConfig()
     learner = SimpleNamespace(cfg=cfg, policy=SimpleNamespace(learner=policy_learner, tokenizer=None))
+    learner.foreign_completion = lambda *args: Learner.foreign_completion(learner, *args)
     return SimpleNamespace(learner=learner, report=WorkReport())
 
 
@@ -91,6 +92,7 @@ def test_the_client_fills_the_slots_with_the_candidates_its_policy_finds_most_li
 
 def test_donor_ordering_under_the_real_policy_prefers_what_it_would_say(tiny_policy):
     learner = SimpleNamespace(cfg=ExperimentConfig(), policy=tiny_policy)
+    learner.foreign_completion = lambda *args: Learner.foreign_completion(learner, *args)
     work = SimpleNamespace(learner=learner, report=WorkReport())
     prompt = tiny_policy.formatter(ITEM)
     entries = tuple(SwapEntry(0.0, i) for i in range(2))
