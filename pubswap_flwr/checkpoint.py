@@ -5,7 +5,8 @@ killed run from here.
 
 Layout: `checkpoint/` is the latest round, `checkpoint.prev/` the round before it. A new checkpoint is written to a
 temporary directory and swapped in with renames, so a kill at any moment leaves at least one complete checkpoint.
-`state.json` records the adapter file's SHA-256 and tensor shapes. `load` checks everything it reads (JSON, types,
+`state.json` records the adapter file's SHA-256 and tensor shapes, and
+the same for any other adapter the protocol keeps (`<name>.safetensors`, such as the compressed downlink's H). `load` checks everything it reads (JSON, types,
 the config, the adapter's presence for modes that keep one, its hash, keys, shapes and finite values) and raises
 `CheckpointError` naming the file; when the latest checkpoint is unusable it falls back to `checkpoint.prev/`
 with a logged warning (nodes restart the repeated round from their round-start snapshot).
@@ -18,6 +19,7 @@ import json
 import logging
 import math
 import os
+import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +40,7 @@ _TMP_DIR = f".{CHECKPOINT_DIR}.tmp"
 _OLD_DIR = f".{CHECKPOINT_DIR}.old"  # the previous checkpoint while it is being replaced (and older versions' swap)
 # Keys a resumed run may change: how many rounds in total, the resume flag itself, and where metrics are reported.
 RESUMABLE_CHANGES = {"num-server-rounds", "resume", "output.report-to"}
+ADAPTER_NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")  # a protocol's other adapters: `<name>.safetensors`
 
 
 class CheckpointError(ValueError):
@@ -52,6 +55,7 @@ class ServerCheckpoint:
     node_index: dict[int, int] = field(default_factory=dict)
     protocol: dict = field(default_factory=dict)  # the protocol's JSON-able state (ServerProtocol.state)
     master: dict[str, np.ndarray] | None = None
+    adapters: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)  # ServerProtocol.saved_adapters
     source: Path | None = field(default=None, compare=False)  # the directory it was loaded from
 
     @property
@@ -90,10 +94,14 @@ def save(run_dir: Path, checkpoint: ServerCheckpoint) -> None:
         "round": checkpoint.round, "config": checkpoint.config, "cumulative_reward": checkpoint.cumulative_reward,
         "node_index": {str(k): v for k, v in checkpoint.node_index.items()}, "protocol": checkpoint.protocol}
     if checkpoint.master is not None:
-        tensors = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in checkpoint.master.items()}
-        save_file(tensors, str(tmp / ADAPTER_FILE))
-        state["adapter"] = {"sha256": _sha256(tmp / ADAPTER_FILE),
-                            "shapes": {k: list(v.shape) for k, v in tensors.items()}}
+        state["adapter"] = _save_tensors(tmp / ADAPTER_FILE, checkpoint.master)
+    if checkpoint.adapters:
+        state["adapters"] = {}
+        for name, tensors in sorted(checkpoint.adapters.items()):
+            if not ADAPTER_NAME.fullmatch(name) or f"{name}.safetensors" == ADAPTER_FILE:
+                raise ValueError(f"a checkpointed adapter's name must match {ADAPTER_NAME.pattern} and not be "
+                                 f"the global's, got {name!r}")
+            state["adapters"][name] = _save_tensors(tmp / f"{name}.safetensors", tensors)
     _write_synced(tmp / STATE_FILE, json.dumps(state).encode("utf-8"))
     if old.exists():
         shutil.rmtree(old)
@@ -104,6 +112,13 @@ def save(run_dir: Path, checkpoint: ServerCheckpoint) -> None:
     os.replace(tmp, final)
     if old.exists():
         shutil.rmtree(old)
+
+
+def _save_tensors(path: Path, adapter: Mapping[str, np.ndarray]) -> dict:
+    """Write `adapter` as fp32 safetensors; its manifest (SHA-256 and shapes) for state.json."""
+    tensors = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in adapter.items()}
+    save_file(tensors, str(path))
+    return {"sha256": _sha256(path), "shapes": {k: list(v.shape) for k, v in tensors.items()}}
 
 
 def load(run_dir: Path) -> ServerCheckpoint | None:
@@ -183,8 +198,9 @@ def load_directory(directory: Path) -> ServerCheckpoint:
         if key in state:
             protocol.setdefault(key, state[key])
     master = _load_adapter(directory, state, cfg)
+    adapters = _load_other_adapters(directory, state, master)
     return ServerCheckpoint(round=number, config=dict(config), cumulative_reward=float(reward), node_index=nodes,
-                            protocol=protocol, master=master, source=directory)
+                            protocol=protocol, master=master, adapters=adapters, source=directory)
 
 
 def _load_adapter(directory: Path, state: dict, cfg: ExperimentConfig) -> dict[str, np.ndarray] | None:
@@ -201,11 +217,40 @@ def _load_adapter(directory: Path, state: dict, cfg: ExperimentConfig) -> dict[s
         return None
     if not path.is_file():
         raise CheckpointError(f"{path}: missing; strategy.mode = {mode!r} needs the global adapter")
-    manifest = state.get("adapter")
+    return _read_tensors(path, state.get("adapter"), state_path, "adapter")
+
+
+def _load_other_adapters(directory: Path, state: dict, master: dict[str, np.ndarray] | None
+                         ) -> dict[str, dict[str, np.ndarray]]:
+    """The protocol's other adapters listed under state.json's 'adapters', each checked like the global and
+    against its keys and shapes."""
+    state_path = directory / STATE_FILE
+    listed = state.get("adapters", {})
+    if not isinstance(listed, dict):
+        raise CheckpointError(f"{state_path}: 'adapters' must be an object, got {type(listed).__name__}")
+    adapters = {}
+    for name, manifest in listed.items():
+        if not ADAPTER_NAME.fullmatch(name) or f"{name}.safetensors" == ADAPTER_FILE:
+            raise CheckpointError(f"{state_path}: 'adapters' names {name!r}, not an adapter name")
+        if manifest is None:
+            raise CheckpointError(f"{state_path}: 'adapters' {name!r} has no manifest")
+        path = directory / f"{name}.safetensors"
+        if not path.is_file():
+            raise CheckpointError(f"{path}: missing; {state_path} lists it")
+        tensors = _read_tensors(path, manifest, state_path, f"adapters.{name}")
+        if master is not None:
+            check_adapter_shapes(path, tensors, {k: v.shape for k, v in master.items()})
+        adapters[name] = tensors
+    return adapters
+
+
+def _read_tensors(path: Path, manifest: Any, state_path: Path, entry: str) -> dict[str, np.ndarray]:
+    """A safetensors adapter, checked against its state.json manifest (SHA-256 and shapes; checkpoints of older
+    versions recorded none for the global) and for float, finite values."""
     if manifest is not None:
         if (not isinstance(manifest, dict) or not isinstance(manifest.get("sha256"), str)
                 or not isinstance(manifest.get("shapes"), dict)):
-            raise CheckpointError(f"{state_path}: 'adapter' must be an object with 'sha256' and 'shapes'")
+            raise CheckpointError(f"{state_path}: {entry!r} must be an object with 'sha256' and 'shapes'")
         if _sha256(path) != manifest["sha256"]:
             raise CheckpointError(f"{path}: content does not match the SHA-256 recorded in {state_path} "
                                   "(truncated or overwritten)")

@@ -220,6 +220,13 @@ class Broadcast:
                 self.current = apply_delta(self.current, self.codec.decode(self.delta, self.current))
         self.previous_sha, self.current_sha = self.current_sha, fingerprint(self.current)
 
+    def restore(self, current: Adapter, holders) -> None:
+        """Continue from a checkpoint: H = `current` (fp16 values), held by the nodes `holders`; the next `advance`
+        sends them a delta again, as an uninterrupted run would."""
+        self.current = as_fp16_values(current)
+        self.current_sha, self.previous_sha = fingerprint(self.current), ""
+        self.delta, self.holders = None, {int(node) for node in holders}
+
     def sends_delta(self, node: int) -> bool:
         return self.delta is not None and node in self.holders
 

@@ -86,14 +86,15 @@ class Runner:
     def _checkpoint(self, number: int) -> None:
         checkpoint.save(self.recorder.run_dir, checkpoint.ServerCheckpoint(
             round=number, config=self.cfg.to_flat(), cumulative_reward=self.cumulative_reward,
-            node_index=self.exchange.node_index, protocol=self.protocol.state(), master=self.protocol.master))
+            node_index=self.exchange.node_index, protocol=self.protocol.state(), master=self.protocol.master,
+            adapters=self.protocol.saved_adapters()))
 
     def _restore(self, saved: checkpoint.ServerCheckpoint) -> int:
         if self.protocol.holds_global_adapter and self.evaluator is not None:
             checkpoint.check_adapter(saved, self.evaluator.policy.adapter())  # keys and shapes fit the model
         self.protocol.master = saved.master
         try:
-            self.protocol.restore(saved.protocol)
+            self.protocol.restore(saved.protocol, saved.adapters)
         except (KeyError, TypeError, ValueError) as err:
             raise checkpoint.CheckpointError(f"{saved.state_path}: 'protocol' state cannot be restored "
                                              f"({type(err).__name__}: {err})") from err

@@ -7,7 +7,8 @@ A protocol is a module with
   (it may take what the server expects, e.g. the prompt ids it asked about) and carries a `report: ClientReport`;
 - its server side: a `ServerProtocol` subclass whose `run_round(ctx)` sends instructions through
   `ctx.exchange.send(messages, decode)` (every reply enters there, through the per-reply guard) and records what
-  happened in `ctx.log`; `state()`/`restore()` for what its checkpoint must keep;
+  happened in `ctx.log`; `state()` (JSON) and `saved_adapters()` (named arrays) for what its checkpoint
+  must keep, `restore()` to take both back;
 - its client side: `HANDLERS`, message type -> `handler(work: ClientWork) -> RecordDict` (`base.serve` loads the
   node's learner and state around it).
 

@@ -272,8 +272,12 @@ class ServerProtocol:
         """JSON-able protocol state for the checkpoint (the global adapter is saved apart)."""
         return {}
 
-    def restore(self, state: dict) -> None:
-        pass
+    def saved_adapters(self) -> dict[str, Adapter]:
+        """Adapters besides the global that the checkpoint keeps, by name (the compressed downlink's H)."""
+        return {}
+
+    def restore(self, state: dict, adapters: dict[str, Adapter] | None = None) -> None:
+        """Continue from a checkpoint's `state()` and `saved_adapters()`."""
 
 
 def record_scoring(ctx: RoundContext, budget) -> None:

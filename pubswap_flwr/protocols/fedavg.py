@@ -22,8 +22,8 @@ from ..validate import Rejected, check_adapter, check_weight
 from ..wire import CONFIG_KEY
 from .base import (Adapter, ClientReport, ClientWork, Header, Instruction, RoundContext, ServerProtocol, adapter_of,
                    log, read_reply, records, reply_records)
-from .transfer import (Downlink, adapter_to_send, broadcast_of, checked_upload, global_for, put_quantized, start_round,
-                       take_global)
+from .transfer import (Downlink, adapter_to_send, broadcast_of, checked_upload, downlink_checkpoint, global_for,
+                       put_quantized, restore_downlink, start_round, take_global)
 
 
 # -- messages ------------------------------------------------------------------------------------------------------
@@ -122,6 +122,15 @@ class FedAvgProtocol(ServerProtocol):
 
     def describe(self) -> str:
         return f"tau={self.cfg.train.local_steps}"
+
+    def state(self) -> dict:
+        return downlink_checkpoint(self.broadcast)[0]
+
+    def saved_adapters(self) -> dict[str, Adapter]:
+        return downlink_checkpoint(self.broadcast)[1]
+
+    def restore(self, state: dict, adapters: dict[str, Adapter] | None = None) -> None:
+        restore_downlink(self.broadcast, state, adapters or {})
 
     def run_round(self, ctx: RoundContext) -> None:
         """The global to every selected node (with compression: as a quantized delta to nodes holding the last one),

@@ -40,7 +40,8 @@ from ..wire import CONFIG_KEY
 from .base import (Adapter, ClientReport, ClientWork, Header, Instruction, RoundContext, ServerProtocol, adapter_of,
                    payload_of, read_reply, record_scoring, records, reply_records)
 from .fedavg import aggregate_adapters, checked_adapter
-from .transfer import Downlink, adapter_to_send, broadcast_of, global_for, put_quantized, start_round, take_global
+from .transfer import (Downlink, adapter_to_send, broadcast_of, downlink_checkpoint, global_for, put_quantized,
+                       restore_downlink, start_round, take_global)
 
 log = logging.getLogger("pubswap_flwr")
 
@@ -243,15 +244,19 @@ class PubSwapProtocol(ServerProtocol):
                 f"public-prompts={p.public_prompts} base={p.base}{extra}")
 
     def state(self) -> dict:
-        state: dict = {"public_cursor": self.public_cursor}
+        state: dict = {"public_cursor": self.public_cursor, **downlink_checkpoint(self.broadcast)[0]}
         if self.last_disagreement is not None:
             state["last_disagreement"] = self.last_disagreement
         return state
 
-    def restore(self, state: dict) -> None:
+    def saved_adapters(self) -> dict[str, Adapter]:
+        return downlink_checkpoint(self.broadcast)[1]
+
+    def restore(self, state: dict, adapters: dict[str, Adapter] | None = None) -> None:
         self.public_cursor = int(state.get("public_cursor", 0))
         last = state.get("last_disagreement")
         self.last_disagreement = None if last is None else float(last)
+        restore_downlink(self.broadcast, state, adapters or {})
 
     def public_step_positions(self) -> list[int]:
         """This round's public steps: every tau-swap-th (fixed), or as many as the last round's policy

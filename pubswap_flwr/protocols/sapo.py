@@ -35,7 +35,7 @@ from ..tasks.splits import RANGE
 from ..tasks.verifiers import VERIFIERS
 from ..validate import Limits, Rejected, check_eval, check_packets
 from ..wire import CONFIG_KEY, DEFAULT_MAX_PAYLOAD_BYTES
-from .base import (MAX_SECONDS, ClientReport, ClientWork, Header, Instruction, RoundContext, ServerProtocol, number,
+from .base import (MAX_SECONDS, Adapter, ClientReport, ClientWork, Header, Instruction, RoundContext, ServerProtocol, number,
                    payload_of,
                    read_reply, records, reply_records)
 
@@ -183,7 +183,7 @@ class SapoProtocol(ServerProtocol):
     def state(self) -> dict:
         return {"sapo_pool": [p.to_wire() for p in self.pool]}
 
-    def restore(self, state: dict) -> None:
+    def restore(self, state: dict, adapters: dict[str, Adapter] | None = None) -> None:
         self.pool = [Packet.from_wire(p) for p in state.get("sapo_pool", [])]
 
     def _decode(self, packets: bool, trained: bool):

@@ -71,6 +71,29 @@ class Downlink:
         return cls(str(config[SHA_KEY]), base, delta)
 
 
+DOWNLINK = "downlink"  # the checkpoint's name for H, the global the nodes hold
+HOLDERS_KEY = "downlink_holders"
+
+
+def downlink_checkpoint(broadcast: Broadcast | None) -> tuple[dict, dict[str, Adapter]]:
+    """(protocol state, named adapters) that let a resumed run continue the downlink exactly: H and the nodes known
+    to hold it. Empty without compression or before the first round."""
+    if broadcast is None or broadcast.current is None:
+        return {}, {}
+    return {HOLDERS_KEY: sorted(broadcast.holders)}, {DOWNLINK: broadcast.current}
+
+
+def restore_downlink(broadcast: Broadcast | None, state: dict, adapters: dict[str, Adapter]) -> None:
+    """Put back what `downlink_checkpoint` saved (a checkpoint without it, or of a run without compression: every
+    node gets the next global whole)."""
+    if broadcast is None or DOWNLINK not in adapters:
+        return
+    holders = state.get(HOLDERS_KEY, [])
+    if not isinstance(holders, list) or not all(isinstance(n, int) and not isinstance(n, bool) for n in holders):
+        raise ValueError(f"{HOLDERS_KEY} must be a list of node ids, got {holders!r}")
+    broadcast.restore(adapters[DOWNLINK], holders)
+
+
 def start_round(broadcast: Broadcast | None, master: Adapter) -> tuple[Adapter, Codec | None]:
     """(the global the round's replies are decoded and clipped against, the codec to decode them with): `master`
     and None without compression; with it, the broadcast advanced to `master`, as the nodes will rebuild it."""

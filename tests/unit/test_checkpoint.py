@@ -324,3 +324,52 @@ def test_a_checkpoint_older_than_a_key_resumes_only_with_that_keys_first_default
     checkpoint.check_compatible(saved_old, ExperimentConfig.from_flat({**old, "tasks.partial-credit": True}))
     with pytest.raises(ConfigError, match="changed keys: tasks.partial-credit"):
         checkpoint.check_compatible(saved_old, ExperimentConfig.from_flat(old))
+
+
+def test_a_protocols_other_adapters_round_trip_with_their_manifest(tmp_path):
+    checkpoint.save(tmp_path, saved(2, adapters={"downlink": adapter(0.25)}))
+    loaded = checkpoint.load(tmp_path)
+    assert list(loaded.adapters) == ["downlink"]
+    assert {k: v.tolist() for k, v in loaded.adapters["downlink"].items()} == {
+        k: v.tolist() for k, v in adapter(0.25).items()}
+    manifest = json.loads(state_path(tmp_path).read_text())["adapters"]["downlink"]
+    assert manifest["shapes"] == {"a.lora_A.weight": [2, 3], "a.lora_B.weight": [3, 2]}
+    assert (tmp_path / "checkpoint" / "downlink.safetensors").is_file()
+
+
+@pytest.mark.parametrize("name", ["global", "../x", "Downlink", ""])
+def test_an_other_adapter_needs_a_plain_name_that_is_not_the_globals(tmp_path, name):
+    with pytest.raises(ValueError, match="adapter's name must match"):
+        checkpoint.save(tmp_path, saved(1, adapters={name: adapter()}))
+    assert not (tmp_path / "checkpoint").exists()
+
+
+def test_a_corrupt_other_adapter_is_refused_naming_its_file(tmp_path):
+    checkpoint.save(tmp_path, saved(1, adapters={"downlink": adapter()}))
+    path = tmp_path / "checkpoint" / "downlink.safetensors"
+    path.write_bytes(path.read_bytes()[:-8])
+    with pytest.raises(CheckpointError, match="downlink.safetensors: content does not match the SHA-256"):
+        checkpoint.load(tmp_path)
+    path.unlink()
+    with pytest.raises(CheckpointError, match="downlink.safetensors: missing"):
+        checkpoint.load(tmp_path)
+
+
+def test_an_other_adapter_must_fit_the_global(tmp_path):
+    other = {"a.lora_A.weight": np.zeros((2, 3), dtype=np.float32)}  # lora_B missing
+    checkpoint.save(tmp_path, saved(1, adapters={"downlink": other}))
+    with pytest.raises(CheckpointError, match=r"downlink.safetensors: adapter keys differ .*missing \['a.lora_B"):
+        checkpoint.load(tmp_path)
+
+
+@pytest.mark.parametrize("listed, message", [
+    ([], "'adapters' must be an object, got list"),
+    ({"../global": {}}, "'adapters' names '../global', not an adapter name"),
+    ({"downlink": None}, "'adapters' 'downlink' has no manifest"),
+    ({"downlink": {"sha256": 1}}, "'adapters.downlink' must be an object with 'sha256' and 'shapes'"),
+])
+def test_a_bad_adapters_listing_is_refused(tmp_path, listed, message):
+    checkpoint.save(tmp_path, saved(1, adapters={"downlink": adapter()}))
+    edit_state(tmp_path, adapters=listed)
+    with pytest.raises(CheckpointError, match=message.replace("[", r"\[").replace(".", r"\.")):
+        checkpoint.load(tmp_path)

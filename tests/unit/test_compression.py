@@ -216,3 +216,35 @@ def test_broadcast_sends_deltas_to_holders_and_whole_fp16_globals_to_others():
     # the global nodes hold lags the master by at most one step's quantization (plus fp16 rounding)
     for k in master:
         assert np.abs(broadcast.current[k] - master[k]).max() <= 0.001 * 5 / 127 + np.abs(master[k]).max() * 2 ** -10
+
+
+def test_a_restored_broadcast_sends_the_same_next_delta_as_the_original():
+    from pubswap_flwr.protocols.transfer import downlink_checkpoint, restore_downlink
+
+    rng = np.random.default_rng(9)
+    original, restored = Broadcast(Codec("int4", 32)), Broadcast(Codec("int4", 32))
+    assert downlink_checkpoint(original) == ({}, {})  # nothing sent yet: nothing to save
+    master = _adapter(rng)
+    for nodes in ([3, 7], [7]):
+        original.advance(master)
+        original.confirm(nodes)
+        master = {k: v + _adapter(rng, 0.002)[k] for k, v in master.items()}
+    state, adapters = downlink_checkpoint(original)
+    assert state == {"downlink_holders": [7]} and list(adapters) == ["downlink"]
+    restore_downlink(restored, state, adapters)
+    assert restored.current_sha == original.current_sha and restored.holders == {7}
+    original.advance(master)
+    restored.advance(master)
+    assert restored.sends_delta(7) and not restored.sends_delta(3)
+    assert restored.previous_sha == original.previous_sha and restored.current_sha == original.current_sha
+    assert np.array_equal(restored.delta.codes, original.delta.codes)
+
+
+def test_restoring_a_broadcast_refuses_holders_that_are_not_node_ids():
+    from pubswap_flwr.protocols.transfer import restore_downlink
+
+    broadcast = Broadcast(Codec("int8", 64))
+    with pytest.raises(ValueError, match="downlink_holders must be a list of node ids, got"):
+        restore_downlink(broadcast, {"downlink_holders": ["3"]}, {"downlink": _adapter(np.random.default_rng(1))})
+    restore_downlink(broadcast, {}, {})  # a checkpoint from before compression state was kept: whole globals next
+    assert broadcast.current is None
