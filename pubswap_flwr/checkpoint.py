@@ -53,6 +53,7 @@ class ServerCheckpoint:
     config: dict
     cumulative_reward: float = 0.0
     node_index: dict[int, int] = field(default_factory=dict)
+    node_rounds: dict[int, int] = field(default_factory=dict)  # node id -> the last round its reply was accepted
     protocol: dict = field(default_factory=dict)  # the protocol's JSON-able state (ServerProtocol.state)
     master: dict[str, np.ndarray] | None = None
     adapters: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)  # ServerProtocol.saved_adapters
@@ -92,7 +93,8 @@ def save(run_dir: Path, checkpoint: ServerCheckpoint) -> None:
     tmp.mkdir(parents=True)
     state: dict[str, Any] = {
         "round": checkpoint.round, "config": checkpoint.config, "cumulative_reward": checkpoint.cumulative_reward,
-        "node_index": {str(k): v for k, v in checkpoint.node_index.items()}, "protocol": checkpoint.protocol}
+        "node_index": {str(k): v for k, v in checkpoint.node_index.items()},
+        "node_rounds": {str(k): v for k, v in checkpoint.node_rounds.items()}, "protocol": checkpoint.protocol}
     if checkpoint.master is not None:
         state["adapter"] = _save_tensors(tmp / ADAPTER_FILE, checkpoint.master)
     if checkpoint.adapters:
@@ -182,14 +184,19 @@ def load_directory(directory: Path) -> ServerCheckpoint:
     reward = state.get("cumulative_reward", 0.0)
     if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
         raise bad("cumulative_reward", f"must be a finite number, got {reward!r}")
-    node_index = state.get("node_index", {})
-    if not isinstance(node_index, dict):
-        raise bad("node_index", f"must be an object, got {type(node_index).__name__}")
-    nodes: dict[int, int] = {}
-    for key, value in node_index.items():
-        if not (key.isascii() and key.isdigit()) or isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise bad("node_index", f"must map node ids to indices >= 0, got {key!r}: {value!r}")
-        nodes[int(key)] = value
+    def node_map(key: str, what: str) -> dict[int, int]:
+        raw = state.get(key, {})
+        if not isinstance(raw, dict):
+            raise bad(key, f"must be an object, got {type(raw).__name__}")
+        out: dict[int, int] = {}
+        for node, value in raw.items():
+            if (not (node.isascii() and node.isdigit()) or isinstance(value, bool) or not isinstance(value, int)
+                    or value < 0):
+                raise bad(key, f"must map node ids to {what} >= 0, got {node!r}: {value!r}")
+            out[int(node)] = value
+        return out
+
+    nodes, node_rounds = node_map("node_index", "indices"), node_map("node_rounds", "rounds")
     protocol = state.get("protocol", {})
     if not isinstance(protocol, dict):
         raise bad("protocol", f"must be an object, got {type(protocol).__name__}")
@@ -200,7 +207,8 @@ def load_directory(directory: Path) -> ServerCheckpoint:
     master = _load_adapter(directory, state, cfg)
     adapters = _load_other_adapters(directory, state, master)
     return ServerCheckpoint(round=number, config=dict(config), cumulative_reward=float(reward), node_index=nodes,
-                            protocol=protocol, master=master, adapters=adapters, source=directory)
+                            node_rounds=node_rounds, protocol=protocol, master=master, adapters=adapters,
+                            source=directory)
 
 
 def _load_adapter(directory: Path, state: dict, cfg: ExperimentConfig) -> dict[str, np.ndarray] | None:

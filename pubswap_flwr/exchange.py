@@ -22,11 +22,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Generic, Iterable, TypeVar
 
-from flwr.app import Message
+from flwr.app import ConfigRecord, Message
 from flwr.serverapp import Grid
 
 from .validate import Rejected
-from .wire import record_bytes
+from .wire import CONFIG_KEY, NODE_ROUND_KEY, record_bytes
 
 log = logging.getLogger("pubswap_flwr")
 client_log = logging.getLogger("pubswap_flwr.clients")  # a line per client reply, shown with --verbose
@@ -96,6 +96,7 @@ class Exchange:
         self.seed = seed
         self.settle_seconds = settle_seconds
         self.node_index: dict[int, int] = {}  # Flower node id -> node index reported by the client
+        self.node_round: dict[int, int] = {}  # Flower node id -> the last round whose reply from it was accepted
         self.round = 0  # for progress lines: the round being run, and how many exchanges of each type it had
         self._sent: dict[str, int] = {}
 
@@ -140,6 +141,7 @@ class Exchange:
         out: ExchangeResult[T] = ExchangeResult()
         by_id: dict[str, int] = {}
         step = self._progress_start(messages)
+        rounds = {msg.metadata.dst_node_id: self._stamp_node_round(msg) for msg in messages}
         for msg in messages:
             out.bytes_out[msg.metadata.dst_node_id] = record_bytes(msg.content)
             out.array_records += len(msg.content.array_records)
@@ -169,6 +171,7 @@ class Exchange:
             out.replies[node] = decoded
             report = decoded.report
             self.node_index[node] = report.node_index
+            self.node_round[node] = max(self.node_round.get(node, 0), rounds[node])
             out.bytes_in[node] = record_bytes(reply.content)
             out.array_records += len(reply.content.array_records)
             intervals.append((report.t_start, report.t_end))
@@ -181,6 +184,17 @@ class Exchange:
         out.busy = min(_union_length(intervals), out.wall)
         self._progress_end(step, out, len(messages))
         return out
+
+    def _stamp_node_round(self, msg: Message) -> int:
+        """Tell the node the last round whose reply from it was accepted (its saved state must reach that round:
+        `protocols.base.check_state_continues`); returns the round this message belongs to."""
+        config = msg.content.config_records.get(CONFIG_KEY)
+        if config is None:
+            return self.round
+        # a copy: messages to several nodes may share one config record
+        msg.content[CONFIG_KEY] = ConfigRecord({**config, NODE_ROUND_KEY: self.node_round.get(
+            msg.metadata.dst_node_id, 0)})
+        return int(config.get("server-round", self.round))
 
     def _send_and_receive(self, messages: list[Message]) -> tuple[list[Message], list[int]]:
         """The replies that came within the timeout, and the nodes whose message the grid did not take."""

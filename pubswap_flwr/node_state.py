@@ -42,6 +42,7 @@ class NodeIdentity:
     model_name: str
     data_path: str | None = None
     task_mix: str | None = None
+    simulated: bool = False  # a simulated node (Flower set num-partitions): its state lives under the run dir
 
     @classmethod
     def from_flower(cls, cfg: ExperimentConfig, node_config: dict, node_id: int, run_dir: str | None,
@@ -61,7 +62,7 @@ class NodeIdentity:
         model = node_config.get("model-name") or _round_robin(cfg.model.node_models, index) or cfg.model.name
         data_path = node_config.get("data-path") or _round_robin(cfg.tasks.data_paths, index)
         return cls(index, state_dir, str(model), str(data_path) if data_path else None,
-                   node_config.get("task-mix") or None)
+                   node_config.get("task-mix") or None, simulated)
 
 
 def safe_component(name: str, what: str) -> str:

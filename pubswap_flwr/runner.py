@@ -86,8 +86,8 @@ class Runner:
     def _checkpoint(self, number: int) -> None:
         checkpoint.save(self.recorder.run_dir, checkpoint.ServerCheckpoint(
             round=number, config=self.cfg.to_flat(), cumulative_reward=self.cumulative_reward,
-            node_index=self.exchange.node_index, protocol=self.protocol.state(), master=self.protocol.master,
-            adapters=self.protocol.saved_adapters()))
+            node_index=self.exchange.node_index, node_rounds=self.exchange.node_round, protocol=self.protocol.state(),
+            master=self.protocol.master, adapters=self.protocol.saved_adapters()))
 
     def _restore(self, saved: checkpoint.ServerCheckpoint) -> int:
         if self.protocol.holds_global_adapter and self.evaluator is not None:
@@ -100,6 +100,7 @@ class Runner:
                                              f"({type(err).__name__}: {err})") from err
         self.cumulative_reward = saved.cumulative_reward
         self.exchange.node_index = dict(saved.node_index)
+        self.exchange.node_round = dict(saved.node_rounds)
         return saved.round
 
     # -- evaluation and the metrics row ----------------------------------------------------------------------

@@ -17,6 +17,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 ADAPTER_KEY = "adapter"
 QUANTIZED_KEY = "adapter-q"  # strategy.compression: an adapter delta as blockwise codes and scales
 CONFIG_KEY = "config"
+NODE_ROUND_KEY = "node-round"  # stamped by the exchange: the last round whose reply from this node was accepted
 METRICS_KEY = "metrics"
 PAYLOAD_KEY = "payload"
 DEFAULT_MAX_PAYLOAD_BYTES = 8 * 1024 * 1024

@@ -24,8 +24,8 @@ from ..logs import route_logs_to_flower
 from ..node_state import NodeIdentity
 from ..tasks.splits import MAX_NODES
 from ..validate import Rejected
-from ..wire import (ADAPTER_KEY, CONFIG_KEY, METRICS_KEY, PAYLOAD_KEY, adapter_from_record, adapter_record,
-                    metrics_record, payload_from_record, payload_record)
+from ..wire import (ADAPTER_KEY, CONFIG_KEY, METRICS_KEY, NODE_ROUND_KEY, PAYLOAD_KEY, adapter_from_record,
+                    adapter_record, metrics_record, payload_from_record, payload_record)
 
 if TYPE_CHECKING:
     from ..exchange import Exchange
@@ -100,12 +100,14 @@ class Instruction:
 @dataclass(frozen=True)
 class Header:
     """In every instruction: the round, where the run lives, and whether this is the round's first message (the
-    node then snapshots its state, so a resumed server can repeat the round exactly)."""
+    node then snapshots its state, so a resumed server can repeat the round exactly). `node_round` is stamped per
+    node by the exchange (`wire.NODE_ROUND_KEY`): the last round whose reply from this node was accepted."""
 
     server_round: int
     run_name: str
     run_dir: str = ""
     round_start: bool = False
+    node_round: int = 0
 
     def to_config(self) -> dict:
         return {"server-round": self.server_round, "run-name": self.run_name, "run-dir": self.run_dir,
@@ -114,7 +116,7 @@ class Header:
     @classmethod
     def from_config(cls, config: ConfigRecord) -> "Header":
         return cls(int(config["server-round"]), str(config["run-name"]), str(config.get("run-dir", "")),
-                   bool(config.get("round-start", False)))
+                   bool(config.get("round-start", False)), int(config.get(NODE_ROUND_KEY, 0)))
 
 
 @dataclass(frozen=True)
@@ -318,6 +320,27 @@ class ClientWork:
 ClientHandler = Callable[[ClientWork], RecordDict]
 
 
+class NodeStateError(RuntimeError):
+    """A simulated node's saved state is behind the last round the server accepted from it."""
+
+
+def check_state_continues(learner: Learner, header: Header) -> None:
+    """The server accepted this node's reply in round `header.node_round`, and a node saves its state before it
+    replies, so its state must reach that round. Behind it, the state was lost or is a stale copy: on a Ray cluster
+    whose machines do not share the run dir, a node's state is on whichever machine ran it last. A simulated node
+    refuses to go on (its reply is dropped with this reason); a deployed node whose state dir was lost warns and
+    continues from what it has, as a node that rejoins (the server's record catches up with its next reply)."""
+    have = learner.state.last_round
+    if have >= header.node_round:
+        return
+    what = (f"node {learner.identity.index}: its state in {learner.identity.state_dir} is at round {have}, but the "
+            f"server accepted its reply in round {header.node_round}")
+    if learner.identity.simulated:
+        raise NodeStateError(f"{what}; the state was lost or is another machine's stale copy (on a Ray cluster, "
+                             "output.dir must be on a filesystem every machine shares)")
+    log.warning("%s; the state dir was lost or replaced: continuing from the state it holds", what)
+
+
 def serve(handler: ClientHandler, owner: type[ServerProtocol],
           resolve: Callable[[ExperimentConfig], type[ServerProtocol]], run_config: dict | None = None):
     """A ClientApp function running `handler` (a message type of protocol `owner`): reads the config, builds this
@@ -340,6 +363,7 @@ def serve(handler: ClientHandler, owner: type[ServerProtocol],
                              f"{cfg.model.name!r}; strategy.mode = {cfg.strategy.mode!r} averages one model, so "
                              "every node must run it (sapo lets nodes keep different models)")
         learner = Learner(cfg, identity, protocol.proximal_mu(cfg))
+        check_state_continues(learner, header)
         if header.round_start:
             learner.begin_round(header.server_round)
         work = ClientWork(cfg, learner, header, message, started=started)

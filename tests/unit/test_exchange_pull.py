@@ -161,3 +161,27 @@ def test_flowers_deployed_grid_is_pulled_from_directly():
     from flwr.superlink.grid.http_grid import HttpGrid
 
     assert Exchange(HttpGrid.__new__(HttpGrid), timeout=1, min_clients=1, fraction=1.0, seed=0).pulls
+
+
+def test_each_message_carries_the_last_round_the_exchange_accepted_from_its_node():
+    from pubswap_flwr.wire import CONFIG_KEY, NODE_ROUND_KEY
+
+    grid = PollingGrid({1: 1, 2: 1, 5: 1}, errors=[2])
+    exchange = _exchange(grid)
+    shared = ConfigRecord({"server-round": 3})
+
+    def send(round_number: int):
+        grid.pulls, grid.sent = [], {}
+        shared["server-round"] = round_number
+        return exchange.send([Message(RecordDict({CONFIG_KEY: shared}), dst_node_id=n, message_type="train")
+                              for n in (1, 2, 5)], _decode)
+
+    send(3)
+    assert {m.metadata.dst_node_id: m.content[CONFIG_KEY][NODE_ROUND_KEY] for m in grid.sent.values()} == {
+        1: 0, 2: 0, 5: 0}
+    assert exchange.node_round == {1: 3}  # node 2 erred and node 5's reply was rejected: nothing accepted
+    send(4)
+    # one shared config record: each message got its own copy with its node's round
+    assert {m.metadata.dst_node_id: m.content[CONFIG_KEY][NODE_ROUND_KEY] for m in grid.sent.values()} == {
+        1: 3, 2: 0, 5: 0}
+    assert NODE_ROUND_KEY not in shared and exchange.node_round == {1: 4}
