@@ -3,9 +3,11 @@ schedule, and sampling log-probs in replies and packets (validated like any repl
 
 from __future__ import annotations
 
+import base64
 import random
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from flwr.app import Message
 from flwr.supercore.task_identity import TaskIdentity
@@ -181,6 +183,12 @@ class _Public:
         return ITEM
 
 
+def _wire(ids, logps, id_dtype: str = "<u2") -> str:
+    """A behaviour's wire form built by hand (rollouts.Behaviour.to_wire's encoding), holding what it never writes."""
+    return base64.b64encode(bytes([np.dtype(id_dtype).itemsize]) + np.asarray(ids, dtype=id_dtype).tobytes()
+                            + np.asarray(logps, dtype="<f2").tobytes()).decode()
+
+
 def test_a_reply_carries_its_sampling_behaviour_to_the_server():
     behaviour = {"p": [Behaviour((1, 2), (-0.5, -0.25)), None]}
     reply = SegmentReply(REPORT, {"p": ["<answer>2</answer>", "<answer>3</answer>"]}, behaviour=behaviour)
@@ -195,8 +203,9 @@ def test_a_reply_carries_its_sampling_behaviour_to_the_server():
     ({"q": []}, "keyed by the requested prompt ids"),
     ([], "keyed by the requested prompt ids"),
     ({"p": [None]}, "behaviour must list 2 entries"),
-    ({"p": [{"ids": [1], "logps": [float("inf")]}, None]}, "prompt p: behaviour log-probs must be finite"),
-    ({"p": [{"ids": [1, 2], "logps": [-1.0]}, None]}, "prompt p: behaviour has 2 ids and 1 log-probs"),
+    ({"p": [_wire([1], [float("inf")]), None]}, "prompt p: behaviour log-probs must be finite"),
+    ({"p": [_wire([1, 2], [-1.0]), None]}, "prompt p: behaviour's 6 bytes are not whole tokens"),
+    ({"p": [{"ids": [1], "logps": [-1.0]}, None]}, "prompt p: behaviour is dict, not a base64 string"),
 ])
 def test_malformed_log_probs_in_a_reply_reject_it_with_the_reason(raw, reason):
     with pytest.raises(Rejected, match=reason):
@@ -206,13 +215,13 @@ def test_malformed_log_probs_in_a_reply_reject_it_with_the_reason(raw, reason):
 
 def test_a_packets_behaviour_is_validated_and_relayed():
     packet = Packet("", ITEM, ("<answer>2</answer>", "<answer>5</answer>"),
-                    (Behaviour((5, 6), (-0.1, -0.2)), None), "abcdef0123456789")
+                    (Behaviour((5, 6), (-0.125, -0.25)), None), "abcdef0123456789")  # fp16 values: exact
     checked = check_packet(packet.to_wire(), Limits(), 4)
     assert checked.behaviour == packet.behaviour and checked.tokenizer == "abcdef0123456789"
     assert Packet.from_wire(packet.with_sender("n1").to_wire()).behaviour == packet.behaviour
-    for behaviour, reason in (([{"ids": [5], "logps": [-0.1]}], "one entry per completion"),
-                              ([{"ids": [5], "logps": [3.0]}, None], "log-probs must be finite"),
-                              ([{"ids": ["5"], "logps": [-1.0]}, None], "ids must be integers")):
+    for behaviour, reason in (([_wire([5], [-0.1])], "one entry per completion"),
+                              ([_wire([5], [3.0]), None], "log-probs must be finite"),
+                              ([_wire([5, 2**31], [-1.0, -1.0], "<u4"), None], "ids must be integers")):
         with pytest.raises(Rejected, match=reason):
             check_packet({**packet.to_wire(), "behaviour": behaviour}, Limits(), 4)
     with pytest.raises(Rejected, match="'tokenizer' must be a fingerprint"):

@@ -3,8 +3,11 @@ the donor's log-probs, the fallback), which donor behaviours a receiver accepts,
 
 from __future__ import annotations
 
+import base64
+import json
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -63,24 +66,47 @@ def test_the_config_reaches_the_update_settings():
 
 
 # -- behaviours on the wire ----------------------------------------------------------------------------------------
-def test_a_behaviour_round_trips_through_the_wire():
+def _wire(ids, logps, width: int = 2, id_dtype: str = "<u2") -> str:
+    """A behaviour's wire form built by hand, so it can hold what `to_wire` never writes."""
+    return base64.b64encode(bytes([width]) + np.asarray(ids, dtype=id_dtype).tobytes()
+                            + np.asarray(logps, dtype="<f2").tobytes()).decode()
+
+
+def test_a_behaviour_round_trips_through_the_wire_as_fp16_log_probs():
     behaviour = Behaviour((5, 7, 2), (-0.1234567, -2.0, -0.0))
-    back = Behaviour.from_wire(behaviour.to_wire())
+    wire = behaviour.to_wire()
+    assert wire == _wire([5, 7, 2], [-0.1234567, -2.0, 0.0])  # width byte 2, uint16 ids, fp16 log-probs
+    back = Behaviour.from_wire(wire)
     assert back.ids == (5, 7, 2)
-    assert back.logprobs == pytest.approx((-0.12346, -2.0, 0.0))
+    assert back.logprobs == (float(np.float16(-0.1234567)), -2.0, 0.0)
+    assert back.logprobs[0] == pytest.approx(-0.1234567, abs=2**-14)
+    assert Behaviour.from_wire(back.to_wire()) == back  # a relayed behaviour arrives unchanged
+
+
+def test_ids_past_uint16_travel_as_uint32_and_the_wire_is_under_half_of_json_numbers():
+    big = Behaviour((70000, 3), (-1.5, -0.25))
+    assert big.to_wire() == _wire([70000, 3], [-1.5, -0.25], 4, "<u4") and Behaviour.from_wire(big.to_wire()) == big
+    rng = np.random.default_rng(0)  # a sampler's log-probs: mostly near 0, some far below
+    for tokens in (8, 400):  # the tiny model's completions are about 8-11 tokens
+        behaviour = Behaviour(tuple(int(i) for i in rng.integers(0, 5000, tokens)),
+                              tuple(-rng.exponential(1.0, tokens)))
+        as_json = json.dumps({"ids": list(behaviour.ids), "logps": [round(x, 5) for x in behaviour.logprobs]},
+                             separators=(",", ":"))
+        assert len(json.dumps(behaviour.to_wire())) < 0.5 * len(as_json)
 
 
 @pytest.mark.parametrize("data, reason", [
-    ([1, 2], "not an object"),
-    ({"ids": [1, 2]}, "needs 'ids' and 'logps' lists"),
-    ({"ids": [1, 2], "logps": [-1.0]}, "2 ids and 1 log-probs"),
-    ({"ids": [], "logps": []}, "0 ids"),
-    ({"ids": [1, True], "logps": [-1.0, -1.0]}, "ids must be integers"),
-    ({"ids": [1, -3], "logps": [-1.0, -1.0]}, "ids must be integers"),
-    ({"ids": [1, 2], "logps": [-1.0, float("nan")]}, "finite numbers"),
-    ({"ids": [1, 2], "logps": [-1.0, 0.5]}, "finite numbers"),
-    ({"ids": [1, 2], "logps": [-1.0, -1e9]}, "finite numbers"),
-    ({"ids": [1, 2], "logps": [-1.0, "0"]}, "finite numbers"),
+    ({"ids": [1, 2], "logps": [-1.0, -1.0]}, "dict, not a base64 string"),
+    ("AQ*A", "not valid base64"),
+    ("", "id width must be 2 or 4 bytes, got nothing"),
+    (_wire([1, 2], [-1.0, -1.0], width=3), "id width must be 2 or 4 bytes, got 3"),
+    (_wire([1, 2], [-1.0]), "2 bytes are not whole tokens|6 bytes are not whole tokens"),
+    (_wire([], []), "0 tokens"),
+    (_wire([1, 2**31], [-1.0, -1.0], 4, "<u4"), r"ids must be integers in \[0, 2\*\*31\)"),
+    (_wire([1, 2], [-1.0, float("nan")]), "finite numbers"),
+    (_wire([1, 2], [-1.0, float("-inf")]), "finite numbers"),
+    (_wire([1, 2], [-1.0, 0.5]), "finite numbers"),
+    (_wire([1, 2], [-1.0, -3e4]), "finite numbers"),
 ])
 def test_malformed_behaviours_are_refused_with_the_reason(data, reason):
     with pytest.raises(ValueError, match=reason):
@@ -89,7 +115,9 @@ def test_malformed_behaviours_are_refused_with_the_reason(data, reason):
 
 def test_a_behaviour_longer_than_the_token_limit_is_refused():
     with pytest.raises(ValueError, match=r"1\.\.3"):
-        Behaviour.from_wire({"ids": [1] * 4, "logps": [-1.0] * 4}, max_tokens=3)
+        Behaviour.from_wire(_wire([1] * 4, [-1.0] * 4), max_tokens=3)
+    with pytest.raises(ValueError, match="longer than 3 tokens"):  # refused before decoding
+        Behaviour.from_wire(_wire([1] * 100, [-1.0] * 100), max_tokens=3)
 
 
 # -- what a receiver accepts ---------------------------------------------------------------------------------------
