@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from .metrics import STATUS_FILE, json_safe, read_metrics
+from .roundlog import WELL_FORMED_WARNING
 
 RUN_NAME = re.compile(r"^(?P<arm>.+)-s(?P<seed>\d+)$")
 DEFAULT_TITLE = "pubswap-flwr comparison"
@@ -197,8 +198,23 @@ def summarize_run(run_dir: Path) -> RunSummary:
         "megabytes": sum(r["bytes"]["sent_by_clients"] + r["bytes"]["received_by_clients"]
                          for r in trained if "bytes" in r) / 1e6,
     }
+    values.update(format_health(trained))
     arm, seed = arm_and_seed(run_dir)
     return RunSummary(arm, seed, run_dir, rows[-1].get("mode", "?"), values, final.get("per_task", {}), rows)
+
+
+def format_health(trained: list[dict]) -> dict[str, float]:
+    """How well clients kept the <answer>...</answer> format in their own samples (`well_formed` per client per
+    round): the mean over clients in the last round that recorded it, and how many client-rounds fell below the
+    warning threshold (the first sign of a collapse, which the server also logs). NaN / 0 without the field."""
+    shares = [(r["round"], c["well_formed"]) for r in trained for c in r.get("clients", {}).values()
+              if isinstance(c.get("well_formed"), (int, float))]
+    if not shares:
+        return {"well_formed_last": NAN, "format_breaks": 0.0, "format_client_rounds": 0.0}
+    last = max(number for number, _ in shares)
+    return {"well_formed_last": statistics.fmean(v for number, v in shares if number == last),
+            "format_breaks": float(sum(v < WELL_FORMED_WARNING for _, v in shares)),
+            "format_client_rounds": float(len(shares))}
 
 
 def group(runs: list[RunSummary]) -> dict[str, list[RunSummary]]:
@@ -486,6 +502,28 @@ def _describe_unpaired(pairs: list[PairedDifference]) -> list[str]:
     return notes
 
 
+def format_lines(arms: dict[str, list[RunSummary]], summary: dict) -> list[str]:
+    """The report's answer-format section (only when the runs recorded `well_formed`); adds it to `summary`."""
+    if not any(r.values["format_client_rounds"] for members in arms.values() for r in members):
+        return []
+    lines = ["", "## Answer format", "",
+             "Share of the clients' own samples with exactly one `<answer>...</answer>` and nothing after it: the mean "
+             f"over clients in the last round (mean over seeds [95% CI]), and the client-rounds below "
+             f"{WELL_FORMED_WARNING:.0%}, where the server warns that a client's answers may be breaking down.", "",
+             "| arm | well-formed, last round | client-rounds below | runs with any |", "|---|---|---|---|"]
+    summary["format"] = {}
+    for arm, members in arms.items():
+        last = mean_ci(r.values["well_formed_last"] for r in members)
+        breaks = sum(int(r.values["format_breaks"]) for r in members)
+        total = sum(int(r.values["format_client_rounds"]) for r in members)
+        broken_runs = sum(r.values["format_breaks"] > 0 for r in members)
+        summary["format"][arm] = {"well_formed_last": _interval_json(last, _finite(
+            r.values["well_formed_last"] for r in members)), "client_rounds_below": breaks, "client_rounds": total,
+            "runs_with_any": broken_runs}
+        lines.append(f"| {arm} | {fmt_ci(last)} | {breaks} of {total} | {broken_runs} of {len(members)} |")
+    return lines
+
+
 def write_report(out: Path, run_dirs: list[Path], *, failures: dict[tuple[str, int], str] | None = None,
                  title: str | None = None, notes: str | None = None, command: str = "",
                  made_by: str | None = None, baseline: str | None = None, force: bool = False) -> Path:
@@ -628,6 +666,7 @@ def write_report(out: Path, run_dirs: list[Path], *, failures: dict[tuple[str, i
                                      + (f" ± {se:.3f}" if se is not None else ""))
                     lines.append(f"| {r.run_dir.name} | " + " | ".join(cells) + " |")
 
+    lines += format_lines(arms, summary)
     if failures:
         lines += ["", "## Failed runs", ""]
         for (arm, seed), detail in sorted(failures.items()):

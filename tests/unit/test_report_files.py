@@ -231,3 +231,28 @@ def test_pubswap_report_cli_force_baseline_and_kept_title(tmp_path, capsys):
     assert read_summary(tmp_path)["baseline"] == "z"
     assert list(read_summary(tmp_path)["arms"]) == ["x", "y", "z"]
     assert pubswap(args + ["--force", "--baseline", "nope"]) == 2
+
+
+def test_answer_format_section_counts_client_rounds_below_the_warning(tmp_path):
+    plain = write_report(tmp_path / "plain", [make_run(tmp_path / "plain", "a", 0, 0.2)]).read_text()
+    assert "## Answer format" not in plain  # runs that did not record well_formed get no section
+
+    runs = []
+    for arm, seed, shares in (("a", 0, [(1.0, 0.9), (0.95, 0.85), (0.9, 0.9)]),
+                              ("a", 1, [(1.0, 1.0), (0.7, 0.9), (0.5, 0.6)]),
+                              ("b", 0, [(1.0, 1.0), (1.0, 1.0), (1.0, 0.8)])):
+        run = make_run(tmp_path / "fmt", arm, seed, 0.2)
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        for row, (first, second) in zip(rows[1:], shares):
+            row["clients"]["1"]["well_formed"], row["clients"]["2"]["well_formed"] = first, second
+        (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+        runs.append(run)
+    text = write_report(tmp_path / "fmt", runs).read_text()
+    assert "## Answer format" in text
+    section = text.split("## Answer format")[1]
+    a, b = _table(section, "a"), _table(section, "b")
+    # a: last-round means 0.90 (s0) and 0.55 (s1); below 0.8: s1's 0.7, 0.5 and 0.6
+    assert a[1].startswith("0.725 [") and a[2:] == ["3 of 12", "1 of 2"]
+    assert b[1] == "0.900 [n/a]" and b[2:] == ["0 of 6", "0 of 1"]  # 0.8 is not below the threshold
+    summary = json.loads((tmp_path / "fmt" / "summary.json").read_text())
+    assert summary["format"]["a"]["client_rounds_below"] == 3 and summary["runs"]["a-s1"]["format_breaks"] == 3
