@@ -9,7 +9,8 @@ temporary directory and swapped in with renames, so a kill at any moment leaves 
 the same for any other adapter the protocol keeps (`<name>.safetensors`, such as the compressed downlink's H). `load` checks everything it reads (JSON, types,
 the config, the adapter's presence for modes that keep one, its hash, keys, shapes and finite values) and raises
 `CheckpointError` naming the file; when the latest checkpoint is unusable it falls back to `checkpoint.prev/`
-with a logged warning (nodes restart the repeated round from their round-start snapshot).
+with a logged warning (a node whose round-start snapshot is of the repeated round restarts it from there; one already
+a round further goes on from the state it has).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ class ServerCheckpoint:
     config: dict
     cumulative_reward: float = 0.0
     node_index: dict[int, int] = field(default_factory=dict)
-    node_rounds: dict[int, int] = field(default_factory=dict)  # node id -> the last round its reply was accepted
+    node_rounds: dict[int, int] = field(default_factory=dict)  # node index -> the last round its reply was accepted
     protocol: dict = field(default_factory=dict)  # the protocol's JSON-able state (ServerProtocol.state)
     master: dict[str, np.ndarray] | None = None
     adapters: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)  # ServerProtocol.saved_adapters
@@ -184,7 +185,7 @@ def load_directory(directory: Path) -> ServerCheckpoint:
     reward = state.get("cumulative_reward", 0.0)
     if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
         raise bad("cumulative_reward", f"must be a finite number, got {reward!r}")
-    def node_map(key: str, what: str) -> dict[int, int]:
+    def node_map(key: str, keys: str, what: str) -> dict[int, int]:
         raw = state.get(key, {})
         if not isinstance(raw, dict):
             raise bad(key, f"must be an object, got {type(raw).__name__}")
@@ -192,11 +193,12 @@ def load_directory(directory: Path) -> ServerCheckpoint:
         for node, value in raw.items():
             if (not (node.isascii() and node.isdigit()) or isinstance(value, bool) or not isinstance(value, int)
                     or value < 0):
-                raise bad(key, f"must map node ids to {what} >= 0, got {node!r}: {value!r}")
+                raise bad(key, f"must map {keys} to {what} >= 0, got {node!r}: {value!r}")
             out[int(node)] = value
         return out
 
-    nodes, node_rounds = node_map("node_index", "indices"), node_map("node_rounds", "rounds")
+    nodes = node_map("node_index", "node ids", "indices")
+    node_rounds = node_map("node_rounds", "node indices", "rounds")
     protocol = state.get("protocol", {})
     if not isinstance(protocol, dict):
         raise bad("protocol", f"must be an object, got {type(protocol).__name__}")
@@ -247,7 +249,7 @@ def _load_other_adapters(directory: Path, state: dict, master: dict[str, np.ndar
             raise CheckpointError(f"{path}: missing; {state_path} lists it")
         tensors = _read_tensors(path, manifest, state_path, f"adapters.{name}")
         if master is not None:
-            check_adapter_shapes(path, tensors, {k: v.shape for k, v in master.items()})
+            check_adapter_shapes(path, tensors, {k: v.shape for k, v in master.items()}, against="the global's")
         adapters[name] = tensors
     return adapters
 
@@ -278,13 +280,14 @@ def _read_tensors(path: Path, manifest: Any, state_path: Path, entry: str) -> di
     return {k: np.asarray(v, dtype=np.float32) for k, v in tensors.items()}
 
 
-def check_adapter_shapes(path: Path, tensors: Mapping[str, Any], expected: Mapping[str, Any]) -> None:
+def check_adapter_shapes(path: Path, tensors: Mapping[str, Any], expected: Mapping[str, Any],
+                         against: str = "the model's") -> None:
     """`tensors` have exactly the keys of `expected` (key -> shape) and those shapes; CheckpointError names `path`
     and the first few differing keys."""
     missing = sorted(set(expected) - set(tensors))
     unexpected = sorted(set(tensors) - set(expected))
     if missing or unexpected:
-        raise CheckpointError(f"{path}: adapter keys differ from the model's: missing {missing[:3]}"
+        raise CheckpointError(f"{path}: adapter keys differ from {against}: missing {missing[:3]}"
                               f"{' ...' if len(missing) > 3 else ''}, unexpected {unexpected[:3]}"
                               f"{' ...' if len(unexpected) > 3 else ''}")
     for key, want in expected.items():

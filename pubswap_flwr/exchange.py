@@ -15,6 +15,7 @@ grid: a withheld reply is the timeout path without waiting) or that has no push/
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import random
@@ -26,7 +27,7 @@ from flwr.app import ConfigRecord, Message
 from flwr.serverapp import Grid
 
 from .validate import Rejected
-from .wire import CONFIG_KEY, NODE_ROUND_KEY, record_bytes
+from .wire import CONFIG_KEY, NODE_ROUND_KEY, NODE_ROUNDS_KEY, record_bytes
 
 log = logging.getLogger("pubswap_flwr")
 client_log = logging.getLogger("pubswap_flwr.clients")  # a line per client reply, shown with --verbose
@@ -96,7 +97,9 @@ class Exchange:
         self.seed = seed
         self.settle_seconds = settle_seconds
         self.node_index: dict[int, int] = {}  # Flower node id -> node index reported by the client
-        self.node_round: dict[int, int] = {}  # Flower node id -> the last round whose reply from it was accepted
+        # node index -> the last round whose reply from it was accepted (by index: Flower's Ray engine gives nodes
+        # new ids when a run resumes)
+        self.accepted_round: dict[int, int] = {}
         self.round = 0  # for progress lines: the round being run, and how many exchanges of each type it had
         self._sent: dict[str, int] = {}
 
@@ -171,7 +174,7 @@ class Exchange:
             out.replies[node] = decoded
             report = decoded.report
             self.node_index[node] = report.node_index
-            self.node_round[node] = max(self.node_round.get(node, 0), rounds[node])
+            self.accepted_round[report.node_index] = max(self.accepted_round.get(report.node_index, 0), rounds[node])
             out.bytes_in[node] = record_bytes(reply.content)
             out.array_records += len(reply.content.array_records)
             intervals.append((report.t_start, report.t_end))
@@ -187,13 +190,19 @@ class Exchange:
 
     def _stamp_node_round(self, msg: Message) -> int:
         """Tell the node the last round whose reply from it was accepted (its saved state must reach that round:
-        `protocols.base.check_state_continues`); returns the round this message belongs to."""
+        `protocols.base.check_state_continues`): by its index when the node id is known, else every index's
+        round, for the node to look its own up. Returns the round this message belongs to."""
         config = msg.content.config_records.get(CONFIG_KEY)
         if config is None:
             return self.round
-        # a copy: messages to several nodes may share one config record
-        msg.content[CONFIG_KEY] = ConfigRecord({**config, NODE_ROUND_KEY: self.node_round.get(
-            msg.metadata.dst_node_id, 0)})
+        index = self.node_index.get(msg.metadata.dst_node_id)
+        if index is not None:
+            stamp = {NODE_ROUND_KEY: self.accepted_round.get(index, 0)}
+        elif self.accepted_round:
+            stamp = {NODE_ROUNDS_KEY: json.dumps({str(i): r for i, r in sorted(self.accepted_round.items())})}
+        else:
+            stamp = {}
+        msg.content[CONFIG_KEY] = ConfigRecord({**config, **stamp})  # a copy: messages may share one record
         return int(config.get("server-round", self.round))
 
     def _send_and_receive(self, messages: list[Message]) -> tuple[list[Message], list[int]]:

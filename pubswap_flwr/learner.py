@@ -97,11 +97,12 @@ class Learner:
         self.store.save(self.policy, self.state)
 
     def begin_round(self, round_number: int) -> bool:
-        """Called by a round's first message. A node that already worked on this round (the server was restarted
-        and resumed from an earlier checkpoint) restores the state it had at the start of the round, so the
-        round is repeated exactly; otherwise its current state is kept as that round's starting point.
-        Returns True when it restored."""
-        if self.state.last_round >= round_number and self.store.has_round_start(round_number):
+        """Called by a round's first message. A node that already began this round (the server was restarted and
+        resumed from an earlier checkpoint) restores the state it had at the start of the round, so the round is
+        repeated exactly; otherwise its current state is kept as that round's starting point. The snapshot's
+        marker alone decides: a handler killed mid-message may have written files (the compressed global) without
+        saving node.json, so last_round can still say the round never began. Returns True when it restored."""
+        if self.store.has_round_start(round_number):
             self.store.restore_round_start()
             self.state = self._load()
             self.stream = self._build_stream()

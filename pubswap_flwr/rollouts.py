@@ -36,7 +36,8 @@ class Behaviour:
     def to_wire(self) -> str:
         width = 2 if max(self.ids, default=0) < 2**16 else 4
         ids = np.asarray(self.ids, dtype="<u2" if width == 2 else "<u4")
-        logps = (np.asarray(self.logprobs, dtype=np.float64).clip(MIN_LOGPROB, 0.0) + 0.0).astype("<f2")  # no -0
+        logps = np.asarray(self.logprobs, dtype=np.float64).clip(MIN_LOGPROB, 0.0).astype("<f2")
+        logps = (logps + np.float16(0.0)).astype("<f2")  # -0 (also what tiny negatives round to) as +0: one encoding
         return base64.b64encode(bytes([width]) + ids.tobytes() + logps.tobytes()).decode("ascii")
 
     @classmethod

@@ -86,21 +86,27 @@ class Runner:
     def _checkpoint(self, number: int) -> None:
         checkpoint.save(self.recorder.run_dir, checkpoint.ServerCheckpoint(
             round=number, config=self.cfg.to_flat(), cumulative_reward=self.cumulative_reward,
-            node_index=self.exchange.node_index, node_rounds=self.exchange.node_round, protocol=self.protocol.state(),
+            node_index=self.exchange.node_index, node_rounds=self.exchange.accepted_round, protocol=self.protocol.state(),
             master=self.protocol.master, adapters=self.protocol.saved_adapters()))
 
     def _restore(self, saved: checkpoint.ServerCheckpoint) -> int:
         if self.protocol.holds_global_adapter and self.evaluator is not None:
             checkpoint.check_adapter(saved, self.evaluator.policy.adapter())  # keys and shapes fit the model
         self.protocol.master = saved.master
+        adapters = saved.adapters
+        if adapters and saved.source is not None and saved.source.name != checkpoint.CHECKPOINT_DIR:
+            # an older checkpoint: nodes may be two rounds ahead with no snapshot of the repeated round's start,
+            # holding a global the saved downlink's deltas do not apply to; every node gets it whole once
+            log.warning("resuming from %s: the compressed downlink restarts with whole globals", saved.source.name)
+            adapters = {}
         try:
-            self.protocol.restore(saved.protocol, saved.adapters)
+            self.protocol.restore(saved.protocol, adapters)
         except (KeyError, TypeError, ValueError) as err:
             raise checkpoint.CheckpointError(f"{saved.state_path}: 'protocol' state cannot be restored "
                                              f"({type(err).__name__}: {err})") from err
         self.cumulative_reward = saved.cumulative_reward
         self.exchange.node_index = dict(saved.node_index)
-        self.exchange.node_round = dict(saved.node_rounds)
+        self.exchange.accepted_round = dict(saved.node_rounds)
         return saved.round
 
     # -- evaluation and the metrics row ----------------------------------------------------------------------

@@ -17,7 +17,10 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 ADAPTER_KEY = "adapter"
 QUANTIZED_KEY = "adapter-q"  # strategy.compression: an adapter delta as blockwise codes and scales
 CONFIG_KEY = "config"
-NODE_ROUND_KEY = "node-round"  # stamped by the exchange: the last round whose reply from this node was accepted
+# stamped by the exchange: the last round whose reply from this node was accepted, or, to a node id it does not
+# know yet (first contact, or new ids after a resume under Flower's Ray engine), the rounds of every node index
+NODE_ROUND_KEY = "node-round"
+NODE_ROUNDS_KEY = "node-rounds"  # JSON text {"<node index>": round}
 METRICS_KEY = "metrics"
 PAYLOAD_KEY = "payload"
 DEFAULT_MAX_PAYLOAD_BYTES = 8 * 1024 * 1024

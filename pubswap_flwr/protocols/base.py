@@ -9,6 +9,7 @@ checks types and ranges and raises on anything malformed (the exchange's per-rep
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -24,8 +25,8 @@ from ..logs import route_logs_to_flower
 from ..node_state import NodeIdentity
 from ..tasks.splits import MAX_NODES
 from ..validate import Rejected
-from ..wire import (ADAPTER_KEY, CONFIG_KEY, METRICS_KEY, NODE_ROUND_KEY, PAYLOAD_KEY, adapter_from_record,
-                    adapter_record, metrics_record, payload_from_record, payload_record)
+from ..wire import (ADAPTER_KEY, CONFIG_KEY, METRICS_KEY, NODE_ROUND_KEY, NODE_ROUNDS_KEY, PAYLOAD_KEY,
+                    adapter_from_record, adapter_record, metrics_record, payload_from_record, payload_record)
 
 if TYPE_CHECKING:
     from ..exchange import Exchange
@@ -100,14 +101,19 @@ class Instruction:
 @dataclass(frozen=True)
 class Header:
     """In every instruction: the round, where the run lives, and whether this is the round's first message (the
-    node then snapshots its state, so a resumed server can repeat the round exactly). `node_round` is stamped per
-    node by the exchange (`wire.NODE_ROUND_KEY`): the last round whose reply from this node was accepted."""
+    node then snapshots its state, so a resumed server can repeat the round exactly). Stamped per node by the
+    exchange: `node_round`, the last round whose reply from this node was accepted, or, where the exchange does not
+    know the node's id yet, `node_rounds`, that round for every node index (`accepted_round` picks)."""
 
     server_round: int
     run_name: str
     run_dir: str = ""
     round_start: bool = False
     node_round: int = 0
+    node_rounds: dict[int, int] | None = None
+
+    def accepted_round(self, index: int) -> int:
+        return self.node_rounds.get(index, 0) if self.node_rounds is not None else self.node_round
 
     def to_config(self) -> dict:
         return {"server-round": self.server_round, "run-name": self.run_name, "run-dir": self.run_dir,
@@ -116,7 +122,22 @@ class Header:
     @classmethod
     def from_config(cls, config: ConfigRecord) -> "Header":
         return cls(int(config["server-round"]), str(config["run-name"]), str(config.get("run-dir", "")),
-                   bool(config.get("round-start", False)), int(config.get(NODE_ROUND_KEY, 0)))
+                   bool(config.get("round-start", False)), int(config.get(NODE_ROUND_KEY, 0)),
+                   _node_rounds(config.get(NODE_ROUNDS_KEY)))
+
+
+def _node_rounds(text: Any) -> dict[int, int] | None:
+    """The exchange's {"<node index>": round} map, checked (ValueError names what is wrong)."""
+    if text is None:
+        return None
+    try:
+        raw = json.loads(text) if isinstance(text, str) else None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{NODE_ROUNDS_KEY} is not JSON: {err.msg}") from None
+    if not isinstance(raw, dict) or not all(
+            isinstance(k, str) and k.isascii() and k.isdigit() and type(v) is int and v >= 0 for k, v in raw.items()):
+        raise ValueError(f"{NODE_ROUNDS_KEY} must map node indices to rounds >= 0")
+    return {int(k): v for k, v in raw.items()}
 
 
 @dataclass(frozen=True)
@@ -325,20 +346,22 @@ class NodeStateError(RuntimeError):
 
 
 def check_state_continues(learner: Learner, header: Header) -> None:
-    """The server accepted this node's reply in round `header.node_round`, and a node saves its state before it
-    replies, so its state must reach that round. Behind it, the state was lost or is a stale copy: on a Ray cluster
+    """The server accepted this node's reply in round `header.accepted_round(index)`, and a node saves its state
+    before it replies, so its state must reach that round. Behind it, the state was lost or is a stale copy: on a Ray cluster
     whose machines do not share the run dir, a node's state is on whichever machine ran it last. A simulated node
     refuses to go on (its reply is dropped with this reason); a deployed node whose state dir was lost warns and
     continues from what it has, as a node that rejoins (the server's record catches up with its next reply)."""
-    have = learner.state.last_round
-    if have >= header.node_round:
+    have, accepted = learner.state.last_round, header.accepted_round(learner.identity.index)
+    if have >= accepted:
         return
-    what = (f"node {learner.identity.index}: its state in {learner.identity.state_dir} is at round {have}, but the "
-            f"server accepted its reply in round {header.node_round}")
-    if learner.identity.simulated:
-        raise NodeStateError(f"{what}; the state was lost or is another machine's stale copy (on a Ray cluster, "
-                             "output.dir must be on a filesystem every machine shares)")
-    log.warning("%s; the state dir was lost or replaced: continuing from the state it holds", what)
+    if learner.identity.simulated:  # the hint first: a reply's error text is cut at 300 characters
+        raise NodeStateError(f"node {learner.identity.index}'s saved state is behind the server's record (round "
+                             f"{have} < {accepted}): lost, or another machine's stale copy; on a Ray cluster "
+                             f"output.dir must be on a filesystem every machine shares. State dir: "
+                             f"{learner.identity.state_dir}")
+    log.warning("node %d's saved state in %s is behind the server's record (round %d < %d): the state dir was lost "
+                "or replaced; continuing from the state it holds", learner.identity.index, learner.identity.state_dir,
+                have, accepted)
 
 
 def serve(handler: ClientHandler, owner: type[ServerProtocol],

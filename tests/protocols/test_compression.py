@@ -84,11 +84,35 @@ def test_a_resumed_compressed_run_repeats_the_uninterrupted_metrics_and_bytes(tm
     up get a delta again (not the whole global) and the run is bit-identical to an uninterrupted one."""
     from tests.golden.runs import comparable
 
+    # "full" and "half": names of one length, as the run name and dir travel in every message
     flat = {**mode, "strategy.compression": "int8", "num-server-rounds": 3}
     full, _ = _run(tmp_path, "full", **flat)
-    _run(tmp_path, "cut", **{**flat, "num-server-rounds": 2})
-    cut, _ = _run(tmp_path, "cut", **{**flat, "resume": True})
+    _run(tmp_path, "half", **{**flat, "num-server-rounds": 2})
+    cut, _ = _run(tmp_path, "half", **{**flat, "resume": True})
     assert [r["round"] for r in cut] == [0, 1, 2, 3]
     resumed_round = [c["bytes_received"] for c in cut[3]["clients"].values()]
     assert max(resumed_round) < 0.55 * min(c["bytes_received"] for c in cut[1]["clients"].values())  # a delta
+    assert comparable(full) == comparable(cut)
+    for field in ("bytes_sent", "bytes_received"):  # comparable() leaves bytes out
+        assert [sorted(c[field] for c in r["clients"].values()) for r in cut[1:]] == [
+            sorted(c[field] for c in r["clients"].values()) for r in full[1:]]
+
+
+def test_a_node_killed_mid_message_repeats_the_round_from_its_snapshot_after_a_resume(tmp_path):
+    """A kill inside a node's round-3 handler leaves its round-3 snapshot and a new global.safetensors, but node.json
+    still at round 2: the resumed round restores the snapshot (its marker says round 3 began), so the node holds
+    the global the server's delta is against and the run repeats the uninterrupted one."""
+    from pubswap_flwr.node_state import GLOBAL_FILE, NodeStore
+    from tests.golden.runs import comparable
+
+    flat = {"strategy.compression": "int8", "num-server-rounds": 3}
+    full, _ = _run(tmp_path, "full", **flat)
+    _run(tmp_path, "cut", **{**flat, "num-server-rounds": 2})
+    for node_dir in sorted((tmp_path / "cut" / "nodes").iterdir()):
+        store = NodeStore(node_dir, "")
+        store.snapshot_round_start(3)  # what begin_round(3) did before the kill
+        held = store.load_arrays(GLOBAL_FILE)
+        store.save_arrays(GLOBAL_FILE, {k: v + 0.5 for k, v in held.items()})  # round 3's global, half applied
+    cut, _ = _run(tmp_path, "cut", **{**flat, "resume": True})
+    assert not cut[3]["dropped"]
     assert comparable(full) == comparable(cut)

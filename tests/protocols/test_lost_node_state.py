@@ -16,7 +16,7 @@ from pubswap_flwr.metrics import read_metrics
 from pubswap_flwr.node_state import NodeIdentity
 from pubswap_flwr.protocols.base import Header, NodeStateError, check_state_continues
 from pubswap_flwr.simulation import simulate_in_process
-from pubswap_flwr.wire import CONFIG_KEY, NODE_ROUND_KEY
+from pubswap_flwr.wire import CONFIG_KEY, NODE_ROUND_KEY, NODE_ROUNDS_KEY
 
 TINY = {"seed": 5, "train.prompts-per-step": 1, "train.completions-per-prompt": 2, "eval.items-per-task": 1,
         "eval.sampled": False, "train.local-steps": 1, "tasks.mix": "gcd:1", "tasks.per-node": 0}
@@ -33,21 +33,31 @@ def test_state_that_reaches_the_accepted_round_continues(tmp_path, last_round, a
 
 
 def test_a_simulated_node_behind_the_accepted_round_refuses_naming_its_state_dir(tmp_path):
-    with pytest.raises(NodeStateError, match=r"node 3: its state in .*node-3 is at round 2, but the server accepted "
-                                             r"its reply in round 4; .*filesystem every machine shares"):
+    with pytest.raises(NodeStateError, match=r"node 3's saved state is behind the server's record \(round 2 < 4\): "
+                                             r"lost, .*filesystem every machine shares. State dir: .*node-3$"):
         check_state_continues(_learner(2, True, tmp_path), Header(5, "run", node_round=4))
+    with pytest.raises(NodeStateError, match=r"\(round 2 < 3\)"):  # the map, for a node id the server did not know
+        check_state_continues(_learner(2, True, tmp_path), Header(5, "run", node_rounds={3: 3, 4: 9}))
+    check_state_continues(_learner(2, True, tmp_path), Header(5, "run", node_rounds={4: 9}))  # none for index 3
 
 
 def test_a_deployed_node_behind_the_accepted_round_warns_and_continues(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="pubswap_flwr"):
         check_state_continues(_learner(0, False, tmp_path), Header(5, "run", node_round=4))
-    assert "node 3: its state in" in caplog.text and "continuing from the state it holds" in caplog.text
+    assert "node 3's saved state in" in caplog.text and "continuing from the state it holds" in caplog.text
 
 
-def test_the_header_reads_the_stamped_round_and_defaults_to_none():
+def test_the_header_reads_the_stamped_round_or_map_and_defaults_to_none():
     config = {"server-round": 3, "run-name": "r", "round-start": True}
-    assert Header.from_config(config).node_round == 0
-    assert Header.from_config({**config, NODE_ROUND_KEY: 2}).node_round == 2
+    assert Header.from_config(config).accepted_round(7) == 0
+    assert Header.from_config({**config, NODE_ROUND_KEY: 2}).accepted_round(7) == 2
+    mapped = Header.from_config({**config, NODE_ROUNDS_KEY: '{"7": 2, "8": 3}'})
+    assert (mapped.accepted_round(7), mapped.accepted_round(8), mapped.accepted_round(9)) == (2, 3, 0)
+    for bad in ('{"7": -1}', '{"x": 1}', '[1]', '{"7": true}'):
+        with pytest.raises(ValueError, match="must map node indices to rounds >= 0"):
+            Header.from_config({**config, NODE_ROUNDS_KEY: bad})
+    with pytest.raises(ValueError, match="node-rounds is not JSON"):
+        Header.from_config({**config, NODE_ROUNDS_KEY: "{"})
 
 
 def _stale_copy(partition: int, saved_in: int, put_back_in: int, store: Path):
@@ -77,10 +87,10 @@ def test_a_stale_node_state_drops_that_node_with_the_reason_and_the_round_goes_o
     assert not rows[1]["dropped"] and not rows[2]["dropped"]
     for row in rows[3:]:  # the server accepted round 2 from node 1; its state says round 1, every round after
         (reason,) = row["dropped"].values()
-        assert "its state in" in reason and "is at round 1, but the server accepted its reply in round 2" in reason
+        assert "node 1's saved state is behind the server's record (round 1 < 2)" in reason
+        assert "output.dir must be on a filesystem every machine shares" in reason  # within the 300 kept characters
         assert len(row["clients"]) == 1 and row["aggregated"]
-    saved = checkpoint.load(tmp_path / "stale")
-    assert {saved.node_index[node]: last for node, last in saved.node_rounds.items()} == {0: 4, 1: 2}
+    assert checkpoint.load(tmp_path / "stale").node_rounds == {0: 4, 1: 2}  # by node index
 
 
 def test_a_lost_node_state_after_a_resume_is_caught_from_the_checkpoints_record(tmp_path):
@@ -89,4 +99,4 @@ def test_a_lost_node_state_after_a_resume_is_caught_from_the_checkpoints_record(
     shutil.rmtree(tmp_path / "lost" / "nodes" / "partition-0")
     simulate_in_process({**config, "num-server-rounds": 3, "resume": True}, 2)
     (reason,) = read_metrics(tmp_path / "lost")[3]["dropped"].values()
-    assert "node 0: its state in" in reason and "is at round 0, but the server accepted its reply in round 2" in reason
+    assert "node 0's saved state is behind the server's record (round 0 < 2)" in reason

@@ -52,10 +52,10 @@ def edit_state(run: Path, **changes) -> None:
 
 def test_round_trip_records_the_adapters_hash_and_shapes(tmp_path):
     checkpoint.save(tmp_path, saved(3, cumulative_reward=1.25, node_index={123: 0, 456: 1},
-                                    node_rounds={123: 3, 456: 2}, protocol={"public_cursor": 7}))
+                                    node_rounds={0: 3, 1: 2}, protocol={"public_cursor": 7}))
     loaded = checkpoint.load(tmp_path)
     assert (loaded.round, loaded.cumulative_reward, loaded.node_index, loaded.node_rounds, loaded.protocol) == (
-        3, 1.25, {123: 0, 456: 1}, {123: 3, 456: 2}, {"public_cursor": 7})
+        3, 1.25, {123: 0, 456: 1}, {0: 3, 1: 2}, {"public_cursor": 7})
     assert loaded.source == tmp_path / "checkpoint"
     assert {k: v.tolist() for k, v in loaded.master.items()} == {k: v.tolist() for k, v in adapter(3).items()}
     manifest = json.loads(state_path(tmp_path).read_text())["adapter"]
@@ -114,7 +114,7 @@ def test_state_file_that_is_not_a_json_object_is_refused_by_name(tmp_path, conte
     ({"node_index": [1]}, "'node_index' must be an object, got list"),
     ({"node_index": {"abc": 0}}, "'node_index' must map node ids to indices >= 0, got 'abc': 0"),
     ({"node_index": {"12": -1}}, "'node_index' must map node ids to indices >= 0, got '12': -1"),
-    ({"node_rounds": {"12": True}}, "'node_rounds' must map node ids to rounds >= 0, got '12': True"),
+    ({"node_rounds": {"12": True}}, "'node_rounds' must map node indices to rounds >= 0, got '12': True"),
     ({"protocol": "cursor"}, "'protocol' must be an object, got str"),
     ({"adapter": {"sha256": 1}}, "'adapter' must be an object with 'sha256' and 'shapes'"),
 ])
@@ -223,7 +223,7 @@ def _runner(protocol, model_adapter=None):
 
     evaluator = None if model_adapter is None else SimpleNamespace(policy=SimpleNamespace(adapter=lambda: model_adapter))
     runner = Runner(protocol.cfg, recorder=None, protocol=protocol, evaluator=evaluator)
-    runner.exchange = SimpleNamespace(node_index={}, node_round={})
+    runner.exchange = SimpleNamespace(node_index={}, accepted_round={})
     return runner
 
 
@@ -231,12 +231,12 @@ def test_restore_checks_the_adapter_against_the_model_and_names_the_file(tmp_pat
     from pubswap_flwr.protocols import protocol_class
 
     cfg = ExperimentConfig.from_flat(FEDAVG)
-    checkpoint.save(tmp_path, saved(2, node_index={9: 0}, node_rounds={9: 2}))
+    checkpoint.save(tmp_path, saved(2, node_index={9: 0}, node_rounds={0: 2}))
     loaded = checkpoint.load(tmp_path)
     model = {k: np.zeros_like(v) for k, v in adapter().items()}
     runner = _runner(protocol_class("fedavg")(cfg), model)
     assert runner._restore(loaded) == 2
-    assert (runner.exchange.node_index, runner.exchange.node_round) == ({9: 0}, {9: 2})
+    assert (runner.exchange.node_index, runner.exchange.accepted_round) == ({9: 0}, {0: 2})
     model["a.lora_C.weight"] = np.zeros(1)
     with pytest.raises(CheckpointError, match=rf"{adapter_path(tmp_path)}: adapter keys differ from the model's: "
                                               r"missing \['a.lora_C.weight'\]"):
@@ -360,7 +360,8 @@ def test_a_corrupt_other_adapter_is_refused_naming_its_file(tmp_path):
 def test_an_other_adapter_must_fit_the_global(tmp_path):
     other = {"a.lora_A.weight": np.zeros((2, 3), dtype=np.float32)}  # lora_B missing
     checkpoint.save(tmp_path, saved(1, adapters={"downlink": other}))
-    with pytest.raises(CheckpointError, match=r"downlink.safetensors: adapter keys differ .*missing \['a.lora_B"):
+    with pytest.raises(CheckpointError, match=r"downlink.safetensors: adapter keys differ from the global's: "
+                                              r"missing \['a.lora_B"):
         checkpoint.load(tmp_path)
 
 
@@ -375,3 +376,23 @@ def test_a_bad_adapters_listing_is_refused(tmp_path, listed, message):
     edit_state(tmp_path, adapters=listed)
     with pytest.raises(CheckpointError, match=message.replace("[", r"\[").replace(".", r"\.")):
         checkpoint.load(tmp_path)
+
+
+def test_the_downlink_is_restored_from_the_latest_checkpoint_only(tmp_path, caplog):
+    """From checkpoint.prev nodes may hold a later global than the saved downlink's: it restarts with whole globals."""
+    from pubswap_flwr.protocols import protocol_class
+
+    cfg = ExperimentConfig.from_flat({**FEDAVG, "strategy.compression": "int8"})
+    for number in (1, 2):
+        checkpoint.save(tmp_path, saved(number, config=cfg.to_flat(), master=adapter(number),
+                                        protocol={"downlink_holders": [7]}, adapters={"downlink": adapter(0.25)}))
+    model = {k: np.zeros_like(v) for k, v in adapter().items()}
+    latest = _runner(protocol_class("fedavg")(cfg), model)
+    latest._restore(checkpoint.load(tmp_path))
+    assert latest.protocol.broadcast.holders == {7} and latest.protocol.broadcast.current is not None
+    adapter_path(tmp_path).write_bytes(b"\x00" * 10)  # the latest is lost: checkpoint.prev
+    older = _runner(protocol_class("fedavg")(cfg), model)
+    with caplog.at_level(logging.WARNING, logger="pubswap_flwr"):
+        assert older._restore(checkpoint.load(tmp_path)) == 1
+    assert older.protocol.broadcast.current is None  # whole globals next round
+    assert "the compressed downlink restarts with whole globals" in caplog.text

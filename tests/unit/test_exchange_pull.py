@@ -164,24 +164,36 @@ def test_flowers_deployed_grid_is_pulled_from_directly():
 
 
 def test_each_message_carries_the_last_round_the_exchange_accepted_from_its_node():
-    from pubswap_flwr.wire import CONFIG_KEY, NODE_ROUND_KEY
+    """By node index: by its own round when the exchange knows the node's id, else every index's round (new ids after
+    a resume under Flower's Ray engine), and nothing before any reply was accepted."""
+    import json
+
+    from pubswap_flwr.wire import CONFIG_KEY, NODE_ROUND_KEY, NODE_ROUNDS_KEY
+
+    shared = ConfigRecord({"server-round": 3})
+
+    def send(exchange, grid, round_number: int, nodes=(1, 2, 5)):
+        grid.pulls, grid.sent = [], {}
+        shared["server-round"] = round_number
+        exchange.send([Message(RecordDict({CONFIG_KEY: shared}), dst_node_id=n, message_type="train") for n in nodes],
+                      _decode)
+        return {m.metadata.dst_node_id: {k: v for k, v in m.content[CONFIG_KEY].items() if k.startswith("node-")}
+                for m in grid.sent.values()}
 
     grid = PollingGrid({1: 1, 2: 1, 5: 1}, errors=[2])
     exchange = _exchange(grid)
-    shared = ConfigRecord({"server-round": 3})
+    assert send(exchange, grid, 3) == {1: {}, 2: {}, 5: {}}
+    assert exchange.accepted_round == {0: 3}  # node 1 is index 0; node 2 erred and node 5's reply was rejected
+    stamps = send(exchange, grid, 4)
+    # one shared config record: each message got its own copy
+    assert stamps[1] == {NODE_ROUND_KEY: 3} and NODE_ROUND_KEY not in shared
+    assert stamps[2] == stamps[5] == {NODE_ROUNDS_KEY: json.dumps({"0": 3})}
+    assert exchange.accepted_round == {0: 4}
 
-    def send(round_number: int):
-        grid.pulls, grid.sent = [], {}
-        shared["server-round"] = round_number
-        return exchange.send([Message(RecordDict({CONFIG_KEY: shared}), dst_node_id=n, message_type="train")
-                              for n in (1, 2, 5)], _decode)
-
-    send(3)
-    assert {m.metadata.dst_node_id: m.content[CONFIG_KEY][NODE_ROUND_KEY] for m in grid.sent.values()} == {
-        1: 0, 2: 0, 5: 0}
-    assert exchange.node_round == {1: 3}  # node 2 erred and node 5's reply was rejected: nothing accepted
-    send(4)
-    # one shared config record: each message got its own copy with its node's round
-    assert {m.metadata.dst_node_id: m.content[CONFIG_KEY][NODE_ROUND_KEY] for m in grid.sent.values()} == {
-        1: 3, 2: 0, 5: 0}
-    assert NODE_ROUND_KEY not in shared and exchange.node_round == {1: 4}
+    resumed_grid = PollingGrid({11: 1, 12: 1})  # the same nodes under new ids
+    resumed = _exchange(resumed_grid)
+    resumed.node_index, resumed.accepted_round = {1: 0}, {0: 4}
+    stamps = send(resumed, resumed_grid, 5, nodes=(11, 12))
+    assert stamps == {11: {NODE_ROUNDS_KEY: '{"0": 4}'}, 12: {NODE_ROUNDS_KEY: '{"0": 4}'}}
+    assert resumed.accepted_round == {0: 4, 10: 5, 11: 5} and send(resumed, resumed_grid, 6, nodes=(11,)) == {
+        11: {NODE_ROUND_KEY: 5}}

@@ -81,6 +81,7 @@ def test_a_behaviour_round_trips_through_the_wire_as_fp16_log_probs():
     assert back.logprobs == (float(np.float16(-0.1234567)), -2.0, 0.0)
     assert back.logprobs[0] == pytest.approx(-0.1234567, abs=2**-14)
     assert Behaviour.from_wire(back.to_wire()) == back  # a relayed behaviour arrives unchanged
+    assert Behaviour((5,), (-1e-9,)).to_wire() == Behaviour((5,), (0.0,)).to_wire()  # rounds to -0: sent as +0
 
 
 def test_ids_past_uint16_travel_as_uint32_and_the_wire_is_under_half_of_json_numbers():
