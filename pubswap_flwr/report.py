@@ -508,7 +508,8 @@ def format_lines(arms: dict[str, list[RunSummary]], summary: dict) -> list[str]:
         return []
     lines = ["", "## Answer format", "",
              "Share of the clients' own samples with exactly one `<answer>...</answer>` and nothing after it: the mean "
-             f"over clients in the last round (mean over seeds [95% CI]), and the client-rounds below "
+             "over clients in the last round (mean over seeds, with the lowest and highest seed: a share, so no t "
+             f"interval that could leave [0, 1]), and the client-rounds below "
              f"{WELL_FORMED_WARNING:.0%}, where the server warns that a client's answers may be breaking down.", "",
              "| arm | well-formed, last round | client-rounds below | runs with any |", "|---|---|---|---|"]
     summary["format"] = {}
@@ -520,7 +521,10 @@ def format_lines(arms: dict[str, list[RunSummary]], summary: dict) -> list[str]:
         summary["format"][arm] = {"well_formed_last": _interval_json(last, _finite(
             r.values["well_formed_last"] for r in members)), "client_rounds_below": breaks, "client_rounds": total,
             "runs_with_any": broken_runs}
-        lines.append(f"| {arm} | {fmt_ci(last)} | {breaks} of {total} | {broken_runs} of {len(members)} |")
+        seeds = _finite(r.values["well_formed_last"] for r in members)
+        share = "–" if not seeds else f"{last.mean:.3f}" + (f" ({min(seeds):.3f}–{max(seeds):.3f})" if len(seeds) > 1
+                                                               else "")
+        lines.append(f"| {arm} | {share} | {breaks} of {total} | {broken_runs} of {len(members)} |")
     return lines
 
 

@@ -252,7 +252,7 @@ def test_answer_format_section_counts_client_rounds_below_the_warning(tmp_path):
     section = text.split("## Answer format")[1]
     a, b = _table(section, "a"), _table(section, "b")
     # a: last-round means 0.90 (s0) and 0.55 (s1); below 0.8: s1's 0.7, 0.5 and 0.6
-    assert a[1].startswith("0.725 [") and a[2:] == ["3 of 12", "1 of 2"]
-    assert b[1] == "0.900 [n/a]" and b[2:] == ["0 of 6", "0 of 1"]  # 0.8 is not below the threshold
+    assert a[1:] == ["0.725 (0.550–0.900)", "3 of 12", "1 of 2"]
+    assert b[1:] == ["0.900", "0 of 6", "0 of 1"]  # 0.8 is not below the threshold
     summary = json.loads((tmp_path / "fmt" / "summary.json").read_text())
     assert summary["format"]["a"]["client_rounds_below"] == 3 and summary["runs"]["a-s1"]["format_breaks"] == 3
