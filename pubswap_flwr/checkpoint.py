@@ -5,12 +5,12 @@ killed run from here.
 
 Layout: `checkpoint/` is the latest round, `checkpoint.prev/` the round before it. A new checkpoint is written to a
 temporary directory and swapped in with renames, so a kill at any moment leaves at least one complete checkpoint.
-`state.json` records the adapter file's SHA-256 and tensor shapes, and
-the same for any other adapter the protocol keeps (`<name>.safetensors`, such as the compressed downlink's H). `load` checks everything it reads (JSON, types,
+`state.json` records the adapter file's SHA-256 and tensor shapes, and the same for any other adapter the protocol
+keeps (`<name>.safetensors`, such as the compressed downlink's H). `load` checks everything it reads (JSON, types,
 the config, the adapter's presence for modes that keep one, its hash, keys, shapes and finite values) and raises
 `CheckpointError` naming the file; when the latest checkpoint is unusable it falls back to `checkpoint.prev/`
-with a logged warning (a node whose round-start snapshot is of the repeated round restarts it from there; one already
-a round further goes on from the state it has).
+with a logged warning (a node whose round-start snapshot is of the repeated round restarts it from there; one
+already a round further goes on from the state it has).
 """
 
 from __future__ import annotations
@@ -42,6 +42,11 @@ _OLD_DIR = f".{CHECKPOINT_DIR}.old"  # the previous checkpoint while it is being
 # Keys a resumed run may change: how many rounds in total, the resume flag itself, and where metrics are reported.
 RESUMABLE_CHANGES = {"num-server-rounds", "resume", "output.report-to"}
 ADAPTER_NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")  # a protocol's other adapters: `<name>.safetensors`
+
+
+def _is_adapter_name(name: str) -> bool:
+    """A name a protocol's other adapter may be saved under: plain, and not the global's file."""
+    return bool(ADAPTER_NAME.fullmatch(name)) and f"{name}.safetensors" != ADAPTER_FILE
 
 
 class CheckpointError(ValueError):
@@ -101,7 +106,7 @@ def save(run_dir: Path, checkpoint: ServerCheckpoint) -> None:
     if checkpoint.adapters:
         state["adapters"] = {}
         for name, tensors in sorted(checkpoint.adapters.items()):
-            if not ADAPTER_NAME.fullmatch(name) or f"{name}.safetensors" == ADAPTER_FILE:
+            if not _is_adapter_name(name):
                 raise ValueError(f"a checkpointed adapter's name must match {ADAPTER_NAME.pattern} and not be "
                                  f"the global's, got {name!r}")
             state["adapters"][name] = _save_tensors(tmp / f"{name}.safetensors", tensors)
@@ -240,7 +245,7 @@ def _load_other_adapters(directory: Path, state: dict, master: dict[str, np.ndar
         raise CheckpointError(f"{state_path}: 'adapters' must be an object, got {type(listed).__name__}")
     adapters = {}
     for name, manifest in listed.items():
-        if not ADAPTER_NAME.fullmatch(name) or f"{name}.safetensors" == ADAPTER_FILE:
+        if not _is_adapter_name(name):
             raise CheckpointError(f"{state_path}: 'adapters' names {name!r}, not an adapter name")
         if manifest is None:
             raise CheckpointError(f"{state_path}: 'adapters' {name!r} has no manifest")

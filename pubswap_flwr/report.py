@@ -514,16 +514,15 @@ def format_lines(arms: dict[str, list[RunSummary]], summary: dict) -> list[str]:
              "| arm | well-formed, last round | client-rounds below | runs with any |", "|---|---|---|---|"]
     summary["format"] = {}
     for arm, members in arms.items():
-        last = mean_ci(r.values["well_formed_last"] for r in members)
+        seeds = _finite(r.values["well_formed_last"] for r in members)
         breaks = sum(int(r.values["format_breaks"]) for r in members)
         total = sum(int(r.values["format_client_rounds"]) for r in members)
         broken_runs = sum(r.values["format_breaks"] > 0 for r in members)
-        summary["format"][arm] = {"well_formed_last": _interval_json(last, _finite(
-            r.values["well_formed_last"] for r in members)), "client_rounds_below": breaks, "client_rounds": total,
-            "runs_with_any": broken_runs}
-        seeds = _finite(r.values["well_formed_last"] for r in members)
-        share = "–" if not seeds else f"{last.mean:.3f}" + (f" ({min(seeds):.3f}–{max(seeds):.3f})" if len(seeds) > 1
-                                                               else "")
+        summary["format"][arm] = {"well_formed_last": _interval_json(mean_ci(seeds), seeds),
+                                  "client_rounds_below": breaks, "client_rounds": total, "runs_with_any": broken_runs}
+        share = "–" if not seeds else f"{statistics.fmean(seeds):.3f}"
+        if len(seeds) > 1:
+            share += f" ({min(seeds):.3f}–{max(seeds):.3f})"
         lines.append(f"| {arm} | {share} | {breaks} of {total} | {broken_runs} of {len(members)} |")
     return lines
 

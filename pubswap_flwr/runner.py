@@ -86,8 +86,8 @@ class Runner:
     def _checkpoint(self, number: int) -> None:
         checkpoint.save(self.recorder.run_dir, checkpoint.ServerCheckpoint(
             round=number, config=self.cfg.to_flat(), cumulative_reward=self.cumulative_reward,
-            node_index=self.exchange.node_index, node_rounds=self.exchange.accepted_round, protocol=self.protocol.state(),
-            master=self.protocol.master, adapters=self.protocol.saved_adapters()))
+            node_index=self.exchange.node_index, node_rounds=self.exchange.accepted_round,
+            protocol=self.protocol.state(), master=self.protocol.master, adapters=self.protocol.saved_adapters()))
 
     def _restore(self, saved: checkpoint.ServerCheckpoint) -> int:
         if self.protocol.holds_global_adapter and self.evaluator is not None:

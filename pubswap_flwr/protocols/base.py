@@ -347,10 +347,11 @@ class NodeStateError(RuntimeError):
 
 def check_state_continues(learner: Learner, header: Header) -> None:
     """The server accepted this node's reply in round `header.accepted_round(index)`, and a node saves its state
-    before it replies, so its state must reach that round. Behind it, the state was lost or is a stale copy: on a Ray cluster
-    whose machines do not share the run dir, a node's state is on whichever machine ran it last. A simulated node
-    refuses to go on (its reply is dropped with this reason); a deployed node whose state dir was lost warns and
-    continues from what it has, as a node that rejoins (the server's record catches up with its next reply)."""
+    before it replies, so its state must reach that round. Behind it, the state was lost or is a stale copy: on a
+    Ray cluster whose machines do not share the run dir, a node's state is on whichever machine ran it last. A
+    simulated node refuses to go on (its reply is dropped with this reason); a deployed node whose state dir was
+    lost warns and continues from what it has, as a node that rejoins (the server's record catches up with its next
+    reply)."""
     have, accepted = learner.state.last_round, header.accepted_round(learner.identity.index)
     if have >= accepted:
         return
