@@ -93,6 +93,9 @@ class ModelConfig:
     lora_dropout: float = opt(0.0, below_half)
     lora_targets: str = opt("all-linear", doc="all-linear, or comma-separated module names")
     node_models: str = opt("", doc="simulation: comma-separated model names assigned to partitions round robin")
+    threads: int = opt(0, between(0, 4096), "torch threads of every process that runs the model; 0 = the CPUs it was "
+                                            "given (node-config num-cpus, Ray's num-cpus per client, OMP_NUM_THREADS, "
+                                            "else the CPUs it may run on)")
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,12 @@ class GenerationConfig:
     top_k: int = opt(0, between(0, 1_000_000), "0 = no top-k filter")
     top_p: float = opt(1.0, fraction)
     max_prompt_tokens: int = opt(256, between(1, 1_048_576))
+    sampler: str = opt("cached", one_of("cached", "generate"), "cached: our KV-cache decode loop (one prefill per "
+                                                               "prompt, finished rows leave the batch); generate: "
+                                                               "Hugging Face's model.generate")
+    dtype: str = opt("auto", one_of("auto", "float32", "bfloat16", "float16"),
+                     "precision of the sampling copy of the model (training stays in model.dtype); auto: bfloat16 "
+                     "for models of 50M parameters or more where the hardware computes it natively, else model.dtype")
     max_completion_chars: int = opt(4096, between(1, 1_048_576), "longer completions get reward 0; also the "
                                                                  "limit on peers' response texts")
 

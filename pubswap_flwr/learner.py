@@ -17,6 +17,7 @@ import torch
 from .config import ExperimentConfig
 from .node_state import NodeIdentity, NodeState, NodeStore
 from .policy import Policy, cached_policy
+from .policy.threads import apply_threads
 from .policy.behaviour import accept_behaviour
 from .rollouts import Behaviour, Completion, RolloutGroup
 from .shared import derive_seed, policy_spec, resolve_data_path, task_universe
@@ -73,6 +74,7 @@ class Learner:
         self.cfg = cfg
         self.identity = identity
         self.universe = task_universe(cfg)
+        apply_threads(cfg.model.threads, identity.cpus)
         self.policy: Policy = cached_policy(policy_spec(cfg, identity.model_name, proximal_mu))
         self.uses_proximal = proximal_mu > 0
         self.store = NodeStore(identity.state_dir, identity.model_name)

@@ -43,6 +43,7 @@ class NodeIdentity:
     data_path: str | None = None
     task_mix: str | None = None
     simulated: bool = False  # a simulated node (Flower set num-partitions): its state lives under the run dir
+    cpus: float | None = None  # deployment: node-config num-cpus, the CPUs its organization gives the model
 
     @classmethod
     def from_flower(cls, cfg: ExperimentConfig, node_config: dict, node_id: int, run_dir: str | None,
@@ -62,7 +63,7 @@ class NodeIdentity:
         model = node_config.get("model-name") or _round_robin(cfg.model.node_models, index) or cfg.model.name
         data_path = node_config.get("data-path") or _round_robin(cfg.tasks.data_paths, index)
         return cls(index, state_dir, str(model), str(data_path) if data_path else None,
-                   node_config.get("task-mix") or None, simulated)
+                   node_config.get("task-mix") or None, simulated, _node_cpus(node_config.get("num-cpus")))
 
 
 def safe_component(name: str, what: str) -> str:
@@ -73,6 +74,19 @@ def safe_component(name: str, what: str) -> str:
         raise ValueError(f"{what} {name!r} is not one plain path component (no '/', '\\', '..', NUL or "
                          "surrounding spaces, at most 255 characters)")
     return name
+
+
+def _node_cpus(value) -> float | None:
+    """node-config `num-cpus` as a positive number, None when unset; a clear error otherwise."""
+    if value is None or value == "":
+        return None
+    try:
+        cpus = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"node-config num-cpus = {value!r}: must be a number of CPUs") from None
+    if not 0 < cpus <= 4096:
+        raise ValueError(f"node-config num-cpus = {value!r}: must be > 0 and <= 4096")
+    return cpus
 
 
 def _round_robin(text: str, index: int) -> str | None:

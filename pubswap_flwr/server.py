@@ -18,6 +18,7 @@ from .evaluation import evaluate
 from .logs import route_logs_to_flower
 from .metrics import RunRecorder, write_status
 from .policy import Policy
+from .policy.threads import apply_threads
 from .protocols import run_protocol
 from .runner import Runner
 from .shared import derive_seed, policy_spec, task_universe
@@ -30,6 +31,7 @@ class GlobalEvaluator:
 
     def __init__(self, cfg: ExperimentConfig):
         self.cfg = cfg
+        apply_threads(cfg.model.threads)  # evaluation runs between rounds, while the clients wait
         self.policy = Policy(policy_spec(cfg))
         self.items = task_universe(cfg).held_out.items
 

@@ -11,9 +11,9 @@ import torch
 from ..rollouts import RolloutGroup
 from ..tasks import PromptFormatter, TaskItem
 from .grpo import GRPOLearner, GRPOSettings, UpdateStats
-from .lora import (LoraSettings, MergedSampling, adapter_state, attach_lora, from_wire, load_adapter_state,
-                   to_wire)
-from .model import ModelError, load_causal_lm, load_tokenizer, resolve_device, resolve_model
+from .lora import (LoraSettings, LowPrecisionSampling, MergedSampling, adapter_state, attach_lora, from_wire,
+                   load_adapter_state, to_wire)
+from .model import _DTYPES, ModelError, load_causal_lm, load_tokenizer, resolve_device, resolve_model
 from .sampling import GenerationSettings, Sample, generate
 
 __all__ = [
@@ -52,7 +52,13 @@ class Policy:
         # peft creates the LoRA layers on the device of the layer they wrap, so the base model moves first
         self.model = attach_lora(load_causal_lm(self.location, spec.dtype, self.device), spec.lora)
         self.model.eval()
-        self.sampler = MergedSampling(self.model)
+        self.sampling_dtype = sampling_precision(spec.generation.dtype, spec.dtype, self.model, self.device)
+        if self.sampling_dtype == _DTYPES[spec.dtype]:
+            self.sampler = MergedSampling(self.model)
+            self.sampling_model = self.model
+        else:
+            self.sampler = LowPrecisionSampling(self.model, self.sampling_dtype)
+            self.sampling_model = self.sampler.copy
         self.learner = GRPOLearner(self.model, self.tokenizer, spec.grpo, spec.generation)
         self.formatter = PromptFormatter(self.tokenizer, spec.template)
 
@@ -75,13 +81,41 @@ class Policy:
     def sample(self, items: Sequence[TaskItem], k: int, *, greedy: bool = False,
                with_logprobs: bool = True) -> list[list[Sample]]:
         with self.sampler.merged():
-            return generate(self.model, self.tokenizer, self.prompts(items), num_return=k,
+            return generate(self.sampling_model, self.tokenizer, self.prompts(items), num_return=k,
                             settings=self.spec.generation, greedy=greedy, with_logprobs=with_logprobs)
 
     # -- learning --------------------------------------------------------------------------------------------
     def update(self, groups: Sequence[RolloutGroup], proximal_reference: dict[str, torch.Tensor] | None = None,
                proximal_mu: float | None = None) -> UpdateStats:
         return self.learner.update(groups, proximal_reference, proximal_mu)
+
+
+AUTO_LOW_PRECISION_PARAMETERS = 50_000_000  # below this, sampling is bound by per-step overheads, not weight reads
+
+
+def native_bf16(device: torch.device) -> bool:
+    """Whether `device` computes bf16 matrix products natively (CPU: AVX512-BF16 or AMX; CUDA: Ampere or newer)."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device.type == "cpu":
+        return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+    return False
+
+
+def sampling_precision(setting: str, model_dtype: str, model, device: torch.device) -> torch.dtype:
+    """`generation.dtype`: an explicit dtype, or for "auto" bfloat16 when the model has at least 50M parameters, is
+    trained in float32 and the device has native bf16; else the model's own dtype. Measured on SmolLM2-135M (2-core
+    CPU with AVX512-BF16): a decode step takes 0.041 s in bf16 against 0.069 s in fp32 (benchmarks/real_model.py);
+    the embedded 0.85M model's steps are overhead-bound and gain nothing."""
+    if setting != "auto":
+        if setting not in _DTYPES:
+            raise ValueError(f"generation.dtype must be auto or one of {', '.join(_DTYPES)}, got {setting!r}")
+        return _DTYPES[setting]
+    own = _DTYPES[model_dtype]
+    if own != torch.float32 or not native_bf16(device):
+        return own
+    size = sum(p.numel() for p in model.parameters())
+    return torch.bfloat16 if size >= AUTO_LOW_PRECISION_PARAMETERS else own
 
 
 def initial_adapter(model, seed: int) -> None:

@@ -73,20 +73,37 @@ class Batch:
     truncated: torch.Tensor  # (B,) bool: the completion ends in neither EOS nor pad (cut at the token limit)
     donor_logps: torch.Tensor | None = None  # (B, C) the donors' sampling log-probs (0 where there is none)
     has_behaviour: torch.Tensor | None = None  # (B,) bool: the row's tokens are a donor's with its log-probs
+    sampled_logps: torch.Tensor | None = None  # (B, C) own rows: the log-probs the sampler drew them with (else 0)
+    has_sampled: torch.Tensor | None = None  # (B,) bool: an own row with its sampler's log-probs
 
     def to(self, device: torch.device) -> "Batch":
+        optional = [None if t is None else t.to(device) for t in
+                    (self.donor_logps, self.has_behaviour, self.sampled_logps, self.has_sampled)]
         return Batch(self.prompt_ids.to(device), self.prompt_mask.to(device), self.completion_ids.to(device),
                      self.completion_mask.to(device), self.rewards.to(device), self.group_sizes,
-                     self.foreign.to(device), self.truncated.to(device),
-                     None if self.donor_logps is None else self.donor_logps.to(device),
-                     None if self.has_behaviour is None else self.has_behaviour.to(device))
+                     self.foreign.to(device), self.truncated.to(device), *optional)
 
     def without_truncated(self) -> "Batch":
         """TRL's mask_truncated_completions: truncated completions' tokens leave the completion mask (the loss, the
         DAPO token count and, as in TRL, attention over those tokens)."""
         mask = self.completion_mask * (~self.truncated).unsqueeze(1).to(self.completion_mask.dtype)
         return Batch(self.prompt_ids, self.prompt_mask, self.completion_ids, mask, self.rewards, self.group_sizes,
-                     self.foreign, self.truncated, self.donor_logps, self.has_behaviour)
+                     self.foreign, self.truncated, self.donor_logps, self.has_behaviour, self.sampled_logps,
+                     self.has_sampled)
+
+    def rows(self, index: torch.Tensor) -> "Batch":
+        """The rows `index`, without the padding columns none of them uses (prompts are left-padded, completions
+        right-padded), so a forward over them computes nothing for dropped rows or their padding."""
+        prompt_mask, completion_mask = self.prompt_mask[index], self.completion_mask[index]
+        used = prompt_mask.any(0).nonzero()
+        first = int(used[0]) if len(used) else prompt_mask.shape[1] - 1
+        used = completion_mask.any(0).nonzero()
+        end = int(used[-1]) + 1 if len(used) else 1
+        pick = lambda t: None if t is None else t[index]
+        cut = lambda t: None if t is None else t[index, :end]
+        return Batch(self.prompt_ids[index, first:], prompt_mask[:, first:], self.completion_ids[index, :end],
+                     completion_mask[:, :end], self.rewards[index], [], self.foreign[index], self.truncated[index],
+                     cut(self.donor_logps), pick(self.has_behaviour), cut(self.sampled_logps), pick(self.has_sampled))
 
     @property
     def input_ids(self) -> torch.Tensor:
@@ -158,6 +175,7 @@ def build_batch(tokenizer, groups: Sequence[RolloutGroup], generation: Generatio
     truncated: list[bool] = []
     sizes: list[int] = []
     behaviours: dict[int, list[float]] = {}  # row -> the donor's log-probs of its ids
+    sampled: dict[int, list[float]] = {}  # own row -> its sampler's log-probs
     ends = {tokenizer.eos_token_id, tokenizer.pad_token_id}
     for group in groups:
         sizes.append(len(group.completions))
@@ -166,6 +184,9 @@ def build_batch(tokenizer, groups: Sequence[RolloutGroup], generation: Generatio
             ids = encode_completion(tokenizer, completion, generation.max_new_tokens)
             if completion.token_ids is None and completion.behaviour is not None and ids:
                 behaviours[len(completions)] = list(completion.behaviour.logprobs[:len(ids)])
+            elif (completion.token_ids is not None and completion.behaviour is not None and ids
+                  and tuple(completion.behaviour.ids[:len(ids)]) == tuple(ids)):
+                sampled[len(completions)] = list(completion.behaviour.logprobs[:len(ids)])
             completions.append(ids if ids else [tokenizer.eos_token_id])
             rewards.append(float(reward))
             foreign.append(not completion.is_own)
@@ -179,16 +200,35 @@ def build_batch(tokenizer, groups: Sequence[RolloutGroup], generation: Generatio
     for row, ids in enumerate(completions):
         comp_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
         comp_mask[row, : len(ids)] = 1
-    donor_logps = has_behaviour = None
-    if behaviours:
-        donor_logps = torch.zeros((len(completions), width), dtype=torch.float32)
-        has_behaviour = torch.zeros(len(completions), dtype=torch.bool)
-        for row, logps in behaviours.items():
-            donor_logps[row, : len(logps)] = torch.tensor(logps, dtype=torch.float32)
-            has_behaviour[row] = True
+    donor_logps, has_behaviour = _row_logps(behaviours, len(completions), width)
+    sampled_logps, has_sampled = _row_logps(sampled, len(completions), width)
     return Batch(enc["input_ids"], enc["attention_mask"], comp_ids, comp_mask,
                  torch.tensor(rewards, dtype=torch.float32), sizes, torch.tensor(foreign), torch.tensor(truncated),
-                 donor_logps, has_behaviour)
+                 donor_logps, has_behaviour, sampled_logps, has_sampled)
+
+
+def _row_logps(rows: dict[int, list[float]], count: int,
+               width: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(count, width) log-probs with the given rows filled (0 elsewhere) and which rows have them; None if none."""
+    if not rows:
+        return None, None
+    logps = torch.zeros((count, width), dtype=torch.float32)
+    present = torch.zeros(count, dtype=torch.bool)
+    for row, values in rows.items():
+        logps[row, : len(values)] = torch.tensor(values, dtype=torch.float32)
+        present[row] = True
+    return logps, present
+
+
+def logprob_gap(training: torch.Tensor, sampled: torch.Tensor, mask: torch.Tensor) -> tuple[float, float, int]:
+    """How far the sampler's log-probs are from the training pass's on the same tokens: (sum and max of
+    |training - sampled| over the tokens in `mask`, token count). A lower-precision sampling copy (generation.dtype)
+    makes them differ; the loss always uses the training pass's."""
+    mask = mask.bool()
+    if not bool(mask.any()):
+        return 0.0, 0.0, 0
+    diff = (training.detach().float() - sampled.float()).abs()[mask]
+    return float(diff.sum()), float(diff.max()), int(mask.sum())
 
 
 def per_token_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
@@ -255,12 +295,14 @@ class MicroBatchLoss:
     kl: float  # summed per-token KL over active tokens (0 without a reference)
     foreign_weight: float = 0.0  # summed loss weight over active foreign tokens (train.foreign-correction)
     capped: float = 0.0  # active foreign tokens whose importance ratio was truncated at the cap
+    gap: tuple[float, float, int] = (0.0, 0.0, 0)  # logprob_gap of own tokens: sampler vs this pass
 
 
 def micro_batch_loss(model, batch: Batch, rows: slice, advantages: torch.Tensor, old_logps: torch.Tensor | None,
                      ref_logps: torch.Tensor | None, settings: GRPOSettings, total_tokens: float,
-                     temperature: float = 1.0) -> MicroBatchLoss:
-    """The loss of rows `rows`, scaled so that the micro-batch losses of a batch sum to the batch loss."""
+                     temperature: float = 1.0, total_sequences: int | None = None) -> MicroBatchLoss:
+    """The loss of rows `rows`, scaled so that the micro-batch losses of a batch sum to the batch loss (of
+    `total_sequences` rows, default this batch's: the update leaves out rows that cannot contribute)."""
     s = settings
     logps = per_token_logps(model, batch.input_ids[rows], batch.attention_mask[rows], batch.completion_ids.shape[1],
                             temperature)
@@ -285,11 +327,15 @@ def micro_batch_loss(model, batch: Batch, rows: slice, advantages: torch.Tensor,
         kl = (torch.exp(diff) - diff - 1) * ratio  # k3 estimator with TRL's importance-sampling correction
         per_token = per_token + s.kl_beta * kl
         kl_total = float((kl.detach() * mask).sum())
-    loss = aggregate_loss(per_token, mask, s.loss_type, total_tokens, batch.rewards.shape[0])
+    loss = aggregate_loss(per_token, mask, s.loss_type, total_tokens,
+                          batch.rewards.shape[0] if total_sequences is None else total_sequences)
     adv = advantages[rows].unsqueeze(1)
     clip_low = float((((ratio < 1 - s.epsilon_low) & (adv < 0)).float() * mask).sum())
     clip_high = float((((ratio > 1 + s.epsilon_high) & (adv > 0)).float() * mask).sum())
-    return MicroBatchLoss(loss, clip_low, clip_high, kl_total, foreign_weight, capped)
+    gap = (0.0, 0.0, 0)
+    if batch.sampled_logps is not None and batch.has_sampled is not None:
+        gap = logprob_gap(logps, batch.sampled_logps[rows], mask.bool() & batch.has_sampled[rows].unsqueeze(1))
+    return MicroBatchLoss(loss, clip_low, clip_high, kl_total, foreign_weight, capped, gap)
 
 
 class GRPOLearner:
@@ -346,7 +392,6 @@ class GRPOLearner:
         advantages = group_advantages(batch.rewards, batch.group_sizes, scale=s.scale_rewards)
         mask = batch.completion_mask.float()
         total_tokens = float(mask.sum())
-        chunks = [slice(i, min(i + s.micro_batch_size, n)) for i in range(0, n, s.micro_batch_size)]
         stats.completions = n
         stats.foreign_completions = int(batch.foreign.sum())
         stats.tokens = int(total_tokens)
@@ -356,6 +401,17 @@ class GRPOLearner:
             group = batch.rewards[start:start + size]
             stats.zero_advantage_groups += int(bool((group.max() - group.min()).abs() < 1e-12))
             start += size
+        # Rows with advantage 0 add exactly 0 to the clipped surrogate and its gradient (and to the foreign-token
+        # weights, which multiply it): without a KL term they need no forward or backward. They still count in the
+        # DAPO token total and the GRPO sequence count above, so the loss and gradients equal the whole batch's.
+        # With 0/1 rewards a group whose members all agree is common (stats.zero_advantage_groups).
+        if s.kl_beta == 0:
+            active = (advantages != 0).nonzero().squeeze(1)
+            if len(active) < n:
+                batch, advantages = batch.rows(active), advantages[active]
+        rows_left = batch.rewards.shape[0]
+        chunks = [slice(i, min(i + s.micro_batch_size, rows_left)) for i in range(0, rows_left, s.micro_batch_size)]
+        stats.extra["rows_trained"] = rows_left
         self.model.train()
         old = None
         if s.inner_iterations > 1:
@@ -365,13 +421,14 @@ class GRPOLearner:
         if s.kl_beta > 0:
             with torch.no_grad(), self.model.disable_adapter():
                 ref = torch.cat([self._logps(batch, c) for c in chunks])
-        clip_low = clip_high = kl_sum = loss_sum = foreign_weight = capped = 0.0
-        for _ in range(s.inner_iterations):
+        clip_low = clip_high = kl_sum = loss_sum = foreign_weight = capped = gap_sum = gap_max = 0.0
+        gap_tokens = 0
+        for iteration in range(s.inner_iterations):
             self.optimizer.zero_grad(set_to_none=True)
             for rows in chunks:
                 part = micro_batch_loss(self.model, batch, rows, advantages, None if old is None else old[rows],
                                         None if ref is None else ref[rows], s, total_tokens,
-                                        self.generation.temperature)
+                                        self.generation.temperature, n)
                 part.loss.backward()
                 loss_sum += float(part.loss.detach())
                 clip_low += part.clip_low
@@ -379,6 +436,12 @@ class GRPOLearner:
                 kl_sum += part.kl
                 foreign_weight += part.foreign_weight
                 capped += part.capped
+                if iteration == 0:  # the weights the samples were drawn with
+                    gap_sum, gap_max, gap_tokens = (gap_sum + part.gap[0], max(gap_max, part.gap[1]),
+                                                    gap_tokens + part.gap[2])
+            for param in self.params.values():  # no row trained: the step still applies Adam's momentum, as a
+                if param.grad is None:  # backward of an all-zero loss would
+                    param.grad = torch.zeros_like(param)
             if mu > 0 and proximal_reference is not None:
                 prox = proximal_term(self.params, proximal_reference, mu)
                 prox.backward()
@@ -393,8 +456,11 @@ class GRPOLearner:
         stats.clip_low_fraction = clip_low / denom
         stats.clip_high_fraction = clip_high / denom
         stats.kl = kl_sum / denom
-        if s.foreign_correction != "none":  # sums over inner iterations: the mean weight is sum / tokens
-            stats.extra["foreign_tokens"] = int((mask * batch.foreign.unsqueeze(1).float()).sum()) * s.inner_iterations
+        if gap_tokens:
+            stats.extra.update(sampling_gap_sum=gap_sum, sampling_gap_max=gap_max, sampling_gap_tokens=gap_tokens)
+        if s.foreign_correction != "none":  # sums over inner iterations and the rows trained: mean = sum / tokens
+            trained = batch.completion_mask.float() * batch.foreign.unsqueeze(1).float()
+            stats.extra["foreign_tokens"] = int(trained.sum()) * s.inner_iterations
             stats.extra["foreign_weight_sum"] = foreign_weight
             stats.extra["is_capped_tokens"] = int(capped)
         return stats

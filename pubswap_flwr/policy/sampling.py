@@ -1,10 +1,22 @@
-"""Batched sampling: K completions for each of a batch of prompts in one `generate` call, with per-token log-probs."""
+"""Batched sampling: K completions for each of a batch of prompts, with per-token log-probs.
+
+Two samplers give the same distribution (`generation.sampler`):
+- "cached" (default): our own decode loop over a KV cache. Each distinct prompt is prefilled once and its cache
+  copied for its K completions (`generate` prefills all K copies), rows that have emitted EOS leave the batch as soon
+  as they are a quarter of it (`generate` keeps decoding pad for them until the last row ends), and nothing else runs
+  per step: one forward, temperature / top-k / top-p as Hugging Face applies them, one draw. On CPU, decoding a small
+  model is bound by reading its weights, so the per-step work that remains is the forward itself.
+- "generate": Hugging Face's `model.generate` (the reference: greedy completions of both are equal in fp32).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
+
+SAMPLERS = ("cached", "generate")
+COMPACT_FRACTION = 0.25  # drop finished rows from the decode batch once they are this share of it
 
 
 @dataclass(frozen=True)
@@ -14,6 +26,8 @@ class GenerationSettings:
     top_k: int = 0
     top_p: float = 1.0
     max_prompt_tokens: int = 256
+    sampler: str = "cached"
+    dtype: str = "auto"  # the sampling copy's precision (policy.sampling_precision)
 
 
 @dataclass
@@ -33,44 +47,124 @@ def encode_prompts(tokenizer, prompts: list[str], max_prompt_tokens: int) -> dic
                      add_special_tokens=False)
 
 
+def process_logits(logits: torch.Tensor, settings: GenerationSettings) -> torch.Tensor:
+    """Hugging Face's sampling warpers in its order (temperature, top-k, top-p); filtered tokens get -inf. The
+    log-softmax of the result at the drawn token is the behaviour log-prob."""
+    scores = logits.float()
+    if settings.temperature != 1.0:
+        scores = scores / settings.temperature
+    if 0 < settings.top_k < scores.shape[-1]:
+        kth = torch.topk(scores, settings.top_k, dim=-1).values[..., -1, None]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if settings.top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, descending=False, dim=-1)
+        cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+        remove_sorted = cumulative <= (1 - settings.top_p)
+        remove_sorted[..., -1:] = False  # keep at least one token
+        remove = remove_sorted.scatter(-1, order, remove_sorted)
+        scores = scores.masked_fill(remove, float("-inf"))
+    return scores
+
+
+def _to_samples(tokenizer, rows_ids: list[list[int]], rows_logps: list[list[float]] | None, num_return: int,
+                eos: int) -> list[list[Sample]]:
+    count = len(rows_ids) // num_return
+    results: list[list[Sample]] = [[] for _ in range(count)]
+    for row, ids in enumerate(rows_ids):
+        finished = eos in ids
+        length = ids.index(eos) + 1 if finished else len(ids)
+        ids = ids[:length]
+        text = tokenizer.decode(ids, skip_special_tokens=True)
+        lps = rows_logps[row][:length] if rows_logps is not None else []
+        results[row // num_return].append(Sample(row // num_return, ids, text, lps, finished))
+    return results
+
+
+def _generate_hf(model, tokenizer, batch: dict[str, torch.Tensor], num_return: int, settings: GenerationSettings,
+                 greedy: bool, with_logprobs: bool) -> tuple[list[list[int]], list[list[float]] | None]:
+    kwargs = dict(max_new_tokens=settings.max_new_tokens, num_return_sequences=num_return,
+                  pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                  return_dict_in_generate=True, output_scores=with_logprobs)
+    if greedy:
+        kwargs.update(do_sample=False, temperature=None, top_k=None, top_p=None)
+    else:
+        kwargs.update(do_sample=True, temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p)
+    out = model.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], **kwargs)
+    new_tokens = out.sequences[:, batch["input_ids"].shape[1]:]
+    chosen = None
+    if with_logprobs and out.scores:
+        # scores are the processed logits the sampler drew from: their log-softmax at the chosen token
+        logp = torch.stack([torch.log_softmax(s.float(), dim=-1) for s in out.scores], dim=1)
+        chosen = logp.gather(-1, new_tokens[:, : logp.shape[1], None]).squeeze(-1).tolist()
+    return new_tokens.tolist(), chosen
+
+
+def _generate_cached(model, tokenizer, batch: dict[str, torch.Tensor], num_return: int,
+                     settings: GenerationSettings, greedy: bool,
+                     with_logprobs: bool) -> tuple[list[list[int]], list[list[float]] | None]:
+    from transformers import DynamicCache
+
+    eos = tokenizer.eos_token_id
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    # positions as generate makes them for left padding: pads at 0, tokens counted from the first real one
+    positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
+    cache = DynamicCache(config=model.config)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
+                logits_to_keep=1)
+    logits = out.logits[:, -1, :]
+    if num_return > 1:  # one prefill per prompt; its cache copied for each completion, rows in generate's order
+        cache.batch_repeat_interleave(num_return)
+        logits = logits.repeat_interleave(num_return, dim=0)
+        mask = mask.repeat_interleave(num_return, dim=0)
+        positions = positions.repeat_interleave(num_return, dim=0)
+    rows = logits.shape[0]
+    last_position = positions[:, -1:]
+    active = torch.arange(rows, device=ids.device)  # original row of each row still in the decode batch
+    tokens = [[] for _ in range(rows)]
+    logps: list[list[float]] | None = [[] for _ in range(rows)] if with_logprobs else None
+    finished = torch.zeros(rows, dtype=torch.bool, device=ids.device)  # by current batch row
+    for step in range(settings.max_new_tokens):
+        if greedy:
+            scores = logits.float()
+            chosen = scores.argmax(dim=-1)
+        else:
+            scores = process_logits(logits, settings)
+            chosen = torch.multinomial(scores.softmax(dim=-1), num_samples=1).squeeze(1)
+        chosen = torch.where(finished, torch.full_like(chosen, tokenizer.pad_token_id), chosen)
+        step_logps = (torch.log_softmax(scores, dim=-1).gather(-1, chosen[:, None]).squeeze(-1).tolist()
+                      if with_logprobs else None)
+        for row, (original, token) in enumerate(zip(active.tolist(), chosen.tolist())):
+            if finished[row]:
+                continue
+            tokens[original].append(token)
+            if logps is not None:
+                logps[original].append(step_logps[row])
+        finished = finished | (chosen == eos)
+        if bool(finished.all()) or step + 1 == settings.max_new_tokens:
+            break
+        if int(finished.sum()) >= max(1, COMPACT_FRACTION * finished.numel()):
+            keep = (~finished).nonzero().squeeze(1)
+            cache.batch_select_indices(keep)
+            active, mask, last_position, chosen = active[keep], mask[keep], last_position[keep], chosen[keep]
+            finished = finished[keep]
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        last_position = last_position + 1
+        out = model(input_ids=chosen[:, None], attention_mask=mask, position_ids=last_position, cache=cache,
+                    use_cache=True)
+        logits = out.logits[:, -1, :]
+    return tokens, logps
+
+
 @torch.no_grad()
 def generate(model, tokenizer, prompts: list[str], *, num_return: int, settings: GenerationSettings,
              greedy: bool = False, with_logprobs: bool = True) -> list[list[Sample]]:
     """`num_return` completions for every prompt (one batched call); result[i] holds prompt i's completions."""
     if not prompts:
         return []
+    if settings.sampler not in SAMPLERS:
+        raise ValueError(f"generation.sampler must be one of {SAMPLERS}, got {settings.sampler!r}")
     device = next(model.parameters()).device
     batch = {k: v.to(device) for k, v in encode_prompts(tokenizer, prompts, settings.max_prompt_tokens).items()}
-    eos = tokenizer.eos_token_id
-    kwargs = dict(
-        max_new_tokens=settings.max_new_tokens,
-        num_return_sequences=num_return,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=eos,
-        return_dict_in_generate=True,
-        output_scores=with_logprobs,
-    )
-    if greedy:
-        kwargs.update(do_sample=False, temperature=None, top_k=None, top_p=None)
-    else:
-        kwargs.update(do_sample=True, temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p)
-    out = model.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], **kwargs)
-    prompt_len = batch["input_ids"].shape[1]
-    new_tokens = out.sequences[:, prompt_len:]
-    if with_logprobs and out.scores:
-        # scores are the processed logits the sampler drew from (temperature/top-k applied): their log-softmax
-        # at the chosen token is the behaviour log-prob.
-        logp = torch.stack([torch.log_softmax(s.float(), dim=-1) for s in out.scores], dim=1)
-        chosen = logp.gather(-1, new_tokens[:, : logp.shape[1], None]).squeeze(-1)
-    else:
-        chosen = None
-    results: list[list[Sample]] = [[] for _ in prompts]
-    for row in range(new_tokens.shape[0]):
-        ids = new_tokens[row].tolist()
-        finished = eos in ids
-        length = ids.index(eos) + 1 if finished else len(ids)
-        ids = ids[:length]
-        text = tokenizer.decode(ids, skip_special_tokens=True)
-        lps = chosen[row, :length].tolist() if chosen is not None else []
-        results[row // num_return].append(Sample(row // num_return, ids, text, lps, finished))
-    return results
+    run = _generate_cached if settings.sampler == "cached" else _generate_hf
+    ids, logps = run(model, tokenizer, batch, num_return, settings, greedy, with_logprobs)
+    return _to_samples(tokenizer, ids, logps, num_return, tokenizer.eos_token_id)

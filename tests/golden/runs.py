@@ -16,7 +16,8 @@ GOLDEN_DIR = Path(__file__).resolve().parent
 # eval.samples = 1, sapo.sharing = "fixed" and graded rewards were the behaviour these runs were recorded with
 # (before #13)
 COMMON = {"seed": 3, "num-server-rounds": 2, "train.local-steps": 2, "train.prompts-per-step": 2,
-          "train.completions-per-prompt": 4, "eval.items-per-task": 6, "eval.samples": 1, "tasks.partial-credit": True}
+          "train.completions-per-prompt": 4, "eval.items-per-task": 6, "eval.samples": 1, "tasks.partial-credit": True,
+          "model.threads": 1}
 SAPO = {"strategy.mode": "sapo", "sapo.questions": 3, "sapo.completions": 4, "sapo.local": 2, "sapo.external": 2,
         "sapo.share": 3, "sapo.sharing": "fixed"}
 PUBSWAP = {"strategy.mode": "pubswap", "pubswap.tau-swap": 1, "pubswap.public-prompts": 2}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -119,3 +120,34 @@ def test_the_update_counts_only_the_tokens_left_in(tiny_policy):
     learner = GRPOLearner(policy.model, policy.tokenizer, GRPOSettings(mask_truncated_completions=True), generation)
     stats = learner.update(_groups(policy.tokenizer))
     assert stats.tokens == kept and stats.extra["truncated_masked"] == 2
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
+def test_zero_advantage_rows_are_skipped_without_changing_the_step(tiny_location, loss_type):
+    """Rows whose advantage is 0 leave the forward and backward; loss, gradients and the adapter after the step equal
+    those of the whole batch (KL off). A batch whose every group agrees still takes Adam's momentum step."""
+    import copy
+
+    from pubswap_flwr.policy import LoraSettings, Policy, PolicySpec
+    torch.manual_seed(0)
+    policy = Policy(PolicySpec(lora=LoraSettings(r=8, alpha=16), generation=GenerationSettings(max_new_tokens=6),
+                               grpo=GRPOSettings(loss_type=loss_type, learning_rate=1e-2)))
+    first = _groups(policy.tokenizer)[0]
+    groups = [first, RolloutGroup(first.prompt, first.completions[::-1], [1.0, 0.0, 0.0, 1.0]),
+              RolloutGroup(first.prompt, first.completions, [1.0, 1.0, 1.0, 1.0])]
+    skipped = policy.learner
+    whole = copy.deepcopy(skipped)
+    whole.settings = dataclasses.replace(whole.settings, kl_beta=1e-30)  # a KL term keeps every row in the pass
+    ours = skipped.update(groups)
+    full = whole.update(groups)
+    assert ours.extra["rows_trained"] == 12 - 4 and full.extra["rows_trained"] == 12
+    assert ours.loss == pytest.approx(full.loss, abs=1e-6)
+    assert ours.tokens == full.tokens and ours.zero_advantage_groups == full.zero_advantage_groups == 1
+    for name, param in skipped.params.items():
+        assert torch.allclose(param, whole.params[name], atol=1e-6), name
+    flat = [RolloutGroup(g.prompt, g.completions, [0.0] * len(g.completions)) for g in groups]
+    before = {n: p.detach().clone() for n, p in skipped.params.items()}
+    stats = skipped.update(flat)
+    assert stats.extra["rows_trained"] == 0 and stats.loss == 0.0
+    moved = [n for n, p in skipped.params.items() if not torch.equal(p, before[n])]
+    assert moved  # Adam's moments from the step before still move the adapter, as an all-zero backward would

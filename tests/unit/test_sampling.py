@@ -1,0 +1,177 @@
+"""The cached sampler: greedy completions equal Hugging Face generate's in fp32, stop conditions, sampling warpers
+as HF applies them, the low-precision sampling copy, and the sampler/trainer log-prob gap."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from pubswap_flwr.policy import LoraSettings, Policy, PolicySpec, sampling_precision
+from pubswap_flwr.policy.grpo import logprob_gap, per_token_logps
+from pubswap_flwr.policy.sampling import GenerationSettings, generate, process_logits
+from pubswap_flwr.tasks import HeldOutSet, parse_mix
+
+MIX = "basic_arithmetic:1,gcd:1,count_bits:1,spell_backward:1"
+
+
+def _prompts(policy, count: int = 8) -> list[str]:
+    items = HeldOutSet.build(parse_mix(MIX), per_task=count).items
+    return policy.prompts(items[::max(1, len(items) // count)][:count])
+
+
+@pytest.fixture(scope="module")
+def policies():
+    torch.manual_seed(0)
+    out = {}
+    for name in ("embedded:tiny", "embedded:tiny-b"):
+        policy = Policy(PolicySpec(model_name=name, lora=LoraSettings(r=8, alpha=16)))
+        with torch.no_grad():  # a non-trivial adapter, so the merged weights matter
+            for param in policy.model.parameters():
+                if param.requires_grad:
+                    param.add_(0.05 * torch.randn_like(param))
+        out[name] = policy
+    return out
+
+
+@pytest.mark.parametrize("name", ["embedded:tiny", "embedded:tiny-b"])
+@pytest.mark.parametrize("max_new", [4, 24])
+def test_greedy_completions_equal_generate_in_fp32(policies, name, max_new):
+    policy = policies[name]
+    prompts = _prompts(policy)
+    settings = GenerationSettings(max_new_tokens=max_new)
+    with policy.sampler.merged():
+        ours = generate(policy.model, policy.tokenizer, prompts, num_return=1, greedy=True, settings=settings)
+        theirs = generate(policy.model, policy.tokenizer, prompts, num_return=1, greedy=True,
+                          settings=dataclasses.replace(settings, sampler="generate"))
+    assert [s[0].token_ids for s in ours] == [s[0].token_ids for s in theirs]
+    assert [s[0].finished for s in ours] == [s[0].finished for s in theirs]
+    for a, b in zip(ours, theirs):
+        assert max((abs(x - y) for x, y in zip(a[0].logprobs, b[0].logprobs)), default=0.0) < 1e-4
+    assert any(len(s[0].token_ids) > 1 for s in ours)
+    assert any(s[0].finished for s in ours) == (max_new > 4)  # at 4 tokens every answer is cut
+
+
+def test_stop_conditions_eos_and_token_limit(policies):
+    policy = policies["embedded:tiny"]
+    eos = policy.tokenizer.eos_token_id
+    prompts = _prompts(policy)
+    torch.manual_seed(3)
+    with policy.sampler.merged():
+        rows = generate(policy.model, policy.tokenizer, prompts, num_return=5, settings=GenerationSettings(
+            max_new_tokens=12))
+    assert [len(r) for r in rows] == [5] * len(prompts)
+    samples = [s for r in rows for s in r]
+    for s in samples:
+        assert len(s.token_ids) == len(s.logprobs) <= 12
+        assert all(lp <= 0.0 for lp in s.logprobs)
+        if s.finished:  # ends at its first EOS, nothing after it
+            assert s.token_ids[-1] == eos and eos not in s.token_ids[:-1]
+        else:
+            assert len(s.token_ids) == 12 and eos not in s.token_ids
+    assert any(s.finished for s in samples)
+    with policy.sampler.merged():  # rows that end early leave the batch: the others still run to the limit
+        short = generate(policy.model, policy.tokenizer, prompts, num_return=5,
+                         settings=GenerationSettings(max_new_tokens=2))
+    assert all(len(s.token_ids) <= 2 for r in short for s in r)
+
+
+def test_sampled_completions_follow_the_prompt_order(policies):
+    policy = policies["embedded:tiny"]
+    prompts = _prompts(policy, 4)
+    torch.manual_seed(0)
+    with policy.sampler.merged():
+        rows = generate(policy.model, policy.tokenizer, prompts, num_return=3, settings=GenerationSettings(
+            max_new_tokens=8))
+    assert [[s.prompt_index for s in r] for r in rows] == [[i] * 3 for i in range(4)]
+
+
+def test_unknown_sampler_is_refused(policies):
+    policy = policies["embedded:tiny"]
+    with pytest.raises(ValueError, match="generation.sampler must be one of"):
+        generate(policy.model, policy.tokenizer, ["x"], num_return=1,
+                 settings=GenerationSettings(sampler="vllm"))
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(0.7, 0, 1.0), (1.0, 5, 1.0), (1.0, 0, 0.8), (1.3, 7, 0.6)])
+def test_warpers_equal_huggingface(temperature, top_k, top_p):
+    from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(1)) * 3
+    chain = LogitsProcessorList()
+    if temperature != 1.0:
+        chain.append(TemperatureLogitsWarper(temperature))
+    if top_k:
+        chain.append(TopKLogitsWarper(top_k))
+    if top_p < 1.0:
+        chain.append(TopPLogitsWarper(top_p))
+    expected = chain(torch.zeros(6, 1, dtype=torch.long), logits.clone())
+    ours = process_logits(logits, GenerationSettings(temperature=temperature, top_k=top_k, top_p=top_p))
+    assert torch.equal(torch.isinf(ours), torch.isinf(expected))
+    finite = ~torch.isinf(ours)
+    assert torch.allclose(ours[finite], expected[finite])
+
+
+def test_low_precision_copy_follows_the_adapter():
+    torch.manual_seed(0)
+    policy = Policy(PolicySpec(lora=LoraSettings(r=8, alpha=16),
+                               generation=GenerationSettings(max_new_tokens=6, dtype="bfloat16")))
+    assert policy.sampling_dtype == torch.bfloat16 and policy.sampling_model is not policy.model
+    assert all(p.dtype == torch.bfloat16 for p in policy.sampling_model.parameters())
+    layer_name, layer = next((n, m) for n, m in policy.model.named_modules() if hasattr(m, "lora_A")
+                             and hasattr(m, "base_layer"))
+    target = dict(policy.sampling_model.named_modules())[layer_name[len("base_model.model."):]]
+
+    def expected():
+        with torch.no_grad():
+            return (layer.base_layer.weight + layer.get_delta_weight("default")).to(torch.bfloat16)
+
+    with policy.sampler.merged():
+        assert torch.equal(target.weight, expected())
+    with torch.no_grad():  # an optimizer step or a new global adapter writes the LoRA weights in place
+        layer.lora_B["default"].weight.add_(0.1)
+    with policy.sampler.merged():
+        assert torch.equal(target.weight, expected())
+    fp32 = policy.model.get_base_model()
+    assert all(p.dtype == torch.float32 for p in fp32.parameters())  # training stays in fp32
+
+
+def test_sampling_precision_auto_rules():
+    small = torch.nn.Linear(10, 10)
+    cpu = torch.device("cpu")
+    assert sampling_precision("auto", "float32", small, cpu) == torch.float32  # overhead-bound: no gain
+    assert sampling_precision("bfloat16", "float32", small, cpu) == torch.bfloat16
+    assert sampling_precision("float32", "bfloat16", small, cpu) == torch.float32
+    assert sampling_precision("auto", "bfloat16", small, cpu) == torch.bfloat16
+    with pytest.raises(ValueError, match="generation.dtype must be auto or one of"):
+        sampling_precision("int8", "float32", small, cpu)
+
+
+def test_logprob_gap_values():
+    training = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -0.25, 0.0]])
+    sampled = torch.tensor([[-1.1, -2.0, -9.0], [-0.5, -0.5, 0.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    total, worst, count = logprob_gap(training, sampled, mask)
+    assert count == 5 and worst == pytest.approx(0.25) and total == pytest.approx(0.35)
+    assert logprob_gap(training, sampled, torch.zeros_like(mask)) == (0.0, 0.0, 0)
+
+
+def test_update_reports_the_sampling_gap_of_own_tokens(policies):
+    from pubswap_flwr.rollouts import Behaviour, Completion, RolloutGroup
+
+    torch.manual_seed(0)
+    policy = Policy(PolicySpec(lora=LoraSettings(r=8, alpha=16),
+                               generation=GenerationSettings(max_new_tokens=8, dtype="bfloat16")))
+    prompts = _prompts(policy, 2)
+    with policy.sampler.merged():
+        rows = generate(policy.sampling_model, policy.tokenizer, prompts, num_return=4,
+                        settings=policy.spec.generation)
+    groups = [RolloutGroup(p, [Completion(s.text, tuple(s.token_ids), behaviour=Behaviour(tuple(s.token_ids),
+                                                                                       tuple(s.logprobs)))
+                               for s in row], [1.0, 0.0, 1.0, 0.0]) for p, row in zip(prompts, rows)]
+    stats = policy.update(groups)
+    tokens = sum(len(s.token_ids) for r in rows for s in r)
+    assert stats.extra["sampling_gap_tokens"] == tokens
+    mean = stats.extra["sampling_gap_sum"] / tokens
+    assert 0 < mean <= stats.extra["sampling_gap_max"] < 1.0  # bf16 sampling vs the fp32 training pass
