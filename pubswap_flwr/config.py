@@ -176,6 +176,8 @@ class EvalConfig:
     samples: int = opt(4, between(1, 1024), "T=1 samples per held-out item: sampled pass@1 and reward average them "
                                         "(standard errors over items are reported)")
     batch_size: int = opt(256, between(1, 65536))
+    lenient: bool = opt(False, doc="also report lenient accuracy (the tagged answer, else the last number or word: "
+                                   "right whatever the format) and the well-formed share of the same samples")
     data_path: str = opt("", doc="JSONL/parquet file used as the held-out set instead of generated task items")
     data_format: str = opt("", doc="row format of eval.data-path (empty = tasks.data-format)")
 

@@ -15,13 +15,16 @@ from typing import Sequence
 import torch
 
 from .policy import Policy
-from .tasks import TaskItem, score_completion
+from .tasks import TaskItem, lenient_score, score_completion
+from .tasks.verifiers import completion_shape
 
 
 def _scores(policy: Policy, items: Sequence[TaskItem], greedy: bool, samples: int, batch_size: int,
-            max_chars: int) -> dict[str, list[list[float]]]:
-    """task -> per item, the rewards of its samples (one when greedy)."""
+            max_chars: int, lenient: bool = False) -> tuple[dict[str, list[list[float]]], dict[str, list[list[float]]]]:
+    """(task -> per item, the rewards of its samples (one when greedy); with `lenient`, task -> per item, each
+    sample's lenient correctness (1/0) followed by whether it is well-formed (1/0), else {})."""
     rewards: dict[str, list[list[float]]] = {}
+    extra: dict[str, list[list[float]]] = {}
     per_call = max(1, batch_size // samples)
     for start in range(0, len(items), per_call):
         chunk = items[start:start + per_call]
@@ -29,7 +32,11 @@ def _scores(policy: Policy, items: Sequence[TaskItem], greedy: bool, samples: in
         for item, row in zip(chunk, out):
             rewards.setdefault(item.task, []).append(
                 [score_completion(s.text, item, max_chars=max_chars).reward for s in row])
-    return rewards
+            if lenient:
+                extra.setdefault(item.task, []).append(
+                    [float(lenient_score(s.text, item, max_chars=max_chars).reward >= 1.0) for s in row]
+                    + [float(completion_shape(s.text) == "well-formed") for s in row])
+    return rewards, extra
 
 
 def mean_and_se(values: Sequence[float]) -> tuple[float, float]:
@@ -62,22 +69,46 @@ def _summary(rewards: dict[str, list[list[float]]], prefix: str, out: dict, with
         fill(out["per_task"].setdefault(task, {}), rows)
 
 
+def _lenient_summary(extra: dict[str, list[list[float]]], prefix: str, out: dict, with_se: bool) -> None:
+    """`{prefix}_lenient_accuracy` (answers right whatever the format, tasks.lenient_answer) and
+    `{prefix}_well_formed` (share of samples with exactly one <answer>...</answer> and nothing after it)."""
+    def fill(target: dict, rows: list[list[float]]) -> None:
+        half = [len(row) // 2 for row in rows]
+        right = [sum(row[:h]) / h for row, h in zip(rows, half)]
+        formed = [sum(row[h:]) / h for row, h in zip(rows, half)]
+        target[f"{prefix}_lenient_accuracy"], lenient_se = mean_and_se(right)
+        target[f"{prefix}_well_formed"] = mean_and_se(formed)[0]
+        if with_se:
+            target[f"{prefix}_lenient_accuracy_se"] = lenient_se
+
+    fill(out, [row for rows in extra.values() for row in rows])
+    for task, rows in extra.items():
+        fill(out["per_task"].setdefault(task, {}), rows)
+
+
 def evaluate(policy: Policy, items: Sequence[TaskItem], *, sampled: bool = True, samples: int = 1,
-             batch_size: int = 256, seed: int = 0, max_chars: int = 4096) -> dict:
+             batch_size: int = 256, seed: int = 0, max_chars: int = 4096, lenient: bool = False) -> dict:
     """{"greedy_accuracy", "greedy_reward", ["sampled_accuracy", "sampled_reward" and their "_se", "samples"],
     "per_task": {...}, "items"}: sampled metrics average `samples` T=1 samples per item; the standard errors are
-    over items (the overall one treats items as independent draws of the task mix)."""
+    over items (the overall one treats items as independent draws of the task mix). With `lenient` (eval.lenient),
+    also the lenient accuracy and the well-formed share of the same samples (`_lenient_summary`)."""
     if not items:
         raise ValueError("no held-out items to evaluate")
     if samples < 1:
         raise ValueError(f"samples per item must be >= 1, got {samples}")
     out: dict = {"per_task": {}, "items": len(items)}
-    _summary(_scores(policy, items, True, 1, batch_size, max_chars), "greedy", out, with_se=False)
+    rewards, extra = _scores(policy, items, True, 1, batch_size, max_chars, lenient)
+    _summary(rewards, "greedy", out, with_se=False)
+    if lenient:
+        _lenient_summary(extra, "greedy", out, with_se=False)
     if sampled:
         state = torch.get_rng_state()
         torch.manual_seed(seed)
         try:
-            _summary(_scores(policy, items, False, samples, batch_size, max_chars), "sampled", out, with_se=True)
+            rewards, extra = _scores(policy, items, False, samples, batch_size, max_chars, lenient)
+            _summary(rewards, "sampled", out, with_se=True)
+            if lenient:
+                _lenient_summary(extra, "sampled", out, with_se=True)
         finally:
             torch.set_rng_state(state)
         out["samples"] = samples

@@ -48,7 +48,7 @@ class GlobalEvaluator:
         self._load(master)
         e = self.cfg.eval
         return evaluate(self.policy, self.items, sampled=e.sampled, samples=e.samples, batch_size=e.batch_size,
-                        seed=self.cfg.seed, max_chars=self.cfg.generation.max_completion_chars)
+                        seed=self.cfg.seed, max_chars=self.cfg.generation.max_completion_chars, lenient=e.lenient)
 
     def save(self, master: dict[str, np.ndarray], directory: Path, tokenizer: bool = False) -> None:
         """adapter_config.json (portable base-model reference) + adapter_model.safetensors, loadable with

@@ -206,7 +206,8 @@ def check_eval(result: Any) -> dict:
     if not isinstance(result, dict):
         raise Rejected("evaluation result is not an object")
     fields = ("greedy_accuracy", "greedy_reward", "sampled_accuracy", "sampled_reward", "sampled_accuracy_se",
-              "sampled_reward_se")
+              "sampled_reward_se", "greedy_lenient_accuracy", "greedy_well_formed", "sampled_lenient_accuracy",
+              "sampled_lenient_accuracy_se", "sampled_well_formed")
 
     def numbers(row: Any, where: str) -> dict:
         if not isinstance(row, dict):

@@ -240,6 +240,38 @@ def per_token_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
     return torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
 
+def completion_logps(model, batch: Batch, rows: slice, temperature: float = 1.0) -> torch.Tensor:
+    """`per_token_logps` of rows `rows`' completions, each distinct prompt run once (B, C).
+
+    A group's K completions share one prompt; running it once and letting the K completions attend to its keys and
+    values (copied per row, so gradients from every completion flow back through the one prompt pass) leaves out
+    (K - 1) / K of the prompt tokens' forward and backward, which are most of the tokens when prompts are longer than
+    completions. Positions count from each row's first real token, as in sampling."""
+    from transformers import DynamicCache
+
+    prompt_ids, prompt_mask = batch.prompt_ids[rows], batch.prompt_mask[rows]
+    completion_ids, completion_mask = batch.completion_ids[rows], batch.completion_mask[rows]
+    same = torch.ones(len(prompt_ids), dtype=torch.bool, device=prompt_ids.device)  # row repeats the row before
+    same[0] = False
+    same[1:] = (prompt_ids[1:] == prompt_ids[:-1]).all(-1) & (prompt_mask[1:] == prompt_mask[:-1]).all(-1)
+    first = (~same).nonzero().squeeze(1)
+    owner = torch.cumsum((~same).long(), 0) - 1  # row -> its prompt among the distinct ones
+    unique_mask = prompt_mask[first]
+    positions = (unique_mask.long().cumsum(-1) - 1).clamp(min=0)
+    cache = DynamicCache(config=model.config)
+    head = model(input_ids=prompt_ids[first], attention_mask=unique_mask, position_ids=positions, cache=cache,
+                 use_cache=True, logits_to_keep=1).logits[:, -1:, :]
+    if len(first) < len(prompt_ids):
+        cache.batch_select_indices(owner)
+    width = completion_ids.shape[1]
+    tail_positions = positions[owner, -1:] + 1 + torch.arange(width, device=positions.device)
+    body = model(input_ids=completion_ids, attention_mask=torch.cat([prompt_mask, completion_mask], dim=1),
+                 position_ids=tail_positions, cache=cache, use_cache=True, logits_to_keep=width).logits
+    logits = torch.cat([head[owner], body[:, :-1, :]], dim=1).float() / temperature
+    # log-softmax at the target only: logit - logsumexp, without materialising the whole (B, C, V) log-softmax
+    return logits.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
 def clipped_token_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Tensor,
                        eps_low: float, eps_high: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token -min(r·A, clip(r)·A) and the ratio r = exp(logp - old)."""
@@ -304,8 +336,7 @@ def micro_batch_loss(model, batch: Batch, rows: slice, advantages: torch.Tensor,
     """The loss of rows `rows`, scaled so that the micro-batch losses of a batch sum to the batch loss (of
     `total_sequences` rows, default this batch's: the update leaves out rows that cannot contribute)."""
     s = settings
-    logps = per_token_logps(model, batch.input_ids[rows], batch.attention_mask[rows], batch.completion_ids.shape[1],
-                            temperature)
+    logps = completion_logps(model, batch, rows, temperature)
     old = logps.detach() if old_logps is None else old_logps
     per_token, ratio = clipped_token_loss(logps, old, advantages[rows], s.epsilon_low, s.epsilon_high)
     mask = batch.completion_mask[rows].float()
@@ -373,8 +404,7 @@ class GRPOLearner:
 
     # -- update ----------------------------------------------------------------------------------------------
     def _logps(self, batch: Batch, rows: slice) -> torch.Tensor:
-        return per_token_logps(self.model, batch.input_ids[rows], batch.attention_mask[rows],
-                               batch.completion_ids.shape[1], self.generation.temperature)
+        return completion_logps(self.model, batch, rows, self.generation.temperature)
 
     def update(self, groups: Sequence[RolloutGroup], proximal_reference: dict[str, torch.Tensor] | None = None,
                proximal_mu: float | None = None) -> UpdateStats:

@@ -72,6 +72,25 @@ def extract_answer(completion: str) -> str | None:
     return last.strip() if last is not None else None
 
 
+_NUMBER = re.compile(r"-?\d+(?:/\d+|\.\d+)?")
+_WORD = re.compile(r"[^\W\d_]+")
+_NUMERIC_ANSWER = re.compile(r"\s*-?\d+(?:/\d+|\.\d+)?\s*")
+
+
+def lenient_answer(completion: str, gold: str) -> str | None:
+    """The answer a reader would take from a completion that may not use the tags: the tagged answer when there is
+    one; otherwise, when the reference answer is a number (integer, decimal or fraction), the last number in the text,
+    else its last word. Reported beside strict (tag) scores so format learning and skill can be told apart; never a
+    training reward (it pays for a number anywhere at the end)."""
+    tagged = extract_answer(completion)
+    if tagged is not None:
+        return tagged
+    text = completion[-MAX_LITERAL_CHARS:]
+    pattern = _NUMBER if _NUMERIC_ANSWER.fullmatch(str(gold)) else _WORD
+    found = pattern.findall(text)
+    return found[-1] if found else None
+
+
 def completion_shape(completion: str) -> str:
     """How a completion uses the answer tags: "well-formed" (exactly one <answer>...</answer>, only whitespace
     after it), "no-answer" (no closed answer), "several-answers", "stray-close" (a "</answer>" outside any answer,
@@ -401,6 +420,17 @@ def score_completion(
     if not math.isfinite(reward):
         return Score(0.0, f"scorer returned {reward}")
     return Score(min(1.0, max(0.0, float(reward))))
+
+
+def lenient_score(completion: str, item: TaskItem, *, max_chars: int = DEFAULT_MAX_COMPLETION_CHARS) -> Score:
+    """`score_completion` of the `lenient_answer` (for evaluation only: how often the answer is right whatever the
+    format)."""
+    if not isinstance(completion, str) or len(completion) > max_chars:
+        return score_completion(completion, item, max_chars=max_chars)
+    answer = lenient_answer(completion, item.answer)
+    if answer is None:
+        return Score(0.0, "no answer in completion")
+    return score_completion(f"{ANSWER_OPEN}{answer}{ANSWER_CLOSE}", item, max_chars=max_chars + len(answer) + 17)
 
 
 def training_reward(reward: float, partial_credit: bool) -> float:

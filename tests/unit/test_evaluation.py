@@ -64,3 +64,30 @@ def test_sampled_pass_at_1_averages_n_samples_per_item_with_its_standard_error()
 def test_samples_must_be_positive():
     with pytest.raises(ValueError, match="samples per item must be >= 1, got 0"):
         evaluate(ScriptedPolicy({}, {}), [_item("a", "t", "1")], samples=0)
+
+
+def test_lenient_accuracy_and_well_formed_share_are_reported_beside_strict():
+    items = [_item("a", "t1", "12"), _item("b", "t1", "7"), _item("c", "t2", "olleh")]
+    policy = ScriptedPolicy({"a": "7 + 5 = 12.", "b": "<answer>7</answer>", "c": "It is olleh"},
+                            {"a": ["so 12", "<answer>12</answer>"], "b": ["<answer>7</answer> and 8", "9"],
+                             "c": ["hello", "olleh"]})
+    out = evaluate(policy, items, samples=2, batch_size=8, lenient=True)
+    assert out["greedy_accuracy"] == pytest.approx(1 / 3)  # strict: only b's tagged answer
+    assert out["greedy_lenient_accuracy"] == pytest.approx(1.0)  # last number / last word
+    assert out["greedy_well_formed"] == pytest.approx(1 / 3)
+    # sampled, per item: a strict 1/2 lenient 2/2; b strict 1/2 (tagged 7, text after) lenient 1/2; c 0 and 1/2
+    assert out["sampled_accuracy"] == pytest.approx((0.5 + 0.5 + 0) / 3)
+    assert out["sampled_lenient_accuracy"] == pytest.approx((1 + 0.5 + 0.5) / 3)
+    assert out["sampled_well_formed"] == pytest.approx((0.5 + 0 + 0) / 3)
+    assert out["per_task"]["t2"]["sampled_lenient_accuracy"] == 0.5
+    assert "sampled_lenient_accuracy_se" in out and "greedy_lenient_accuracy" not in evaluate(policy, items)
+
+
+def test_lenient_answer_rules():
+    from pubswap_flwr.tasks import lenient_answer
+
+    assert lenient_answer("28 - 64 = -36, so -36.", "-36") == "-36"
+    assert lenient_answer("Simplified: 14/21 is 2/3", "2/3") == "2/3"
+    assert lenient_answer("x <answer> 5 </answer> then 7", "7") == "5"  # a tagged answer always wins
+    assert lenient_answer("backward it reads 'tserc'.", "tserc") == "tserc"
+    assert lenient_answer("no digits here", "4") is None
