@@ -527,6 +527,82 @@ def format_lines(arms: dict[str, list[RunSummary]], summary: dict) -> list[str]:
     return lines
 
 
+LEARNING = [  # (label, eval key): held-out change from round 0 to the last evaluated round, per arm
+    ("greedy strict", "greedy_accuracy"),
+    ("greedy lenient", "greedy_lenient_accuracy"),
+    ("sampled strict", "sampled_accuracy"),
+    ("sampled lenient", "sampled_lenient_accuracy"),
+    ("well-formed", "sampled_well_formed"),
+]
+
+
+def learning_lines(arms: dict[str, list[RunSummary]], summary: dict) -> list[str]:
+    """'Change since round 0': per arm and metric, round 0, the last evaluated round, and their difference seed by
+    seed with its interval (what RL did to the model it started from). Only metrics every run recorded."""
+    def ends(run: RunSummary) -> tuple[dict, dict] | None:
+        evaluated = [r for r in run.rows if r.get("eval")]
+        if len(evaluated) < 2 or evaluated[0]["round"] != 0:
+            return None
+        return evaluated[0]["eval"], evaluated[-1]["eval"]
+
+    pairs = {arm: [ends(r) for r in members] for arm, members in arms.items()}
+    if not pairs or any(p is None for found in pairs.values() for p in found):
+        return []
+    keys = [(label, key) for label, key in LEARNING
+            if all(key in first and key in last for found in pairs.values() for first, last in found)]
+    lines = ["", "## Change since round 0", "",
+             "Held-out metrics of the model each run started from (round 0: for a real model after its warm-up, "
+             "before RL) and of the last evaluated round, mean over seeds, and their difference seed by seed with its "
+             f"{CONFIDENCE:.0%} confidence interval (paired t). *lenient*: the tagged answer, else the last number or "
+             "word; *strict*: a right answer in the tags (the training reward); *well-formed*: one `<answer>...</answer>` and "
+             "nothing after it.", "",
+             "| arm | metric | round 0 | last | last − round 0 [95% CI] |", "|---|---|---|---|---|"]
+    summary["learning"] = {}
+    for arm, found in pairs.items():
+        summary["learning"][arm] = {}
+        for label, key in keys:
+            start = [first[key] for first, _ in found]
+            end = [last[key] for _, last in found]
+            change = mean_ci(b - a for a, b in zip(start, end))
+            summary["learning"][arm][key] = {"round0": statistics.fmean(start), "last": statistics.fmean(end),
+                                             "change": _interval_json(change, [b - a for a, b in zip(start, end)])}
+            lines.append(f"| {arm} | {label} | {statistics.fmean(start):.3f} | {statistics.fmean(end):.3f} | "
+                         f"{fmt_ci(change, 3, True)} |")
+    return lines
+
+
+def provenance_lines(runs: list[RunSummary]) -> tuple[list[str], dict[str, list[str]]]:
+    """The report's lines on which code and environment made its runs, with a warning when they differ (also
+    between the starts of a resumed run), and {run: [code label of each start]} for summary.json."""
+    from .provenance import code_label, environment_label, read
+
+    made_with: dict[str, list[str]] = {}
+    environments: dict[str, set[str]] = {}
+    for r in runs:
+        starts = read(r.run_dir)
+        made_with[r.run_dir.name] = [code_label(s) for s in starts]
+        environments[r.run_dir.name] = {environment_label(s) for s in starts}
+    labels = {label for found in made_with.values() for label in found}
+    missing = sorted(name for name, found in made_with.items() if not found)
+    envs = {e for found in environments.values() for e in found}
+    lines = [""]
+    if len(labels) == 1 and not missing:
+        lines.append(f"All {len(runs)} run(s) were made by code {next(iter(labels))}"
+                     + (f" with {next(iter(envs))}." if len(envs) == 1 else "."))
+    elif labels:
+        mixed = [name for name, found in made_with.items() if len(set(found)) > 1]
+        lines.append("**Warning: these runs were not all made by the same code.** "
+                     + "; ".join(f"{label}: {', '.join(n for n, f in made_with.items() if label in f)}"
+                                 for label in sorted(labels))
+                     + (f"; resumed under different code: {', '.join(mixed)}" if mixed else "")
+                     + (f"; no record (made before provenance.json): {', '.join(missing)}" if missing else "") + ".")
+    else:
+        lines.append("The runs record no provenance (made before runs wrote provenance.json).")
+    if len(envs) > 1:
+        lines.append("**Warning: the runs' environments differ:** " + "; ".join(sorted(envs)) + ".")
+    return lines, made_with
+
+
 def write_report(out: Path, run_dirs: list[Path], *, failures: dict[tuple[str, int], str] | None = None,
                  title: str | None = None, notes: str | None = None, command: str = "",
                  made_by: str | None = None, baseline: str | None = None, force: bool = False) -> Path:
@@ -568,6 +644,8 @@ def write_report(out: Path, run_dirs: list[Path], *, failures: dict[tuple[str, i
         lines.append(f"Generated {stamp}" + (f" by `{command}`" if command else "") + ".")
     if notes:
         lines += ["", notes.strip()]
+    code_lines, made_with = provenance_lines(runs)
+    lines += code_lines
     lines += ["", f"Each value is the mean over seeds with its {CONFIDENCE:.0%} confidence interval in brackets "
                   "(Student t, n-1 degrees of freedom; *n/a* with a single seed, where no interval can be "
                   "estimated). Held-out metrics are from the last evaluated round; *sampled* is "
@@ -577,7 +655,7 @@ def write_report(out: Path, run_dirs: list[Path], *, failures: dict[tuple[str, i
     summary: dict = {"title": title, "notes": notes, "made_by": made_by, "command": command,
                      "generated": f"{generated:%Y-%m-%d %H:%M} UTC", "confidence": CONFIDENCE,
                      "baseline": baseline, "arms": {}, "paired": {}, "runs": {},
-                     "failures": {f"{a}-s{s}": d for (a, s), d in failures.items()}}
+                     "failures": {f"{a}-s{s}": d for (a, s), d in failures.items()}, "provenance": made_with}
     for arm, members in arms.items():
         cells = []
         entry: dict = {"seeds": [r.seed for r in members], "mode": members[0].mode}
@@ -669,6 +747,7 @@ def write_report(out: Path, run_dirs: list[Path], *, failures: dict[tuple[str, i
                                      + (f" ± {se:.3f}" if se is not None else ""))
                     lines.append(f"| {r.run_dir.name} | " + " | ".join(cells) + " |")
 
+    lines += learning_lines(arms, summary)
     lines += format_lines(arms, summary)
     if failures:
         lines += ["", "## Failed runs", ""]

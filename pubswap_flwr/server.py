@@ -12,7 +12,7 @@ import torch
 from flwr.app import Context
 from flwr.serverapp import Grid
 
-from . import preflight
+from . import preflight, provenance
 from .config import ConfigError, ExperimentConfig
 from .evaluation import evaluate
 from .logs import route_logs_to_flower
@@ -82,7 +82,9 @@ def run(grid: Grid, context: Context, settle_seconds: float = 1.0) -> None:
         raise
     torch.manual_seed(cfg.seed)
     recorder = RunRecorder(run_dir, cfg, context.run_id, resume_after=saved.round if saved else None)
-    log.info("pubswap-flwr run %s: mode %s, outputs in %s", context.run_id, cfg.strategy.mode, run_dir)
+    made_by = provenance.write(run_dir, resumed=saved is not None)
+    log.info("pubswap-flwr run %s: mode %s, outputs in %s; code %s from %s", context.run_id, cfg.strategy.mode,
+             run_dir, provenance.code_label(made_by), made_by["code_dir"])
     started = time.time()
     try:
         protocol_class = run_protocol(cfg)

@@ -107,7 +107,7 @@ def _check(policy: Policy, items: list[TaskItem], samples: int) -> dict:
                                                              for t, v in out["per_task"].items()}}
 
 
-def build(args: argparse.Namespace) -> dict:
+def build(args: argparse.Namespace, argv: list[str]) -> dict:
     apply_threads(args.threads)
     torch.manual_seed(args.seed)
     spec = PolicySpec(model_name=args.model, lora=LoraSettings(args.lora_r, 2 * args.lora_r), template=args.template,
@@ -139,7 +139,7 @@ def build(args: argparse.Namespace) -> dict:
     (out / "README.md").unlink(missing_ok=True)  # peft's empty card template; build.json says what this is
     for path in out.iterdir():
         path.chmod(0o644)  # committed to the repository
-    report = {"command": "python -m pubswap_flwr.warmup build " + " ".join(sys.argv[2:]), "model": args.model,
+    report = {"command": "python -m pubswap_flwr.warmup " + " ".join(argv), "model": args.model,
               "tasks": args.tasks, "template": args.template, "seed": args.seed, "items_per_task": args.items,
               "samples_per_item": args.samples, "max_new_tokens": args.max_new_tokens,
               "temperature": args.temperature, "lora_r": args.lora_r,
@@ -182,9 +182,10 @@ def main(argv: list[str] | None = None) -> None:
     b.add_argument("--check-items", type=int, default=50, help="held-out items per task for the before/after check")
     b.add_argument("--check-samples", type=int, default=2)
     b.add_argument("--out", required=True)
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    report = build(args)
+    report = build(args, argv)
     print(json.dumps({"targets": report["targets"], "before": report["before"]["overall"],
                       "after": report["after"]["overall"], "seconds": report["seconds"]}, indent=1))
 

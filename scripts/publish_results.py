@@ -21,6 +21,7 @@ from pubswap_flwr.compare import load_sweep
 from pubswap_flwr.report import write_report
 
 RUN_FILES = ("metrics.jsonl", "config.json", "status.json")
+OPTIONAL_FILES = ("provenance.json",)  # runs made before runs recorded their code have none
 DOCS = Path("docs/results")
 
 
@@ -49,7 +50,7 @@ def publish(sweep_file: Path, results: Path, docs: Path = DOCS, force: bool = Fa
         shutil.rmtree(dst)
     for name in completed:
         (dst / "runs" / name).mkdir(parents=True)
-        for f in RUN_FILES:
+        for f in RUN_FILES + tuple(f for f in OPTIONAL_FILES if (src / "runs" / name / f).is_file()):
             shutil.copy2(src / "runs" / name / f, dst / "runs" / name / f)
     for outcome in outcomes:
         outcome["run_dir"] = str(Path("runs") / Path(outcome["run_dir"]).name)

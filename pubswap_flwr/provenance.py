@@ -1,0 +1,124 @@
+"""Which code and environment made a run: package version, git commit and uncommitted changes, where the code was
+loaded from, the versions that decide the numbers, and the machine. The ServerApp writes it into every run folder
+(provenance.json, one entry per start: a resumed run records each) and `pubswap report` shows it and warns when the
+runs of one report were made by different code."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+PROVENANCE_FILE = "provenance.json"
+PACKAGES = ("torch", "flwr", "transformers", "peft", "reasoning-gym", "numpy")
+# what can change a run's numbers: a checkout with changes here is "dirty"; runs/, results/, docs/ do not count
+CODE_PATHS = ("pubswap_flwr", "client_app.py", "server_app.py", "pyproject.toml", "configs", "data/models")
+
+
+def _version(name: str) -> str:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _git(root: Path, *args: str) -> str | None:
+    """git's output (not stripped: porcelain lines start with a space), or None when git fails or is missing."""
+    try:
+        done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10,
+                              check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def git_state(root: Path) -> dict[str, Any]:
+    """{"commit", "dirty", "changed"} of the checkout at `root`, or {"checkout": "not a git checkout"}."""
+    top = _git(root, "rev-parse", "--show-toplevel")
+    if top is None or Path(top.strip()).resolve() != root.resolve():
+        return {"checkout": "not a git checkout"}
+    commit = (_git(root, "rev-parse", "HEAD") or "unknown").strip()
+    status = _git(root, "status", "--porcelain", "--untracked-files=all", "--", *CODE_PATHS) or ""
+    changed = sorted(line[3:] for line in status.splitlines() if line.strip())
+    return {"commit": commit, "dirty": bool(changed), "changed": changed[:50]}
+
+
+def _device() -> dict[str, Any]:
+    out: dict[str, Any] = {"platform": platform.platform(), "machine": platform.machine(),
+                           "cpus": os.cpu_count() or 0}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                out["cpu"] = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    if "torch" in sys.modules:  # the ServerApp has it loaded already; never import it just for this
+        torch = sys.modules["torch"]
+        out["torch_threads"] = torch.get_num_threads()
+        if torch.cuda.is_available():
+            out["cuda"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return out
+
+
+def collect() -> dict[str, Any]:
+    """This process's provenance (what `write` records)."""
+    package_dir = Path(__file__).resolve().parent
+    root = package_dir.parent
+    from .policy.model import _editable_source_dir
+
+    install = _editable_source_dir()
+    code = git_state(root)
+    if "commit" not in code and install is not None and install.resolve() != root.resolve():
+        code = {**git_state(install), "note": f"code loaded from {root}, not a checkout; installed from {install}"}
+    return {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "package": "pubswap-flwr",
+            "version": _version("pubswap-flwr"), "code_dir": str(root),
+            "installed_from": str(install) if install else None, "code": code,
+            "python": sys.version.split()[0], "executable": sys.executable,
+            "packages": {name: _version(name) for name in PACKAGES}, "device": _device()}
+
+
+def write(run_dir: Path, *, resumed: bool = False) -> dict[str, Any]:
+    """Append this start's provenance to run_dir/provenance.json (a new run starts the list afresh)."""
+    entry = {**collect(), "start": "resume" if resumed else "new"}
+    path = Path(run_dir) / PROVENANCE_FILE
+    starts = read(run_dir) if resumed else []
+    starts.append(entry)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"starts": starts}, indent=1) + "\n")
+    tmp.replace(path)
+    return entry
+
+
+def read(run_dir: Path) -> list[dict[str, Any]]:
+    """The recorded starts of a run ([] for a run made before provenance was recorded)."""
+    path = Path(run_dir) / PROVENANCE_FILE
+    if not path.is_file():
+        return []
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return []
+    starts = data.get("starts") if isinstance(data, dict) else None
+    return [s for s in starts if isinstance(s, dict)] if isinstance(starts, list) else []
+
+
+def code_label(entry: dict[str, Any]) -> str:
+    """`abc1234`, `abc1234+changes`, or `not a git checkout` (plus the package version)."""
+    code = entry.get("code", {})
+    if "commit" in code:
+        label = str(code["commit"])[:7] + ("+changes" if code.get("dirty") else "")
+    else:
+        label = str(code.get("checkout", "unknown"))
+    return f"{label} (pubswap-flwr {entry.get('version', '?')})"
+
+
+def environment_label(entry: dict[str, Any]) -> str:
+    packages = entry.get("packages", {})
+    return ", ".join(f"{name} {packages.get(name, '?')}" for name in ("torch", "flwr", "transformers", "peft"))

@@ -1,0 +1,47 @@
+"""The answer-format warm-up: targets are the model's own right answers put in the tags; a build writes a portable
+fp16 adapter and its record."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from safetensors import safe_open
+
+from pubswap_flwr.tasks import TaskItem
+from pubswap_flwr.warmup import distilled_target, main
+
+ITEM = TaskItem("u", "basic_arithmetic", "Calculate 28 - 64.", "-36", "rg")
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("28 - 64 = -36. That is all.", "28 - 64 = -36\n<answer>-36</answer>"),  # cut after its answer, then tagged
+    ("So <answer>-36</answer>", "So <answer>-36</answer>"),  # already right in the tags: kept as it is
+    ("28 - 64 = 36.", None),  # wrong: never taught
+    ("I cannot help with that.", None),
+    ("It is -36, or maybe 12.", None),  # the lenient answer is the last number, which is wrong
+])
+def test_targets_keep_only_the_models_own_right_answers(text, expected):
+    from pubswap_flwr.tasks import score_completion
+
+    ITEM_RG = TaskItem("u", "basic_arithmetic", ITEM.question, ITEM.answer, "exact")
+    assert distilled_target(text, ITEM_RG) == expected
+    if expected is not None:
+        assert score_completion(expected, ITEM_RG).reward == 1.0
+
+
+def test_a_small_build_writes_a_portable_fp16_adapter_and_its_record(tmp_path, capsys):
+    out = tmp_path / "warm"
+    main(["build", "--model", "embedded:tiny", "--tasks", "gcd:1", "--items", "4", "--samples", "2", "--epochs", "1",
+          "--check-items", "3", "--check-samples", "1", "--lora-r", "4", "--max-new-tokens", "12", "--out", str(out)])
+    assert sorted(p.name for p in out.iterdir()) == ["adapter_config.json", "adapter_model.safetensors", "build.json"]
+    config = json.loads((out / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == "embedded:tiny" and config["r"] == 4
+    with safe_open(str(out / "adapter_model.safetensors"), "pt") as handle:
+        assert {str(handle.get_tensor(k).dtype) for k in handle.keys()} == {"torch.float16"}
+    record = json.loads((out / "build.json").read_text())
+    assert record["command"].startswith("python -m pubswap_flwr.warmup build --model embedded:tiny")
+    assert set(record["targets"]) == {"gcd"} and 0 < record["targets"]["gcd"] <= 4
+    assert len(record["loss_per_epoch"]) == 1 and record["before"]["overall"]["greedy_well_formed"] >= 0
+    assert {"greedy_lenient_accuracy", "sampled_accuracy"} <= set(record["after"]["overall"])
+    assert oct(out.joinpath("build.json").stat().st_mode & 0o777) == "0o644"
