@@ -7,6 +7,8 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from pubswap_flwr import provenance
 from pubswap_flwr.report import write_report
 from tests.unit.test_report_files import make_run
@@ -96,4 +98,4 @@ def test_change_since_round_0_is_paired_per_seed(tmp_path):
     assert row.startswith("| fedavg | sampled strict | 0.150 | 0.333 | +0.183 [")  # (0.2 + 0.1 + 0.25) / 3
     assert "| fedavg | well-formed | 0.900 | 0.900 | 0.000 [0.000, 0.000] |" in text
     learning = json.loads((tmp_path / "out" / "summary.json").read_text())["learning"]["fedavg"]
-    assert learning["sampled_lenient_accuracy"]["change"]["values"] == [0.2, 0.1, 0.25]
+    assert learning["sampled_lenient_accuracy"]["change"]["values"] == pytest.approx([0.2, 0.1, 0.25])
