@@ -264,8 +264,10 @@ def main(argv: list[str] | None = None) -> int:
     register_compare(sub)
     register_deploy(sub)
     from .export import register as register_export  # `pubswap export RUN OUT [--merged]`
+    from .verify import register as register_verify  # `pubswap verify RUN`
 
     register_export(sub)
+    register_verify(sub)
     args = parser.parse_args(argv)
     if args.command in ("compare", "report"):
         logs.setup()

@@ -1,0 +1,149 @@
+"""`pubswap verify RUN`: re-evaluate a finished run's final adapter(s) on held-out items the run never saw (the same
+tasks, another seed range) with the run's own settings, and print the result beside the run's own final numbers.
+
+A run's numbers are then checked from what it published alone (config.json, metrics.jsonl and its adapters), in a
+process that shares nothing with the one that trained: a wrong or swapped adapter, an evaluation bug or a held-out
+set that leaked into training shows as a gap far outside the two standard errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from .metrics import CONFIG_FILE, read_metrics
+
+SEED_OFFSET = 1000  # default verification data seed: the run's tasks.data-seed + this
+COMPARED = ("greedy_accuracy", "sampled_accuracy", "sampled_reward", "greedy_lenient_accuracy",
+            "sampled_lenient_accuracy")
+
+
+class VerifyError(ValueError):
+    """The run cannot be verified; the message says what is missing."""
+
+
+def final_adapters(run_dir: Path) -> list[tuple[str, Path]]:
+    """[(label, adapter folder)]: the global adapter (adapters/final), or every SAPO node's own (node-N)."""
+    global_dir = run_dir / "adapters" / "final"
+    if (global_dir / "adapter_config.json").is_file():
+        return [("global", global_dir)]
+    nodes = sorted((p for p in (run_dir / "nodes").glob("partition-*/adapter") if (p / "adapter_config.json").is_file()),
+                   key=lambda p: int(p.parent.name.split("-")[1]))
+    if nodes:
+        return [(f"node {p.parent.name.split('-')[1]}", p) for p in nodes]
+    raise VerifyError(f"{run_dir} has no final adapter (adapters/final/, or nodes/partition-N/adapter/ for sapo); "
+                      "a sweep published before adapters were kept cannot be verified")
+
+
+def own_results(rows: list[dict], label: str) -> tuple[int, dict]:
+    """(round, eval) the run reported last for this adapter: the global eval, or the node's own (node_eval)."""
+    for row in reversed(rows):
+        if label == "global" and row.get("eval"):
+            return row["round"], row["eval"]
+        if label.startswith("node ") and row.get("node_eval"):
+            index = int(label.split()[1])
+            ids = {str(node): c.get("node_index") for r in rows for node, c in r.get("clients", {}).items()}
+            for node, result in row["node_eval"].items():
+                if ids.get(str(node)) == index:
+                    return row["round"], result
+    raise VerifyError(f"the run's metrics.jsonl has no held-out result for its {label} adapter")
+
+
+def verify(run_dir: Path, data_seed: int | None = None, items_per_task: int | None = None,
+           samples: int | None = None) -> list[dict[str, Any]]:
+    import torch
+    from safetensors.torch import load_file
+
+    from .config import ExperimentConfig
+    from .evaluation import evaluate
+    from .policy import Policy
+    from .policy.threads import apply_threads
+    from .shared import policy_spec, task_universe
+
+    run_dir = Path(run_dir)
+    if not (run_dir / CONFIG_FILE).is_file():
+        raise VerifyError(f"{run_dir} has no {CONFIG_FILE}: not a run directory")
+    cfg = ExperimentConfig.from_flat(json.loads((run_dir / CONFIG_FILE).read_text())["config"])
+    if cfg.eval.data_path:
+        raise VerifyError("the run's held-out set is a data file (eval.data-path): there is no other seed range to "
+                          "draw fresh items from")
+    seed = cfg.tasks.data_seed + SEED_OFFSET if data_seed is None else data_seed
+    if seed == cfg.tasks.data_seed:
+        raise VerifyError(f"data seed {seed} is the run's own tasks.data-seed: its held-out items are not fresh")
+    fresh = cfg.with_overrides({"tasks.data-seed": seed, **({"eval.items-per-task": items_per_task}
+                                                             if items_per_task else {})})
+    items = task_universe(fresh).held_out.items
+    run_items = {i.question for i in task_universe(cfg).held_out.items}
+    overlap = sum(1 for i in items if i.question in run_items)
+    rows = read_metrics(run_dir)
+    apply_threads(cfg.model.threads)
+    results = []
+    for label, folder in final_adapters(run_dir):
+        base = json.loads((folder / "adapter_config.json").read_text())["base_model_name_or_path"]
+        policy = Policy(policy_spec(cfg, model_name=base))
+        policy.load_adapter(load_file(str(folder / "adapter_model.safetensors")))
+        torch.manual_seed(cfg.seed)
+        mine = evaluate(policy, items, sampled=cfg.eval.sampled, samples=samples or cfg.eval.samples,
+                        batch_size=cfg.eval.batch_size, seed=cfg.seed,
+                        max_chars=cfg.generation.max_completion_chars, lenient=cfg.eval.lenient)
+        round_number, theirs = own_results(rows, label)
+        results.append({"adapter": label, "folder": str(folder), "base": base, "run_round": round_number,
+                        "run": theirs, "verify": mine, "data_seed": seed, "items": len(items),
+                        "shared_questions": overlap})
+    return results
+
+
+def _cell(result: dict, key: str) -> str:
+    value = result.get(key)
+    if value is None:
+        return "–"
+    se = result.get(f"{key}_se")
+    return f"{value:.3f}" + (f" ± {se:.3f}" if se is not None else "")
+
+
+def render(results: list[dict]) -> str:
+    lines = []
+    for r in results:
+        lines += [f"{r['adapter']} adapter ({r['folder']}, base {r['base']}): the run's own held-out result at round "
+                  f"{r['run_round']} vs {r['items']} fresh items (tasks.data-seed {r['data_seed']}; "
+                  f"{r['shared_questions']} questions also in the run's held-out set)",
+                  f"  {'metric':<26}{'run':>18}{'verify':>18}{'difference':>14}"]
+        for key in COMPARED:
+            if key not in r["verify"] and key not in r["run"]:
+                continue
+            a, b = r["run"].get(key), r["verify"].get(key)
+            diff = "–" if a is None or b is None else f"{b - a:+.3f}"
+            se = [r["run"].get(f"{key}_se"), r["verify"].get(f"{key}_se")]
+            if a is not None and b is not None and None not in se:
+                z = abs(b - a) / max(math.hypot(*se), 1e-12)
+                diff += " (within 2 SE)" if z <= 2 else f" ({z:.1f} SE)"
+            lines.append(f"  {key:<26}{_cell(r['run'], key):>18}{_cell(r['verify'], key):>18}  {diff}")
+    return "\n".join(lines)
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    try:
+        results = verify(Path(args.run), args.data_seed, args.items_per_task, args.samples)
+    except (VerifyError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(render(results))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+    return 0
+
+
+def register(sub) -> None:
+    parser = sub.add_parser("verify", help="re-evaluate a run's final adapter(s) on fresh held-out items, beside the "
+                                           "run's own result")
+    parser.add_argument("run", help="a finished run directory (config.json, metrics.jsonl, its final adapters)")
+    parser.add_argument("--data-seed", type=int, help=f"seed range of the fresh items (default: the run's "
+                                                      f"tasks.data-seed + {SEED_OFFSET})")
+    parser.add_argument("--items-per-task", type=int, help="default: the run's eval.items-per-task")
+    parser.add_argument("--samples", type=int, help="sampled answers per item (default: the run's eval.samples)")
+    parser.add_argument("--json", help="also write the results as JSON to this file")
+    parser.set_defaults(func=cmd_verify)

@@ -1,0 +1,82 @@
+"""`pubswap verify`: a run's published adapter, re-evaluated in a fresh process on items the run never saw, beside
+the run's own numbers; on the run's own items it repeats them exactly (the published adapter is the evaluated one)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pubswap_flwr.cli import main as pubswap
+from pubswap_flwr.simulation import simulate_in_process
+from pubswap_flwr.verify import VerifyError, final_adapters, verify
+
+SMALL = {"num-server-rounds": 1, "train.local-steps": 1, "train.prompts-per-step": 2,
+         "train.completions-per-prompt": 4, "eval.items-per-task": 4, "eval.samples": 2, "model.threads": 1,
+         "tasks.mix": "gcd:1,count_bits:1", "tasks.per-node": 0, "seed": 4}
+
+
+@pytest.fixture(scope="module")
+def fedavg_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs")
+    simulate_in_process({**SMALL, "output.dir": str(out), "run-name": "f"}, 2)
+    return out / "f"
+
+
+def test_fresh_items_beside_the_runs_own_result(fedavg_run, capsys):
+    [result] = verify(fedavg_run)
+    assert result["adapter"] == "global" and result["data_seed"] == 1000 and result["items"] == 8
+    assert result["run_round"] == 1 and result["shared_questions"] < 8
+    own = [json.loads(line) for line in (fedavg_run / "metrics.jsonl").read_text().splitlines()][-1]["eval"]
+    assert result["run"] == own
+    assert 0 <= result["verify"]["sampled_accuracy"] <= 1 and result["verify"]["samples"] == 2
+    assert pubswap(["verify", str(fedavg_run), "--items-per-task", "3"]) == 0
+    printed = capsys.readouterr().out
+    assert "global adapter" in printed and "6 fresh items (tasks.data-seed 1000" in printed
+    assert "sampled_accuracy" in printed
+
+
+def test_on_the_runs_own_items_the_published_adapter_repeats_its_numbers(fedavg_run):
+    import torch
+    from safetensors.torch import load_file
+
+    from pubswap_flwr.config import ExperimentConfig
+    from pubswap_flwr.evaluation import evaluate
+    from pubswap_flwr.policy import Policy
+    from pubswap_flwr.shared import policy_spec, task_universe
+
+    cfg = ExperimentConfig.from_flat(json.loads((fedavg_run / "config.json").read_text())["config"])
+    policy = Policy(policy_spec(cfg))
+    policy.load_adapter(load_file(str(fedavg_run / "adapters" / "final" / "adapter_model.safetensors")))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        again = evaluate(policy, task_universe(cfg).held_out.items, samples=2, batch_size=cfg.eval.batch_size,
+                         seed=cfg.seed)
+    finally:
+        torch.set_num_threads(threads)
+    own = [json.loads(line) for line in (fedavg_run / "metrics.jsonl").read_text().splitlines()][-1]["eval"]
+    assert again["greedy_accuracy"] == own["greedy_accuracy"]
+    assert again["sampled_accuracy"] == own["sampled_accuracy"]
+
+
+def test_sapo_nodes_are_verified_one_by_one(tmp_path):
+    simulate_in_process({**SMALL, "strategy.mode": "sapo", "sapo.local": 1, "sapo.external": 1,
+                         "sapo.completions": 2, "output.dir": str(tmp_path), "run-name": "s"}, 2)
+    assert [label for label, _ in final_adapters(tmp_path / "s")] == ["node 0", "node 1"]
+    results = verify(tmp_path / "s", items_per_task=2)
+    assert [r["adapter"] for r in results] == ["node 0", "node 1"]
+    assert all("greedy_accuracy" in r["run"] and r["items"] == 4 for r in results)
+
+
+def test_refusals_name_what_is_missing(tmp_path, fedavg_run, capsys):
+    with pytest.raises(VerifyError, match="has no config.json: not a run directory"):
+        verify(tmp_path)
+    with pytest.raises(VerifyError, match="is the run's own tasks.data-seed"):
+        verify(fedavg_run, data_seed=0)
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_text((fedavg_run / "config.json").read_text())
+    (bare / "metrics.jsonl").write_text((fedavg_run / "metrics.jsonl").read_text())
+    assert pubswap(["verify", str(bare)]) == 2
+    assert "has no final adapter" in capsys.readouterr().err
