@@ -16,8 +16,9 @@ measured side by side in one run, printing medians and ratios.
 4. Thread policy: two processes at once (two simulated clients, or two SuperNodes, on this 2-core machine), each
    repeating a client's step (sample prompts x K, update): torch's default threads (all cores in each process)
    against the thread policy (one CPU each, as Ray's client-resources-num-cpus = 1 gives); median step time.
-5. One round of the real-model learning sweep (configs/real-learn.toml, 2 clients through Flower's Ray engine),
-   split into sampling, update, evaluation and communication + orchestration, from its metrics.jsonl.
+5. Rounds of the real-model learning sweep (configs/real.toml, 2 clients through Flower's Ray engine: the fedavg arm
+   of configs/real-pubswap.toml), split into sampling, update, evaluation and communication + orchestration, from
+   a run's metrics.jsonl (--round-from RUN, or a 1-round run made here).
 """
 
 from __future__ import annotations
@@ -251,19 +252,32 @@ def threads(args) -> None:
 
 
 def one_round(args) -> None:
-    config = ROOT / "configs" / "real-learn.toml"
-    with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "pubswap_flwr.cli", "simulate", "-c", str(config), "-c",
-               "num-server-rounds=1", "--nodes", "2", "--out", tmp, "--run-name", "round"]
+    """Part 5: from a finished run of the sweep (--round-from RUN), or a 1-round run of configs/real.toml here."""
+    if args.round_from:
+        run_dir = Path(args.round_from)
+        source = f"{run_dir} (a run of the sweep)"
+        wall = None
+    else:
+        config = ROOT / "configs" / "real.toml"
+        tmp = Path(tempfile.mkdtemp())
+        cmd = [sys.executable, "-m", "pubswap_flwr.cli", "simulate", "-c", str(config), "-c", "num-server-rounds=1",
+               "--nodes", "2", "--out", str(tmp), "--run-name", "round"]
         started = time.perf_counter()
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wall = time.perf_counter() - started
-        rows = [json.loads(line) for line in (Path(tmp) / "round" / "metrics.jsonl").read_text().splitlines()]
-    first = next(r for r in rows if r["round"] == 1)
-    print(f"\n5. One round of the learning sweep ({config.relative_to(ROOT)}, 2 clients, Ray), whole command "
-          f"{wall:.0f} s (Ray start, model loads and round 0's evaluation included):")
-    for key, value in first["time"].items():
-        print(f"  {key:<28}{value:8.1f} s")
+        run_dir = tmp / "round"
+        source = f"{config.relative_to(ROOT)} for 1 round, 2 clients through Ray"
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    trained = [r for r in rows if r["round"] > 0 and "time" in r]
+    print(f"\n5. Rounds of the learning sweep, from {source}"
+          + (f"; whole command {wall:.0f} s (Ray start, model loads and round 0's evaluation included)" if wall else "")
+          + ":")
+    keys = list(trained[0]["time"])
+    print("  round " + "".join(f"{k:>22}" for k in keys))
+    for row in trained:
+        print(f"  {row['round']:>5} " + "".join(f"{row['time'][k]:>22.1f}" for k in keys))
+    medians = {k: statistics.median(r["time"][k] for r in trained) for k in keys}
+    print("  median" + "".join(f"{medians[k]:>22.1f}" for k in keys))
 
 
 def main() -> None:
@@ -274,6 +288,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--steps", type=int, default=3, help="steps per client in the thread benchmark")
     parser.add_argument("--threads", type=int, default=1, help="torch threads for parts 1-2")
+    parser.add_argument("--round-from", help="part 5 from this finished run of the sweep instead of a 1-round run")
     parser.add_argument("--skip", default="", help="comma-separated parts to skip: sampling,update,memory,threads,"
                                                    "round")
     args = parser.parse_args()

@@ -3,8 +3,8 @@ in its own process without Ray (`pubswap simulate --engine inprocess`: the nodes
 the runs side by side), writing each run where `pubswap compare` would, so `pubswap report` and
 `scripts/publish_results.py` read them as they read a sweep run by `pubswap compare`.
 
-    python scripts/gpu_sweeps.py configs/real-learn.toml configs/real-pubswap.toml --out results --parallel 6
-    python scripts/gpu_sweeps.py configs/real-learn.toml --out /tmp/dry --parallel 2 --dry-size   # CPU check
+    python scripts/gpu_sweeps.py configs/real-pubswap.toml configs/real-sapo.toml configs/real-sapo-hetero.toml --out results --parallel 8
+    python scripts/gpu_sweeps.py configs/real-pubswap.toml --out /tmp/dry --parallel 2 --dry-size   # CPU check
 
 --dry-size shrinks every run (embedded tiny model, 2 rounds, a few steps and held-out items) to check the whole
 path on a CPU in a minute or two. Completed runs are skipped (a stopped batch resumes); each sweep's outcomes.json
