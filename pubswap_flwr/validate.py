@@ -19,6 +19,9 @@ from .tasks import TaskItem
 from .tasks.verifiers import VERIFIERS
 
 Adapter = dict[str, np.ndarray]
+# An adapter value an honest node can send: adapters travel as fp16, whose largest finite value this is. Bounding
+# every value here also keeps any mean of adapters, and an update's squared norm in float64, far from overflow.
+MAX_ADAPTER_VALUE = float(np.finfo(np.float16).max)
 
 
 class Rejected(ValueError):
@@ -39,7 +42,8 @@ class Limits:
 
 
 def check_adapter(adapter: Adapter, reference: Adapter) -> Adapter:
-    """Same tensor keys and shapes as the global adapter, floating point, finite; returns fp32 copies."""
+    """Same tensor keys and shapes as the global adapter, floating point, and, as the fp32 values it is aggregated
+    in, finite and within MAX_ADAPTER_VALUE; returns those fp32 copies."""
     missing = sorted(set(reference) - set(adapter))
     extra = sorted(set(adapter) - set(reference))
     if missing or extra:
@@ -50,9 +54,16 @@ def check_adapter(adapter: Adapter, reference: Adapter) -> Adapter:
             raise Rejected(f"adapter tensor {key} has dtype {value.dtype}, expected floating point")
         if value.shape != reference[key].shape:
             raise Rejected(f"adapter tensor {key} has shape {value.shape}, expected {reference[key].shape}")
-        if not np.all(np.isfinite(value)):
-            raise Rejected(f"adapter tensor {key} has NaN or Inf values")
-        out[key] = value.astype(np.float32)
+        with np.errstate(over="ignore", invalid="ignore"):  # float64 beyond fp32's range becomes inf: refused
+            wide = value.astype(np.float32)
+        if not np.all(np.isfinite(wide)):
+            raise Rejected(f"adapter tensor {key} has NaN or Inf values (or values not finite in float32, "
+                           f"the aggregation's precision)")
+        largest = float(np.abs(wide).max()) if wide.size else 0.0
+        if largest > MAX_ADAPTER_VALUE:
+            raise Rejected(f"adapter tensor {key} has a value of magnitude {largest:.3g}, over {MAX_ADAPTER_VALUE:g} "
+                           "(the largest fp16 value: adapters travel as fp16)")
+        out[key] = wide
     return out
 
 
