@@ -66,6 +66,13 @@ def between(low: float, high: float, *, above: bool = False, why: str = "") -> C
     return check
 
 
+def off_or_between(low: float, high: float) -> Check:
+    """0 (off), or low <= v <= high."""
+    check = _check(lambda v: v == 0 or low <= v <= high, f"0 (off) or >= {_number(low)} and <= {_number(high)}")
+    check.limit_doc = f"at most {_number(high)}"  # type: ignore[attr-defined]
+    return check
+
+
 device_name = _check(lambda v: re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", v) is not None,
                      "auto, cpu, cuda, cuda:N or mps")
 
@@ -197,6 +204,12 @@ class StrategyConfig:
     trim_fraction: float = opt(0.2, below_half, "trimmed-mean: fraction cut at each end; n clients lose floor(this x "
                                                 "n) per end")
     clip_norm: float = opt(0.0, between(0, 1e6), "clip each client's update norm before aggregating (0 = off)")
+    median_clip: float = opt(3.0, off_or_between(1, 1e6),
+                             "c: before aggregating, scale each client's update (adapter - the global it started "
+                             "from) down to c x the median of the round's update norms when it is longer, so no "
+                             "single client moves the global more than c times as far as the middle one, whatever "
+                             "its magnitude (0 = off; not applied with dp-noise-multiplier, whose guarantee rests on "
+                             "clip-norm alone). Like the median it outvotes b clients only when n >= 2b + 1")
     dp_noise_multiplier: float = opt(0.0, between(0, 1000), "central DP: Gaussian noise std = this x clip-norm / "
                                      "clients (0 = off; needs clip-norm > 0 and aggregation mean)")
     compression: str = opt("none", one_of("none", "int8", "int4"),
