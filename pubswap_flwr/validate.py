@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 
 from .compression import Codec, CodecError, Quantized
+from .config import ExperimentConfig
+from .rollouts import MAX_BEHAVIOUR_TOKENS, Behaviour
 from .sapo import Packet, behaviours_from_wire
 from .tasks import TaskItem
 from .tasks.verifiers import VERIFIERS
@@ -39,6 +41,15 @@ class Limits:
     max_completions: int = 64  # per packet
     max_packets: int = 256  # per reply
     max_metadata_chars: int = 65536
+    # a sampling behaviour's tokens (train.foreign-correction = "is"): the run's generation.max-new-tokens, the most
+    # any sampler of the run draws; a longer one would only bloat what the server relays
+    max_behaviour_tokens: int = MAX_BEHAVIOUR_TOKENS
+
+    @classmethod
+    def of(cls, cfg: ExperimentConfig) -> "Limits":
+        """The limits a run's own settings set: completion length, behaviour length."""
+        g = cfg.generation
+        return cls(max_completion_chars=g.max_completion_chars, max_behaviour_tokens=g.max_new_tokens)
 
 
 def check_adapter(adapter: Adapter, reference: Adapter) -> Adapter:
@@ -187,13 +198,25 @@ def check_packet(entry: Any, limits: Limits, max_completions: int) -> Packet:
         check_utf8(text, "a completion")
     check_utf8(json.dumps(item, ensure_ascii=False), "the item")  # also strings inside metadata
     try:
-        behaviour = behaviours_from_wire(entry.get("behaviour"), len(completions))
+        behaviour = behaviours_from_wire(entry.get("behaviour"), len(completions), limits.max_behaviour_tokens)
     except ValueError as err:
-        raise Rejected(str(err)) from None
+        raise Rejected(behaviour_reason(err, limits)) from None
     tokenizer = entry.get("tokenizer", "")
     if not isinstance(tokenizer, str) or len(tokenizer) > 64:
         raise Rejected("'tokenizer' must be a fingerprint of at most 64 chars")
     return Packet("", TaskItem.from_dict(item), tuple(completions), behaviour, tokenizer)
+
+
+def behaviour_reason(err: ValueError, limits: Limits) -> str:
+    return f"{err} (generation.max-new-tokens = {limits.max_behaviour_tokens})"
+
+
+def check_behaviour(row: Any, limits: Limits) -> Behaviour:
+    """A peer's sampling behaviour, in its wire encoding and at most generation.max-new-tokens long."""
+    try:
+        return Behaviour.from_wire(row, limits.max_behaviour_tokens)
+    except ValueError as err:
+        raise Rejected(behaviour_reason(err, limits)) from None
 
 
 def check_packets(payload: Any, limits: Limits, max_completions: int) -> tuple[list[Packet], list[str]]:

@@ -174,7 +174,7 @@ class SapoProtocol(ServerProtocol):
     def __init__(self, cfg: ExperimentConfig, public=None):
         super().__init__(cfg, public)
         self.pool: list[Packet] = []  # async: the previous round's packets
-        self.limits = Limits(max_completion_chars=cfg.generation.max_completion_chars)
+        self.limits = Limits.of(cfg)
 
     def describe(self) -> str:
         s = self.cfg.sapo

@@ -122,7 +122,18 @@ def test_3_colluding_clients_cannot_bloat_behaviours_past_generation_max_new_tok
     row = rows[1]
     assert sorted(row["aggregated_clients"]) == [103, 104]  # the honest ones, every segment
     assert set(row["dropped"]) == {"101", "102"}
-    assert all("over generation.max-new-tokens = 16" in r for r in row["dropped"].values())
+    assert all("longer than 16 tokens (generation.max-new-tokens = 16)" in r for r in row["dropped"].values())
+
+
+def test_3_a_sapo_packets_behaviour_is_bounded_by_generation_max_new_tokens_too():
+    from pubswap_flwr.validate import Limits, Rejected, check_packet
+
+    limits = Limits.of(ExperimentConfig.from_flat({"generation.max-new-tokens": 4}))
+    packet = {"item": PACKET["item"], "completions": ["<answer>1</answer>"], "tokenizer": "t"}
+    fits = Behaviour((1, 2, 3, 4), (-0.5,) * 4).to_wire()
+    assert check_packet({**packet, "behaviour": [fits]}, limits, 4).behaviour is not None
+    with pytest.raises(Rejected, match=r"behaviour has 5 tokens \(1..4\) \(generation.max-new-tokens = 4\)"):
+        check_packet({**packet, "behaviour": [Behaviour((1,) * 5, (-0.5,) * 5).to_wire()]}, limits, 4)
 
 
 # -- 4. checkpoint state.json: huge integers, wrong types and values -------------------------------------------------
