@@ -299,8 +299,11 @@ class ServerProtocol:
         """Adapters besides the global that the checkpoint keeps, by name (the compressed downlink's H)."""
         return {}
 
-    def restore(self, state: dict, adapters: dict[str, Adapter] | None = None) -> None:
-        """Continue from a checkpoint's `state()` and `saved_adapters()`."""
+    def restore(self, state: dict, adapters: dict[str, Adapter] | None = None,
+                nodes: dict[int, int] | None = None) -> None:
+        """Continue from a checkpoint's `state()` and `saved_adapters()` (`nodes`: the node ids it knows, with
+        their indices). The state comes from a file: anything of the wrong type or out of its range raises
+        ValueError naming the key (checkpoint.load then falls back to the previous checkpoint)."""
 
 
 def record_scoring(ctx: RoundContext, budget) -> None:

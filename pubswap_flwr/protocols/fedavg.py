@@ -145,7 +145,8 @@ class FedAvgProtocol(ServerProtocol):
     def saved_adapters(self) -> dict[str, Adapter]:
         return downlink_checkpoint(self.broadcast)[1]
 
-    def restore(self, state: dict, adapters: dict[str, Adapter] | None = None) -> None:
+    def restore(self, state: dict, adapters: dict[str, Adapter] | None = None,
+                nodes: dict[int, int] | None = None) -> None:
         restore_downlink(self.broadcast, state, adapters or {})
 
     def run_round(self, ctx: RoundContext) -> None:

@@ -252,11 +252,20 @@ class PubSwapProtocol(ServerProtocol):
     def saved_adapters(self) -> dict[str, Adapter]:
         return downlink_checkpoint(self.broadcast)[1]
 
-    def restore(self, state: dict, adapters: dict[str, Adapter] | None = None) -> None:
-        self.public_cursor = int(state.get("public_cursor", 0))
+    def restore(self, state: dict, adapters: dict[str, Adapter] | None = None,
+                nodes: dict[int, int] | None = None) -> None:
+        cursor = state.get("public_cursor", 0)
+        t = self.cfg.train  # a round has at most tau public steps of public-prompts prompts each
+        most = self.cfg.num_server_rounds * t.local_steps * self.cfg.pubswap.public_prompts
+        if isinstance(cursor, bool) or not isinstance(cursor, int) or not 0 <= cursor <= most:
+            raise ValueError(f"public_cursor must be an integer in [0, {most}] (rounds x tau x public prompts), got "
+                             f"{str(cursor)[:40]}")
         last = state.get("last_disagreement")
-        self.last_disagreement = None if last is None else float(last)
+        if last is not None and (isinstance(last, bool) or not isinstance(last, (int, float)) or not 0 <= last <= 1):
+            raise ValueError(f"last_disagreement must be a number in [0, 1], got {str(last)[:40]}")
         restore_downlink(self.broadcast, state, adapters or {})
+        self.public_cursor = cursor
+        self.last_disagreement = None if last is None else float(last)
 
     def public_step_positions(self) -> list[int]:
         """This round's public steps: every tau-swap-th (fixed), or as many as the last round's policy
