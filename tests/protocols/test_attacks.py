@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.common.serde import message_from_proto, message_to_proto
+from flwr.supercore.task_identity import TaskIdentity
 
 from pubswap_flwr import checkpoint, nodeapp
 from pubswap_flwr.checkpoint import ServerCheckpoint
@@ -212,6 +213,9 @@ def test_5_a_node_whose_worker_cannot_be_reached_serves_its_message_in_process(m
         raise client.WorkerUnavailable("warm worker directory /tmp/pubswap-workers-0 belongs to uid 1234")
 
     monkeypatch.setattr(client, "runtime_dir", squatted)
+    monkeypatch.setattr(TaskIdentity, "_run_id", 7)  # as Flower's ClientApp process has them
+    monkeypatch.setattr(TaskIdentity, "_node_id", 11)
+    monkeypatch.setattr(TaskIdentity, "_task_id", 3)
     served = []
     monkeypatch.setattr(nodeapp, "in_process_app", lambda: lambda m, c: served.append(m) or m)
     message = Message(RecordDict({"config": ConfigRecord({"x": 1})}), dst_node_id=11, message_type="train.segment")
