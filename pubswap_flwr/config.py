@@ -73,6 +73,29 @@ def off_or_between(low: float, high: float) -> Check:
     return check
 
 
+def is_plain_component(name: Any) -> bool:
+    """One plain path component: not empty, '.' or '..', no '/', '\\' or control characters (NUL included), no
+    surrounding spaces, at most 255 bytes in UTF-8 (a file name's limit)."""
+    if not isinstance(name, str) or name in ("", ".", "..") or name != name.strip():
+        return False
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError:  # a lone surrogate
+        return False
+    return size <= 255 and not any(c in name for c in "/\\") and name.isprintable()
+
+
+PLAIN_COMPONENT = ("one plain path component (no '/', '\\', '..', NUL or other control characters, no surrounding "
+                   "spaces, at most 255 bytes)")
+
+
+def _run_name(key: str, value: Any) -> None:
+    """The server's run name names each node's state folder too: every node refuses one that is not a plain path
+    component (node_state.safe_component), so the server refuses it first."""
+    if value != "" and not is_plain_component(value):
+        raise ConfigError(f"{key} {value!r} is not {PLAIN_COMPONENT}")
+
+
 device_name = _check(lambda v: re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", v) is not None,
                      "auto, cpu, cuda, cuda:N or mps")
 
@@ -301,7 +324,8 @@ SECTIONS = {
 class ExperimentConfig:
     num_server_rounds: int = opt(10, between(1, 1_000_000))
     seed: int = opt(0, between(0, INT64_MAX))
-    run_name: str = opt("", doc="run directory name (default <mode>-s<seed>-<run id>)")
+    run_name: str = opt("", _run_name, "run directory name (default <mode>-s<seed>-<run id>); also names each "
+                                       "node's state folder, so one plain path component")
     resume: bool = opt(False, doc="continue the run in output.dir/run-name from its last checkpoint")
     model: ModelConfig = field(default_factory=ModelConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
