@@ -329,7 +329,7 @@ def test_7_a_data_row_with_a_lone_surrogate_is_a_bad_row(tmp_path):
 
     path = tmp_path / "rows.jsonl"
     path.write_text('{"question": "ok?", "answer": "1"}\n{"question": "what \\ud800?", "answer": "2"}\n')
-    with pytest.raises(TaskError, match="line 2: .*not valid Unicode text"):
+    with pytest.raises(TaskError, match="row 2: 'question' is not valid Unicode text"):
         load_items(path)
 
 
@@ -340,5 +340,5 @@ def test_7_an_8_mb_question_is_a_bad_row_without_being_tokenized(tmp_path):
     path = tmp_path / "rows.jsonl"
     path.write_text(json.dumps({"question": "q" * (8 * 1024 * 1024 - 100), "answer": "1"}) + "\n"
                     + json.dumps({"question": "ok?", "answer": "1"}) + "\n")
-    with pytest.raises(TaskError, match=r"line 1: 'question' has 8388508 chars, over the 8192 limit"):
+    with pytest.raises(TaskError, match=r"row 1: 'question' has 8388508 chars, over the 8192 limit"):
         load_items(path)
