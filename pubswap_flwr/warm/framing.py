@@ -22,6 +22,7 @@ from flwr.app import Context, Message
 from flwr.common.serde import context_from_proto, context_to_proto, message_from_proto, message_to_proto
 from flwr.proto.message_pb2 import Context as ProtoContext  # pylint: disable=no-name-in-module
 from flwr.proto.message_pb2 import Message as ProtoMessage  # pylint: disable=no-name-in-module
+from google.protobuf.message import DecodeError
 
 PROTOCOL = 1
 MAX_FRAME = 2**31 - 1  # protobuf's own limit on one message
@@ -95,8 +96,18 @@ def send_message(sock: socket.socket, message: Message) -> None:
     send_frame(sock, message_to_proto(message).SerializeToString())
 
 
+def _from_proto(data: bytes, proto_type, convert, what: str):
+    """Flower's own decoding of a frame; bytes that are not one of its `what`s are a FrameError. Protobuf parses
+    many byte strings as some message, and Flower's conversion then raises ValueError, TypeError (its
+    MessageInitializationError too) or AttributeError on the fields it finds missing or malformed."""
+    try:
+        return convert(proto_type.FromString(data))
+    except (DecodeError, ValueError, TypeError, AttributeError) as err:
+        raise FrameError(f"a {what} frame is not a Flower {what} ({type(err).__name__}: {str(err)[:200]})") from None
+
+
 def recv_message(sock: socket.socket, deadline: float | None = None) -> Message:
-    return message_from_proto(ProtoMessage.FromString(recv_frame(sock, deadline=deadline)))
+    return _from_proto(recv_frame(sock, deadline=deadline), ProtoMessage, message_from_proto, "message")
 
 
 def send_context(sock: socket.socket, context: Context) -> None:
@@ -104,4 +115,4 @@ def send_context(sock: socket.socket, context: Context) -> None:
 
 
 def recv_context(sock: socket.socket, deadline: float | None = None) -> Context:
-    return context_from_proto(ProtoContext.FromString(recv_frame(sock, deadline=deadline)))
+    return _from_proto(recv_frame(sock, deadline=deadline), ProtoContext, context_from_proto, "context")

@@ -28,7 +28,6 @@ from pathlib import Path
 from flwr.app import Message
 from flwr.clientapp import ClientApp
 from flwr.supercore.task_identity import TaskIdentity
-from google.protobuf.message import DecodeError
 
 from .client import check_private_dir
 from .framing import PROTOCOL, FrameError, recv_context, recv_json, recv_message, send_json, send_message
@@ -38,6 +37,7 @@ POLL_SECONDS = 1.0  # how often an idle worker checks its watch pid and idle dea
 # A ClientApp sends its whole request as soon as the worker takes the connection, and reads the reply as soon as it
 # comes, over a local socket; a peer that has not done either within this is gone or hostile
 REQUEST_SECONDS = 60.0
+PEER_GONE = (BrokenPipeError, ConnectionResetError, TimeoutError)  # what sending to a ClientApp that left raises
 
 
 def process_alive(pid: int) -> bool:
@@ -89,7 +89,7 @@ def serve_one(conn: socket.socket, app: ClientApp, request_seconds: float = REQU
         header = recv_json(conn, deadline)
         context = recv_context(conn, deadline)
         message = recv_message(conn, deadline)
-    except (ConnectionError, FrameError, DecodeError) as err:
+    except (ConnectionError, FrameError) as err:
         log.warning("dropped an unreadable request: %s: %s", type(err).__name__, str(err)[:300])
         return None
     conn.settimeout(request_seconds)
@@ -131,10 +131,9 @@ def serve(listener: socket.socket, app: ClientApp, watch_pid: int, idle_timeout:
                 continue
             try:
                 idle_timeout = serve_one(conn, app) or idle_timeout
-            except (BrokenPipeError, ConnectionResetError) as err:  # the ClientApp went away; nothing to answer
-                log.warning("the ClientApp left before its reply was sent: %s", err)
-            except TimeoutError:
-                log.warning("the ClientApp did not take its reply within %g s: dropped", REQUEST_SECONDS)
+            except PEER_GONE as err:  # the ClientApp went away, or does not read; nothing to answer
+                log.warning("the ClientApp left before its reply was sent (or did not take it within %g s): %s",
+                            REQUEST_SECONDS, type(err).__name__)
         deadline = time.monotonic() + idle_timeout
 
 
