@@ -239,6 +239,8 @@ def serve_in_thread(feed, **kwargs) -> dict:
             outcome["result"] = worker.serve_one(right, lambda m, c: m, **kwargs)
         except BaseException as err:  # noqa: BLE001 - the test reports whatever escaped
             outcome["error"] = err
+        finally:
+            right.close()  # as `serve` does: a client still sending gets a broken pipe
 
     with left, right:
         thread = threading.Thread(target=run, daemon=True)
