@@ -98,6 +98,33 @@ def test_2_magnitude_poisoning_cannot_take_over_the_default_mean(extra, tamper):
     assert "101" in first.get("median_clip", {}).get("clipped", {}) or "101" in first["dropped"]
 
 
+def test_2_fp16_extremes_in_a_real_run_are_clipped_and_the_honest_clients_stay(tmp_path):
+    """The issue's run: one of three tiny-model clients replies fp16 6e4 everywhere; under the plain mean the
+    global took it, and the next round dropped both honest clients for NaN/Inf."""
+    from pubswap_flwr.metrics import read_metrics
+    from pubswap_flwr.simulation import simulate_in_process
+
+    def extremes(msg, context, reply):
+        if int(context.node_config["partition-id"]) == 0 and not reply.has_error():
+            reply.content[ADAPTER_KEY] = ArrayRecord({k: Array(np.full(a.shape, 6e4, dtype=np.float16))
+                                                      for k, a in reply.content[ADAPTER_KEY].items()})
+        return reply
+
+    simulate_in_process({"seed": 2, "num-server-rounds": 2, "train.local-steps": 1, "train.prompts-per-step": 2,
+                         "train.completions-per-prompt": 4, "eval.items-per-task": 2, "eval.sampled": False,
+                         "output.dir": str(tmp_path), "run-name": "r"}, 3, reply_hook=extremes)
+    final = checkpoint.load(tmp_path / "r").master
+    largest = max(float(np.abs(v).max()) for v in final.values())
+    assert np.isfinite(largest) and largest < 10  # the plain mean: 2e4
+    rows = read_metrics(tmp_path / "r")
+    assert [(row["dropped"], len(row["aggregated_clients"])) for row in rows[1:]] == [({}, 3), ({}, 3)]
+    for row in rows[1:]:
+        (attacker,) = [n for n, c in row["clients"].items() if c["node_index"] == 0]
+        clip = row["median_clip"]
+        assert list(clip["clipped"]) == [attacker] and clip["bound"] == pytest.approx(3 * clip["median"])
+    assert rows[-1]["eval"]["greedy_accuracy"] >= rows[0]["eval"]["greedy_accuracy"] - 0.2
+
+
 # -- 3. behaviour bloat under pubswap.donor = likely --------------------------------------------------------------
 DONOR = {"seed": 1, "strategy.mode": "pubswap", "train.local-steps": 1, "pubswap.tau-swap": 1,
          "pubswap.public-prompts": 4, "train.completions-per-prompt": 8, "pubswap.donor": "likely",
