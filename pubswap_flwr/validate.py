@@ -18,7 +18,7 @@ from .config import ExperimentConfig
 from .rollouts import MAX_BEHAVIOUR_TOKENS, Behaviour
 from .sapo import Packet, behaviours_from_wire
 from .tasks import TaskItem
-from .tasks.items import MAX_ANSWER_CHARS, max_question_chars
+from .tasks import items
 from .tasks.verifiers import VERIFIERS
 
 Adapter = dict[str, np.ndarray]
@@ -37,8 +37,8 @@ class Limits:
     score_seconds: float = 5.0  # scoring time per completion (the server's own scoring of public responses)
     sender_scoring_seconds: float = 60.0  # scoring time per sender per round; the rest of its answers get reward 0
     max_depth: int = 16  # nesting of JSON objects and lists in packet metadata and provenance
-    max_question_chars: int = max_question_chars(256)  # generation.max-prompt-tokens x 32 (Limits.of)
-    max_answer_chars: int = MAX_ANSWER_CHARS
+    max_question_chars: int = items.max_question_chars(256)  # generation.max-prompt-tokens x 32 (Limits.of)
+    max_answer_chars: int = items.MAX_ANSWER_CHARS
     max_completions: int = 64  # per packet
     max_packets: int = 256  # per reply
     max_metadata_chars: int = 65536
@@ -51,7 +51,7 @@ class Limits:
         """The limits a run's own settings set: completion, behaviour and question length."""
         g = cfg.generation
         return cls(max_completion_chars=g.max_completion_chars, max_behaviour_tokens=g.max_new_tokens,
-                   max_question_chars=max_question_chars(g.max_prompt_tokens))
+                   max_question_chars=items.max_question_chars(g.max_prompt_tokens))
 
 
 def check_adapter(adapter: Adapter, reference: Adapter) -> Adapter:

@@ -3,9 +3,9 @@
 JSONL is parsed line by line, parquet is read through Hugging Face `datasets`. A JSONL line that is not UTF-8 text or
 not JSON, is longer than MAX_ROW_BYTES or nests deeper than MAX_DEPTH, or a row without a question or answer (or
 with an answer that is a boolean, a non-finite number or not text/number, text with a lone surrogate, a question
-longer than generation.max-prompt-tokens x 32 chars or an answer over 2048) is reported with its line/row number: by
-default the file is refused (`on_bad_row="error"`), with `on_bad_row="skip"` the row is skipped and logged. A file
-that is not readable parquet is a TaskError naming the file.
+longer than generation.max-prompt-tokens x 32 chars (at least 8192) or an answer over 2048) is reported with its
+line/row number: by default the file is refused (`on_bad_row="error"`), with `on_bad_row="skip"` the row is skipped
+and logged. A file that is not readable parquet is a TaskError naming the file.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import math
 from pathlib import Path
 from typing import Any, Callable
 
-from .items import MAX_ANSWER_CHARS, QUESTION_CHARS_PER_PROMPT_TOKEN, TaskItem, max_question_chars
+from .items import MAX_ANSWER_CHARS, MIN_QUESTION_CHARS, QUESTION_CHARS_PER_PROMPT_TOKEN, TaskItem, \
+    max_question_chars
 from .specs import TaskError
 from .verifiers import check_verifier
 
@@ -171,7 +172,8 @@ def _check_item(item: TaskItem, max_question: int) -> None:
     fails only in the tokenizer), a question and answer within their limits."""
     if len(item.question) > max_question:
         raise BadRow(f"'question' has {len(item.question)} chars, over the {max_question} limit "
-                     f"(generation.max-prompt-tokens x {QUESTION_CHARS_PER_PROMPT_TOKEN})")
+                     f"(generation.max-prompt-tokens x {QUESTION_CHARS_PER_PROMPT_TOKEN}, at least "
+                     f"{MIN_QUESTION_CHARS})")
     if item.answer is not None and len(item.answer) > MAX_ANSWER_CHARS:
         raise BadRow(f"'answer' has {len(item.answer)} chars, over the {MAX_ANSWER_CHARS} limit")
     for key, value in (("question", item.question), ("answer", item.answer or ""), ("task", item.task),

@@ -131,8 +131,8 @@ def address_for(context: Context, watch_pid: int) -> WorkerAddress:
     identity = json.dumps([str(CODE_DIR), sys.executable, watch_pid, context.node_id, node_config])
     address = WorkerAddress(runtime_dir(), hashlib.sha256(identity.encode()).hexdigest()[:24])
     if len(os.fsencode(address.socket)) > SOCKET_PATH_MAX:
-        raise WorkerUnavailable(f"warm worker socket path {address.socket} is longer than {SOCKET_PATH_MAX} bytes (the unix "
-                          f"socket limit); set ${RUNTIME_DIR_ENV} to a shorter directory")
+        raise WorkerUnavailable(f"warm worker socket path {address.socket} is longer than {SOCKET_PATH_MAX} bytes (the "
+                                f"unix socket limit); set ${RUNTIME_DIR_ENV} to a shorter directory")
     return address
 
 
@@ -164,7 +164,8 @@ def _try_connect(address: WorkerAddress) -> socket.socket | None:
         return None
     if hello.get("worker") != PROTOCOL:
         sock.close()
-        raise WorkerUnavailable(f"{address.socket} answers with worker protocol {hello.get('worker')!r}, not {PROTOCOL}")
+        raise WorkerUnavailable(f"{address.socket} answers with worker protocol {hello.get('worker')!r}, not "
+                                f"{PROTOCOL}")
     return sock
 
 

@@ -62,7 +62,8 @@ def compressed(draw):
     """A compressed delta of any codes and scales (sizes right or off by one), for int8 or int4."""
     scheme = draw(st.sampled_from(["int8", "int4"]))
     honest = Codec(scheme, 64).encode({k: np.zeros(v.shape, np.float32) for k, v in ADAPTER.items()})
-    scale = draw(st.one_of(st.floats(width=16, allow_nan=True, allow_infinity=True), st.sampled_from([1024.0, 65504.0])))
+    scale = draw(st.one_of(st.floats(width=16, allow_nan=True, allow_infinity=True),
+                           st.sampled_from([1024.0, 65504.0])))
     code = draw(st.integers(-128, 255 if scheme == "int4" else 127))
     size_off = draw(st.sampled_from([0, 0, 0, 1, -1]))
     codes = np.full(max(honest.codes.size + size_off, 0), code, dtype=honest.codes.dtype) if scheme == "int8" else \
