@@ -92,8 +92,8 @@ def restore_downlink(broadcast: Broadcast | None, state: dict, adapters: dict[st
     holders = state.get(HOLDERS_KEY, [])
     if (not isinstance(holders, list) or len(holders) > MAX_KNOWN_NODES
             or not all(type(n) is int and 0 <= n < 2**64 for n in holders)):
-        raise ValueError(f"{HOLDERS_KEY} must be a list of at most {MAX_KNOWN_NODES} node ids (integers in "
-                         f"[0, 2**64)), got {str(holders)[:80]}")
+        raise ValueError(f"{HOLDERS_KEY} must be a list of node ids, got {str(holders)[:80]} (at most "
+                         f"{MAX_KNOWN_NODES} integers in [0, 2**64))")
     broadcast.restore(adapters[DOWNLINK], holders)
 
 
