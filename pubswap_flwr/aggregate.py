@@ -1,5 +1,6 @@
 """LoRA adapter aggregation (weighted mean of every tensor, A and B separately, as the PubSwap paper does), robust
-variants (coordinate-wise median, trimmed mean, update-norm clipping) and parameter-space drift. Pure numpy."""
+variants (coordinate-wise median, trimmed mean, update-norm clipping, clipping relative to the round's median update
+norm) and parameter-space drift. Pure numpy."""
 
 from __future__ import annotations
 
@@ -82,6 +83,23 @@ def clip_update(adapter: Adapter, reference: Adapter, max_norm: float) -> Adapte
     scale = max_norm / norm
     return {k: (reference[k] + scale * (adapter[k].astype(np.float32) - reference[k])).astype(np.float32)
             for k in reference}
+
+
+def _scaled(adapter: Adapter, reference: Adapter, scale: float) -> Adapter:
+    return {k: (reference[k] + scale * (adapter[k].astype(np.float32) - reference[k])).astype(np.float32)
+            for k in reference}
+
+
+def median_clip(adapters: Sequence[Adapter], reference: Adapter, factor: float
+                ) -> tuple[list[Adapter], float, list[float]]:
+    """Each update (adapter − reference) scaled down to `factor` × the median of the updates' norms when it is
+    longer, so no client moves the average more than `factor` times as far as the middle client does, whatever its
+    magnitude. Like the coordinate median it outvotes b clients only when n >= 2b + 1 (the median of 2 norms is
+    their mean). Returns the adapters (the same objects where not clipped), the bound, and every update's norm."""
+    norms = [update_norm(a, reference) for a in adapters]
+    bound = factor * float(np.median(norms)) if norms else 0.0
+    out = [a if norm <= bound else _scaled(a, reference, bound / norm) for a, norm in zip(adapters, norms)]
+    return out, bound, norms
 
 
 def aggregate(adapters: Sequence[Adapter], weights: Sequence[float], *, method: str = "mean",

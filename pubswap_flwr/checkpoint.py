@@ -30,6 +30,7 @@ import numpy as np
 from safetensors.numpy import load_file, save_file
 
 from .config import ConfigError, ExperimentConfig
+from .tasks.splits import MAX_NODES
 
 log = logging.getLogger("pubswap_flwr")
 
@@ -42,6 +43,9 @@ _OLD_DIR = f".{CHECKPOINT_DIR}.old"  # the previous checkpoint while it is being
 # Keys a resumed run may change: how many rounds in total, the resume flag itself, and where metrics are reported.
 RESUMABLE_CHANGES = {"num-server-rounds", "resume", "output.report-to"}
 ADAPTER_NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")  # a protocol's other adapters: `<name>.safetensors`
+# Flower node ids a checkpoint may list with their indices: every id a node had (Ray gives nodes new ids when a run
+# resumes), so more than MAX_NODES
+MAX_KNOWN_NODES = 10 * MAX_NODES
 
 
 def _is_adapter_name(name: str) -> bool:
@@ -171,6 +175,8 @@ def load_directory(directory: Path) -> ServerCheckpoint:
         raise CheckpointError(f"{state_path}: not valid JSON ({err.msg} at line {err.lineno})") from err
     except RecursionError:
         raise CheckpointError(f"{state_path}: JSON nested too deeply") from None
+    except ValueError as err:  # an integer of more digits than Python converts (4300)
+        raise CheckpointError(f"{state_path}: not valid JSON ({err})") from None
     if not isinstance(state, dict):
         raise CheckpointError(f"{state_path}: must hold a JSON object, got {type(state).__name__}")
 
@@ -179,7 +185,7 @@ def load_directory(directory: Path) -> ServerCheckpoint:
 
     number = state.get("round")
     if isinstance(number, bool) or not isinstance(number, int) or number < 1:
-        raise bad("round", f"must be an integer >= 1, got {number!r}")
+        raise bad("round", f"must be an integer >= 1, got {_short(number)}")
     config = state.get("config")
     if not isinstance(config, dict):
         raise bad("config", f"must be an object, got {type(config).__name__}")
@@ -187,23 +193,31 @@ def load_directory(directory: Path) -> ServerCheckpoint:
         cfg = ExperimentConfig.from_flat(config)
     except ConfigError as err:
         raise bad("config", f"is not a valid run config: {err}") from err
+    if number > cfg.num_server_rounds:
+        raise bad("round", f"= {_short(number)} is beyond the run's num-server-rounds = {cfg.num_server_rounds}")
     reward = state.get("cumulative_reward", 0.0)
     if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
-        raise bad("cumulative_reward", f"must be a finite number, got {reward!r}")
-    def node_map(key: str, keys: str, what: str) -> dict[int, int]:
+        raise bad("cumulative_reward", f"must be a finite number, got {_short(reward)}")
+    if not 0 <= reward <= number + 1e-9:  # a round adds a mean reward in [0, 1]
+        raise bad("cumulative_reward", f"= {_short(reward)} is outside [0, {number}] (rewards are in [0, 1])")
+
+    def node_map(key: str, keys: str, key_limit: int, what: str, value_limit: int) -> dict[int, int]:
         raw = state.get(key, {})
         if not isinstance(raw, dict):
             raise bad(key, f"must be an object, got {type(raw).__name__}")
+        if len(raw) > MAX_KNOWN_NODES:
+            raise bad(key, f"has {len(raw)} entries, over {MAX_KNOWN_NODES}")
         out: dict[int, int] = {}
         for node, value in raw.items():
-            if (not (node.isascii() and node.isdigit()) or isinstance(value, bool) or not isinstance(value, int)
-                    or value < 0):
-                raise bad(key, f"must map {keys} to {what} >= 0, got {node!r}: {value!r}")
+            if (not (node.isascii() and node.isdigit() and len(node) <= 20 and int(node) < key_limit)
+                    or isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= value_limit):
+                raise bad(key, f"must map {keys} to {what}, got {_short(node)}: {_short(value)}")
             out[int(node)] = value
         return out
 
-    nodes = node_map("node_index", "node ids", "indices")
-    node_rounds = node_map("node_rounds", "node indices", "rounds")
+    nodes = node_map("node_index", "node ids", 2**64, f"indices >= 0 and < {MAX_NODES}", MAX_NODES - 1)
+    node_rounds = node_map("node_rounds", f"node indices < {MAX_NODES}", MAX_NODES, f"rounds >= 0 and <= {number}",
+                           number)
     protocol = state.get("protocol", {})
     if not isinstance(protocol, dict):
         raise bad("protocol", f"must be an object, got {type(protocol).__name__}")
@@ -213,9 +227,27 @@ def load_directory(directory: Path) -> ServerCheckpoint:
             protocol.setdefault(key, state[key])
     master = _load_adapter(directory, state, cfg)
     adapters = _load_other_adapters(directory, state, master)
+    _check_protocol(cfg, protocol, adapters, nodes, bad)
     return ServerCheckpoint(round=number, config=dict(config), cumulative_reward=float(reward), node_index=nodes,
                             node_rounds=node_rounds, protocol=protocol, master=master, adapters=adapters,
                             source=directory)
+
+
+def _short(value: Any) -> str:
+    """A value for an error message: a number of 5000 digits is not worth printing."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}... ({len(text)} chars)"
+
+
+def _check_protocol(cfg: ExperimentConfig, protocol: dict, adapters: dict, nodes: dict[int, int], bad) -> None:
+    """The protocol's state restores (a trial restore into a fresh protocol of the saved config), so a checkpoint
+    whose state a resumed run would refuse is skipped here, where the previous one can still be used."""
+    from .protocols import protocol_class
+
+    try:
+        protocol_class(cfg.strategy.mode)(cfg).restore(protocol, adapters, nodes)
+    except (KeyError, TypeError, ValueError) as err:
+        raise bad("protocol", f"state cannot be restored ({type(err).__name__}: {str(err)[:300]})") from err
 
 
 def _load_adapter(directory: Path, state: dict, cfg: ExperimentConfig) -> dict[str, np.ndarray] | None:

@@ -66,6 +66,36 @@ def between(low: float, high: float, *, above: bool = False, why: str = "") -> C
     return check
 
 
+def off_or_between(low: float, high: float) -> Check:
+    """0 (off), or low <= v <= high."""
+    check = _check(lambda v: v == 0 or low <= v <= high, f"0 (off) or >= {_number(low)} and <= {_number(high)}")
+    check.limit_doc = f"at most {_number(high)}"  # type: ignore[attr-defined]
+    return check
+
+
+def is_plain_component(name: Any) -> bool:
+    """One plain path component: not empty, '.' or '..', no '/', '\\' or control characters (NUL included), no
+    surrounding spaces, at most 255 bytes in UTF-8 (a file name's limit)."""
+    if not isinstance(name, str) or name in ("", ".", "..") or name != name.strip():
+        return False
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError:  # a lone surrogate
+        return False
+    return size <= 255 and not any(c in name for c in "/\\") and name.isprintable()
+
+
+PLAIN_COMPONENT = ("one plain path component (no '/', '\\', '..', NUL or other control characters, no surrounding "
+                   "spaces, at most 255 bytes)")
+
+
+def _run_name(key: str, value: Any) -> None:
+    """The server's run name names each node's state folder too: every node refuses one that is not a plain path
+    component (node_state.safe_component), so the server refuses it first."""
+    if value != "" and not is_plain_component(value):
+        raise ConfigError(f"{key} {value!r} is not {PLAIN_COMPONENT}")
+
+
 device_name = _check(lambda v: re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", v) is not None,
                      "auto, cpu, cuda, cuda:N or mps")
 
@@ -199,6 +229,12 @@ class StrategyConfig:
     trim_fraction: float = opt(0.2, below_half, "trimmed-mean: fraction cut at each end; n clients lose floor(this x "
                                                 "n) per end")
     clip_norm: float = opt(0.0, between(0, 1e6), "clip each client's update norm before aggregating (0 = off)")
+    median_clip: float = opt(3.0, off_or_between(1, 1e6),
+                             "c: before aggregating, scale each client's update (adapter - the global it started "
+                             "from) down to c x the median of the round's update norms when it is longer, so no "
+                             "single client moves the global more than c times as far as the middle one, whatever "
+                             "its magnitude (0 = off; not applied with dp-noise-multiplier, whose guarantee rests on "
+                             "clip-norm alone). Like the median it outvotes b clients only when n >= 2b + 1")
     dp_noise_multiplier: float = opt(0.0, between(0, 1000), "central DP: Gaussian noise std = this x clip-norm / "
                                      "clients (0 = off; needs clip-norm > 0 and aggregation mean)")
     compression: str = opt("none", one_of("none", "int8", "int4"),
@@ -290,7 +326,8 @@ SECTIONS = {
 class ExperimentConfig:
     num_server_rounds: int = opt(10, between(1, 1_000_000))
     seed: int = opt(0, between(0, INT64_MAX))
-    run_name: str = opt("", doc="run directory name (default <mode>-s<seed>-<run id>)")
+    run_name: str = opt("", _run_name, "run directory name (default <mode>-s<seed>-<run id>); also names each "
+                                       "node's state folder, so one plain path component")
     resume: bool = opt(False, doc="continue the run in output.dir/run-name from its last checkpoint")
     model: ModelConfig = field(default_factory=ModelConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)

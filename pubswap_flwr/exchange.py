@@ -3,7 +3,8 @@ per-reply guard — the one place where a reply from another party enters the se
 
 A reply is accepted only when its decoder (a protocol's typed reply `from_record`, plus any validation and
 scoring the protocol asks for) returns without raising; any exception drops that reply, and only that reply,
-with its reason. A node that errs or does not answer within `strategy.timeout` is dropped the same way.
+with its reason. A node that errs or does not answer within `strategy.timeout` is dropped the same way. Only a
+message's first reply counts: a second one (a grid that delivers twice) is ignored with a warning.
 
 Replies are pulled every PULL_INTERVAL seconds: Flower 1.42's `HttpGrid.send_and_receive` (the deployed ServerApp's
 grid, `flwr/superlink/grid/http_grid.py`) sleeps a fixed 3 s between pulls, on average 1.5 s of idle wait per
@@ -157,11 +158,16 @@ class Exchange:
             out.dropped[node] = "the message could not be pushed to the SuperLink"
         intervals = []
         decode_started = time.perf_counter()
+        answered: set[str] = set()
         for reply in replies:
             node = by_id.get(reply.metadata.reply_to_message_id)
             if node is None:
                 log.warning("ignoring a reply to an unknown message %s", reply.metadata.reply_to_message_id)
                 continue
+            if reply.metadata.reply_to_message_id in answered:  # a grid that delivers a node's reply twice
+                log.warning("ignored a second reply from node %d to one message (the first one counts)", node)
+                continue
+            answered.add(reply.metadata.reply_to_message_id)
             if reply.has_error():
                 out.dropped[node] = describe_error(reply)
                 continue

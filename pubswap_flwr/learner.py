@@ -23,6 +23,7 @@ from .rollouts import Behaviour, Completion, RolloutGroup
 from .shared import derive_seed, policy_spec, resolve_data_path, task_universe
 from .tasks import ItemListStream, MixtureStream, TaskItem, load_items, node_mixes, parse_custom_tasks, parse_mix, \
     score_completion, training_reward
+from .tasks.items import max_question_chars
 from .tasks.verifiers import completion_shape
 
 log = logging.getLogger(__name__)
@@ -119,7 +120,8 @@ class Learner:
         exclude = self.universe.training_exclude
         if self.identity.data_path:
             items = load_items(resolve_data_path(self.identity.data_path), fmt=cfg.tasks.data_format,
-                               uid_prefix=f"node{self.identity.index}")
+                               uid_prefix=f"node{self.identity.index}",
+                               max_question=max_question_chars(cfg.generation.max_prompt_tokens))
             return ItemListStream(items, exclude, seed=derive_seed(cfg.seed, self.identity.index, "data"))
         custom = parse_custom_tasks(cfg.tasks.custom)
         if self.identity.task_mix:

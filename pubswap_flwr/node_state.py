@@ -17,7 +17,7 @@ import torch
 from safetensors.numpy import load_file as load_numpy, save_file as save_numpy
 from safetensors.torch import load_file, save_file
 
-from .config import ExperimentConfig
+from .config import PLAIN_COMPONENT, ExperimentConfig, is_plain_component
 from .policy import Policy
 from .tasks import StreamCursor
 from .tasks.splits import MAX_NODES
@@ -68,11 +68,9 @@ class NodeIdentity:
 
 def safe_component(name: str, what: str) -> str:
     """`name` if it is one plain path component: a run name from the server must never move a node's state
-    outside its state dir."""
-    if (not isinstance(name, str) or not name or name in (".", "..") or len(name) > 255
-            or any(c in name for c in "/\\\0") or name != name.strip()):
-        raise ValueError(f"{what} {name!r} is not one plain path component (no '/', '\\', '..', NUL or "
-                         "surrounding spaces, at most 255 characters)")
+    outside its state dir (the server's config check uses the same rule: config.is_plain_component)."""
+    if not is_plain_component(name):
+        raise ValueError(f"{what} {name!r} is not {PLAIN_COMPONENT}")
     return name
 
 

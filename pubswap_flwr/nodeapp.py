@@ -59,7 +59,12 @@ def route(message: Message, context: Context) -> Message:
         return in_process_app()(message, context)
     from .warm import client
 
-    reply = client.call(message, context, idle_timeout=cfg.deploy.worker_idle_timeout, task_id=_task_id())
+    try:
+        reply = client.call(message, context, idle_timeout=cfg.deploy.worker_idle_timeout, task_id=_task_id())
+    except client.WorkerUnavailable as err:  # nothing was sent: the message is served here instead
+        log.warning("deploy.warm-worker: %s; serving this message in this process (it loads the model itself)",
+                    " ".join(str(err).split())[:1000])
+        return in_process_app()(message, context)
     return Message(reply.content, reply_to=message)
 
 

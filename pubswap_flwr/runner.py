@@ -100,7 +100,7 @@ class Runner:
             log.warning("resuming from %s: the compressed downlink restarts with whole globals", saved.source.name)
             adapters = {}
         try:
-            self.protocol.restore(saved.protocol, adapters)
+            self.protocol.restore(saved.protocol, adapters, saved.node_index)
         except (KeyError, TypeError, ValueError) as err:
             raise checkpoint.CheckpointError(f"{saved.state_path}: 'protocol' state cannot be restored "
                                              f"({type(err).__name__}: {err})") from err

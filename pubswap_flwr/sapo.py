@@ -12,7 +12,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from .rollouts import Behaviour
+from .rollouts import MAX_BEHAVIOUR_TOKENS, Behaviour
 from .tasks import TaskItem
 
 
@@ -45,13 +45,15 @@ class Packet:
         return Packet(sender, self.item, self.completions, self.behaviour, self.tokenizer)
 
 
-def behaviours_from_wire(raw: Any, count: int) -> tuple[Behaviour | None, ...] | None:
-    """A packet's behaviours: one per completion (None where the sender sent none); ValueError when malformed."""
+def behaviours_from_wire(raw: Any, count: int, max_tokens: int = MAX_BEHAVIOUR_TOKENS
+                         ) -> tuple[Behaviour | None, ...] | None:
+    """A packet's behaviours: one per completion (None where the sender sent none), each at most `max_tokens` long;
+    ValueError when malformed."""
     if raw is None:
         return None
     if not isinstance(raw, list) or len(raw) != count:
         raise ValueError(f"behaviour must list one entry per completion ({count})")
-    return tuple(None if row is None else Behaviour.from_wire(row) for row in raw)
+    return tuple(None if row is None else Behaviour.from_wire(row, max_tokens) for row in raw)
 
 
 def relay(pool: Sequence[Packet], receiver: str) -> list[Packet]:

@@ -13,6 +13,7 @@ from .config import ExperimentConfig
 from .policy import GenerationSettings, GRPOSettings, LoraSettings, PolicySpec
 from .policy.model import ModelError, data_dir
 from .tasks import HeldOutSet, PublicSet, load_items, parse_custom_tasks, parse_mix
+from .tasks.items import max_question_chars
 
 
 @dataclass
@@ -46,7 +47,7 @@ def resolve_data_path(path: str) -> Path:
 
 @lru_cache(maxsize=4)
 def _universe(mix: str, public_mix: str, custom: str, per_task: int, public_size: int, data_seed: int,
-              node_mixes_text: str, eval_path: str, data_format: str) -> TaskUniverse:
+              node_mixes_text: str, eval_path: str, data_format: str, max_prompt_tokens: int = 256) -> TaskUniverse:
     custom_specs = parse_custom_tasks(custom)
     tasks = parse_mix(mix, custom_specs)
     names = [t.name for t in tasks]
@@ -60,7 +61,8 @@ def _universe(mix: str, public_mix: str, custom: str, per_task: int, public_size
                     extra.append(spec)
     tasks = tasks + extra
     if eval_path:
-        held_out = HeldOutSet(load_items(resolve_data_path(eval_path), fmt=data_format, uid_prefix="eval"))
+        held_out = HeldOutSet(load_items(resolve_data_path(eval_path), fmt=data_format, uid_prefix="eval",
+                                         max_question=max_question_chars(max_prompt_tokens)))
     else:
         held_out = HeldOutSet.build(tasks, per_task, data_seed)
     public_tasks = parse_mix(public_mix, custom_specs, key="pubswap.public-mix") if public_mix.strip() else tasks[
@@ -72,7 +74,7 @@ def _universe(mix: str, public_mix: str, custom: str, per_task: int, public_size
 def task_universe(cfg: ExperimentConfig) -> TaskUniverse:
     return _universe(cfg.tasks.mix, cfg.pubswap.public_mix, cfg.tasks.custom, cfg.eval.items_per_task,
                      cfg.pubswap.public_size, cfg.tasks.data_seed, cfg.tasks.node_mixes, cfg.eval.data_path,
-                     cfg.eval.data_format or cfg.tasks.data_format)
+                     cfg.eval.data_format or cfg.tasks.data_format, cfg.generation.max_prompt_tokens)
 
 
 def policy_spec(cfg: ExperimentConfig, model_name: str | None = None, proximal_mu: float = 0.0) -> PolicySpec:

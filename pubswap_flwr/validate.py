@@ -14,11 +14,17 @@ from typing import Any
 import numpy as np
 
 from .compression import Codec, CodecError, Quantized
+from .config import ExperimentConfig
+from .rollouts import MAX_BEHAVIOUR_TOKENS, Behaviour
 from .sapo import Packet, behaviours_from_wire
 from .tasks import TaskItem
+from .tasks import items
 from .tasks.verifiers import VERIFIERS
 
 Adapter = dict[str, np.ndarray]
+# An adapter value an honest node can send: adapters travel as fp16, whose largest finite value this is. Bounding
+# every value here also keeps any mean of adapters, and an update's squared norm in float64, far from overflow.
+MAX_ADAPTER_VALUE = float(np.finfo(np.float16).max)
 
 
 class Rejected(ValueError):
@@ -31,15 +37,26 @@ class Limits:
     score_seconds: float = 5.0  # scoring time per completion (the server's own scoring of public responses)
     sender_scoring_seconds: float = 60.0  # scoring time per sender per round; the rest of its answers get reward 0
     max_depth: int = 16  # nesting of JSON objects and lists in packet metadata and provenance
-    max_question_chars: int = 8192
-    max_answer_chars: int = 2048
+    max_question_chars: int = items.max_question_chars(256)  # generation.max-prompt-tokens x 32 (Limits.of)
+    max_answer_chars: int = items.MAX_ANSWER_CHARS
     max_completions: int = 64  # per packet
     max_packets: int = 256  # per reply
     max_metadata_chars: int = 65536
+    # a sampling behaviour's tokens (train.foreign-correction = "is"): the run's generation.max-new-tokens, the most
+    # any sampler of the run draws; a longer one would only bloat what the server relays
+    max_behaviour_tokens: int = MAX_BEHAVIOUR_TOKENS
+
+    @classmethod
+    def of(cls, cfg: ExperimentConfig) -> "Limits":
+        """The limits a run's own settings set: completion, behaviour and question length."""
+        g = cfg.generation
+        return cls(max_completion_chars=g.max_completion_chars, max_behaviour_tokens=g.max_new_tokens,
+                   max_question_chars=items.max_question_chars(g.max_prompt_tokens))
 
 
 def check_adapter(adapter: Adapter, reference: Adapter) -> Adapter:
-    """Same tensor keys and shapes as the global adapter, floating point, finite; returns fp32 copies."""
+    """Same tensor keys and shapes as the global adapter, floating point, and, as the fp32 values it is aggregated
+    in, finite and within MAX_ADAPTER_VALUE; returns those fp32 copies."""
     missing = sorted(set(reference) - set(adapter))
     extra = sorted(set(adapter) - set(reference))
     if missing or extra:
@@ -50,9 +67,16 @@ def check_adapter(adapter: Adapter, reference: Adapter) -> Adapter:
             raise Rejected(f"adapter tensor {key} has dtype {value.dtype}, expected floating point")
         if value.shape != reference[key].shape:
             raise Rejected(f"adapter tensor {key} has shape {value.shape}, expected {reference[key].shape}")
-        if not np.all(np.isfinite(value)):
-            raise Rejected(f"adapter tensor {key} has NaN or Inf values")
-        out[key] = value.astype(np.float32)
+        with np.errstate(over="ignore", invalid="ignore"):  # float64 beyond fp32's range becomes inf: refused
+            wide = value.astype(np.float32)
+        if not np.all(np.isfinite(wide)):
+            raise Rejected(f"adapter tensor {key} has NaN or Inf values (or values not finite in float32, "
+                           f"the aggregation's precision)")
+        largest = float(np.abs(wide).max()) if wide.size else 0.0
+        if largest > MAX_ADAPTER_VALUE:
+            raise Rejected(f"adapter tensor {key} has a value of magnitude {largest:.3g}, over {MAX_ADAPTER_VALUE:g} "
+                           "(the largest fp16 value: adapters travel as fp16)")
+        out[key] = wide
     return out
 
 
@@ -176,13 +200,25 @@ def check_packet(entry: Any, limits: Limits, max_completions: int) -> Packet:
         check_utf8(text, "a completion")
     check_utf8(json.dumps(item, ensure_ascii=False), "the item")  # also strings inside metadata
     try:
-        behaviour = behaviours_from_wire(entry.get("behaviour"), len(completions))
+        behaviour = behaviours_from_wire(entry.get("behaviour"), len(completions), limits.max_behaviour_tokens)
     except ValueError as err:
-        raise Rejected(str(err)) from None
+        raise Rejected(behaviour_reason(err, limits)) from None
     tokenizer = entry.get("tokenizer", "")
     if not isinstance(tokenizer, str) or len(tokenizer) > 64:
         raise Rejected("'tokenizer' must be a fingerprint of at most 64 chars")
     return Packet("", TaskItem.from_dict(item), tuple(completions), behaviour, tokenizer)
+
+
+def behaviour_reason(err: ValueError, limits: Limits) -> str:
+    return f"{err} (generation.max-new-tokens = {limits.max_behaviour_tokens})"
+
+
+def check_behaviour(row: Any, limits: Limits) -> Behaviour:
+    """A peer's sampling behaviour, in its wire encoding and at most generation.max-new-tokens long."""
+    try:
+        return Behaviour.from_wire(row, limits.max_behaviour_tokens)
+    except ValueError as err:
+        raise Rejected(behaviour_reason(err, limits)) from None
 
 
 def check_packets(payload: Any, limits: Limits, max_completions: int) -> tuple[list[Packet], list[str]]:

@@ -121,22 +121,39 @@ class Header:
 
     @classmethod
     def from_config(cls, config: ConfigRecord) -> "Header":
-        return cls(int(config["server-round"]), str(config["run-name"]), str(config.get("run-dir", "")),
-                   bool(config.get("round-start", False)), int(config.get(NODE_ROUND_KEY, 0)),
-                   _node_rounds(config.get(NODE_ROUNDS_KEY)))
+        server_round = int(config["server-round"])
+        node_round = int(config.get(NODE_ROUND_KEY, 0))
+        if not 0 <= node_round <= server_round:
+            raise ValueError(f"{NODE_ROUND_KEY} = {node_round} is not a round in [0, {server_round}]")
+        return cls(server_round, str(config["run-name"]), str(config.get("run-dir", "")),
+                   bool(config.get("round-start", False)), node_round,
+                   _node_rounds(config.get(NODE_ROUNDS_KEY), server_round))
 
 
-def _node_rounds(text: Any) -> dict[int, int] | None:
-    """The exchange's {"<node index>": round} map, checked (ValueError names what is wrong)."""
+# the longest {"<node index>": round} map: MAX_NODES entries of at most 32 characters each (an index below MAX_NODES
+# and a round of at most 1e6, quoted and separated)
+MAX_NODE_ROUNDS_CHARS = 32 * MAX_NODES
+
+
+def _node_rounds(text: Any, server_round: int) -> dict[int, int] | None:
+    """The exchange's {"<node index>": round} map, checked (ValueError names what is wrong): node indices below
+    MAX_NODES, rounds not after this one, and the text no longer than such a map can be."""
     if text is None:
         return None
+    if not isinstance(text, str):
+        raise ValueError(f"{NODE_ROUNDS_KEY} must be JSON text, got {type(text).__name__}")
+    if len(text) > MAX_NODE_ROUNDS_CHARS:
+        raise ValueError(f"{NODE_ROUNDS_KEY} is {len(text)} chars, longer than a map of {MAX_NODES} node indices")
     try:
-        raw = json.loads(text) if isinstance(text, str) else None
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{NODE_ROUNDS_KEY} is not JSON: {err.msg}") from None
+        raw = json.loads(text)
+    except RecursionError:
+        raise ValueError(f"{NODE_ROUNDS_KEY} is JSON nested too deeply") from None
+    except ValueError as err:  # JSONDecodeError, or an integer of more than 4300 digits
+        raise ValueError(f"{NODE_ROUNDS_KEY} is not JSON: {str(err)[:200]}") from None
     if not isinstance(raw, dict) or not all(
-            isinstance(k, str) and k.isascii() and k.isdigit() and type(v) is int and v >= 0 for k, v in raw.items()):
-        raise ValueError(f"{NODE_ROUNDS_KEY} must map node indices to rounds >= 0")
+            isinstance(k, str) and k.isascii() and k.isdigit() and len(k) <= 5 and int(k) < MAX_NODES
+            and type(v) is int and 0 <= v <= server_round for k, v in raw.items()):
+        raise ValueError(f"{NODE_ROUNDS_KEY} must map node indices < {MAX_NODES} to rounds in [0, {server_round}]")
     return {int(k): v for k, v in raw.items()}
 
 
@@ -299,8 +316,11 @@ class ServerProtocol:
         """Adapters besides the global that the checkpoint keeps, by name (the compressed downlink's H)."""
         return {}
 
-    def restore(self, state: dict, adapters: dict[str, Adapter] | None = None) -> None:
-        """Continue from a checkpoint's `state()` and `saved_adapters()`."""
+    def restore(self, state: dict, adapters: dict[str, Adapter] | None = None,
+                nodes: dict[int, int] | None = None) -> None:
+        """Continue from a checkpoint's `state()` and `saved_adapters()` (`nodes`: the node ids it knows, with
+        their indices). The state comes from a file: anything of the wrong type or out of its range raises
+        ValueError naming the key (checkpoint.load then falls back to the previous checkpoint)."""
 
 
 def record_scoring(ctx: RoundContext, budget) -> None:

@@ -15,7 +15,7 @@ from typing import ClassVar
 import numpy as np
 from flwr.app import Message, RecordDict
 
-from ..aggregate import aggregate, mean_pairwise_l2
+from ..aggregate import aggregate, mean_pairwise_l2, median_clip
 from ..compression import Codec, Quantized
 from ..config import ExperimentConfig
 from ..validate import Rejected, check_adapter, check_weight
@@ -104,15 +104,31 @@ def aggregate_adapters(ctx: RoundContext, cfg: ExperimentConfig, master: Adapter
                     ctx.number, len(valid), s.min_clients)
     else:
         chosen = [a for a, _ in valid.values()]
+        reference = master if base is None else base
         ctx.log.extra["parameter_drift"] = mean_pairwise_l2(chosen)
+        if s.median_clip > 0 and s.dp_noise_multiplier == 0:  # DP's guarantee rests on its fixed clip alone
+            chosen = clip_to_median(ctx, list(valid), chosen, reference, s.median_clip)
         master = aggregate(chosen, [w for _, w in valid.values()], method=s.aggregation,
-                           trim_fraction=s.trim_fraction,
-                           reference=master if base is None else base, clip_norm=s.clip_norm,
+                           trim_fraction=s.trim_fraction, reference=reference, clip_norm=s.clip_norm,
                            noise_multiplier=s.dp_noise_multiplier, rng=np.random.default_rng([cfg.seed, ctx.number]))
         ctx.log.extra["aggregated"] = True
     ctx.log.extra["aggregated_clients"] = sorted(valid)
     ctx.log.server_seconds += time.perf_counter() - started
     return master
+
+
+def clip_to_median(ctx: RoundContext, nodes: list[int], adapters: list[Adapter], reference: Adapter,
+                   factor: float) -> list[Adapter]:
+    """strategy.median-clip: updates longer than factor x the round's median update norm scaled down to it; the
+    metrics row lists the clipped clients with their norms (`median_clip`, only when any was clipped)."""
+    clipped, bound, norms = median_clip(adapters, reference, factor)
+    over = {node: norm for node, norm in zip(nodes, norms) if norm > bound}
+    if over:
+        ctx.log.extra["median_clip"] = {"bound": bound, "median": float(np.median(norms)), "clipped": over}
+        for node, norm in over.items():
+            log.warning("round %d: client %d's update norm %.4g is over strategy.median-clip = %g x the median "
+                        "%.4g: scaled down to %.4g", ctx.number, node, norm, factor, float(np.median(norms)), bound)
+    return clipped
 
 
 class FedAvgProtocol(ServerProtocol):
@@ -129,7 +145,8 @@ class FedAvgProtocol(ServerProtocol):
     def saved_adapters(self) -> dict[str, Adapter]:
         return downlink_checkpoint(self.broadcast)[1]
 
-    def restore(self, state: dict, adapters: dict[str, Adapter] | None = None) -> None:
+    def restore(self, state: dict, adapters: dict[str, Adapter] | None = None,
+                nodes: dict[int, int] | None = None) -> None:
         restore_downlink(self.broadcast, state, adapters or {})
 
     def run_round(self, ctx: RoundContext) -> None:

@@ -35,7 +35,7 @@ from ..schedule import even_positions, fixed_positions, public_step_count
 from ..swap import Response, build_response_sets, most_likely
 from ..tasks import ScoringBudget, extract_answer, score_completion, training_reward
 from ..tasks.verifiers import completion_shape
-from ..validate import Limits, Rejected, check_public_responses
+from ..validate import Limits, Rejected, check_behaviour, check_public_responses
 from ..wire import CONFIG_KEY
 from .base import (Adapter, ClientReport, ClientWork, Header, Instruction, RoundContext, ServerProtocol, adapter_of,
                    payload_of, read_reply, record_scoring, records, reply_records)
@@ -192,7 +192,7 @@ class SegmentReply:
         if uids:
             texts = check_public_responses(payload, uids, k, limits)
             if with_behaviour:
-                behaviour = check_behaviours(payload.get("behaviour"), uids, k)
+                behaviour = check_behaviours(payload.get("behaviour"), uids, k, limits)
             limit = limits.max_completion_chars
             scored = {uid: [(t, training_reward(score(t, public.get(uid), max_chars=limit).reward, partial_credit))
                             for t in texts[uid]]
@@ -203,9 +203,9 @@ class SegmentReply:
         return cls(report, scored, adapter, modal, behaviour)
 
 
-def check_behaviours(raw: Any, uids: list[str], k: int) -> dict[str, list[Behaviour | None]]:
-    """A reply's sampling behaviours: None for prompts or responses that sent none; anything malformed rejects the
-    reply, as a malformed response does."""
+def check_behaviours(raw: Any, uids: list[str], k: int, limits: Limits) -> dict[str, list[Behaviour | None]]:
+    """A reply's sampling behaviours: None for prompts or responses that sent none; anything malformed or longer
+    than generation.max-new-tokens rejects the reply, as a malformed response does."""
     if raw is None:
         return {uid: [None] * k for uid in uids}
     if not isinstance(raw, dict) or not set(raw) <= set(uids):
@@ -216,8 +216,8 @@ def check_behaviours(raw: Any, uids: list[str], k: int) -> dict[str, list[Behavi
         if not isinstance(rows, list) or len(rows) != k:
             raise Rejected(f"prompt {uid}: behaviour must list {k} entries")
         try:
-            out[uid] = [None if row is None else Behaviour.from_wire(row) for row in rows]
-        except ValueError as err:
+            out[uid] = [None if row is None else check_behaviour(row, limits) for row in rows]
+        except Rejected as err:
             raise Rejected(f"prompt {uid}: {err}") from None
     return out
 
@@ -228,7 +228,7 @@ class PubSwapProtocol(ServerProtocol):
         super().__init__(cfg, public)
         self.broadcast = broadcast_of(cfg)
         self.public_cursor = 0
-        self.limits = Limits(max_completion_chars=cfg.generation.max_completion_chars)
+        self.limits = Limits.of(cfg)
         self.last_disagreement: float | None = None  # schedule = adaptive: the signal for the next round
 
     @staticmethod
@@ -252,11 +252,20 @@ class PubSwapProtocol(ServerProtocol):
     def saved_adapters(self) -> dict[str, Adapter]:
         return downlink_checkpoint(self.broadcast)[1]
 
-    def restore(self, state: dict, adapters: dict[str, Adapter] | None = None) -> None:
-        self.public_cursor = int(state.get("public_cursor", 0))
+    def restore(self, state: dict, adapters: dict[str, Adapter] | None = None,
+                nodes: dict[int, int] | None = None) -> None:
+        cursor = state.get("public_cursor", 0)
+        t = self.cfg.train  # a round has at most tau public steps of public-prompts prompts each
+        most = self.cfg.num_server_rounds * t.local_steps * self.cfg.pubswap.public_prompts
+        if isinstance(cursor, bool) or not isinstance(cursor, int) or not 0 <= cursor <= most:
+            raise ValueError(f"public_cursor must be an integer in [0, {most}] (rounds x tau x public prompts), got "
+                             f"{str(cursor)[:40]}")
         last = state.get("last_disagreement")
-        self.last_disagreement = None if last is None else float(last)
+        if last is not None and (isinstance(last, bool) or not isinstance(last, (int, float)) or not 0 <= last <= 1):
+            raise ValueError(f"last_disagreement must be a number in [0, 1], got {str(last)[:40]}")
         restore_downlink(self.broadcast, state, adapters or {})
+        self.public_cursor = cursor
+        self.last_disagreement = None if last is None else float(last)
 
     def public_step_positions(self) -> list[int]:
         """This round's public steps: every tau-swap-th (fixed), or as many as the last round's policy

@@ -31,9 +31,9 @@ from ..sapo import Packet, Selection, fair_share, relay, reputation, select_exte
 from ..shared import derive_seed
 from ..tasks import ScoringBudget, TaskItem, score_completion, training_reward
 from ..tasks.specs import generate_entry
-from ..tasks.splits import RANGE
+from ..tasks.splits import MAX_NODES, RANGE
 from ..tasks.verifiers import VERIFIERS
-from ..validate import Limits, Rejected, check_eval, check_packets
+from ..validate import Limits, Rejected, check_eval, check_packet, check_packets
 from ..wire import CONFIG_KEY, DEFAULT_MAX_PAYLOAD_BYTES
 from .base import (MAX_SECONDS, Adapter, ClientReport, ClientWork, Header, Instruction, RoundContext, ServerProtocol, number,
                    payload_of,
@@ -174,7 +174,7 @@ class SapoProtocol(ServerProtocol):
     def __init__(self, cfg: ExperimentConfig, public=None):
         super().__init__(cfg, public)
         self.pool: list[Packet] = []  # async: the previous round's packets
-        self.limits = Limits(max_completion_chars=cfg.generation.max_completion_chars)
+        self.limits = Limits.of(cfg)
 
     def describe(self) -> str:
         s = self.cfg.sapo
@@ -183,8 +183,32 @@ class SapoProtocol(ServerProtocol):
     def state(self) -> dict:
         return {"sapo_pool": [p.to_wire() for p in self.pool]}
 
-    def restore(self, state: dict, adapters: dict[str, Adapter] | None = None) -> None:
-        self.pool = [Packet.from_wire(p) for p in state.get("sapo_pool", [])]
+    def restore(self, state: dict, adapters: dict[str, Adapter] | None = None,
+                nodes: dict[int, int] | None = None) -> None:
+        """The async pool: one round's packets, each checked as a reply's packet is, at most a reply's worth
+        (Limits.max_packets) from each sender, and (given `nodes`) only from nodes the checkpoint knows."""
+        raw = state.get("sapo_pool", [])
+        if not isinstance(raw, list):
+            raise ValueError(f"sapo_pool must be a list, got {type(raw).__name__}")
+        senders = None if nodes is None else {f"{index:05d}-{node}" for node, index in nodes.items()}
+        most = self.limits.max_packets * (len(senders) if senders is not None else MAX_NODES)
+        if len(raw) > most:
+            raise ValueError(f"sapo_pool has {len(raw)} packets, more than {self.limits.max_packets} from each of "
+                             f"{most // self.limits.max_packets} senders")
+        pool, counts = [], Counter()
+        for position, entry in enumerate(raw):
+            sender = entry.get("sender") if isinstance(entry, dict) else None
+            if not isinstance(sender, str) or (senders is not None and sender not in senders):
+                raise ValueError(f"sapo_pool packet {position}: sender {str(sender)[:40]!r} is not a node of the run")
+            counts[sender] += 1
+            if counts[sender] > self.limits.max_packets:
+                raise ValueError(f"sapo_pool holds more than {self.limits.max_packets} packets of {sender}")
+            try:
+                packet = check_packet(entry, self.limits, self.cfg.sapo.completions)
+            except Rejected as err:
+                raise ValueError(f"sapo_pool packet {position}: {err}") from None
+            pool.append(packet.with_sender(sender))
+        self.pool = pool
 
     def _decode(self, packets: bool, trained: bool):
         return lambda node, reply: SapoReply.from_message(reply, self.limits, self.cfg.sapo.completions,

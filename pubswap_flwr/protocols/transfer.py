@@ -14,6 +14,7 @@ import torch
 from flwr.app import ConfigRecord, RecordDict
 
 from ..compression import Broadcast, Codec, CodecError, Quantized, apply_delta, fingerprint
+from ..checkpoint import MAX_KNOWN_NODES
 from ..config import ExperimentConfig
 from ..node_state import GLOBAL_FILE, RESIDUAL_FILE
 from ..policy import from_wire, to_wire
@@ -89,8 +90,10 @@ def restore_downlink(broadcast: Broadcast | None, state: dict, adapters: dict[st
     if broadcast is None or DOWNLINK not in adapters:
         return
     holders = state.get(HOLDERS_KEY, [])
-    if not isinstance(holders, list) or not all(isinstance(n, int) and not isinstance(n, bool) for n in holders):
-        raise ValueError(f"{HOLDERS_KEY} must be a list of node ids, got {holders!r}")
+    if (not isinstance(holders, list) or len(holders) > MAX_KNOWN_NODES
+            or not all(type(n) is int and 0 <= n < 2**64 for n in holders)):
+        raise ValueError(f"{HOLDERS_KEY} must be a list of node ids, got {str(holders)[:80]} (at most "
+                         f"{MAX_KNOWN_NODES} integers in [0, 2**64))")
     broadcast.restore(adapters[DOWNLINK], holders)
 
 

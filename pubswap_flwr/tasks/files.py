@@ -2,9 +2,10 @@
 
 JSONL is parsed line by line, parquet is read through Hugging Face `datasets`. A JSONL line that is not UTF-8 text or
 not JSON, is longer than MAX_ROW_BYTES or nests deeper than MAX_DEPTH, or a row without a question or answer (or
-with an answer that is a boolean, a non-finite number or not text/number) is reported with its line/row number: by
-default the file is refused (`on_bad_row="error"`), with `on_bad_row="skip"` the row is skipped and logged. A file
-that is not readable parquet is a TaskError naming the file.
+with an answer that is a boolean, a non-finite number or not text/number, text with a lone surrogate, a question
+longer than generation.max-prompt-tokens x 32 chars (at least 8192) or an answer over 2048) is reported with its
+line/row number: by default the file is refused (`on_bad_row="error"`), with `on_bad_row="skip"` the row is skipped
+and logged. A file that is not readable parquet is a TaskError naming the file.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import math
 from pathlib import Path
 from typing import Any, Callable
 
-from .items import TaskItem
+from .items import MAX_ANSWER_CHARS, MIN_QUESTION_CHARS, QUESTION_CHARS_PER_PROMPT_TOKEN, TaskItem, \
+    max_question_chars
 from .specs import TaskError
 from .verifiers import check_verifier
 
@@ -165,9 +167,29 @@ def _read_rows(path: Path) -> list[tuple[int, dict[str, Any] | str]]:
     raise TaskError(f"{path}: unsupported data file type {suffix!r}; use .jsonl or .parquet")
 
 
+def _check_item(item: TaskItem, max_question: int) -> None:
+    """What any row format made of a row: text a tokenizer can take (a JSON escape can hold a lone surrogate, which
+    fails only in the tokenizer), a question and answer within their limits."""
+    if len(item.question) > max_question:
+        raise BadRow(f"'question' has {len(item.question)} chars, over the {max_question} limit "
+                     f"(generation.max-prompt-tokens x {QUESTION_CHARS_PER_PROMPT_TOKEN}, at least "
+                     f"{MIN_QUESTION_CHARS})")
+    if item.answer is not None and len(item.answer) > MAX_ANSWER_CHARS:
+        raise BadRow(f"'answer' has {len(item.answer)} chars, over the {MAX_ANSWER_CHARS} limit")
+    for key, value in (("question", item.question), ("answer", item.answer or ""), ("task", item.task),
+                       ("family", item.family), ("metadata", json.dumps(item.metadata, ensure_ascii=False))):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise BadRow(f"{key!r} is not valid Unicode text ({err.reason} at position {err.start})") from None
+
+
 def load_items(path: str | Path, *, fmt: str = "generic", default_verifier: str = "exact",
-               on_bad_row: str = "error", uid_prefix: str = "org") -> list[TaskItem]:
-    """Task items from a JSONL/parquet file. Raises TaskError naming the bad rows unless on_bad_row="skip"."""
+               on_bad_row: str = "error", uid_prefix: str = "org",
+               max_question: int = max_question_chars(256)) -> list[TaskItem]:
+    """Task items from a JSONL/parquet file. Raises TaskError naming the bad rows unless on_bad_row="skip".
+    `max_question`: the longest question in chars (items.max_question_chars of the run's generation.max-prompt-tokens;
+    the default's is 256)."""
     path = Path(path).expanduser()
     if not path.is_file():
         raise TaskError(f"data file not found: {path}")
@@ -185,6 +207,7 @@ def load_items(path: str | Path, *, fmt: str = "generic", default_verifier: str 
             continue
         try:
             item = adapter(row, number, default_verifier)
+            _check_item(item, max_question)
         except BadRow as err:
             bad.append(f"row {number}: {err}")
             continue

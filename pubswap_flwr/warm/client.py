@@ -3,8 +3,10 @@ and handing it one message.
 
 The socket, its lock, the worker's pid file and log live in one directory that only this user may enter (mode
 0700, checked on every message: a directory that is a link, another user's, or open to others is refused). It is
-`$PUBSWAP_WORKER_DIR`, else `$XDG_RUNTIME_DIR/pubswap-workers`, else `<tmp>/pubswap-workers-<uid>`. The socket
-itself is 0600 and the worker also refuses a peer of another user (SO_PEERCRED, where the platform has it).
+`$PUBSWAP_WORKER_DIR`, else the first usable of `$XDG_RUNTIME_DIR/pubswap-workers`, `<tmp>/pubswap-workers-<uid>`
+(another local user may have created it first) and `~/.pubswap/workers`. The socket itself is 0600 and the worker
+also refuses a peer of another user (SO_PEERCRED, where the platform has it). When no worker can be reached or
+started (`WorkerUnavailable`), the node serves the message in its own process.
 
 One worker serves one node of one Flower process tree: its name hashes the code directory, the Python, the watch
 pid (the process that launches ClientApps: a SuperNode's `flower-superexec`), the Flower node id and the
@@ -18,6 +20,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import socket
 import stat
@@ -33,6 +36,8 @@ from flwr.app import Context, Message
 
 from .framing import PROTOCOL, ConnectionClosed, recv_json, recv_message, send_context, send_json, send_message
 
+log = logging.getLogger("pubswap_flwr")
+
 RUNTIME_DIR_ENV = "PUBSWAP_WORKER_DIR"
 START_TIMEOUT = 600.0  # seconds a new worker may take to serve its first connection (imports, model load)
 SOCKET_PATH_MAX = 100  # sun_path holds 104 (macOS) to 108 (Linux) bytes with its terminating NUL
@@ -42,6 +47,11 @@ WORKER_MODULE = "pubswap_flwr.warm.worker"
 
 class WorkerError(RuntimeError):
     """The warm worker could not be reached or started, its handler raised, or it died during the message."""
+
+
+class WorkerUnavailable(WorkerError):
+    """No worker could be reached or started, and nothing of the message was sent: the node can serve the message
+    in its own process instead (nodeapp.route does, with a warning)."""
 
 
 # -- where a worker lives ----------------------------------------------------------------------------------------
@@ -58,19 +68,37 @@ def check_private_dir(path: Path) -> None:
                           f"the worker's socket; `chmod 700 {path}` or set ${RUNTIME_DIR_ENV}")
 
 
-def runtime_dir() -> Path:
-    """The owner-only directory of this user's workers (created 0700 when missing, checked every time)."""
-    configured = os.environ.get(RUNTIME_DIR_ENV)
-    xdg = os.environ.get("XDG_RUNTIME_DIR")
-    if configured:
-        path = Path(configured).expanduser()
-    elif xdg and Path(xdg).is_dir():
-        path = Path(xdg) / "pubswap-workers"
-    else:
-        path = Path(tempfile.gettempdir()) / f"pubswap-workers-{os.getuid()}"
+def _private_dir(path: Path) -> Path:
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     check_private_dir(path)
     return path
+
+
+def runtime_dir() -> Path:
+    """The owner-only directory of this user's workers (created 0700 when missing, checked every time):
+    `$PUBSWAP_WORKER_DIR` when set, else the first usable of `$XDG_RUNTIME_DIR/pubswap-workers`,
+    `<tmp>/pubswap-workers-<uid>` (which another local user may have created first) and `~/.pubswap/workers`.
+    WorkerUnavailable names what was wrong with each."""
+    configured = os.environ.get(RUNTIME_DIR_ENV)
+    if configured:
+        try:
+            return _private_dir(Path(configured).expanduser())
+        except (OSError, WorkerError) as err:
+            raise WorkerUnavailable(f"${RUNTIME_DIR_ENV}: {err}") from None
+    candidates = []
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg and Path(xdg).is_dir():
+        candidates.append(lambda: Path(xdg) / "pubswap-workers")
+    candidates += [lambda: Path(tempfile.gettempdir()) / f"pubswap-workers-{os.getuid()}",
+                   lambda: Path.home() / ".pubswap" / "workers"]
+    problems = []
+    for candidate in candidates:
+        try:
+            return _private_dir(candidate())
+        except (OSError, RuntimeError) as err:  # WorkerError; OSError from mkdir; RuntimeError: no home directory
+            problems.append(str(err))
+            log.warning("warm worker directory refused, trying the next: %s", err)
+    raise WorkerUnavailable("no usable warm worker directory: " + "; ".join(problems))
 
 
 @dataclass(frozen=True)
@@ -103,8 +131,8 @@ def address_for(context: Context, watch_pid: int) -> WorkerAddress:
     identity = json.dumps([str(CODE_DIR), sys.executable, watch_pid, context.node_id, node_config])
     address = WorkerAddress(runtime_dir(), hashlib.sha256(identity.encode()).hexdigest()[:24])
     if len(os.fsencode(address.socket)) > SOCKET_PATH_MAX:
-        raise WorkerError(f"warm worker socket path {address.socket} is longer than {SOCKET_PATH_MAX} bytes (the unix "
-                          f"socket limit); set ${RUNTIME_DIR_ENV} to a shorter directory")
+        raise WorkerUnavailable(f"warm worker socket path {address.socket} is longer than {SOCKET_PATH_MAX} bytes (the "
+                                f"unix socket limit); set ${RUNTIME_DIR_ENV} to a shorter directory")
     return address
 
 
@@ -136,7 +164,8 @@ def _try_connect(address: WorkerAddress) -> socket.socket | None:
         return None
     if hello.get("worker") != PROTOCOL:
         sock.close()
-        raise WorkerError(f"{address.socket} answers with worker protocol {hello.get('worker')!r}, not {PROTOCOL}")
+        raise WorkerUnavailable(f"{address.socket} answers with worker protocol {hello.get('worker')!r}, not "
+                                f"{PROTOCOL}")
     return sock
 
 
@@ -174,12 +203,12 @@ def connect(address: WorkerAddress, watch_pid: int, idle_timeout: float) -> sock
         while (sock := _try_connect(address)) is None:
             code = process.poll()
             if code is not None:
-                raise WorkerError(f"the warm worker exited with code {code} before serving; its log "
-                                  f"{address.log_file} ends:\n{_log_tail(address)}")
+                raise WorkerUnavailable(f"the warm worker exited with code {code} before serving; its log "
+                                        f"{address.log_file} ends:\n{_log_tail(address)}")
             if time.monotonic() > deadline:
                 process.kill()
-                raise WorkerError(f"the warm worker did not serve within {START_TIMEOUT:.0f} s; its log "
-                                  f"{address.log_file} ends:\n{_log_tail(address)}")
+                raise WorkerUnavailable(f"the warm worker did not serve within {START_TIMEOUT:.0f} s; its log "
+                                        f"{address.log_file} ends:\n{_log_tail(address)}")
             time.sleep(0.05)
         return sock
 

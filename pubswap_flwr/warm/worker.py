@@ -28,13 +28,16 @@ from pathlib import Path
 from flwr.app import Message
 from flwr.clientapp import ClientApp
 from flwr.supercore.task_identity import TaskIdentity
-from google.protobuf.message import DecodeError
 
 from .client import check_private_dir
 from .framing import PROTOCOL, FrameError, recv_context, recv_json, recv_message, send_json, send_message
 
 log = logging.getLogger("pubswap_flwr.warm")
 POLL_SECONDS = 1.0  # how often an idle worker checks its watch pid and idle deadline
+# A ClientApp sends its whole request as soon as the worker takes the connection, and reads the reply as soon as it
+# comes, over a local socket; a peer that has not done either within this is gone or hostile
+REQUEST_SECONDS = 60.0
+PEER_GONE = (BrokenPipeError, ConnectionResetError, TimeoutError)  # what sending to a ClientApp that left raises
 
 
 def process_alive(pid: int) -> bool:
@@ -75,16 +78,21 @@ def listen(path: Path) -> socket.socket:
     return listener
 
 
-def serve_one(conn: socket.socket, app: ClientApp) -> float | None:
-    """Take one request on `conn` and answer it; the request's idle timeout, or None when it was unreadable."""
+def serve_one(conn: socket.socket, app: ClientApp, request_seconds: float = REQUEST_SECONDS) -> float | None:
+    """Take one request on `conn` and answer it; the request's idle timeout, or None when it was unreadable or did
+    not arrive whole within `request_seconds` (a ClientApp sends it at once: a silent peer must not hold the worker).
+    The reply must be taken within `request_seconds` too (socket.timeout otherwise, which `serve` logs)."""
+    conn.settimeout(request_seconds)
     send_json(conn, {"worker": PROTOCOL, "pid": os.getpid()})
+    deadline = time.monotonic() + request_seconds
     try:
-        header = recv_json(conn)
-        context = recv_context(conn)
-        message = recv_message(conn)
-    except (ConnectionError, FrameError, DecodeError) as err:
-        log.warning("dropped an unreadable request: %s: %s", type(err).__name__, err)
+        header = recv_json(conn, deadline)
+        context = recv_context(conn, deadline)
+        message = recv_message(conn, deadline)
+    except (ConnectionError, FrameError) as err:
+        log.warning("dropped an unreadable request: %s: %s", type(err).__name__, str(err)[:300])
         return None
+    conn.settimeout(request_seconds)
     idle = header.get("idle-timeout")
     task_id = header.get("task-id")
     TaskIdentity.run_id, TaskIdentity.node_id = context.run_id, context.node_id
@@ -123,8 +131,9 @@ def serve(listener: socket.socket, app: ClientApp, watch_pid: int, idle_timeout:
                 continue
             try:
                 idle_timeout = serve_one(conn, app) or idle_timeout
-            except (BrokenPipeError, ConnectionResetError) as err:  # the ClientApp went away; nothing to answer
-                log.warning("the ClientApp left before its reply was sent: %s", err)
+            except PEER_GONE as err:  # the ClientApp went away, or does not read; nothing to answer
+                log.warning("the ClientApp left before its reply was sent (or did not take it within %g s): %s",
+                            REQUEST_SECONDS, type(err).__name__)
         deadline = time.monotonic() + idle_timeout
 
 

@@ -206,11 +206,14 @@ def test_a_reply_carries_its_sampling_behaviour_to_the_server():
     ({"p": [_wire([1], [float("inf")]), None]}, "prompt p: behaviour log-probs must be finite"),
     ({"p": [_wire([1, 2], [-1.0]), None]}, "prompt p: behaviour's 6 bytes are not whole tokens"),
     ({"p": [{"ids": [1], "logps": [-1.0]}, None]}, "prompt p: behaviour is dict, not a base64 string"),
+    ({"p": [_wire([1] * 17, [-1.0] * 17), None]},
+     r"prompt p: behaviour has 17 tokens \(1..16\) \(generation.max-new-tokens = 16\)"),
 ])
 def test_malformed_log_probs_in_a_reply_reject_it_with_the_reason(raw, reason):
+    limits = Limits.of(ExperimentConfig())
     with pytest.raises(Rejected, match=reason):
-        check_behaviours(raw, ["p"], 2)
-    assert check_behaviours(None, ["p"], 2) == {"p": [None, None]}
+        check_behaviours(raw, ["p"], 2, limits)
+    assert check_behaviours(None, ["p"], 2, limits) == {"p": [None, None]}
 
 
 def test_a_packets_behaviour_is_validated_and_relayed():

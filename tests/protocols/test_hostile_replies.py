@@ -216,9 +216,11 @@ def test_median_and_trimmed_mean_resist_a_scaled_adapter(tmp_path):
     initial = GlobalEvaluator(ExperimentConfig.from_flat({"seed": 2})).initial_adapter()
     moved = {}
     for method in ("mean", "median", "trimmed-mean"):
+        # strategy.median-clip off: each aggregator alone against the plain mean (the default bound is
+        # tests/protocols/test_attacks.py's)
         simulate({**TINY, "num-server-rounds": 1, "train.local-steps": 1, "strategy.aggregation": method,
-                  "strategy.trim-fraction": 0.25, "strategy.min-clients": 4, "output.dir": str(tmp_path),
-                  "run-name": method}, 4,
+                  "strategy.trim-fraction": 0.25, "strategy.min-clients": 4, "strategy.median-clip": 0.0,
+                  "output.dir": str(tmp_path), "run-name": method}, 4,
                  reply_hook=_scaled_adapter)
         final = load_file(str(tmp_path / method / "checkpoint" / "global.safetensors"))
         moved[method] = float(np.sqrt(sum(np.sum((final[k] - initial[k]) ** 2) for k in initial)))

@@ -11,6 +11,7 @@ from pubswap_flwr.aggregate import (
     clip_update,
     coordinate_median,
     mean_pairwise_l2,
+    median_clip,
     trimmed_mean,
     update_norm,
     weighted_mean,
@@ -194,6 +195,27 @@ def test_aggregate_dispatch_and_clipping():
         aggregate(xs, [1, 1], clip_norm=1.0)
     with pytest.raises(AggregationError, match="unknown aggregation 'krum'"):
         aggregate(xs, [1, 1], method="krum")
+
+
+def test_median_clip_bounds_each_update_by_c_times_the_median_norm():
+    ref = {"W": np.zeros(2, dtype=np.float32)}
+    honest = [{"W": np.array([0.3, 0.4], dtype=np.float32)}, {"W": np.array([0.6, 0.8], dtype=np.float32)}]
+    huge = {"W": np.array([6e4, 0.0], dtype=np.float32)}
+    out, bound, norms = median_clip(honest + [huge], ref, 3.0)
+    assert norms == pytest.approx([0.5, 1.0, 6e4]) and bound == pytest.approx(3.0)  # 3 x the median 1.0
+    assert out[0] is honest[0] and out[1] is honest[1]  # within the bound: the very same arrays
+    np.testing.assert_allclose(out[2]["W"], [3.0, 0.0], rtol=1e-6)
+    assert out[2]["W"].dtype == np.float32
+
+
+def test_median_clip_of_two_is_their_mean_and_a_zero_median_clips_every_update_away():
+    ref = {"W": np.ones(2, dtype=np.float32)}
+    a, b = {"W": np.array([1.0, 1.5], dtype=np.float32)}, {"W": np.array([1.0, 5.0], dtype=np.float32)}
+    out, bound, _ = median_clip([a, b], ref, 2.0)
+    assert bound == pytest.approx(2.0 * (0.5 + 4.0) / 2) and out == [a, b]  # two clients: no protection
+    still = [{"W": np.ones(2, dtype=np.float32)}] * 2 + [b]
+    out, bound, _ = median_clip(still, ref, 3.0)
+    assert bound == 0.0 and np.array_equal(out[2]["W"], ref["W"])
 
 
 # --- drift ------------------------------------------------------------------------------------------------------

@@ -112,9 +112,10 @@ def test_state_file_that_is_not_a_json_object_is_refused_by_name(tmp_path, conte
     ({"cumulative_reward": "x"}, "'cumulative_reward' must be a finite number, got 'x'"),
     ({"cumulative_reward": float("nan")}, "'cumulative_reward' must be a finite number, got nan"),
     ({"node_index": [1]}, "'node_index' must be an object, got list"),
-    ({"node_index": {"abc": 0}}, "'node_index' must map node ids to indices >= 0, got 'abc': 0"),
-    ({"node_index": {"12": -1}}, "'node_index' must map node ids to indices >= 0, got '12': -1"),
-    ({"node_rounds": {"12": True}}, "'node_rounds' must map node indices to rounds >= 0, got '12': True"),
+    ({"node_index": {"abc": 0}}, "'node_index' must map node ids to indices >= 0 and < 10000, got 'abc': 0"),
+    ({"node_index": {"12": -1}}, "'node_index' must map node ids to indices >= 0 and < 10000, got '12': -1"),
+    ({"node_rounds": {"12": True}},
+     "'node_rounds' must map node indices < 10000 to rounds >= 0 and <= 1, got '12': True"),
     ({"protocol": "cursor"}, "'protocol' must be an object, got str"),
     ({"adapter": {"sha256": 1}}, "'adapter' must be an object with 'sha256' and 'shapes'"),
 ])
@@ -243,15 +244,21 @@ def test_restore_checks_the_adapter_against_the_model_and_names_the_file(tmp_pat
         _runner(protocol_class("fedavg")(cfg), model)._restore(loaded)
 
 
-def test_restore_refuses_bad_protocol_state_naming_the_file(tmp_path):
+def test_bad_protocol_state_is_refused_on_load_and_on_restore_naming_the_file(tmp_path):
+    """load tries the protocol's restore, so a checkpoint.prev can still be used; the runner's restore says the same
+    of a checkpoint that got past it."""
     from pubswap_flwr.protocols import protocol_class
 
     flat = ExperimentConfig.from_flat({"run-name": "x", "strategy.mode": "sapo"}).to_flat()
-    checkpoint.save(tmp_path, saved(1, config=flat, protocol={"sapo_pool": [{"sender": "1"}]}))
-    loaded = checkpoint.load(tmp_path)
+    bad = {"sapo_pool": [{"sender": "00000-7"}]}
+    checkpoint.save(tmp_path, saved(1, config=flat, protocol=bad, node_index={7: 0}))
+    with pytest.raises(CheckpointError, match=rf"{state_path(tmp_path)}: 'protocol' state cannot be restored "
+                                              r"\(ValueError: sapo_pool packet 0: packet has no 'item' object"):
+        checkpoint.load(tmp_path)
+    loaded = ServerCheckpoint(1, flat, node_index={7: 0}, protocol=bad, source=tmp_path / "checkpoint")
     protocol = protocol_class("sapo")(ExperimentConfig.from_flat(flat))
     with pytest.raises(CheckpointError, match=rf"{state_path(tmp_path)}: 'protocol' state cannot be restored "
-                                              r"\(KeyError"):
+                                              r"\(ValueError"):
         _runner(protocol)._restore(loaded)
 
 

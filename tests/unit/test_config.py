@@ -43,6 +43,16 @@ def test_non_default_values_round_trip():
     assert ExperimentConfig.from_flat(config.to_flat()) == config
 
 
+@pytest.mark.parametrize("value, ok", [(0.0, True), (1.0, True), (3.0, True), (0.5, False), (-1.0, False),
+                                       (2e6, False)])
+def test_median_clip_is_off_or_at_least_one(value, ok):
+    if ok:
+        assert build(**{"strategy.median-clip": value}).strategy.median_clip == value
+    else:
+        with pytest.raises(ConfigError, match=r"strategy.median-clip = .*: must be 0 \(off\) or >= 1 and <= 1000000"):
+            build(**{"strategy.median-clip": value})
+
+
 def test_pyproject_run_config_lists_every_key_with_its_default():
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())
     flat = flatten(data["tool"]["flwr"]["app"]["config"])
