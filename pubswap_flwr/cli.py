@@ -7,7 +7,9 @@
     pubswap report RUN_DIR...                 the report again, from metrics.jsonl alone
 
 `run` and `simulate` take the same `-c` values, applied in order: TOML files and key=value pairs. Both check the
-config and the run directory before starting Flower or Ray; a problem is one line on stderr and exit code 2.
+config and the run directory before starting Flower or Ray; a problem is one line on stderr and exit code 2. `run`
+also warns when the local SuperLink that will run the app was started from another checkout or environment
+(superlink.py); `simulate` runs the app in its own process and needs no SuperLink.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import logs, preflight
+from . import logs, preflight, superlink
 from .config import describe, key_choices
 
 FLWR_ENV = {"FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
@@ -158,6 +160,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         # be another checkout's; make it this directory's, where the run-name check above looked.
         overrides["output.dir"] = str(cfg.run_dir("-").parent)
     env = flower_env()
+    if superlink.is_local_connection(args.connection, env):
+        warning = superlink.mismatch_warning(env)  # the shared local SuperLink runs the app in its own environment
+        if warning:
+            print(warning, file=sys.stderr, flush=True)
     federation = "" if args.connection else \
         f"num-supernodes={args.nodes} client-resources-num-cpus={args.cpus_per_client}" + \
         (f" client-resources-num-gpus={args.gpus_per_client}" if args.gpus_per_client > 0 else "")
