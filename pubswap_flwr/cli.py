@@ -26,9 +26,11 @@ from typing import Any
 
 from . import logs, preflight, superlink
 from .config import describe, key_choices
+from .metrics import mark_stopped
 
 FLWR_ENV = {"FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
 FINISHED = "finished:"
+FLOWER_STOPPED = "finished:stopped"  # `flwr ls` status of a run that `flwr stop` ended
 
 
 class FlowerRunError(RuntimeError):
@@ -154,7 +156,11 @@ def write_overrides(overrides: dict[str, Any], path: Path) -> Path:
 def cmd_run(args: argparse.Namespace) -> int:
     overrides = read_config_options(args)
     # A remote SuperLink's run directory is on its machine: only the config can be checked here.
-    cfg = checked({**preflight.app_defaults(args.app), **overrides}, run_dir=not args.connection).config
+    found = checked({**preflight.app_defaults(args.app), **overrides}, run_dir=not args.connection)
+    if found.finished:
+        print(found.finished)
+        return 0
+    cfg = found.config
     if not args.connection:
         # The local SuperLink resolves a relative output.dir against the directory it was started from, which may
         # be another checkout's; make it this directory's, where the run-name check above looked.
@@ -180,6 +186,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             logs_process.terminate()
             logs_process.wait(timeout=10)
     status = row.get("status")
+    if status == FLOWER_STOPPED and not args.connection and \
+            mark_stopped(cfg.run_dir(run_id), "`flwr stop` (recorded by pubswap run: the run's process ended "
+                                              "without recording it)"):
+        print(f"run {run_id}: {cfg.run_dir(run_id) / 'status.json'} now says stopped")
     print(f"run {run_id}: {status} ({row.get('elapsed', 0):.0f} s) {row.get('status-details', '')}")
     return 0 if status == "finished:completed" else 1
 
@@ -198,7 +208,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         config["run-name"] = args.run_name
     if args.out:
         config["output.dir"] = str(Path(args.out).resolve())
-    run_dir = checked(config).run_dir  # None without a run-name: the directory is named after Flower's run id
+    found = checked(config)
+    if found.finished:
+        print(found.finished)
+        return 0
+    run_dir = found.run_dir  # None without a run-name: the directory is named after Flower's run id
     address = args.ray_address or (os.environ.get("RAY_ADDRESS") if args.engine == "ray" else None) or None
     if address is not None:
         from .simulation import reachable_ray_address
