@@ -148,7 +148,8 @@ def differences(process: Process, env: Mapping[str, str], cwd: Path,
         source = installed_from(theirs.parent) if theirs is not None else None
         out.append(f"environment: {theirs or ' '.join(process.argv[:2]) or 'unknown'}, not this command's "
                    f"{bin_path}: the app runs with that environment's Python packages"
-                   + (f" and reads data/ (embedded models) from its pubswap-flwr install in {source}" if source else ""))
+                   + (f" and reads data/ (embedded models) from its pubswap-flwr install in {source}"
+                      if source else ""))
     if not _same(process.cwd, cwd):
         out.append(f"started in {process.cwd}, not {cwd}: relative paths in the run config resolve there")
     if process.environ.get(NO_INSTALL_ENV) != "1":

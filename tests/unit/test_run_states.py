@@ -5,6 +5,7 @@ run that already completed says so, starts nothing and changes no file."""
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 from pubswap_flwr import cli, preflight
 from pubswap_flwr.cli import main as pubswap
 from pubswap_flwr.metrics import STOP_DETAIL, read_metrics, read_status
+from pubswap_flwr.server import final_adapters
 from pubswap_flwr.simulation import simulate_in_process
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,11 +28,36 @@ def _files(run_dir: Path) -> dict[str, tuple[int, bytes]]:
             for p in sorted(run_dir.rglob("*")) if p.is_file()}
 
 
+LOGGED: list[str] = []  # the log lines of the `finished` run
+
+
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("runs")
-    simulate_in_process({**SMALL, "output.dir": str(out), "run-name": "done"}, 2)
+    collector = logging.Handler()
+    collector.emit = lambda record: LOGGED.append(record.getMessage())
+    package = logging.getLogger("pubswap_flwr")
+    level = package.level
+    package.addHandler(collector)
+    package.setLevel(logging.INFO)
+    try:
+        simulate_in_process({**SMALL, "output.dir": str(out), "run-name": "done"}, 2)
+    finally:
+        package.removeHandler(collector)
+        package.setLevel(level)
     return out / "done"
+
+
+def test_the_last_line_of_a_run_names_its_final_adapter(finished, tmp_path):
+    assert LOGGED[-1].startswith("run finished in ")
+    assert LOGGED[-1].endswith(f"; final adapter: {finished / 'adapters' / 'final'}")
+    assert (finished / "adapters" / "final" / "adapter_model.safetensors").is_file()
+    for index in (0, 2, 1):
+        (tmp_path / "nodes" / f"partition-{index}" / "adapter").mkdir(parents=True)
+    assert final_adapters(tmp_path, False) == \
+        f"final adapters, one per node: {tmp_path / 'nodes'}/partition-{{0,1,2}}/adapter"
+    assert final_adapters(tmp_path / "deployed", False) == (
+        "final adapters: one per node, on each node's machine in <its state-dir>/deployed/adapter")
 
 
 def test_a_run_stopped_through_flowers_exit_handlers_says_stopped(tmp_path):
