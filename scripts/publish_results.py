@@ -30,7 +30,8 @@ def _report(sweep_file: Path, dst: Path, outcomes: list[dict], command: str) -> 
     runs = [dst / "runs" / sweep.run_name(o["arm"], o["seed"]) for o in outcomes if o["status"] == "completed"]
     failures = {(o["arm"], o["seed"]): o["detail"] for o in outcomes if o["status"] != "completed"}
     return write_report(dst, runs, failures=failures, title=sweep.name, notes=sweep.notes, command=command,
-                        made_by=f"pubswap compare configs/{sweep_file.name}", force=True)
+                        made_by=f"pubswap compare configs/{sweep_file.name}", force=True,
+                        arm_order=[arm.name for arm in sweep.arms])
 
 
 def publish(sweep_file: Path, results: Path, docs: Path = DOCS, force: bool = False) -> Path:
