@@ -26,7 +26,7 @@ from typing import Any
 
 from . import logs, preflight, superlink
 from .config import describe, key_choices
-from .metrics import mark_stopped
+from .metrics import final_adapters, mark_stopped
 
 FLWR_ENV = {"FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
 FINISHED = "finished:"
@@ -191,6 +191,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                                               "without recording it)"):
         print(f"run {run_id}: {cfg.run_dir(run_id) / 'status.json'} now says stopped")
     print(f"run {run_id}: {status} ({row.get('elapsed', 0):.0f} s) {row.get('status-details', '')}")
+    if status == "finished:completed" and not args.connection:
+        run_dir = cfg.run_dir(run_id)
+        print(final_adapters(run_dir, (run_dir / "adapters" / "final").is_dir()))
     return 0 if status == "finished:completed" else 1
 
 

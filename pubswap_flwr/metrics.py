@@ -118,6 +118,19 @@ def write_status(run_dir: Path, status: str, detail: str = "", elapsed_s: float 
     os.replace(tmp, path)
 
 
+def final_adapters(run_dir: Path, holds_global_adapter: bool) -> str:
+    """Where the run's final adapter is (the last words of a run's log): the global one, or each SAPO node's own
+    (under the run directory in simulation, in its state dir on a deployed node's machine)."""
+    if holds_global_adapter:
+        return f"final adapter: {run_dir / 'adapters' / 'final'}"
+    indices = sorted(int(p.parent.name.split("-", 1)[1]) for p in run_dir.glob("nodes/partition-*/adapter")
+                     if p.parent.name.split("-", 1)[1].isdigit())
+    if not indices:
+        return f"final adapters: one per node, on each node's machine in <its state-dir>/{run_dir.name}/adapter"
+    which = str(indices[0]) if len(indices) == 1 else "{" + ",".join(map(str, indices)) + "}"
+    return f"final adapters, one per node: {run_dir / 'nodes'}/partition-{which}/adapter"
+
+
 def read_status(run_dir: Path) -> dict:
     """status.json's content ({} when there is none or it cannot be read)."""
     try:

@@ -17,7 +17,7 @@ from . import preflight, provenance
 from .config import ConfigError, ExperimentConfig
 from .evaluation import evaluate
 from .logs import route_logs_to_flower
-from .metrics import STOPPED, RunRecorder, write_status
+from .metrics import STOPPED, RunRecorder, final_adapters, write_status
 from .policy import Policy
 from .policy.threads import apply_threads
 from .protocols import run_protocol
@@ -109,17 +109,3 @@ def run(grid: Grid, context: Context, settle_seconds: float = 1.0) -> None:
     recorder.write_status("completed", f"{cfg.num_server_rounds} rounds in {time.time() - started:.1f} s")
     log.info("run finished in %.1f s; metrics: %s; %s", time.time() - started, recorder.metrics_path,
              final_adapters(run_dir, protocol_class.holds_global_adapter))
-
-
-def final_adapters(run_dir: Path, holds_global_adapter: bool) -> str:
-    """Where the run's final adapter is (the last words of a run's log): the global one, or each SAPO node's own
-    (under the run directory in simulation, in its state dir on a deployed node's machine)."""
-    if holds_global_adapter:
-        return f"final adapter: {run_dir / 'adapters' / 'final'}"
-    indices = sorted(int(p.parent.name.split("-", 1)[1]) for p in run_dir.glob("nodes/partition-*/adapter")
-                     if p.parent.name.split("-", 1)[1].isdigit())
-    if not indices:
-        return f"final adapters: one per node, on each node's machine in <its state-dir>/{run_dir.name}/adapter"
-    which = str(indices[0]) if len(indices) == 1 else "{" + ",".join(map(str, indices)) + "}"
-    return f"final adapters, one per node: {run_dir / 'nodes'}/partition-{which}/adapter"
-

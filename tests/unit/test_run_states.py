@@ -13,8 +13,7 @@ import pytest
 
 from pubswap_flwr import cli, preflight
 from pubswap_flwr.cli import main as pubswap
-from pubswap_flwr.metrics import STOP_DETAIL, read_metrics, read_status
-from pubswap_flwr.server import final_adapters
+from pubswap_flwr.metrics import STOP_DETAIL, final_adapters, read_metrics, read_status
 from pubswap_flwr.simulation import simulate_in_process
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -130,3 +129,9 @@ def test_pubswap_run_marks_a_run_flower_reports_stopped(tmp_path, monkeypatch, c
     (run_dir / "status.json").write_text(json.dumps({"status": "completed", "detail": "2 rounds", "elapsed_s": 5}))
     assert pubswap(["run", str(ROOT), "-c", f"run-name='r' output.dir='{tmp_path}'", "--quiet"]) == 1
     assert read_status(run_dir)["status"] == "completed"
+    capsys.readouterr()
+    # a completed run: the last line names its final adapter
+    (run_dir / "adapters" / "final").mkdir(parents=True)
+    monkeypatch.setattr(cli, "wait", lambda *a, **k: {"status": "finished:completed", "elapsed": 3.0})
+    assert pubswap(["run", str(ROOT), "-c", f"run-name='r' output.dir='{tmp_path}'", "--quiet"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"final adapter: {run_dir / 'adapters' / 'final'}"
