@@ -30,9 +30,52 @@ class WireError(ValueError):
     """A received record does not have the expected form."""
 
 
+PACKED_KEY, INDEX_KEY = "packed", "index"
+MAX_INDEX_BYTES = 4 * 1024 * 1024  # names and shapes of the packed tensors (SmolLM2's 420 LoRA tensors: ~40 KB)
+
+
 def adapter_record(state: dict[str, np.ndarray]) -> ArrayRecord:
-    """fp16 copies of adapter tensors, keyed by their peft names."""
-    return ArrayRecord({k: Array(np.ascontiguousarray(v, dtype=np.float16)) for k, v in state.items()})
+    """Every adapter tensor in one fp16 array (peft names sorted) with a JSON index of names and shapes.
+
+    Flower moves each array of a record as an object of its own, one request per array and hop (server, SuperLink,
+    SuperNode, ClientApp), so one array per LoRA tensor made a deployed SmolLM2 round 85 s slower than the same 9.8
+    MB as one array (docs/results/deployment/run-5-smollm2.txt). `adapter_from_record` also reads the per-tensor
+    form."""
+    names = sorted(state)
+    parts = [np.ascontiguousarray(state[k], dtype=np.float16).ravel() for k in names]
+    packed = np.concatenate(parts) if parts else np.zeros(0, dtype=np.float16)
+    index = json.dumps([[k, [int(d) for d in np.shape(state[k])]] for k in names], separators=(",", ":"))
+    return ArrayRecord({PACKED_KEY: Array(packed),
+                        INDEX_KEY: Array(np.frombuffer(index.encode("utf-8"), dtype=np.uint8).copy())})
+
+
+def _unpack(record: ArrayRecord) -> dict[str, np.ndarray]:
+    raw = _checked_numpy(INDEX_KEY, record[INDEX_KEY])
+    if raw.dtype != np.uint8 or raw.ndim != 1 or raw.size > MAX_INDEX_BYTES:
+        raise WireError(f"adapter index must be at most {MAX_INDEX_BYTES} bytes of uint8 JSON")
+    try:
+        index = json.loads(raw.tobytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+        raise WireError(f"adapter index is not JSON text: {err}") from None
+    if not isinstance(index, list) or not all(
+            isinstance(e, list) and len(e) == 2 and isinstance(e[0], str) and isinstance(e[1], list)
+            and len(e[1]) <= 8 and all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**31
+                                       for d in e[1]) for e in index):
+        raise WireError("adapter index must be a list of [name, shape] with shapes of at most 8 sizes in [0, 2**31)")
+    names = [name for name, _ in index]
+    if len(set(names)) != len(names):
+        raise WireError("adapter index names a tensor twice")
+    packed = _checked_numpy(PACKED_KEY, record[PACKED_KEY])
+    sizes = [int(np.prod(shape, dtype=np.int64)) for _, shape in index]
+    if packed.ndim != 1 or packed.size != sum(sizes):
+        raise WireError(f"packed adapter has {packed.size} values, its index describes {sum(sizes)}")
+    if packed.dtype.kind != "f":
+        raise WireError(f"packed adapter has dtype {packed.dtype}, expected floating point")
+    out, start = {}, 0
+    for (name, shape), size in zip(index, sizes):
+        out[name] = packed[start:start + size].reshape(shape)
+        start += size
+    return out
 
 
 def _checked_numpy(key: str, array: Array) -> np.ndarray:
@@ -57,6 +100,9 @@ def _checked_numpy(key: str, array: Array) -> np.ndarray:
 
 
 def adapter_from_record(record: ArrayRecord) -> dict[str, np.ndarray]:
+    """Adapter tensors by peft name, from the packed form (`adapter_record`) or one array per tensor."""
+    if set(record.keys()) == {PACKED_KEY, INDEX_KEY}:
+        return _unpack(record)
     out = {}
     for key, array in record.items():
         value = _checked_numpy(key, array)

@@ -24,7 +24,7 @@ from pubswap_flwr.compression import Codec
 from pubswap_flwr.config import ConfigError, ExperimentConfig
 from pubswap_flwr.rollouts import Behaviour
 from pubswap_flwr.shared import task_universe
-from pubswap_flwr.wire import ADAPTER_KEY, PAYLOAD_KEY, QUANTIZED_KEY, payload_from_record, payload_record
+from pubswap_flwr.wire import ADAPTER_KEY, PAYLOAD_KEY, QUANTIZED_KEY, adapter_from_record, payload_from_record, payload_record
 from tests.protocols.fake_clients import FakeClientsGrid, serve_rounds
 
 ADAPTER = {"m.lora_A.weight": np.full((2, 4), 0.5, dtype=np.float32),
@@ -106,8 +106,8 @@ def test_2_fp16_extremes_in_a_real_run_are_clipped_and_the_honest_clients_stay(t
 
     def extremes(msg, context, reply):
         if int(context.node_config["partition-id"]) == 0 and not reply.has_error():
-            reply.content[ADAPTER_KEY] = ArrayRecord({k: Array(np.full(a.shape, 6e4, dtype=np.float16))
-                                                      for k, a in reply.content[ADAPTER_KEY].items()})
+            reply.content[ADAPTER_KEY] = ArrayRecord({k: Array(np.full(a.shape, 6e4, dtype=np.float16)) for k, a
+                                                      in adapter_from_record(reply.content[ADAPTER_KEY]).items()})
         return reply
 
     simulate_in_process({"seed": 2, "num-server-rounds": 2, "train.local-steps": 1, "train.prompts-per-step": 2,

@@ -13,7 +13,7 @@ from pubswap_flwr.metrics import read_metrics
 from pubswap_flwr.shared import task_universe
 from pubswap_flwr.simulation import simulate_in_process as simulate
 from pubswap_flwr.tasks import score_completion
-from pubswap_flwr.wire import PAYLOAD_KEY, payload_from_record, payload_record
+from pubswap_flwr.wire import PAYLOAD_KEY, adapter_from_record, payload_from_record, payload_record
 
 TINY = {"train.prompts-per-step": 2, "train.completions-per-prompt": 4, "eval.items-per-task": 5, "eval.samples": 1,
         "seed": 2}
@@ -144,7 +144,7 @@ def _hostile_adapters(msg, context, reply):
     node = _partition(context)
     if reply.has_error() or node > 3:
         return reply
-    arrays = {k: a.numpy().copy() for k, a in reply.content[ADAPTER_KEY].items()}
+    arrays = {k: v.copy() for k, v in adapter_from_record(reply.content[ADAPTER_KEY]).items()}
     first = sorted(arrays)[0]
     if node == 0:
         arrays[first][0, 0] = np.nan
@@ -201,8 +201,8 @@ def _scaled_adapter(msg, context, reply):
 
     if _partition(context) != 0 or reply.has_error():
         return reply
-    reply.content[ADAPTER_KEY] = ArrayRecord({k: Array((a.numpy().astype("float32") * 100).astype("float16"))
-                                              for k, a in reply.content[ADAPTER_KEY].items()})
+    reply.content[ADAPTER_KEY] = ArrayRecord({k: Array((a.astype("float32") * 100).astype("float16"))
+                                              for k, a in adapter_from_record(reply.content[ADAPTER_KEY]).items()})
     return reply
 
 

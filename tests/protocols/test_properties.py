@@ -22,7 +22,7 @@ from pubswap_flwr.protocols.base import RoundContext
 from pubswap_flwr.roundlog import RoundLog
 from pubswap_flwr.runner import Runner
 from pubswap_flwr.shared import task_universe
-from pubswap_flwr.wire import ADAPTER_KEY, METRICS_KEY, PAYLOAD_KEY, payload_from_record
+from pubswap_flwr.wire import ADAPTER_KEY, METRICS_KEY, PAYLOAD_KEY, adapter_from_record, payload_from_record
 from tests.protocols.fake_clients import FakeClientsGrid
 
 ADAPTER = {"m.lora_A.weight": np.full((2, 4), 0.5, dtype=np.float32),
@@ -86,7 +86,7 @@ def apply(mutation, content: RecordDict) -> RecordDict:
     elif kind == "drop" and key in content:
         del content[key]
     elif kind == "adapter" and ADAPTER_KEY in content:
-        arrays = {k: a.numpy().copy() for k, a in content[ADAPTER_KEY].items()}
+        arrays = {k: v.copy() for k, v in adapter_from_record(content[ADAPTER_KEY]).items()}
         first = sorted(arrays)[0]
         if key == "nan":
             arrays[first][0, 0] = np.nan
