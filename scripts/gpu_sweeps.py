@@ -27,7 +27,7 @@ from pubswap_flwr.report import write_report
 
 DRY = {"model.name": "embedded:tiny", "model.node-models": "", "num-server-rounds": 2, "train.local-steps": 2,
        "train.prompts-per-step": 2, "eval.items-per-task": 4, "eval.samples": 2, "eval.every": 0,
-       "generation.max-new-tokens": 16, "sapo.questions": 2, "pubswap.public-prompts": 2}
+       "generation.max-new-tokens": 16, "sapo.questions": 2, "pubswap.public-prompts": 2, "pubswap.tau-swap": 1}
 
 
 def run(config: dict, nodes: int, log_path: Path, env: dict) -> int:

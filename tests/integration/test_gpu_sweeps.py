@@ -31,8 +31,8 @@ def test_dry_size_sweeps_run_side_by_side_and_resume(tmp_path):
     for arm in ("fedavg", "none"):
         rows = [json.loads(line) for line in (out / "runs" / f"{arm}-s0" / "metrics.jsonl").read_text().splitlines()]
         assert [r["round"] for r in rows] == [0, 1, 2]
-        config = json.loads((out / "runs" / f"{arm}-s0" / "config.json").read_text())
-        assert config["model"]["name"] == "embedded:tiny" and config["model"]["threads"] == 1
+        config = json.loads((out / "runs" / f"{arm}-s0" / "config.json").read_text())["config"]
+        assert config["model.name"] == "embedded:tiny" and config["model.threads"] == 1
     assert (out / "report.md").is_file()
     again = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=900)
     assert again.returncode == 0
