@@ -41,14 +41,15 @@ MODEL = "smollm2-135m-instruct"
 MIX = "basic_arithmetic:1,gcd:1,count_bits:1,spell_backward:1"
 
 
-def _policy(dtype: str = "auto", sampler: str = "cached", new_tokens: int = 64, lora_r: int = 8):
+def _policy(dtype: str = "auto", sampler: str = "cached", new_tokens: int = 64, lora_r: int = 8,
+            micro_batch: int = 64):
     from pubswap_flwr.policy import GRPOSettings, LoraSettings, Policy, PolicySpec
     from pubswap_flwr.policy.sampling import GenerationSettings
 
     return Policy(PolicySpec(model_name=MODEL, lora=LoraSettings(r=lora_r, alpha=2 * lora_r),
                              generation=GenerationSettings(max_new_tokens=new_tokens, max_prompt_tokens=512,
                                                            sampler=sampler, dtype=dtype),
-                             grpo=GRPOSettings(learning_rate=1e-4)))
+                             grpo=GRPOSettings(learning_rate=1e-4, micro_batch_size=micro_batch)))
 
 
 def _items(count: int):
@@ -181,30 +182,37 @@ def update(args, sampled_groups) -> None:
         print(f"    ratio ours / TRL tokens/s = {t / o:.2f}  (goal >= 1.0)")
 
 
-def _client_memory(dtype: str, queue) -> None:
+def _client_memory(dtype: str, micro_batch: int, queue) -> None:
     import torch
 
+    from pubswap_flwr.rollouts import RolloutGroup
+
     torch.set_num_threads(1)
-    policy = _policy(dtype=dtype)
+    policy = _policy(dtype=dtype, micro_batch=micro_batch)
     items = _items(4)
     torch.manual_seed(0)
     groups = _groups(policy, items, policy.sample(items, 8))
-    policy.update(groups)
+    # every row trained (the update's largest footprint), as in part 2
+    policy.update([RolloutGroup(g.prompt, g.completions, [float(i % 2) for i in range(len(g.completions))])
+                   for g in groups])
     queue.put(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 
 
 def memory() -> None:
-    print("\n3. Peak memory (max RSS) of one client process after a rollout (4 x 8) and an update:")
+    print("\n3. Peak memory (max RSS) of one client process after a rollout (4 x 8, 64 new tokens) and an update "
+          "with every row trained:")
     context = multiprocessing.get_context("spawn")
     results = {}
-    for dtype in ("float32", "auto"):
+    for dtype, micro_batch in (("float32", 64), ("auto", 64), ("auto", 16)):
         queue = context.Queue()
-        proc = context.Process(target=_client_memory, args=(dtype, queue))
+        proc = context.Process(target=_client_memory, args=(dtype, micro_batch, queue))
         proc.start()
-        results[dtype] = queue.get()
+        results[(dtype, micro_batch)] = queue.get()
         proc.join()
-        print(f"  generation.dtype = {dtype:<8} {results[dtype]:7.0f} MiB")
-    print(f"  ratio auto / float32 = {results['auto'] / results['float32']:.2f}")
+        print(f"  generation.dtype = {dtype:<8} train.micro-batch-size = {micro_batch:<3} "
+              f"{results[(dtype, micro_batch)]:7.0f} MiB")
+    print(f"  ratio auto / float32 (micro-batch 64) = {results[('auto', 64)] / results[('float32', 64)]:.2f}; "
+          f"micro-batch 16 / 64 (auto) = {results[('auto', 16)] / results[('auto', 64)]:.2f}")
 
 
 def _client_steps(policy_threads: bool, steps: int, prompts: int, k: int, queue) -> None:
