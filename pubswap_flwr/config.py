@@ -143,6 +143,8 @@ class GenerationConfig:
     dtype: str = opt("auto", one_of("auto", "float32", "bfloat16", "float16"),
                      "precision of the sampling copy of the model (training stays in model.dtype); auto: bfloat16 "
                      "for models of 50M parameters or more where the hardware computes it natively, else model.dtype")
+    stop_at_answer: bool = opt(False, doc="cached sampler: end a completion with EOS right after it closes its "
+                                          "</answer> (the EOS log-prob is the model's own there)")
     max_completion_chars: int = opt(4096, between(1, 1_048_576), "longer completions get reward 0; also the "
                                                                  "limit on peers' response texts")
 

@@ -86,7 +86,7 @@ def policy_spec(cfg: ExperimentConfig, model_name: str | None = None, proximal_m
         device=cfg.model.device,
         lora=LoraSettings(cfg.model.lora_r, cfg.model.lora_alpha, cfg.model.lora_dropout, cfg.model.lora_targets),
         generation=GenerationSettings(g.max_new_tokens, g.temperature, g.top_k, g.top_p, g.max_prompt_tokens, g.sampler,
-                                      g.dtype),
+                                      g.dtype, g.stop_at_answer),
         grpo=GRPOSettings(
             learning_rate=t.learning_rate, loss_type=t.loss_type, epsilon_low=t.epsilon_low,
             epsilon_high=t.epsilon_high, kl_beta=t.kl_beta, inner_iterations=t.inner_iterations,

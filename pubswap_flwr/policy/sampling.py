@@ -17,6 +17,22 @@ import torch
 
 SAMPLERS = ("cached", "generate")
 COMPACT_FRACTION = 0.25  # drop finished rows from the decode batch once they are this share of it
+ANSWER_CLOSE = "</answer>"
+
+
+class AnswerClose:
+    """Which rows have just closed their answer: the tail of each row's text is decoded only when its newest token
+    can end the closing tag (its text contains '>'), so the check costs nothing on most steps."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self._ends_tag: dict[int, bool] = {}
+
+    def closed(self, ids: list[int]) -> bool:
+        token = ids[-1]
+        if token not in self._ends_tag:
+            self._ends_tag[token] = ">" in self.tokenizer.decode([token])
+        return self._ends_tag[token] and self.tokenizer.decode(ids[-8:]).rstrip().endswith(ANSWER_CLOSE)
 
 
 @dataclass(frozen=True)
@@ -28,6 +44,7 @@ class GenerationSettings:
     max_prompt_tokens: int = 256
     sampler: str = "cached"
     dtype: str = "auto"  # the sampling copy's precision (policy.sampling_precision)
+    stop_at_answer: bool = False  # cached sampler: EOS right after a completion closes its </answer>
 
 
 @dataclass
@@ -123,6 +140,8 @@ def _generate_cached(model, tokenizer, batch: dict[str, torch.Tensor], num_retur
     tokens = [[] for _ in range(rows)]
     logps: list[list[float]] | None = [[] for _ in range(rows)] if with_logprobs else None
     finished = torch.zeros(rows, dtype=torch.bool, device=ids.device)  # by current batch row
+    closer = AnswerClose(tokenizer) if settings.stop_at_answer else None
+    closed = torch.zeros(rows, dtype=torch.bool, device=ids.device)  # by current batch row: EOS comes next
     for step in range(settings.max_new_tokens):
         if greedy:
             scores = logits.float()
@@ -130,6 +149,8 @@ def _generate_cached(model, tokenizer, batch: dict[str, torch.Tensor], num_retur
         else:
             scores = process_logits(logits, settings)
             chosen = torch.multinomial(scores.softmax(dim=-1), num_samples=1).squeeze(1)
+        # generation.stop-at-answer: EOS follows a closed answer (its log-prob is the model's own for EOS there)
+        chosen = torch.where(closed, torch.full_like(chosen, eos), chosen)
         chosen = torch.where(finished, torch.full_like(chosen, tokenizer.pad_token_id), chosen)
         step_logps = (torch.log_softmax(scores, dim=-1).gather(-1, chosen[:, None]).squeeze(-1).tolist()
                       if with_logprobs else None)
@@ -140,13 +161,16 @@ def _generate_cached(model, tokenizer, batch: dict[str, torch.Tensor], num_retur
             if logps is not None:
                 logps[original].append(step_logps[row])
         finished = finished | (chosen == eos)
+        if closer is not None:
+            closed = torch.tensor([not done and closer.closed(tokens[original]) for done, original
+                                   in zip(finished.tolist(), active.tolist())], dtype=torch.bool, device=ids.device)
         if bool(finished.all()) or step + 1 == settings.max_new_tokens:
             break
         if int(finished.sum()) >= max(1, COMPACT_FRACTION * finished.numel()):
             keep = (~finished).nonzero().squeeze(1)
             cache.batch_select_indices(keep)
             active, mask, last_position, chosen = active[keep], mask[keep], last_position[keep], chosen[keep]
-            finished = finished[keep]
+            finished, closed = finished[keep], closed[keep]
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
         last_position = last_position + 1
         out = model(input_ids=chosen[:, None], attention_mask=mask, position_ids=last_position, cache=cache,

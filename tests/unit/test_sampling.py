@@ -175,3 +175,39 @@ def test_update_reports_the_sampling_gap_of_own_tokens(policies):
     assert stats.extra["sampling_gap_tokens"] == tokens
     mean = stats.extra["sampling_gap_sum"] / tokens
     assert 0 < mean <= stats.extra["sampling_gap_max"] < 1.0  # bf16 sampling vs the fp32 training pass
+
+
+class _Scripted(torch.nn.Module):
+    """A model that always predicts the same continuation of token ids (then keeps repeating its last)."""
+
+    def __init__(self, script: list[int], vocab: int):
+        super().__init__()
+        self.script, self.vocab = script, vocab
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+        self.config = None
+        self.calls = 0
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, use_cache=True,
+                logits_to_keep=None):
+        token = self.script[min(self.calls, len(self.script) - 1)]
+        self.calls += 1
+        logits = torch.full((input_ids.shape[0], 1, self.vocab), -10.0)
+        logits[:, :, token] = 10.0
+        return type("Out", (), {"logits": logits})()
+
+
+def test_stop_at_answer_ends_with_eos_right_after_the_closing_tag(policies, monkeypatch):
+    import transformers
+
+    policy = policies["embedded:tiny"]
+    tok = policy.tokenizer
+    script = tok("<answer>12</answer> and more words", add_special_tokens=False)["input_ids"]
+    monkeypatch.setattr(transformers, "DynamicCache", lambda config=None: type("C", (), {
+        "batch_repeat_interleave": lambda self, n: None, "batch_select_indices": lambda self, i: None})())
+    settings = GenerationSettings(max_new_tokens=30, stop_at_answer=True)
+    [[stopped]] = generate(_Scripted(script, len(tok)), tok, ["x"], num_return=1, greedy=True, settings=settings)
+    assert stopped.finished and stopped.token_ids[-1] == tok.eos_token_id
+    assert stopped.text == "<answer>12</answer>" and len(stopped.logprobs) == len(stopped.token_ids)
+    [[free]] = generate(_Scripted(script, len(tok)), tok, ["x"], num_return=1, greedy=True,
+                        settings=dataclasses.replace(settings, stop_at_answer=False))
+    assert free.text.startswith("<answer>12</answer> and more") and not free.finished
