@@ -109,6 +109,15 @@ def _is_hub_id(name: str) -> bool:
         not name.startswith((".", "~")) and name.count("/") <= 1
 
 
+def _task_split(tasks: dict[str, Any]) -> str:
+    """How the mix was split over nodes, when the summary says (an adapter saved without a summary does not)."""
+    if tasks.get("node-mixes"):
+        return f", node mixes `{tasks['node-mixes']}`"
+    if "per-node" in tasks:
+        return f", {tasks['per-node']} per node (0 = all)"
+    return ""
+
+
 def render_card(summary: dict[str, Any], *, merged: bool = False, has_tokenizer: bool = True,
                 shipped_base: bool = False) -> str:
     """The card's markdown: YAML metadata, what was trained and how, the round's metrics, how to load it."""
@@ -127,9 +136,7 @@ def render_card(summary: dict[str, Any], *, merged: bool = False, has_tokenizer:
         f"| base model | `{base}`" + (" (the embedded model shipped in the pubswap-flwr checkout's "
                                     f"`data/models/{base[len(EMBEDDED_PREFIX):]}`)" if base.startswith(EMBEDDED_PREFIX)
                                     else "") + " |",
-        f"| tasks | `{summary['tasks']['mix']}`" + (f", node mixes `{summary['tasks']['node-mixes']}`"
-                                                     if summary["tasks"].get("node-mixes") else
-                                                     f", {summary['tasks']['per-node']} per node (0 = all)") + " |",
+        f"| tasks | `{summary['tasks']['mix']}`{_task_split(summary['tasks'])} |",
         f"| LoRA | r {summary['lora']['r']}, alpha {summary['lora']['alpha']}, `{summary['lora']['targets']}` |",
         "| GRPO | " + ", ".join(f"{k} {v}" for k, v in summary["grpo"].items()) + " |",
     ]

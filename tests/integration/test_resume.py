@@ -16,7 +16,7 @@ from pubswap_flwr.metrics import read_metrics
 
 pytestmark = pytest.mark.slow
 
-BASE = {"strategy.mode": "pubswap", "num-server-rounds": 3, "train.local-steps": 3, "pubswap.tau-swap": 2,
+BASE = {"strategy.mode": "pubswap", "num-server-rounds": 4, "train.local-steps": 3, "pubswap.tau-swap": 2,
         "pubswap.public-prompts": 2, "train.prompts-per-step": 2, "train.completions-per-prompt": 4,
         "eval.items-per-task": 6, "seed": 4}
 
@@ -40,19 +40,30 @@ def _comparable(row: dict) -> dict:
     return out
 
 
+def _mid_round(run_dir, round_number: int) -> bool:
+    """A node has started `round_number` (its round-start snapshot names it) and saved state since: the kill lands
+    inside that round, with node state the resumed round must undo, and a round before the run's last."""
+    for node in run_dir.glob("nodes/partition-*"):
+        started = node / "round-start" / "round"
+        saved = node / "node.json"
+        try:
+            if started.read_text().strip() == str(round_number) and \
+                    saved.stat().st_mtime_ns > started.stat().st_mtime_ns:
+                return True
+        except FileNotFoundError:  # written between the glob and the read
+            continue
+    return False
+
+
 def test_killed_run_resumes_and_repeats_the_uninterrupted_metrics(tmp_path):
     full = _simulate({**BASE, "output.dir": str(tmp_path), "run-name": "full"})
 
     cut_config = {**BASE, "output.dir": str(tmp_path), "run-name": "cut"}
     cut = _simulate(cut_config, start_new_session=True)
-    checkpoint = tmp_path / "cut" / "checkpoint" / "state.json"
     deadline = time.time() + 600
-    while time.time() < deadline:
-        if checkpoint.is_file() and json.loads(checkpoint.read_text())["round"] == 2:
-            break
+    while time.time() < deadline and not _mid_round(tmp_path / "cut", 3):
         assert cut.poll() is None, "the run ended before it could be killed"
-        time.sleep(0.2)
-    time.sleep(1.5)  # into round 3: nodes have started it and saved state the resumed round must undo
+        time.sleep(0.05)
     os.killpg(cut.pid, signal.SIGKILL)
     cut.wait()
     assert json.loads((tmp_path / "cut" / "status.json").read_text())["status"] == "running"  # killed, not done
@@ -62,7 +73,7 @@ def test_killed_run_resumes_and_repeats_the_uninterrupted_metrics(tmp_path):
     assert full.wait(timeout=600) == 0
 
     a, b = read_metrics(tmp_path / "full"), read_metrics(tmp_path / "cut")
-    assert [r["round"] for r in a] == [r["round"] for r in b] == [0, 1, 2, 3]
+    assert [r["round"] for r in a] == [r["round"] for r in b] == [0, 1, 2, 3, 4]
     assert [_comparable(r) for r in a] == [_comparable(r) for r in b]
     assert json.loads((tmp_path / "cut" / "status.json").read_text())["status"] == "completed"
 

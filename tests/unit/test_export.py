@@ -209,6 +209,23 @@ def test_only_a_hub_base_goes_into_the_cards_metadata():
     assert "base_model:" not in render_card({**summary, "base_model": "/models/mine"})
 
 
+def test_a_card_for_an_adapter_saved_without_a_summary_names_what_is_known(run_dir, tmp_path):
+    import shutil
+
+    from pubswap_flwr.export import SUMMARY_FILE
+    bare = tmp_path / "bare"
+    shutil.copytree(adapter_folder(run_dir), bare)
+    (bare / SUMMARY_FILE).unlink()
+    out = export(bare, tmp_path / "out")
+    card = (out / "README.md").read_text()
+    assert "| tasks | `?` |" in card
+    assert "per node" not in card
+    split = render_card({"base_model": "/m", "mode": "fedavg", "round": 1, "rounds": 1, "seed": 0,
+                         "tasks": {"mix": "gcd:1", "node-mixes": "gcd:1;products:1"},
+                         "lora": {"r": 8, "alpha": 16, "targets": "all-linear"}, "grpo": {}, "metrics": {}})
+    assert "node mixes `gcd:1;products:1`" in split
+
+
 def test_the_embedded_prefix_is_the_loaders():
     from pubswap_flwr import export as export_module
     from pubswap_flwr.policy.model import EMBEDDED_PREFIX
