@@ -385,20 +385,20 @@ def check_state_continues(learner: Learner, header: Header) -> None:
                 have, accepted)
 
 
-def serve(handler: ClientHandler, owner: type[ServerProtocol],
+def serve(handler: ClientHandler, modes: tuple[str, ...],
           resolve: Callable[[ExperimentConfig], type[ServerProtocol]], run_config: dict | None = None):
-    """A ClientApp function running `handler` (a message type of protocol `owner`): reads the config, builds this
-    node's learner from its disk state, snapshots at a round's start, runs the handler, saves the state.
+    """A ClientApp function running `handler` (a message type the protocol of `modes` sends): reads the config,
+    builds this node's learner from its disk state, snapshots at a round's start, runs the handler, saves the state.
     `resolve(cfg)` is the run's protocol; `run_config` replaces context.run_config (in-process simulation)."""
 
     def entry(message: Message, context: Context) -> Message:
         started = time.time()
         route_logs_to_flower()
         cfg = ExperimentConfig.from_flat(run_config if run_config is not None else context.run_config)
-        protocol = resolve(cfg)
-        if not issubclass(protocol, owner):
+        if cfg.strategy.mode not in modes:
             raise ValueError(f"message type {message.metadata.message_type!r} belongs to another mode than this "
                              f"run's strategy.mode = {cfg.strategy.mode!r}")
+        protocol = resolve(cfg)
         header = Header.from_config(message.content[CONFIG_KEY])
         identity = NodeIdentity.from_flower(cfg, dict(context.node_config), context.node_id, header.run_dir or None,
                                             header.run_name)

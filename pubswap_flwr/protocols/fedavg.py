@@ -189,5 +189,3 @@ def local_round(work: ClientWork) -> RecordDict:
     work.learner.private_steps(message.local_steps, work.report)
     return AdapterReply(work.client_report(), adapter_to_send(work)).to_record()
 
-
-HANDLERS = {LocalRound.message_type: local_round}

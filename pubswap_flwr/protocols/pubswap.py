@@ -514,5 +514,3 @@ def segment(work: ClientWork) -> RecordDict:
     adapter = adapter_to_send(work) if message.final else None
     return SegmentReply(work.client_report(), responses, adapter, behaviour=behaviour).to_record()
 
-
-HANDLERS = {Segment.message_type: segment}

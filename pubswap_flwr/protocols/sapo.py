@@ -463,6 +463,3 @@ def sapo_async_round(work: ClientWork) -> RecordDict:
     packets = generate_rollouts(work.learner, message.header.server_round, work.report)
     return _train_reply(work, message, packets, eval_initial)
 
-
-HANDLERS = {CollectRollouts.message_type: collect_rollouts, SapoTrain.message_type: sapo_train,
-                   SapoAsyncRound.message_type: sapo_async_round}
