@@ -21,7 +21,7 @@ from typing import Any, Mapping
 from .config_keys import (INT64_MAX, MAX_COMPLETIONS_PER_BATCH, PLAIN_COMPONENT, Check, ConfigError, _check,
                           below_half, below_one, between, fraction, flatten, is_plain_component, load_toml,
                           off_or_between, one_of, opt, parse_overrides)
-from .protocols import catalog
+from .protocols import catalog, optimizers
 
 MODES = catalog.modes()
 AGGREGATORS = ("mean", "median", "trimmed-mean")
@@ -170,6 +170,16 @@ class StrategyConfig:
                            "adapters on the wire: none (fp16 tensors); int8 / int4: blockwise-quantized deltas against "
                            "the last global, with error feedback, both directions (not sapo: it sends no adapters)")
     compression_block: int = opt(64, between(1, 65536), "values per fp16 scale with strategy.compression")
+    server_optimizer: str = opt("none", one_of(*optimizers.names()),
+                                "how the global adapter moves from the round's aggregate of the clients' adapters "
+                                "(fedavg, fedprox, pubswap; sapo keeps none): " + optimizers.described())
+    server_lr: float = opt(0.0, between(0, 1000), "eta, the server optimizer's step size; 0 = its own default (above)")
+    server_momentum: float = opt(0.9, below_one, "mu of momentum on the round updates: v = mu v + update")
+    server_beta1: float = opt(0.9, below_one, "adaptive optimizers (Reddi et al.'s FedOpt): decay of the updates' "
+                                              "running mean")
+    server_beta2: float = opt(0.99, below_one, "adaptive optimizers: decay of the running mean of their squares")
+    server_tau: float = opt(1e-3, between(0, 1, above=True), "adaptive optimizers: tau, added to that mean's root "
+                                                             "(the step is eta m / (sqrt(v) + tau))")
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from .export import run_summary, write_card
 from .metrics import RunRecorder, json_safe
 from .protocols import ServerProtocol
 from .protocols.base import Adapter, RoundContext
+from .protocols.transfer import DOWNLINK
 from .roundlog import RoundLog
 
 log = logging.getLogger("pubswap_flwr")
@@ -94,11 +95,12 @@ class Runner:
             checkpoint.check_adapter(saved, self.evaluator.policy.adapter())  # keys and shapes fit the model
         self.protocol.master = saved.master
         adapters = saved.adapters
-        if adapters and saved.source is not None and saved.source.name != checkpoint.CHECKPOINT_DIR:
+        if DOWNLINK in adapters and saved.source is not None and saved.source.name != checkpoint.CHECKPOINT_DIR:
             # an older checkpoint: nodes may be two rounds ahead with no snapshot of the repeated round's start,
-            # holding a global the saved downlink's deltas do not apply to; every node gets it whole once
+            # holding a global the saved downlink's deltas do not apply to; every node gets it whole once (the
+            # server's own state, such as a server optimizer's moments, is that round's and stays)
             log.warning("resuming from %s: the compressed downlink restarts with whole globals", saved.source.name)
-            adapters = {}
+            adapters = {k: v for k, v in adapters.items() if k != DOWNLINK}
         try:
             self.protocol.restore(saved.protocol, adapters, saved.node_index)
         except (KeyError, TypeError, ValueError) as err:

@@ -134,6 +134,9 @@ def _adapter_keys_unused(cfg: "ExperimentConfig") -> None:
                           "leave it at 'none'")
     if s.aggregation != "mean":
         raise ConfigError(f"strategy.aggregation applies to adapter averaging; {mode} mode averages nothing")
+    if s.server_optimizer != "none":
+        raise ConfigError(f"strategy.server-optimizer = {s.server_optimizer!r} moves the global adapter; {mode} mode "
+                          "keeps none, so leave it at 'none'")
 
 
 # -- the protocols -------------------------------------------------------------------------------------------------

@@ -111,6 +111,9 @@ BAD_VALUES = [
     ("strategy.aggregation", "krum"),
     ("strategy.trim-fraction", 0.5),
     ("strategy.clip-norm", -1.0),
+    ("strategy.server-optimizer", "adam"),
+    ("strategy.server-momentum", 1.0),
+    ("strategy.server-tau", 0.0),
     ("pubswap.swap", "greedy"),
     ("pubswap.tau-swap", 0),
     ("pubswap.correct-threshold", 1.5),
@@ -154,7 +157,8 @@ def test_an_infinite_dp_noise_multiplier_is_refused_before_it_can_make_an_all_in
 def test_every_number_key_has_an_upper_bound_named_in_its_doc():
     docs = {key: doc for key, _default, doc in describe()}
     unbounded = {"model.lora-dropout", "generation.top-p", "train.epsilon-low", "strategy.fraction-train",
-                 "strategy.trim-fraction", "pubswap.correct-threshold"}  # already bounded by 1 or 0.5
+                 "strategy.trim-fraction", "pubswap.correct-threshold", "strategy.server-momentum",
+                 "strategy.server-beta1", "strategy.server-beta2"}  # already bounded by 1 or 0.5
     for key in INT_KEYS + FLOAT_KEYS:
         if key in unbounded:
             continue
