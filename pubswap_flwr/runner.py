@@ -14,6 +14,7 @@ import numpy as np
 from flwr.serverapp import Grid
 
 from . import checkpoint, trackers
+from . import metrics_schema as schema
 from .config import ExperimentConfig
 from .exchange import Exchange
 from .export import run_summary, write_card
@@ -119,19 +120,18 @@ class Runner:
     def _evaluate_and_record(self, round_log: RoundLog, final: bool) -> None:
         mode = self.cfg.strategy.mode
         master = self.protocol.master
-        initial = round_log.extra.pop("initial_eval", None)
+        initial = round_log.initial_evals
         if initial:  # nodes' own starting points (SAPO), measured at the start of round 1
-            row0 = {"round": 0, "mode": mode, "node_eval": initial, "eval": mean_eval(list(initial.values()))}
-            self._write_row(row0)
-        row: dict = {"round": round_log.number, "mode": mode}
+            self._write_row({schema.ROUND: 0, schema.MODE: mode, schema.NODE_EVAL: initial,
+                             schema.EVAL: mean_eval(list(initial.values()))})
+        row: dict = {schema.ROUND: round_log.number, schema.MODE: mode}
         if self.evaluator is not None and master is not None and self.eval_due(round_log.number, final):
             started = time.perf_counter()
-            row["eval"] = self.evaluator.evaluate(master)
+            row[schema.EVAL] = self.evaluator.evaluate(master)
             round_log.eval_seconds += time.perf_counter() - started
-        if "node_eval" in round_log.extra:
-            evals = round_log.extra.pop("node_eval")
-            row["node_eval"] = evals
-            row["eval"] = mean_eval(list(evals.values()))
+        if round_log.node_evals:
+            row[schema.NODE_EVAL] = round_log.node_evals
+            row[schema.EVAL] = mean_eval(list(round_log.node_evals.values()))
         saved = []
         if self.evaluator is not None and master is not None and round_log.number > 0:
             save_every = self.cfg.output.save_every
@@ -150,24 +150,24 @@ class Runner:
 
     def _round_fields(self, round_log: RoundLog) -> dict:
         # by node index, so that means over clients sum in one order whatever order replies arrived in
-        order = sorted(round_log.clients, key=lambda n: (round_log.clients[n].get("node_index", -1), n))
+        order = sorted(round_log.clients, key=lambda n: (round_log.clients[n].get(schema.NODE_INDEX, -1), n))
         round_log.warn_broken_formats()
         clients = {str(n): round_log.clients[n] for n in order if n not in round_log.dropped}
         rewards = [c.get(self.protocol.reward_field) for c in clients.values()]
         rewards = [r for r in rewards if r is not None]
         if rewards:
             self.cumulative_reward += float(np.mean(rewards))
-        fields: dict = {"train_reward": float(np.mean(rewards)) if rewards else None,
-                        "cumulative_reward": self.cumulative_reward, "clients": clients,
-                        "dropped": {str(n): r for n, r in round_log.dropped.items()}}
+        fields: dict = {schema.TRAIN_REWARD: float(np.mean(rewards)) if rewards else None,
+                        schema.CUMULATIVE_REWARD: self.cumulative_reward, schema.CLIENTS: clients,
+                        schema.DROPPED: {str(n): r for n, r in round_log.dropped.items()}}
         fields.update(round_log.extra)
         sampling = sum(c["sample_s"] for c in round_log.clients.values())
         update = sum(c["update_s"] for c in round_log.clients.values())
         comm = max(0.0, round_log.exchange_wall - round_log.exchange_busy) + round_log.server_seconds
-        fields["time"] = {"round_s": time.time() - round_log.started, "sampling_s": sampling, "update_s": update,
+        fields[schema.TIME] = {"round_s": time.time() - round_log.started, "sampling_s": sampling, "update_s": update,
                           "evaluation_s": round_log.eval_seconds, "client_busy_s": round_log.exchange_busy,
                           "comm_orchestration_s": comm}
-        fields["bytes"] = {"sent_by_clients": sum(c["bytes_sent"] for c in round_log.clients.values()),
+        fields[schema.BYTES] = {"sent_by_clients": sum(c["bytes_sent"] for c in round_log.clients.values()),
                            "received_by_clients": sum(c["bytes_received"] for c in round_log.clients.values()),
                            "array_records": round_log.array_records}
         return fields
