@@ -438,8 +438,10 @@ def public_items(work: ClientWork, uids) -> list:
     return items
 
 
-def public_generate(work: ClientWork, uids: tuple[str, ...], k: int) -> dict[str, list[str]]:
-    """K responses per public prompt with the node's current policy; own ids are kept for the public step."""
+def public_generate(work: ClientWork, uids: tuple[str, ...], k: int
+                    ) -> tuple[dict[str, list[str]], dict[str, list[Behaviour | None]]]:
+    """K responses per public prompt with the node's current policy, and with train.foreign-correction = is their
+    sampling behaviours (else {}); own ids are kept for the public step."""
     learner = work.learner
     items = public_items(work, uids)
     learner.seed_sampling()
