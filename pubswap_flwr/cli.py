@@ -7,7 +7,9 @@
     pubswap report RUN_DIR...                 the report again, from metrics.jsonl alone
 
 `run` and `simulate` take the same `-c` values, applied in order: TOML files and key=value pairs. Both check the
-config and the run directory before starting Flower or Ray; a problem is one line on stderr and exit code 2.
+config and the run directory before starting Flower or Ray; a problem is one line on stderr and exit code 2. `run`
+also warns when the local SuperLink that will run the app was started from another checkout or environment
+(superlink.py); `simulate` runs the app in its own process and needs no SuperLink.
 """
 
 from __future__ import annotations
@@ -22,11 +24,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import logs, preflight
+from . import logs, preflight, superlink
 from .config import describe, key_choices
+from .metrics import final_adapters, mark_stopped
 
 FLWR_ENV = {"FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
 FINISHED = "finished:"
+FLOWER_STOPPED = "finished:stopped"  # `flwr ls` status of a run that `flwr stop` ended
 
 
 class FlowerRunError(RuntimeError):
@@ -152,12 +156,20 @@ def write_overrides(overrides: dict[str, Any], path: Path) -> Path:
 def cmd_run(args: argparse.Namespace) -> int:
     overrides = read_config_options(args)
     # A remote SuperLink's run directory is on its machine: only the config can be checked here.
-    cfg = checked({**preflight.app_defaults(args.app), **overrides}, run_dir=not args.connection).config
+    found = checked({**preflight.app_defaults(args.app), **overrides}, run_dir=not args.connection)
+    if found.finished:
+        print(found.finished)
+        return 0
+    cfg = found.config
     if not args.connection:
         # The local SuperLink resolves a relative output.dir against the directory it was started from, which may
         # be another checkout's; make it this directory's, where the run-name check above looked.
         overrides["output.dir"] = str(cfg.run_dir("-").parent)
     env = flower_env()
+    if superlink.is_local_connection(args.connection, env):
+        warning = superlink.mismatch_warning(env)  # the shared local SuperLink runs the app in its own environment
+        if warning:
+            print(warning, file=sys.stderr, flush=True)
     federation = "" if args.connection else \
         f"num-supernodes={args.nodes} client-resources-num-cpus={args.cpus_per_client}" + \
         (f" client-resources-num-gpus={args.gpus_per_client}" if args.gpus_per_client > 0 else "")
@@ -174,7 +186,14 @@ def cmd_run(args: argparse.Namespace) -> int:
             logs_process.terminate()
             logs_process.wait(timeout=10)
     status = row.get("status")
+    if status == FLOWER_STOPPED and not args.connection and \
+            mark_stopped(cfg.run_dir(run_id), "`flwr stop` (recorded by pubswap run: the run's process ended "
+                                              "without recording it)"):
+        print(f"run {run_id}: {cfg.run_dir(run_id) / 'status.json'} now says stopped")
     print(f"run {run_id}: {status} ({row.get('elapsed', 0):.0f} s) {row.get('status-details', '')}")
+    if status == "finished:completed" and not args.connection:
+        run_dir = cfg.run_dir(run_id)
+        print(final_adapters(run_dir, (run_dir / "adapters" / "final").is_dir()))
     return 0 if status == "finished:completed" else 1
 
 
@@ -192,7 +211,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         config["run-name"] = args.run_name
     if args.out:
         config["output.dir"] = str(Path(args.out).resolve())
-    run_dir = checked(config).run_dir  # None without a run-name: the directory is named after Flower's run id
+    found = checked(config)
+    if found.finished:
+        print(found.finished)
+        return 0
+    run_dir = found.run_dir  # None without a run-name: the directory is named after Flower's run id
     address = args.ray_address or (os.environ.get("RAY_ADDRESS") if args.engine == "ray" else None) or None
     if address is not None:
         from .simulation import reachable_ray_address

@@ -239,7 +239,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     report = write_report(out, completed,
                           failures={(o.arm, o.seed): o.detail for o in outcomes if o.status != "completed"},
                           title=sweep.name, notes=sweep.notes, command=" ".join(["pubswap"] + sys.argv[1:]),
-                          force=True)  # the runner writes its own sweep's report
+                          force=True, arm_order=[arm.name for arm in sweep.arms])  # its own sweep's report
     print(f"report: {report}")
     failed = [o for o in outcomes if o.status != "completed"]
     for o in failed:

@@ -36,6 +36,9 @@ client_log = logging.getLogger("pubswap_flwr.clients")  # a line per client repl
 # Seconds between two pulls of the replies: what Flower's own in-memory grid waits (InMemoryGrid.pull_interval,
 # the simulation engine's grid), against HttpGrid's 3 s. Each pull is one local request to the SuperLink.
 PULL_INTERVAL = 0.1
+# While replies are awaited, a line every this many seconds says how many clients have replied so far (a round of a
+# real model can be silent for minutes between "waiting for replies" and "replied").
+PROGRESS_EVERY = 30.0
 
 T = TypeVar("T")
 
@@ -86,9 +89,11 @@ class Exchange:
     before a round starts (simulated nodes register one by one; an in-process grid has them all at once)."""
 
     def __init__(self, grid: Grid, *, timeout: float, min_clients: int, fraction: float, seed: int,
-                 settle_seconds: float = 1.0, pull_interval: float = PULL_INTERVAL):
+                 settle_seconds: float = 1.0, pull_interval: float = PULL_INTERVAL,
+                 progress_every: float = PROGRESS_EVERY):
         self.grid = grid
         self.pull_interval = pull_interval
+        self.progress_every = progress_every
         self.pulls = _pulls_itself(grid)  # False: the grid's send_and_receive (see the module docstring)
         self._clock: Callable[[], float] = time.monotonic  # replaced in tests, with _sleep
         self._sleep: Callable[[float], None] = time.sleep
@@ -150,7 +155,7 @@ class Exchange:
             out.bytes_out[msg.metadata.dst_node_id] = record_bytes(msg.content)
             out.array_records += len(msg.content.array_records)
         started = time.perf_counter()
-        replies, unsent = self._send_and_receive(messages)
+        replies, unsent = self._send_and_receive(messages, step)
         out.wall = time.perf_counter() - started
         for msg in messages:
             by_id[msg.metadata.message_id] = msg.metadata.dst_node_id
@@ -211,7 +216,7 @@ class Exchange:
         msg.content[CONFIG_KEY] = ConfigRecord({**config, **stamp})  # a copy: messages may share one record
         return int(config.get("server-round", self.round))
 
-    def _send_and_receive(self, messages: list[Message]) -> tuple[list[Message], list[int]]:
+    def _send_and_receive(self, messages: list[Message], step: str = "") -> tuple[list[Message], list[int]]:
         """The replies that came within the timeout, and the nodes whose message the grid did not take."""
         if self.pulls:
             try:
@@ -219,21 +224,29 @@ class Exchange:
             except NotImplementedError:  # a grid that only implements send_and_receive (nothing was sent)
                 self.pulls = False
             else:
-                return self._pull(ids), [m.metadata.dst_node_id for m in messages if m.metadata.message_id not in ids]
+                return (self._pull(ids, step),
+                        [m.metadata.dst_node_id for m in messages if m.metadata.message_id not in ids])
         return list(self.grid.send_and_receive(messages, timeout=self.timeout)), []
 
-    def _pull(self, ids: list[str]) -> list[Message]:
+    def _pull(self, ids: list[str], step: str = "") -> list[Message]:
         """Flower's send_and_receive loop (pull, stop when every message has its reply, stop at the timeout), with
-        PULL_INTERVAL between pulls. A message the grid did not take (no id, `None` from HttpGrid) has nothing to
-        wait for."""
+        PULL_INTERVAL between pulls and a progress line every `progress_every` seconds. A message the grid did not
+        take (no id, `None` from HttpGrid) has nothing to wait for."""
         pending = {i for i in ids if i}
-        deadline = self._clock() + self.timeout
+        total = len(pending)
+        started = self._clock()
+        deadline = started + self.timeout
+        next_note = started + self.progress_every
         replies: list[Message] = []
         while pending and self._clock() < deadline:
             got = list(self.grid.pull_messages(sorted(pending)))
             replies.extend(got)
             pending.difference_update(reply.metadata.reply_to_message_id for reply in got)
             if pending:
+                if self._clock() >= next_note:
+                    log.info("%s: %d of %d replied after %.0f s", step, total - len(pending), total,
+                             self._clock() - started)
+                    next_note += self.progress_every
                 self._sleep(max(0.0, min(self.pull_interval, deadline - self._clock())))
         return replies
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ SUMMARY_FILE = "pubswap_run.json"  # what the card says, machine-readable (the c
 CARD_FILE = "README.md"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 PROJECT = "pubswap-flwr"
+BASE_DIR = "base"  # an exported adapter of a base only this project can name ships the base's files here
 
 
 class ExportError(ValueError):
@@ -51,6 +53,19 @@ def save_adapter(policy, directory: Path, *, tokenizer: bool = True) -> None:
     path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     if tokenizer:
         policy.tokenizer.save_pretrained(str(directory))
+    ordinary_permissions(directory)
+
+
+def ordinary_permissions(root: Path) -> None:
+    """The permissions a plainly created file or folder gets (0644 and 0755 under the usual umask 022) for everything
+    under `root`: safetensors writes its files 0600, but adapters and exports are meant to be handed on."""
+    umask = os.umask(0)
+    os.umask(umask)
+    root = Path(root)
+    for path in [root, *root.rglob("*")]:
+        if path.is_symlink():
+            continue
+        path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
 
 
 def run_summary(cfg, round_number: int, row: dict | None = None, *, node: str = "") -> dict[str, Any]:
@@ -86,7 +101,9 @@ def write_card(directory: Path, summary: dict[str, Any], *, merged: bool = False
     directory = Path(directory)
     (directory / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
     has_tokenizer = any((directory / name).is_file() for name in TOKENIZER_FILES)
-    (directory / CARD_FILE).write_text(render_card(summary, merged=merged, has_tokenizer=has_tokenizer))
+    shipped_base = (directory / BASE_DIR / "config.json").is_file()
+    (directory / CARD_FILE).write_text(render_card(summary, merged=merged, has_tokenizer=has_tokenizer,
+                                                   shipped_base=shipped_base))
 
 
 def _is_hub_id(name: str) -> bool:
@@ -94,7 +111,8 @@ def _is_hub_id(name: str) -> bool:
         not name.startswith((".", "~")) and name.count("/") <= 1
 
 
-def render_card(summary: dict[str, Any], *, merged: bool = False, has_tokenizer: bool = True) -> str:
+def render_card(summary: dict[str, Any], *, merged: bool = False, has_tokenizer: bool = True,
+                shipped_base: bool = False) -> str:
     """The card's markdown: YAML metadata, what was trained and how, the round's metrics, how to load it."""
     base = summary["base_model"]
     header = ["---", f"library_name: {'transformers' if merged else 'peft'}"]
@@ -130,6 +148,16 @@ def render_card(summary: dict[str, Any], *, merged: bool = False, has_tokenizer:
         lines += ["```python", "from transformers import AutoModelForCausalLM, AutoTokenizer", "",
                   'model = AutoModelForCausalLM.from_pretrained("PATH/TO/THIS/FOLDER")',
                   'tokenizer = AutoTokenizer.from_pretrained("PATH/TO/THIS/FOLDER")', "```", ""]
+    elif shipped_base:
+        lines += [f"The base model's files are in `{BASE_DIR}/` beside the adapter, and `adapter_config.json` names "
+                  "that folder by the absolute path it was exported to, so plain transformers + peft load it:", "",
+                  "```python", "from peft import AutoPeftModelForCausalLM", "from transformers import AutoTokenizer", "",
+                  'model = AutoPeftModelForCausalLM.from_pretrained("PATH/TO/THIS/FOLDER")',
+                  'tokenizer = AutoTokenizer.from_pretrained("PATH/TO/THIS/FOLDER")', "```", "",
+                  f"Moved or copied elsewhere, load the base from its `{BASE_DIR}/` yourself (or export again):", "",
+                  "```python", "from peft import PeftModel", "from transformers import AutoModelForCausalLM", "",
+                  f'base = AutoModelForCausalLM.from_pretrained("PATH/TO/THIS/FOLDER/{BASE_DIR}")',
+                  'model = PeftModel.from_pretrained(base, "PATH/TO/THIS/FOLDER")', "```", ""]
     else:
         location = f"data/models/{base[len(EMBEDDED_PREFIX):]}" if base.startswith(EMBEDDED_PREFIX) else base
         tokenizer = "PATH/TO/THIS/FOLDER" if has_tokenizer else location  # round-NNNN folders: the base's
@@ -163,13 +191,17 @@ def adapter_folder(path: str | Path) -> Path:
 
 
 def base_location(adapter_dir: Path) -> str:
-    """Where the adapter's base model loads from on this machine (`embedded:` names resolve to data/models)."""
+    """Where the adapter's base model loads from on this machine (`embedded:` names resolve to data/models; an
+    exported folder's own base/ wherever the folder was moved to)."""
     config = json.loads((adapter_dir / ADAPTER_CONFIG).read_text())
     from .policy.model import resolve_model
 
     name = config.get("base_model_name_or_path")
     if not isinstance(name, str) or not name:
         raise ExportError(f"{adapter_dir / ADAPTER_CONFIG} names no base model (base_model_name_or_path)")
+    shipped = adapter_dir / BASE_DIR
+    if (shipped / "config.json").is_file() and not Path(name).is_dir():
+        return str(shipped.resolve())
     return resolve_model(name)
 
 
@@ -210,7 +242,11 @@ def _summary_of(adapter_dir: Path) -> dict[str, Any]:
 
 def export(path: str | Path, out: str | Path, *, merged: bool = False, force: bool = False) -> Path:
     """Write `out`: with `merged`, a standalone model (adapter merged into fp32 base weights, tokenizer, card) that
-    plain `AutoModelForCausalLM.from_pretrained(out)` loads; otherwise a copy of the adapter with tokenizer and card."""
+    plain `AutoModelForCausalLM.from_pretrained(out)` loads; otherwise a copy of the adapter with tokenizer and card,
+    which plain `AutoPeftModelForCausalLM.from_pretrained(out)` loads: a base only this project can name (embedded,
+    packaged) is copied into out/base and adapter_config.json names that folder by its absolute path (transformers
+    resolves a relative one against the working directory, not the adapter's folder). Files get ordinary
+    permissions."""
     adapter_dir = adapter_folder(path)
     out = Path(out).expanduser()
     source, target = adapter_dir.resolve(), out.resolve()
@@ -232,8 +268,16 @@ def export(path: str | Path, out: str | Path, *, merged: bool = False, force: bo
         for name in ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin"):
             if (adapter_dir / name).is_file():
                 shutil.copy2(adapter_dir / name, out / name)
+        reference = json.loads((out / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path", "")
+        # plain transformers cannot resolve `embedded:tiny`: ship the base (again, for an export of an export)
+        if _project_name(str(reference)) or (adapter_dir / BASE_DIR / "config.json").is_file():
+            shutil.copytree(base, out / BASE_DIR, ignore=shutil.ignore_patterns(".*"))
+            config = json.loads((out / ADAPTER_CONFIG).read_text())
+            config["base_model_name_or_path"] = str((out / BASE_DIR).resolve())
+            (out / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     tokenizer.save_pretrained(str(out))
     write_card(out, summary, merged=merged)
+    ordinary_permissions(out)
     return out
 
 
@@ -246,6 +290,9 @@ def cmd_export(args: argparse.Namespace) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(f"{'merged model' if args.merged else 'adapter'} written to {out}")
+    if (out / BASE_DIR).is_dir():
+        print(f"with its base model in {out / BASE_DIR}: AutoPeftModelForCausalLM.from_pretrained({str(out)!r}) loads "
+              "it while the folder stays where it is (its README.md says how to load a moved copy)")
     return 0
 
 

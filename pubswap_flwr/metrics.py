@@ -18,6 +18,8 @@ log = logging.getLogger("pubswap_flwr")
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.json"
 STATUS_FILE = "status.json"
+STOPPED = "stopped"
+STOP_DETAIL = "stopped before its last round: `flwr stop`, or its process was told to exit (SIGINT/SIGTERM)"
 
 
 class RunExistsError(FileExistsError):
@@ -53,6 +55,7 @@ class RunRecorder:
         self.run_dir = run_dir
         self.cfg = cfg
         self.started = time.time()
+        self.status = ""
         metrics = run_dir / METRICS_FILE
         if resume_after is None:
             refuse_existing_run(run_dir)
@@ -72,7 +75,16 @@ class RunRecorder:
             handle.write(json.dumps(json_safe(row), separators=(",", ":")) + "\n")
 
     def write_status(self, status: str, detail: str = "") -> None:
+        if self.status == STOPPED:  # what the process does on its way out after a stop is not the run's outcome
+            return
+        self.status = status
         write_status(self.run_dir, status, detail, time.time() - self.started)
+
+    def stopped_on_exit(self) -> None:
+        """Called as the process exits (Flower's exit handlers: `flwr stop` makes the ServerApp's process exit
+        through them): a run still `running` then was stopped, not finished."""
+        if self.status == "running":
+            self.write_status(STOPPED, STOP_DETAIL)
 
     def progress(self, row: dict) -> None:
         """One console line per round."""
@@ -98,12 +110,44 @@ class RunRecorder:
 
 
 def write_status(run_dir: Path, status: str, detail: str = "", elapsed_s: float = 0.0) -> None:
-    """status.json: `running`, `completed` or `failed` with the reason; replaced atomically (a reader never sees
-    half a file). Also used before a RunRecorder exists, e.g. when a resume fails on its checkpoint."""
+    """status.json: `running`, `completed`, `failed` or `stopped`, with the reason; replaced atomically (a reader
+    never sees half a file). Also used before a RunRecorder exists, e.g. when a resume fails on its checkpoint."""
     path = run_dir / STATUS_FILE
     tmp = run_dir / f".{STATUS_FILE}.tmp"
     tmp.write_text(json.dumps({"status": status, "detail": detail, "elapsed_s": round(elapsed_s, 2)}))
     os.replace(tmp, path)
+
+
+def final_adapters(run_dir: Path, holds_global_adapter: bool) -> str:
+    """Where the run's final adapter is (the last words of a run's log): the global one, or each SAPO node's own
+    (under the run directory in simulation, in its state dir on a deployed node's machine)."""
+    if holds_global_adapter:
+        return f"final adapter: {run_dir / 'adapters' / 'final'}"
+    indices = sorted(int(p.parent.name.split("-", 1)[1]) for p in run_dir.glob("nodes/partition-*/adapter")
+                     if p.parent.name.split("-", 1)[1].isdigit())
+    if not indices:
+        return f"final adapters: one per node, on each node's machine in <its state-dir>/{run_dir.name}/adapter"
+    which = str(indices[0]) if len(indices) == 1 else "{" + ",".join(map(str, indices)) + "}"
+    return f"final adapters, one per node: {run_dir / 'nodes'}/partition-{which}/adapter"
+
+
+def read_status(run_dir: Path) -> dict:
+    """status.json's content ({} when there is none or it cannot be read)."""
+    try:
+        status = json.loads((Path(run_dir) / STATUS_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return status if isinstance(status, dict) else {}
+
+
+def mark_stopped(run_dir: Path, detail: str) -> bool:
+    """Record a stop that the run's own process could not (it was killed): status.json `running` becomes `stopped`,
+    keeping its elapsed time. Returns whether it changed anything."""
+    status = read_status(run_dir)
+    if status.get("status") != "running":
+        return False
+    write_status(Path(run_dir), STOPPED, detail, float(status.get("elapsed_s") or 0.0))
+    return True
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:

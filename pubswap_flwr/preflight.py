@@ -16,7 +16,7 @@ from typing import Any, Iterable, Mapping
 from . import checkpoint, trackers
 from .checkpoint import CheckpointError
 from .config import ConfigError, ExperimentConfig, flatten, load_toml, parse_overrides
-from .metrics import RunExistsError, refuse_existing_run
+from .metrics import RunExistsError, read_status, refuse_existing_run
 
 # What a preflight check raises for a problem the user can fix; anything else is a bug and keeps its traceback.
 # FileNotFoundError: a -c file that does not exist, or resume = true without a checkpoint.
@@ -29,12 +29,13 @@ _PAIR = re.compile(r"""(\S+?)=('[^']*'|"[^"]*"|\S+)""")
 
 @dataclass(frozen=True)
 class Checked:
-    """A config that passed, its run directory (None when Flower's run id names it), and the checkpoint a resumed
-    run continues from."""
+    """A config that passed, its run directory (None when Flower's run id names it), the checkpoint a resumed
+    run continues from, and why there is nothing to run (a resumed run that had already completed)."""
 
     config: ExperimentConfig
     run_dir: Path | None
     saved: checkpoint.ServerCheckpoint | None = None
+    finished: str | None = None
 
 
 def one_line(err: BaseException) -> str:
@@ -85,6 +86,15 @@ def check_run_dir(cfg: ExperimentConfig, run_dir: Path) -> checkpoint.ServerChec
     return saved
 
 
+def already_finished(cfg: ExperimentConfig, run_dir: Path, saved: checkpoint.ServerCheckpoint | None) -> str | None:
+    """Why a resumed run has nothing to do (its status is `completed` and its checkpoint reached num-server-rounds),
+    else None. Such a resume starts nothing and leaves every file as it is."""
+    if saved is None or saved.round < cfg.num_server_rounds or read_status(run_dir).get("status") != "completed":
+        return None
+    return (f"{run_dir} already completed (round {saved.round} of num-server-rounds = {cfg.num_server_rounds}): "
+            "resume = true has nothing to run and changed nothing; raise num-server-rounds to train it further")
+
+
 def check(flat: Mapping[str, Any], run_id: int | str | None = None, *, run_dir: bool = True) -> Checked:
     """The config built from Flower's flat run config, and its run directory checked. Without a `run_id` (before
     Flower assigned one) the directory is only checked when `run-name` names it; `run_dir=False` checks the config
@@ -94,4 +104,5 @@ def check(flat: Mapping[str, Any], run_id: int | str | None = None, *, run_dir: 
     if not run_dir or (run_id is None and not cfg.run_name):
         return Checked(cfg, None)
     path = cfg.run_dir(run_id if run_id is not None else "")
-    return Checked(cfg, path, check_run_dir(cfg, path))
+    saved = check_run_dir(cfg, path)
+    return Checked(cfg, path, saved, already_finished(cfg, path, saved))

@@ -1,12 +1,14 @@
 """Comparison report from run directories' metrics.jsonl alone: report.md and PNG plots.
 
 report.md: per arm, the mean over seeds with its 95% confidence interval (Student t, n-1 degrees of freedom; "n/a"
-with one seed); each arm minus a baseline arm paired by seed (arms of a sweep see the same question streams and
-held-out items for a given seed), with the paired-t interval of the mean difference; every run's final numbers
-(with the standard error of its held-out sampled pass@1 over items when the metrics carry one); a per-task
-breakdown; failures. Plots: held-out accuracy, reward per round, cumulative reward, client drift, bytes per round
-(each with a 95% CI band over seeds, one fixed colour per arm in every figure), and the per-round paired
-difference to the baseline. A figure or panel no arm has data for is left out.
+with one seed), wall time as the median and range over seeds; each arm minus a baseline arm paired by seed (arms of a
+sweep see the same question streams and held-out items for a given seed), with the paired-t interval of the mean
+difference; every run's final numbers (with the standard error of its held-out sampled pass@1 over items when the
+metrics carry one); a per-task breakdown; failures. Plots: held-out accuracy, reward per round, cumulative reward,
+client drift, bytes per round (each with a 95% CI band over seeds, one fixed colour and marker per arm in every
+figure, in the sweep's order of the arms; one line style per arm where arms draw the same line), and the per-round
+paired difference to the baseline (its band: the 95% CI of the paired mean difference over seeds). A figure or
+panel no arm has data for is left out.
 
 An existing report.md is never replaced unless `force` is given; a regenerated report keeps the title, notes and
 the command that made the runs from the summary.json the previous one left, unless new ones are given.
@@ -37,9 +39,10 @@ HEADLINE = [  # (column title, key in RunSummary.values)
     ("sampled reward", "sampled_reward"),
     ("cumulative reward", "cumulative_reward"),
     ("rounds", "rounds"),
-    ("wall time (s)", "wall_s"),
+    ("wall time (s), median (range)", "wall_s"),
     ("MB on the wire", "megabytes"),
 ]
+WALL = "wall_s"  # reported as median and range over seeds, not as a mean with a t interval
 PAIRED = [  # the metrics each arm is compared to the baseline on, seed by seed
     ("sampled acc", "sampled_accuracy"),
     ("greedy pass@1", "greedy_accuracy"),
@@ -346,16 +349,44 @@ def _colour_name(colour: str) -> str:
     return PALETTE_NAMES[PALETTE.index(colour)] if colour in PALETTE else colour
 
 
-def _draw(ax, rounds: list[int], intervals: list[Interval], colour: str, label: str, gid: str,
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
+MARKER_NAMES = {"o": "circles", "s": "squares", "^": "triangles", "D": "diamonds", "v": "down triangles",
+                "P": "pluses", "X": "crosses", "*": "stars", "<": "left triangles", ">": "right triangles"}
+LINESTYLES = ("-", "--", ":", "-.")  # in figures whose arms often draw the same line (bytes per round)
+MARKED_POINTS = 12  # markers per curve of a long run, each arm's at other rounds than the others'
+
+
+@dataclass(frozen=True)
+class ArmStyle:
+    """How one arm is drawn in every figure: its colour and marker (and line style where lines coincide); `phase`
+    shifts its markers along a long curve so that arms drawing the same line still show each marker."""
+
+    colour: str
+    marker: str
+    linestyle: str
+    phase: float
+
+
+def arm_styles(arm_names: Iterable[str]) -> dict[str, ArmStyle]:
+    """A fixed style per arm by its position in the sweep."""
+    names = list(dict.fromkeys(arm_names))
+    colours = arm_colours(names)
+    return {arm: ArmStyle(colours[arm], MARKERS[i % len(MARKERS)], LINESTYLES[i % len(LINESTYLES)],
+                          i / max(1, len(names))) for i, arm in enumerate(names)}
+
+
+def _draw(ax, rounds: list[int], intervals: list[Interval], style: ArmStyle, label: str, gid: str,
           linestyle: str = "-") -> None:
-    """The mean curve, and the 95% CI band where at least two seeds give the round a value."""
+    """The mean curve with the arm's markers (every round of a short run, MARKED_POINTS of a long one), and the 95%
+    CI band where at least two seeds give the round a value."""
     means = [iv.mean for iv in intervals]
-    marker = "o" if len(rounds) <= 16 else None
-    ax.plot(rounds, means, color=colour, label=label, linestyle=linestyle, marker=marker, markersize=3.5,
-            gid=gid)
+    step = max(1, math.ceil(len(rounds) / MARKED_POINTS))
+    markevery = None if step == 1 else (int(style.phase * step), step)
+    ax.plot(rounds, means, color=style.colour, label=label, linestyle=linestyle, marker=style.marker,
+            markersize=3.5 if step == 1 else 4.5, markevery=markevery, gid=gid)
     if any(iv.has_interval for iv in intervals):
-        fill = ax.fill_between(rounds, [iv.low for iv in intervals], [iv.high for iv in intervals], color=colour,
-                               alpha=0.15, linewidth=0)
+        fill = ax.fill_between(rounds, [iv.low for iv in intervals], [iv.high for iv in intervals],
+                               color=style.colour, alpha=0.15, linewidth=0)
         fill.set_gid(gid)
 
 
@@ -367,7 +398,7 @@ def _band_note(arms: dict[str, list[RunSummary]]) -> str:
 
 
 def write_plots(out: Path, arms: dict[str, list[RunSummary]], baseline: str | None = None,
-                colours: dict[str, str] | None = None) -> list[tuple[Path, str]]:
+                styles: dict[str, ArmStyle] | None = None) -> list[tuple[Path, str]]:
     """The report's figures under out/plots/, each with a one-line caption; a figure no arm has data for is
     not written, and a panel no arm has data for is left out of its figure."""
     import matplotlib
@@ -375,7 +406,7 @@ def write_plots(out: Path, arms: dict[str, list[RunSummary]], baseline: str | No
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colours = colours or arm_colours(arms)
+    styles = styles or arm_styles(arms)
     plots = out / "plots"
     plots.mkdir(parents=True, exist_ok=True)
     written: list[tuple[Path, str]] = []
@@ -386,18 +417,23 @@ def write_plots(out: Path, arms: dict[str, list[RunSummary]], baseline: str | No
         return {arm: curve for arm, curve in found.items() if curve[0]}
 
     def figure(panels: list[tuple[str, str, str, dict]], name: str, caption: str, *, from_zero: bool = False,
-               sharey: bool = False, zero_line: str | None = None) -> None:
-        """panels: (title, y label, line style, {arm: curve}); panels without curves are left out."""
+               sharey: bool = False, zero_line: str | None = None, suptitle: str | None = None,
+               arm_linestyles: bool = False) -> None:
+        """panels: (title, y label, line style, {arm: curve}); panels without curves are left out. With
+        `arm_linestyles` each arm has its own line style (arms that draw the same line stay visible)."""
         panels = [p for p in panels if p[3]]
         if not panels:
             return
-        fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels) + 0.8, 4), sharey=sharey,
-                                 squeeze=False)
-        for index, (ax, (title, ylabel, style, found)) in enumerate(zip(axes[0], panels)):
+        fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels) + 0.8, 4.4 if suptitle else 4),
+                                 sharey=sharey, squeeze=False)
+        if suptitle:
+            fig.suptitle(suptitle, fontsize=9)
+        for index, (ax, (title, ylabel, linestyle, found)) in enumerate(zip(axes[0], panels)):
             if zero_line is not None:
                 ax.axhline(0.0, color="black", linewidth=0.9, linestyle="--", label=zero_line)
             for arm, (rounds, intervals) in found.items():
-                _draw(ax, rounds, intervals, colours[arm], arm, arm, style)
+                _draw(ax, rounds, intervals, styles[arm], arm, arm,
+                      styles[arm].linestyle if arm_linestyles else linestyle)
             ax.set(xlabel="round", ylabel=ylabel, title=title)
             if from_zero:
                 top = max(max(iv.high if iv.has_interval else iv.mean for iv in intervals)
@@ -429,13 +465,15 @@ def write_plots(out: Path, arms: dict[str, list[RunSummary]], baseline: str | No
             return {arm: curve for arm, curve in found.items() if curve[0]}
 
         paired_n = {len({r.seed for r in runs} & {r.seed for r in arms[baseline]}) for runs in others.values()}
-        diff_note = "one seed: no interval" if paired_n <= {0, 1} else "band: 95% CI, paired t over seeds"
+        diff_note = "one seed: no interval" if paired_n <= {0, 1} else \
+            "band: 95% CI of the paired mean difference over seeds (paired t, n-1 df)"
         figure([("Held-out sampled accuracy", f"difference to {baseline}", "-", differences("sampled_accuracy")),
                 ("Training reward per round", f"difference to {baseline}", "-", differences("train_reward")),
                 ("Cumulative training reward", f"difference to {baseline}", "-",
                  differences("cumulative_reward"))],
                "paired_difference", f"each arm minus {baseline} on the same seed, mean over seeds ({diff_note}); "
-               "the dashed line is no difference", zero_line=f"{baseline} (zero)")
+               "the dashed line is no difference", zero_line=f"{baseline} (zero)",
+               suptitle=f"Each arm minus {baseline} on the same seed, mean over seeds; {diff_note}")
 
     figure([("Parameter-space drift", "mean pairwise L2 of client adapters", "-", curves("parameter_drift")),
             ("Policy-space drift (public prompts)", "pairwise answer disagreement", "-",
@@ -444,8 +482,9 @@ def write_plots(out: Path, arms: dict[str, list[RunSummary]], baseline: str | No
            "absent (SAPO: the server never sees weights; answers to public prompts exist in pubswap mode only)",
            from_zero=True)
     figure([("Bytes on the wire per round", "MB per round (all clients, both ways)", "-", curves("megabytes"))],
-           "bytes", f"MB per round, all clients both ways, mean over seeds ({note}); the y axis starts at 0",
-           from_zero=True)
+           "bytes", f"MB per round, all clients both ways, mean over seeds ({note}); the y axis starts at 0; arms "
+           "that send the same bytes draw the same line, so each arm has its own line style and marker",
+           from_zero=True, arm_linestyles=True)
     return written
 
 
@@ -476,6 +515,21 @@ def read_summary(out: Path) -> dict:
 def _interval_json(interval: Interval, values: list[float]) -> dict:
     return {"mean": interval.mean, "ci_low": interval.low, "ci_high": interval.high, "n": interval.n,
             "sd": interval.sd, "values": values}
+
+
+def fmt_spread(values: list[float], digits: int = 1) -> str:
+    """`median (min–max)` of the finite values; the value alone from one; `–` from none."""
+    clean = sorted(_finite(values))
+    if not clean:
+        return "–"
+    median = f"{statistics.median(clean):.{digits}f}"
+    return median if len(clean) == 1 else f"{median} ({clean[0]:.{digits}f}–{clean[-1]:.{digits}f})"
+
+
+def _spread_json(values: list[float]) -> dict:
+    clean = sorted(_finite(values))
+    return {"median": statistics.median(clean) if clean else NAN, "min": clean[0] if clean else NAN,
+            "max": clean[-1] if clean else NAN, "n": len(clean), "values": values}
 
 
 def _rounds_cell(values: list[float]) -> str:
@@ -606,13 +660,16 @@ def provenance_lines(runs: list[RunSummary]) -> tuple[list[str], dict[str, list[
 
 def write_report(out: Path, run_dirs: list[Path], *, failures: dict[tuple[str, int], str] | None = None,
                  title: str | None = None, notes: str | None = None, command: str = "",
-                 made_by: str | None = None, baseline: str | None = None, force: bool = False) -> Path:
+                 made_by: str | None = None, baseline: str | None = None, force: bool = False,
+                 arm_order: list[str] | None = None) -> Path:
     """report.md + summary.json + plots/ under `out`, from the runs' metrics.jsonl.
 
     Raises ReportExistsError when out/report.md exists and `force` is not given. `title`, `notes`, `made_by`
-    (the command that made the runs, when another one writes this report), `baseline` and the order of the arms
-    default to what the previous summary.json recorded, then to the default title, no notes, `command`, the
-    first arm and the order the runs are given in."""
+    (the command that made the runs, when another one writes this report) and `baseline` default to what the
+    previous summary.json recorded, then to the default title, no notes, `command` and the first arm. The arms (their
+    colours and markers) follow `arm_order` (the sweep file's, given by `pubswap compare` and publish_results.py; the
+    default baseline is then its first arm), then the previous summary's order, then the order the runs are given
+    in."""
     out = Path(out)
     report = out / REPORT_FILE
     if report.exists() and not force:
@@ -624,13 +681,14 @@ def write_report(out: Path, run_dirs: list[Path], *, failures: dict[tuple[str, i
     made_by = made_by if made_by is not None else previous.get("made_by") or command
     runs = [summarize_run(Path(d)) for d in run_dirs]
     arms = group(runs)
-    # A regenerated report keeps the previous one's arm order (a sweep's order: colours and the default baseline
+    # The sweep's own order, else a regenerated report keeps the previous one's (colours and the default baseline
     # stay put), whatever order a shell glob gives the run directories in.
-    order = [arm for arm in previous.get("arms") or {} if arm in arms]
+    order = list(dict.fromkeys([arm for arm in arm_order or [] if arm in arms]
+                               + [arm for arm in previous.get("arms") or {} if arm in arms]))
     arms = {arm: arms[arm] for arm in order + [a for a in arms if a not in order]}
     if baseline is None:
-        stored = previous.get("baseline")
-        baseline = stored if stored in arms else next(iter(arms), None)
+        stored = previous.get("baseline")  # a sweep's own report compares with its first arm
+        baseline = stored if stored in arms and not arm_order else next(iter(arms), None)
     elif baseline not in arms:
         raise ValueError(f"baseline arm {baseline!r} has no runs; arms: {list(arms)}")
     failures = failures or {}
@@ -649,7 +707,9 @@ def write_report(out: Path, run_dirs: list[Path], *, failures: dict[tuple[str, i
     lines += code_lines
     lines += ["", f"Each value is the mean over seeds with its {CONFIDENCE:.0%} confidence interval in brackets "
                   "(Student t, n-1 degrees of freedom; *n/a* with a single seed, where no interval can be "
-                  "estimated). Held-out metrics are from the last evaluated round; *sampled* is "
+                  "estimated), except wall time: the median over seeds with the range (fastest–slowest) in "
+                  "parentheses, since it depends on how loaded the machine was rather than varying around a mean. "
+                  "Held-out metrics are from the last evaluated round; *sampled* is "
                   f"{_sampled_description(runs)}.", ""]
     lines.append("| arm | mode | seeds | " + " | ".join(t for t, _ in HEADLINE) + " |")
     lines.append("|---|---|---|" + "---|" * len(HEADLINE))
@@ -662,12 +722,13 @@ def write_report(out: Path, run_dirs: list[Path], *, failures: dict[tuple[str, i
         entry: dict = {"seeds": [r.seed for r in members], "mode": members[0].mode}
         for _, key in HEADLINE:
             values = [r.values[key] for r in members]
+            if key == WALL:
+                entry[key] = _spread_json(values)
+                cells.append(fmt_spread(values))
+                continue
             interval = mean_ci(values)
             entry[key] = _interval_json(interval, values)
-            if key == "rounds":
-                cells.append(_rounds_cell(values))
-            else:
-                cells.append(fmt_ci(interval, 1 if key == "wall_s" else 3))
+            cells.append(_rounds_cell(values) if key == "rounds" else fmt_ci(interval, 3))
         summary["arms"][arm] = entry
         lines.append(f"| {arm} | {members[0].mode} | {', '.join(str(r.seed) for r in members)} | "
                      + " | ".join(cells) + " |")
@@ -754,16 +815,17 @@ def write_report(out: Path, run_dirs: list[Path], *, failures: dict[tuple[str, i
         lines += ["", "## Failed runs", ""]
         for (arm, seed), detail in sorted(failures.items()):
             lines.append(f"- **{arm}** seed {seed}: FAILED — {detail.strip().splitlines()[-1] if detail else ''}")
-    colours = arm_colours(arms)
-    plots = write_plots(out, arms, baseline, colours) if arms else []
+    styles = arm_styles(arms)
+    plots = write_plots(out, arms, baseline, styles) if arms else []
     kept = {path.stem for path, _ in plots}
     for name in PLOT_NAMES:  # a figure this report no longer draws must not linger from an older one
         stale = out / "plots" / f"{name}.png"
         if name not in kept and stale.is_file():
             stale.unlink()
     if plots:
-        lines += ["", "## Plots", "", "Colours are fixed per arm across every figure: "
-                  + ", ".join(f"{arm} {_colour_name(colours[arm])}" for arm in arms) + "."]
+        lines += ["", "## Plots", "", "Colours and markers are fixed per arm across every figure: "
+                  + ", ".join(f"{arm} {_colour_name(styles[arm].colour)} {MARKER_NAMES[styles[arm].marker]}"
+                              for arm in arms) + "."]
         for path, caption in plots:
             lines += ["", f"**{path.stem}**: {caption}.", "", f"![{path.stem}](plots/{path.name})"]
     lines += ["", "## Runs", ""] + [f"- `{r.run_dir}`" for r in runs]

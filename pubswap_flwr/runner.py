@@ -46,7 +46,8 @@ class Runner:
     def _write_row(self, row: dict) -> None:
         """metrics.jsonl, the configured experiment tracker (output.report-to), and the console line."""
         self.recorder.write_row(row)
-        self.tracker.log(row["round"], trackers.scalars(json_safe(row)))
+        node_index = self.exchange.node_index if self.exchange is not None else {}
+        self.tracker.log(row["round"], trackers.scalars(trackers.by_node_index(json_safe(row), node_index)))
         self.recorder.progress(row)
 
     def run(self, grid: Grid, initial_adapter: Adapter | None) -> Adapter | None:

@@ -11,12 +11,13 @@ import numpy as np
 import torch
 from flwr.app import Context
 from flwr.serverapp import Grid
+from flwr.supercore.exit import add_exit_handler
 
 from . import preflight, provenance
 from .config import ConfigError, ExperimentConfig
 from .evaluation import evaluate
 from .logs import route_logs_to_flower
-from .metrics import RunRecorder, write_status
+from .metrics import STOPPED, RunRecorder, final_adapters, write_status
 from .policy import Policy
 from .policy.threads import apply_threads
 from .protocols import run_protocol
@@ -80,8 +81,15 @@ def run(grid: Grid, context: Context, settle_seconds: float = 1.0) -> None:
         if cfg.resume and run_dir.is_dir():  # the interrupted run's status.json still says "running"
             write_status(run_dir, "failed", f"resume: {type(err).__name__}: {err}")
         raise
+    finished = preflight.already_finished(cfg, run_dir, saved)
+    if finished:
+        log.info("%s", finished)
+        return
     torch.manual_seed(cfg.seed)
     recorder = RunRecorder(run_dir, cfg, context.run_id, resume_after=saved.round if saved else None)
+    # `flwr stop` ends the ServerApp's process through Flower's exit handlers (a SIGINT from its heartbeat thread,
+    # then flwr_exit), not through this function: the run is marked stopped there
+    add_exit_handler(recorder.stopped_on_exit, run_before_force_exit=True)
     made_by = provenance.write(run_dir, resumed=saved is not None)
     log.info("pubswap-flwr run %s: mode %s, outputs in %s; code %s from %s", context.run_id, cfg.strategy.mode,
              run_dir, provenance.code_label(made_by), made_by["code_dir"])
@@ -92,8 +100,12 @@ def run(grid: Grid, context: Context, settle_seconds: float = 1.0) -> None:
         evaluator = GlobalEvaluator(cfg) if protocol_class.holds_global_adapter else None
         initial = evaluator.initial_adapter() if evaluator else None
         Runner(cfg, recorder, protocol, evaluator, resume_from=saved, settle_seconds=settle_seconds).run(grid, initial)
+    except KeyboardInterrupt:
+        recorder.write_status(STOPPED, "interrupted (KeyboardInterrupt)")
+        raise
     except BaseException as err:
         recorder.write_status("failed", f"{type(err).__name__}: {err}")
         raise
     recorder.write_status("completed", f"{cfg.num_server_rounds} rounds in {time.time() - started:.1f} s")
-    log.info("run finished in %.1f s; metrics: %s", time.time() - started, recorder.metrics_path)
+    log.info("run finished in %.1f s; metrics: %s; %s", time.time() - started, recorder.metrics_path,
+             final_adapters(run_dir, protocol_class.holds_global_adapter))

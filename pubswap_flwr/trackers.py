@@ -1,4 +1,4 @@
-"""Experiment trackers for `output.report-to`: every metrics row, under the names metrics.jsonl uses."""
+"""Experiment trackers for `output.report-to`: every metrics row under the names metrics.jsonl uses, clients by index."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 from . import metrics_schema as schema
 from .config import REPORT_TO, ConfigError, ExperimentConfig
@@ -39,6 +39,24 @@ def scalars(row: dict[str, Any], prefix: str = "") -> dict[str, float]:
         elif isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
             out[name] = float(value)
     return out
+
+
+def by_node_index(row: Any, node_index: Mapping[int, int]) -> Any:
+    """The row with every per-node table (clients, dropped, node_eval) keyed `node-<index>` instead of by Flower's
+    node id: Flower draws new random ids for every run, so a client's curves line up across runs only by its index.
+    `node_index` maps Flower node ids to indices (the exchange's); a client entry's own `node_index` also counts."""
+    names = {str(node): f"node-{index}" for node, index in node_index.items()}
+    if isinstance(row, dict) and isinstance(row.get("clients"), dict):
+        names.update({str(node): f"node-{entry['node_index']}" for node, entry in row["clients"].items()
+                      if isinstance(entry, dict) and isinstance(entry.get("node_index"), int)})
+    return _renamed(row, names)
+
+
+def _renamed(value: Any, names: dict[str, str]) -> Any:
+    if not isinstance(value, dict):
+        return value
+    keyed_by_node = bool(value) and all(str(key) in names for key in value)
+    return {names[str(k)] if keyed_by_node else k: _renamed(v, names) for k, v in value.items()}
 
 
 class Tracker:

@@ -1,5 +1,7 @@
-"""Copy a finished sweep's small files (metrics.jsonl, config.json, status.json per run) into docs/results/<sweep>/
-and regenerate its report from those copies, so the committed report is reproducible from what is committed.
+"""Copy a finished sweep's small files (metrics.jsonl, config.json, status.json, provenance.json per run) and each
+run's final adapter(s) into docs/results/<sweep>/ and regenerate its report from those copies, so the committed
+report is reproducible from what is committed and `pubswap verify docs/results/<sweep>/runs/<run>` re-evaluates what
+the run trained.
 
     python scripts/publish_results.py configs/compare-sapo.toml results     # results/ = the sweep's --out
     python scripts/publish_results.py configs/compare-sapo.toml results --force    # replace a published sweep
@@ -8,6 +10,14 @@ and regenerate its report from those copies, so the committed report is reproduc
 
 A published sweep is never replaced without --force. --regenerate rewrites only docs/results/<sweep>/report.md,
 summary.json and plots/ from the runs and outcomes.json already there (asking for it is asking to replace them).
+
+Adapters: the global one (adapters/final/) or, for SAPO, every node's own (nodes/partition-N/adapter/), at the same
+paths under the published run, with adapter_config.json and the model card but not the tokenizer (the base model's).
+Weights are stored as fp16 (the run keeps fp32 master weights; fp16 is also what travels on the wire), so an adapter
+costs 2 bytes per LoRA parameter plus ~8 KB of JSON and card: on the embedded tiny model with the default LoRA (r 16,
+all linear layers: 155,648 parameters) 0.32 MB, i.e. 3.7 MB for a 4-arm x 3-seed fedavg/pubswap sweep and 30 MB for
+compare-sapo (4 arms x 3 seeds x 8 nodes); on SmolLM2-135M (r 16, all linear: 4.9M parameters) 9.8 MB each. The
+script prints the total. --no-adapters leaves them out (the report does not need them; `pubswap verify` does).
 """
 
 from __future__ import annotations
@@ -17,12 +27,43 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
 from pubswap_flwr.compare import load_sweep
 from pubswap_flwr.report import write_report
+from pubswap_flwr.verify import VerifyError, final_adapters
 
 RUN_FILES = ("metrics.jsonl", "config.json", "status.json")
 OPTIONAL_FILES = ("provenance.json",)  # runs made before runs recorded their code have none
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+ADAPTER_FILES = ("adapter_config.json", "README.md", "pubswap_run.json")  # beside the weights; no tokenizer
 DOCS = Path("docs/results")
+
+
+def copy_adapter(src: Path, dst: Path) -> int:
+    """The adapter folder `src` to `dst` with fp32 weights stored as fp16; returns the bytes written."""
+    dst.mkdir(parents=True)
+    for name in ADAPTER_FILES:
+        if (src / name).is_file():
+            shutil.copy2(src / name, dst / name)
+    with safe_open(str(src / ADAPTER_WEIGHTS), framework="np") as handle:
+        metadata = handle.metadata()
+        tensors = {key: handle.get_tensor(key) for key in handle.keys()}
+    save_file({k: v.astype(np.float16) if v.dtype == np.float32 else v for k, v in tensors.items()},
+              str(dst / ADAPTER_WEIGHTS), metadata=metadata)
+    return sum(p.stat().st_size for p in dst.iterdir())
+
+
+def copy_adapters(src_run: Path, dst_run: Path) -> int:
+    """A run's final adapter(s) (verify.final_adapters: global, or each SAPO node's) at the same paths under the
+    published run; returns the bytes written (0 for a run that kept none)."""
+    try:
+        found = final_adapters(src_run)
+    except VerifyError:
+        return 0
+    return sum(copy_adapter(folder, dst_run / folder.relative_to(src_run)) for _, folder in found)
 
 
 def _report(sweep_file: Path, dst: Path, outcomes: list[dict], command: str) -> Path:
@@ -30,10 +71,11 @@ def _report(sweep_file: Path, dst: Path, outcomes: list[dict], command: str) -> 
     runs = [dst / "runs" / sweep.run_name(o["arm"], o["seed"]) for o in outcomes if o["status"] == "completed"]
     failures = {(o["arm"], o["seed"]): o["detail"] for o in outcomes if o["status"] != "completed"}
     return write_report(dst, runs, failures=failures, title=sweep.name, notes=sweep.notes, command=command,
-                        made_by=f"pubswap compare configs/{sweep_file.name}", force=True)
+                        made_by=f"pubswap compare configs/{sweep_file.name}", force=True,
+                        arm_order=[arm.name for arm in sweep.arms])
 
 
-def publish(sweep_file: Path, results: Path, docs: Path = DOCS, force: bool = False) -> Path:
+def publish(sweep_file: Path, results: Path, docs: Path = DOCS, force: bool = False, adapters: bool = True) -> Path:
     sweep = load_sweep(sweep_file)
     src, dst = results / sweep.name, docs / sweep.name
     if not (src / "outcomes.json").is_file():
@@ -48,10 +90,19 @@ def publish(sweep_file: Path, results: Path, docs: Path = DOCS, force: bool = Fa
         raise SystemExit(f"{src} lacks files of completed runs: {', '.join(missing[:5])}")
     if dst.exists():
         shutil.rmtree(dst)
+    adapter_bytes, without = 0, []
     for name in completed:
         (dst / "runs" / name).mkdir(parents=True)
         for f in RUN_FILES + tuple(f for f in OPTIONAL_FILES if (src / "runs" / name / f).is_file()):
             shutil.copy2(src / "runs" / name / f, dst / "runs" / name / f)
+        if adapters:
+            written = copy_adapters(src / "runs" / name, dst / "runs" / name)
+            adapter_bytes += written
+            if not written:
+                without.append(name)
+    if adapters:
+        print(f"final adapters: {adapter_bytes / 1e6:.1f} MB (fp16)"
+              + (f"; none kept by {len(without)} run(s): {', '.join(without[:5])}" if without else ""))
     for outcome in outcomes:
         outcome["run_dir"] = str(Path("runs") / Path(outcome["run_dir"]).name)
     (dst / "outcomes.json").write_text(json.dumps(outcomes, indent=2))
@@ -78,6 +129,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--force", action="store_true", help="replace an already published sweep")
     parser.add_argument("--regenerate", action="store_true",
                         help="rewrite the published report from the committed runs (no results folder)")
+    parser.add_argument("--no-adapters", action="store_true",
+                        help="leave the runs' final adapters out (pubswap verify needs them; see above for the bytes)")
     args = parser.parse_args(argv)
     if args.regenerate:
         if args.results is not None:
@@ -86,7 +139,7 @@ def main(argv: list[str] | None = None) -> None:
     elif args.results is None:
         parser.error("give the sweep's results folder (or --regenerate)")
     else:
-        print(publish(args.sweep, args.results, force=args.force))
+        print(publish(args.sweep, args.results, force=args.force, adapters=not args.no_adapters))
 
 
 if __name__ == "__main__":

@@ -197,3 +197,26 @@ def test_each_message_carries_the_last_round_the_exchange_accepted_from_its_node
     assert stamps == {11: {NODE_ROUNDS_KEY: '{"0": 4}'}, 12: {NODE_ROUNDS_KEY: '{"0": 4}'}}
     assert resumed.accepted_round == {0: 4, 10: 5, 11: 5} and send(resumed, resumed_grid, 6, nodes=(11,)) == {
         11: {NODE_ROUND_KEY: 5}}
+
+
+def test_a_line_every_30_s_says_how_many_clients_replied_while_waiting(caplog):
+    import logging
+
+    grid = PollingGrid({1: 2, 2: 701})  # node 2 answers at the 701st pull: 70 s at PULL_INTERVAL
+    exchange = _exchange(grid, timeout=600.0)
+    exchange.round = 3
+    logger, clients = logging.getLogger("pubswap_flwr"), logging.getLogger("pubswap_flwr.clients")
+    saved = clients.level
+    clients.setLevel(logging.WARNING)  # no per-client lines (--verbose)
+    logger.addHandler(caplog.handler)  # the project's logger may not propagate (logs.setup)
+    try:
+        with caplog.at_level(logging.INFO, logger="pubswap_flwr"):
+            out = _send(exchange, [1, 2])
+    finally:
+        logger.removeHandler(caplog.handler)
+        clients.setLevel(saved)
+    assert sorted(out.replies) == [1, 2]
+    lines = list(dict.fromkeys(r.getMessage() for r in caplog.records if r.name == "pubswap_flwr"))
+    assert lines == ["[round 3] train #1: sent to 2 client(s), waiting for replies",
+                     "[round 3] train #1: 1 of 2 replied after 30 s", "[round 3] train #1: 1 of 2 replied after 60 s",
+                     "[round 3] train #1: 2 of 2 replied in 0.0 s"]

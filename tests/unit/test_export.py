@@ -71,6 +71,11 @@ def test_the_run_reported_its_rows_to_tensorboard(run_dir):
         [(r["round"], pytest.approx(r["eval"]["greedy_accuracy"])) for r in rows]
     assert [e.value for e in events.Scalars("cumulative_reward")] == \
         [pytest.approx(r["cumulative_reward"]) for r in rows[1:]]
+    # per-client curves by node index, which line up across runs (Flower's node ids are random per run)
+    clients = {tag.split("/")[1] for tag in events.Tags()["scalars"] if tag.startswith("clients/")}
+    assert clients == {"node-0", "node-1"}
+    assert [e.value for e in events.Scalars("clients/node-1/train_reward")] == [
+        pytest.approx(c["train_reward"]) for r in rows[1:] for c in r["clients"].values() if c["node_index"] == 1]
 
 
 def test_a_moved_adapter_folder_loads_with_the_runs_final_weights(run_dir, tmp_path):
@@ -118,6 +123,59 @@ def test_export_without_merged_copies_the_adapter_with_tokenizer_and_card(run_di
     base = AutoModelForCausalLM.from_pretrained(str(data_dir() / "models" / "tiny"))
     model = PeftModel.from_pretrained(base, str(out))
     assert sum(1 for name, _ in model.named_parameters() if "lora_A" in name) > 0
+
+
+def test_an_exported_adapter_of_an_embedded_model_loads_with_autopeft_anywhere(run_dir, tmp_path, monkeypatch):
+    import os
+
+    from peft import AutoPeftModelForCausalLM
+    from transformers import AutoTokenizer
+
+    out = tmp_path / "exported"
+    umask = os.umask(0o022)
+    try:
+        assert main(["export", str(run_dir), str(out)]) == 0
+    finally:
+        os.umask(umask)
+    config = json.loads((out / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == str((out / "base").resolve())
+    assert (out / "base" / "model.safetensors").read_bytes() == (data_dir() / "models" / "tiny" /
+                                                                 "model.safetensors").read_bytes()
+    assert {oct(p.stat().st_mode & 0o777) for p in out.rglob("*") if p.is_file()} == {"0o644"}  # shareable
+    assert {oct(p.stat().st_mode & 0o777) for p in [out, *out.rglob("*")] if p.is_dir()} == {"0o755"}
+    card = (out / "README.md").read_text()
+    assert 'AutoPeftModelForCausalLM.from_pretrained("PATH/TO/THIS/FOLDER")' in card and "`base/`" in card
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # plain transformers + peft, from any working directory
+    model = AutoPeftModelForCausalLM.from_pretrained(str(out))
+    tokenizer = AutoTokenizer.from_pretrained(str(out))
+    batch = _prompt(tokenizer)
+    peft_model, _ = load_adapter_model(run_dir)
+    with torch.no_grad():
+        assert torch.equal(model(**batch).logits, peft_model(**batch).logits)
+
+    # a relative reference would resolve against the working directory, not the adapter's folder
+    relative = tmp_path / "relative"
+    shutil.copytree(out, relative)
+    (relative / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": "base"}))
+    with pytest.raises(OSError):
+        AutoPeftModelForCausalLM.from_pretrained(str(relative))
+    # a moved copy: the project's loader finds its base/, and exporting it again ships the base again
+    moved = tmp_path / "moved"
+    shutil.move(str(out), str(moved))
+    again, _ = load_adapter_model(moved)
+    with torch.no_grad():
+        assert torch.equal(again(**batch).logits, peft_model(**batch).logits)
+    export(moved, tmp_path / "again")
+    assert json.loads((tmp_path / "again" / "adapter_config.json").read_text())["base_model_name_or_path"] == \
+        str((tmp_path / "again" / "base").resolve())
+
+
+def test_the_runs_own_adapter_files_are_not_private(run_dir):
+    final = run_dir / "adapters" / "final"
+    assert (final / "adapter_model.safetensors").stat().st_mode & 0o044 == 0o044  # safetensors alone writes 0600
 
 
 def test_export_refuses_an_existing_folder_and_a_run_without_a_global_adapter(run_dir, tmp_path, capsys):

@@ -57,6 +57,9 @@ APPLIED = {
     verifiers._PLAIN_MATH_RE.pattern: lambda text: verifiers._PLAIN_MATH_RE.fullmatch(text),
     verifiers._ATTRIBUTE_RE.pattern: lambda text: verifiers._ATTRIBUTE_RE.search(text),
     verifiers._NUMBER_RE.pattern: lambda text: verifiers._NUMBER_RE.match(text),
+    verifiers._NUMBER.pattern: lambda text: verifiers._NUMBER.findall(text),  # lenient_answer
+    verifiers._WORD.pattern: lambda text: verifiers._WORD.findall(text),
+    verifiers._NUMERIC_ANSWER.pattern: lambda text: verifiers._NUMERIC_ANSWER.fullmatch(text),
     r"[A-Za-z]+": lambda text: re.findall(r"[A-Za-z]+", text),  # is_plain_math's names
     r"\s+([^\s$]+)": lambda text: re.match(r"\s+([^\s$]+)", text),  # last_boxed: "\boxed 5"
     r"(?:\\text\{)?([A-Za-z]+)\}?\.?": lambda text: re.fullmatch(r"(?:\\text\{)?([A-Za-z]+)\}?\.?", text),

@@ -113,8 +113,7 @@ def test_single_seed_shows_n_a_never_a_zero_spread(tmp_path):
     runs = [make_run(tmp_path, "a", 0, 0.2), make_run(tmp_path, "b", 0, 0.3)]
     text = write_report(tmp_path, runs).read_text()
     cells = _table(text, "a")
-    assert cells[3:10] == ["0.250 [n/a]", "0.200 [n/a]", "0.300 [n/a]", "0.960 [n/a]", "3", "6.0 [n/a]",
-                           "4.500 [n/a]"]
+    assert cells[3:10] == ["0.250 [n/a]", "0.200 [n/a]", "0.300 [n/a]", "0.960 [n/a]", "3", "6.0", "4.500 [n/a]"]
     assert "| b | sampled acc | +0.100 | +0.100 [n/a] |" in text
     assert "± 0.000" not in text and "±" not in text
     assert read_summary(tmp_path)["arms"]["a"]["sampled_accuracy"]["ci_low"] is None  # JSON null, not NaN
@@ -256,3 +255,106 @@ def test_answer_format_section_counts_client_rounds_below_the_warning(tmp_path):
     assert b[1:] == ["0.900", "0 of 6", "0 of 1"]  # 0.8 is not below the threshold
     summary = json.loads((tmp_path / "fmt" / "summary.json").read_text())
     assert summary["format"]["a"]["client_rounds_below"] == 3 and summary["runs"]["a-s1"]["format_breaks"] == 3
+
+
+def test_wall_time_is_the_median_and_range_over_seeds_never_a_t_interval(tmp_path):
+    runs = []
+    for seed, elapsed in enumerate((352.9, 101.2, 1905.4)):  # one slow seed on a loaded machine
+        run = make_run(tmp_path, "a", seed, 0.2)
+        (run / "status.json").write_text(json.dumps({"status": "completed", "elapsed_s": elapsed}))
+        runs.append(run)
+    text = write_report(tmp_path, runs).read_text()
+    assert "| arm | mode | seeds | greedy pass@1 | sampled acc | sampled reward | cumulative reward | rounds | " \
+           "wall time (s), median (range) | MB on the wire |" in text
+    assert _table(text, "a")[8] == "352.9 (101.2–1905.4)"
+    assert "except wall time: the median over seeds with the range (fastest–slowest)" in text
+    wall = read_summary(tmp_path)["arms"]["a"]["wall_s"]
+    assert wall == {"median": 352.9, "min": 101.2, "max": 1905.4, "n": 3, "values": [352.9, 101.2, 1905.4]}
+
+
+def _styles_seen(monkeypatch) -> dict[str, dict]:
+    """Every figure the report saves: {file stem: {"suptitle": text, "lines": {gid: {(colour, marker, style)}}}}."""
+    import matplotlib.colors
+
+    seen: dict[str, dict] = {}
+    original = report_module._save
+
+    def record(fig, path):
+        lines: dict[str, set] = {}
+        for axis in fig.axes:
+            for line in axis.lines:
+                if line.get_gid():
+                    lines.setdefault(line.get_gid(), set()).add(
+                        (matplotlib.colors.to_hex(line.get_color()), line.get_marker(), line.get_linestyle()))
+        title = fig._suptitle.get_text() if fig._suptitle is not None else ""
+        seen[Path(path).stem] = {"suptitle": title, "lines": lines}
+        return original(fig, path)
+
+    monkeypatch.setattr(report_module, "_save", record)
+    return seen
+
+
+SWEEP_ORDER = ["fedavg", "fedprox", "random", "balanced"]
+
+
+def test_colours_follow_the_sweep_order_whatever_the_run_order(tmp_path, monkeypatch):
+    import random
+
+    runs = [make_run(tmp_path, arm, seed, 0.2 + 0.01 * seed) for arm in SWEEP_ORDER for seed in (0, 1, 2)]
+    # a report written before from a shell glob's (alphabetical) order
+    write_report(tmp_path, sorted(runs), force=True)
+    assert list(read_summary(tmp_path)["arms"]) == ["balanced", "fedavg", "fedprox", "random"]
+    expected = report_module.arm_styles(SWEEP_ORDER)
+    seen = _styles_seen(monkeypatch)
+    drawn = []
+    for shuffle_seed in (1, 2):
+        shuffled = list(runs)
+        random.Random(shuffle_seed).shuffle(shuffled)
+        text = write_report(tmp_path, shuffled, arm_order=SWEEP_ORDER, force=True).read_text()
+        summary = read_summary(tmp_path)
+        assert list(summary["arms"]) == SWEEP_ORDER and summary["baseline"] == "fedavg"
+        assert "Colours and markers are fixed per arm across every figure: fedavg blue circles, fedprox orange " \
+               "squares, random green triangles, balanced red diamonds." in text
+        for name, figure in seen.items():
+            for arm, styles in figure["lines"].items():
+                assert {(colour, marker) for colour, marker, _ in styles} == \
+                    {(expected[arm].colour, expected[arm].marker)}, name
+        drawn.append({name: figure["lines"] for name, figure in seen.items()})
+    assert drawn[0] == drawn[1]
+
+
+def test_publish_orders_arms_as_the_sweep_file_does(tmp_path):
+    from tests.unit.test_report_publish import _finished_sweep, _script
+
+    script = _script()
+    sweep, results = _finished_sweep(tmp_path)  # arms fedavg, fedprox in the sweep file
+    outcomes = json.loads((results / "mini-sweep" / "outcomes.json").read_text())
+    (results / "mini-sweep" / "outcomes.json").write_text(json.dumps(outcomes[::-1]))
+    published = script.publish(sweep, results, docs=tmp_path / "docs")
+    assert list(read_summary(published)["arms"]) == ["fedavg", "fedprox"]
+    (published / "summary.json").write_text(json.dumps({**read_summary(published), "arms": {"fedprox": {}}}))
+    script.regenerate(sweep, docs=tmp_path / "docs")
+    assert list(read_summary(published)["arms"]) == ["fedavg", "fedprox"]
+
+
+def test_paired_difference_plots_say_what_their_band_is(tmp_path, monkeypatch):
+    seen = _styles_seen(monkeypatch)
+    runs = [make_run(tmp_path, arm, seed, 0.2 + 0.02 * seed) for arm in ("a", "b") for seed in (0, 1)]
+    text = write_report(tmp_path, runs).read_text()
+    band = "band: 95% CI of the paired mean difference over seeds (paired t, n-1 df)"
+    assert seen["paired_difference"]["suptitle"] == f"Each arm minus a on the same seed, mean over seeds; {band}"
+    assert f"each arm minus a on the same seed, mean over seeds ({band})" in text
+    single = tmp_path / "one"
+    write_report(single, [make_run(single, arm, 0, 0.2) for arm in ("a", "b")])
+    assert seen["paired_difference"]["suptitle"].endswith("mean over seeds; one seed: no interval")
+
+
+def test_arms_that_send_the_same_bytes_stay_distinguishable(tmp_path, monkeypatch):
+    seen = _styles_seen(monkeypatch)
+    runs = [make_run(tmp_path, arm, seed, 0.2, rounds=40) for arm in SWEEP_ORDER for seed in (0, 1)]
+    write_report(tmp_path, runs, arm_order=SWEEP_ORDER)  # every arm: 1.5 MB per round
+    lines = seen["bytes"]["lines"]
+    assert set(lines) == set(SWEEP_ORDER)
+    looks = [(marker, style) for arm in SWEEP_ORDER for _, marker, style in lines[arm]]
+    assert len(set(looks)) == len(SWEEP_ORDER)  # each arm its own marker and line style
+    assert {style for _, style in looks} == {"-", "--", ":", "-."}

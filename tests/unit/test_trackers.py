@@ -29,6 +29,22 @@ def test_scalars_are_the_rows_numbers_under_their_json_paths():
         "eval/per_task/gcd/greedy_accuracy": 0.75, "clients/17/train_reward": 0.5, "time/round_s": 2.0}
 
 
+def test_clients_are_named_by_node_index_not_by_flowers_random_node_id():
+    row = {**ROWS[1], "clients": {"8812734": {"train_reward": 0.5, "node_index": 1},
+                                  "553": {"train_reward": 0.25, "node_index": 0}},
+           "dropped": {"90210": "timeout"}, "node_eval": {"8812734": {"greedy_accuracy": 0.5}}}
+    named = trackers.scalars(trackers.by_node_index(row, {90210: 2}))
+    assert named["clients/node-1/train_reward"] == 0.5 and named["clients/node-0/train_reward"] == 0.25
+    assert named["node_eval/node-1/greedy_accuracy"] == 0.5
+    assert not any(part.isdigit() for key in named for part in key.split("/"))
+    # SAPO's round 0 (the nodes' starting points) lists no clients: the exchange's ids -> indices name them
+    row0 = {"round": 0, "mode": "sapo", "node_eval": {"8812734": {"greedy_accuracy": 0.25}}}
+    assert trackers.scalars(trackers.by_node_index(row0, {8812734: 1})) == {"node_eval/node-1/greedy_accuracy": 0.25}
+    # a table that is not keyed by nodes keeps its keys, even ones that look like ids
+    assert trackers.by_node_index({"round": 1, "per_task": {"553": 1.0, "gcd": 0.5}}, {553: 0})["per_task"] == {
+        "553": 1.0, "gcd": 0.5}
+
+
 def test_the_registry_serves_every_configured_backend():
     assert set(trackers.BACKENDS) | {"none"} == set(REPORT_TO)
     assert ExperimentConfig().output.report_to == "none"

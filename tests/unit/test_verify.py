@@ -80,3 +80,47 @@ def test_refusals_name_what_is_missing(tmp_path, fedavg_run, capsys):
     (bare / "metrics.jsonl").write_text((fedavg_run / "metrics.jsonl").read_text())
     assert pubswap(["verify", str(bare)]) == 2
     assert "has no final adapter" in capsys.readouterr().err
+
+
+def test_verify_on_a_published_copy(fedavg_run, tmp_path, capsys):
+    """publish_results copies each run's final adapter(s), fp32 weights stored as fp16, beside its metrics; `pubswap
+    verify` works on the published run alone."""
+    import shutil
+
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    from tests.unit.test_report_publish import _script
+
+    runs = tmp_path / "results" / "mini" / "runs"
+    shutil.copytree(fedavg_run, runs / "fedavg-s0")
+    simulate_in_process({**SMALL, "strategy.mode": "sapo", "sapo.local": 1, "sapo.external": 1,
+                         "sapo.completions": 2, "output.dir": str(runs), "run-name": "sapo-s0"}, 2)
+    (tmp_path / "mini.toml").write_text('name = "mini"\nnodes = 2\nseeds = [0]\n[arms.fedavg]\nstrategy.mode = '
+                                        '"fedavg"\n[arms.sapo]\nstrategy.mode = "sapo"\n')
+    (runs.parent / "outcomes.json").write_text(json.dumps(
+        [{"arm": arm, "seed": 0, "status": "completed", "detail": "", "run_dir": str(runs / f"{arm}-s0")}
+         for arm in ("fedavg", "sapo")]))
+    published = _script().publish(tmp_path / "mini.toml", tmp_path / "results", docs=tmp_path / "docs") / "runs"
+    assert "final adapters: 1.0 MB (fp16)" in capsys.readouterr().out  # 3 adapters of 155,648 LoRA parameters
+
+    final = published / "fedavg-s0" / "adapters" / "final"
+    assert sorted(p.name for p in final.iterdir()) == ["README.md", "adapter_config.json",
+                                                       "adapter_model.safetensors", "pubswap_run.json"]
+    assert not (published / "fedavg-s0" / "checkpoint").exists()
+    assert sorted(p.name for p in (published / "fedavg-s0" / "adapters").iterdir()) == ["final"]
+    assert sorted(p.relative_to(published / "sapo-s0").as_posix() for p in (published / "sapo-s0").rglob("adapter")) \
+        == ["nodes/partition-0/adapter", "nodes/partition-1/adapter"]
+    half, full = load_file(str(final / "adapter_model.safetensors")), load_file(
+        str(fedavg_run / "adapters" / "final" / "adapter_model.safetensors"))
+    assert half.keys() == full.keys() and all(v.dtype == np.float16 for v in half.values())
+    assert all(np.array_equal(half[k], full[k].astype(np.float16)) for k in full)
+    assert (final / "adapter_model.safetensors").stat().st_size < 0.51 * (
+        fedavg_run / "adapters" / "final" / "adapter_model.safetensors").stat().st_size
+
+    [result] = verify(published / "fedavg-s0")
+    own = [json.loads(line) for line in (fedavg_run / "metrics.jsonl").read_text().splitlines()][-1]["eval"]
+    assert result["folder"] == str(final) and result["run"] == own and result["items"] == 8
+    assert [r["adapter"] for r in verify(published / "sapo-s0", items_per_task=2)] == ["node 0", "node 1"]
+    assert pubswap(["verify", str(published / "fedavg-s0"), "--items-per-task", "2"]) == 0
+    assert "global adapter" in capsys.readouterr().out
