@@ -1,9 +1,10 @@
 """One typed experiment config, built from Flower's flat dotted run-config keys; errors name the offending key.
 
-Every key has a default here; pyproject.toml's [tool.flwr.app.config] lists them all, and `flwr run . -c FILE.toml`
-or `-c "key=value"` override them. Keys are `<section>.<field-with-dashes>` (e.g. `train.local-steps`) plus the
-top-level `num-server-rounds`, `seed` and `run-name`. Lists are comma-separated strings (Flower's run config holds
-no lists).
+Every key has a default here, or in protocols/catalog.py for a protocol's own section (pubswap, sapo), where each
+mode's cross-key checks live too; config_keys.py has the field and check helpers. pyproject.toml's
+[tool.flwr.app.config] lists every key, and `flwr run . -c FILE.toml` or `-c "key=value"` override them. Keys are
+`<section>.<field-with-dashes>` (e.g. `train.local-steps`) plus the top-level `num-server-rounds`, `seed` and
+`run-name`. Lists are comma-separated strings (Flower's run config holds no lists).
 """
 
 from __future__ import annotations
@@ -12,81 +13,20 @@ import difflib
 import math
 import os
 import re
-import tomllib
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
-MODES = ("fedavg", "fedprox", "pubswap", "sapo")
-SWAP_RULES = ("balanced", "random", "none")
+# some of these are here for modules that import them from config (flatten, load_toml, parse_overrides, ...)
+from .config_keys import (INT64_MAX, MAX_COMPLETIONS_PER_BATCH, PLAIN_COMPONENT, Check, ConfigError, _check,
+                          below_half, below_one, between, fraction, flatten, is_plain_component, load_toml,
+                          off_or_between, one_of, opt, parse_overrides)
+from .protocols import catalog, optimizers
+
+MODES = catalog.modes()
 AGGREGATORS = ("mean", "median", "trimmed-mean")
 REPORT_TO = ("none", "tensorboard", "wandb", "mlflow")  # pubswap_flwr/trackers.py
 OUTPUT_ROOT_ENV = "PUBSWAP_OUTPUT_ROOT"
-
-
-class ConfigError(ValueError):
-    """A run-config key is unknown or its value is invalid; the message names the key."""
-
-
-Check = Callable[[str, Any], None]
-
-
-def _check(predicate: Callable[[Any], bool], text: str) -> Check:
-    def check(key: str, value: Any) -> None:
-        if not predicate(value):
-            raise ConfigError(f"{key} = {value!r}: must be {text}")
-
-    return check
-
-
-positive = _check(lambda v: v > 0, "> 0")
-non_negative = _check(lambda v: v >= 0, ">= 0")
-fraction = _check(lambda v: 0 < v <= 1, "in (0, 1]")
-below_half = _check(lambda v: 0 <= v < 0.5, "in [0, 0.5)")
-below_one = _check(lambda v: 0 <= v < 1, "in [0, 1)")
-at_least_one = _check(lambda v: v >= 1, ">= 1")
-at_least_two = _check(lambda v: v >= 2, ">= 2")
-
-INT64_MAX = 2**63 - 1  # Flower's run config carries 64-bit integers
-MAX_COMPLETIONS_PER_BATCH = 65536  # completions sampled at once (a GRPO step, a public step, a SAPO round)
-
-
-def _number(x: float) -> str:
-    if x == INT64_MAX:
-        return "2**63 - 1"
-    return str(int(x)) if float(x).is_integer() else repr(x)
-
-
-def between(low: float, high: float, *, above: bool = False, why: str = "") -> Check:
-    """low <= v <= high (low < v <= high with `above`). Upper bounds are generous: no real run gets near them,
-    they stop a typo or a hostile config from exhausting memory or time. The key's doc names the bound."""
-    low_text = f"{'>' if above else '>='} {_number(low)}"
-    check = _check(lambda v: (v > low if above else v >= low) and v <= high, f"{low_text} and <= {_number(high)}")
-    check.limit_doc = f"at most {_number(high)}" + (f": {why}" if why else "")  # type: ignore[attr-defined]
-    return check
-
-
-def off_or_between(low: float, high: float) -> Check:
-    """0 (off), or low <= v <= high."""
-    check = _check(lambda v: v == 0 or low <= v <= high, f"0 (off) or >= {_number(low)} and <= {_number(high)}")
-    check.limit_doc = f"at most {_number(high)}"  # type: ignore[attr-defined]
-    return check
-
-
-def is_plain_component(name: Any) -> bool:
-    """One plain path component: not empty, '.' or '..', no '/', '\\' or control characters (NUL included), no
-    surrounding spaces, at most 255 bytes in UTF-8 (a file name's limit)."""
-    if not isinstance(name, str) or name in ("", ".", "..") or name != name.strip():
-        return False
-    try:
-        size = len(name.encode("utf-8"))
-    except UnicodeEncodeError:  # a lone surrogate
-        return False
-    return size <= 255 and not any(c in name for c in "/\\") and name.isprintable()
-
-
-PLAIN_COMPONENT = ("one plain path component (no '/', '\\', '..', NUL or other control characters, no surrounding "
-                   "spaces, at most 255 bytes)")
 
 
 def _run_name(key: str, value: Any) -> None:
@@ -100,17 +40,6 @@ device_name = _check(lambda v: re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", v) is n
                      "auto, cpu, cuda, cuda:N or mps")
 
 
-def one_of(*choices: str) -> Check:
-    check = _check(lambda v: v in choices, "one of " + ", ".join(repr(c) for c in choices))
-    check.choices = choices  # type: ignore[attr-defined]  # listed by `pubswap keys` (key_choices)
-    return check
-
-
-def opt(default: Any, check: Check | None = None, doc: str = "", key: str | None = None) -> Any:
-    limit = getattr(check, "limit_doc", "")
-    if limit:
-        doc = f"{doc} ({limit})" if doc else limit
-    return field(default=default, metadata={"check": check, "doc": doc, "key": key})
 
 
 @dataclass(frozen=True)
@@ -243,52 +172,16 @@ class StrategyConfig:
                            "adapters on the wire: none (fp16 tensors); int8 / int4: blockwise-quantized deltas against "
                            "the last global, with error feedback, both directions (not sapo: it sends no adapters)")
     compression_block: int = opt(64, between(1, 65536), "values per fp16 scale with strategy.compression")
-
-
-@dataclass(frozen=True)
-class PubSwapConfig:
-    swap: str = opt("balanced", one_of(*SWAP_RULES), "balanced or random (the paper's rules); none: public steps on "
-                                                     "the client's own responses only (an ablation)")
-    tau_swap: int = opt(5, between(1, 10_000), "every tau_swap-th local step is a public step")
-    public_prompts: int = opt(4, between(1, 4096), "public prompts per public step")
-    public_size: int = opt(200, between(1, 100_000), "items in the public set (generated at start)")
-    public_mix: str = opt("", doc="task mix of the public set (empty = tasks.mix)")
-    correct_threshold: float = opt(1.0, fraction, "a response is correct when its reward >= this")
-    base: str = opt("fedavg", one_of("fedavg", "fedprox"))
-    donor: str = opt("uniform", one_of("uniform", "likely"),
-                     "Balanced's donor choice: uniform at random (the paper), or likely: the server sends up to "
-                     "donor-candidates correct responses and the receiving client keeps those its current policy finds "
-                     "most likely (mean token log-prob)")
-    donor_candidates: int = opt(8, between(1, 64), "donor = likely: candidates sent per (client, prompt)")
-    schedule: str = opt("fixed", one_of("fixed", "adaptive"),
-                        "fixed: a public step every tau-swap steps; adaptive: the number of public steps per round "
-                        "follows the last round's policy disagreement between clients (min/max-public-steps, "
-                        "disagreement-low/high); round 1 uses tau / tau-swap")
-    min_public_steps: int = opt(1, between(1, 10_000), "schedule = adaptive: public steps at disagreement-low or below")
-    max_public_steps: int = opt(8, between(1, 10_000), "schedule = adaptive: the budget, public steps at "
-                                                       "disagreement-high or above")
-    disagreement_low: float = opt(0.2, between(0, 1), "schedule = adaptive: disagreement at or below which the fewest "
-                                                      "public steps run")
-    disagreement_high: float = opt(0.6, between(0, 1), "schedule = adaptive: disagreement at or above which the "
-                                                       "budget runs")
-
-
-@dataclass(frozen=True)
-class SapoConfig:
-    local: int = opt(4, between(0, 256, why="a reply carries at most 256 packets"),
-                     "I: local rollout groups trained per round")
-    external: int = opt(4, between(0, 4096), "J: external rollout groups trained per round")
-    sharing: str = opt("local", one_of("local", "fixed"), "local: a node samples B = I questions per round and shares "
-                                                          "those I groups (the paper); fixed: it samples sapo.questions "
-                                                          "and shares sapo.share of them whatever I is")
-    questions: int = opt(8, between(1, 4096), "B with sapo.sharing = fixed: questions sampled per node per round")
-    completions: int = opt(8, between(2, 1024), "L: completions per question")
-    share: int = opt(8, between(0, 256, why="a reply carries at most 256 packets"),
-                     "with sapo.sharing = fixed: groups each node shares per round")
-    async_mode: bool = opt(False, doc="one message per round, training on the previous round's pool", key="async")
-    verify_provenance: bool = opt(True, doc="regenerate reasoning-gym packets from their provenance and drop "
-                                            "forged ones")
-    reputation: bool = opt(False, doc="sample external groups in proportion to each sender's verification record")
+    server_optimizer: str = opt("none", one_of(*optimizers.names()),
+                                "how the global adapter moves from the round's aggregate of the clients' adapters "
+                                "(fedavg, fedprox, pubswap; sapo keeps none): " + optimizers.described())
+    server_lr: float = opt(0.0, between(0, 1000), "eta, the server optimizer's step size; 0 = its own default (above)")
+    server_momentum: float = opt(0.9, below_one, "mu of momentum on the round updates: v = mu v + update")
+    server_beta1: float = opt(0.9, below_one, "adaptive optimizers (Reddi et al.'s FedOpt): decay of the updates' "
+                                              "running mean")
+    server_beta2: float = opt(0.99, below_one, "adaptive optimizers: decay of the running mean of their squares")
+    server_tau: float = opt(1e-3, between(0, 1, above=True), "adaptive optimizers: tau, added to that mean's root "
+                                                             "(the step is eta m / (sqrt(v) + tau))")
 
 
 @dataclass(frozen=True)
@@ -310,22 +203,28 @@ class DeployConfig:
                                      "frees its memory (the next message starts a new one)")
 
 
-SECTIONS = {
-    "model": ModelConfig,
-    "generation": GenerationConfig,
-    "train": TrainConfig,
-    "tasks": TasksConfig,
-    "eval": EvalConfig,
-    "strategy": StrategyConfig,
-    "pubswap": PubSwapConfig,
-    "sapo": SapoConfig,
-    "output": OutputConfig,
-    "deploy": DeployConfig,
-}
+def _with_protocol_sections(cls: type) -> type:
+    """Each protocol's own section (protocols/catalog.py: pubswap, sapo) becomes a field of `cls` after `strategy`,
+    like the core sections declared on it; then `cls` is made a frozen dataclass."""
+    annotations = dict(cls.__dict__["__annotations__"])
+    added = catalog.sections()
+    clash = sorted(set(added) & set(annotations))
+    if clash:
+        raise ValueError(f"protocol config sections {clash} clash with ExperimentConfig's own fields")
+    names = list(annotations)
+    at = names.index("strategy") + 1
+    cls.__annotations__ = {**{n: annotations[n] for n in names[:at]}, **added,
+                           **{n: annotations[n] for n in names[at:]}}
+    for name, section in added.items():
+        setattr(cls, name, field(default_factory=section))
+    return dataclass(frozen=True)(cls)
 
 
-@dataclass(frozen=True)
+@_with_protocol_sections
 class ExperimentConfig:
+    """The run config: the top-level keys, the core sections, and (added by the decorator) each protocol's own
+    section, e.g. `cfg.pubswap.tau_swap`; SECTIONS lists them all in order."""
+
     num_server_rounds: int = opt(10, between(1, 1_000_000))
     seed: int = opt(0, between(0, INT64_MAX))
     run_name: str = opt("", _run_name, "run directory name (default <mode>-s<seed>-<run id>); also names each "
@@ -337,8 +236,6 @@ class ExperimentConfig:
     tasks: TasksConfig = field(default_factory=TasksConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     strategy: StrategyConfig = field(default_factory=StrategyConfig)
-    pubswap: PubSwapConfig = field(default_factory=PubSwapConfig)
-    sapo: SapoConfig = field(default_factory=SapoConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
     deploy: DeployConfig = field(default_factory=DeployConfig)
 
@@ -374,57 +271,20 @@ class ExperimentConfig:
         return out
 
     def validate(self) -> None:
-        """Checks that involve more than one key."""
+        """Checks that involve more than one key; those of the run's protocol are its own (protocols/catalog.py)."""
         if self.resume and not self.run_name:
             raise ConfigError("resume = true needs run-name: the run to continue is output.dir/run-name")
-        if self.strategy.mode == "pubswap" and self.pubswap.tau_swap > self.train.local_steps:
-            raise ConfigError(f"pubswap.tau-swap = {self.pubswap.tau_swap} exceeds train.local-steps = "
-                              f"{self.train.local_steps}: no public step would run")
-        p = self.pubswap
-        if self.strategy.mode == "pubswap" and p.donor == "likely" and p.swap != "balanced":
-            raise ConfigError(f"pubswap.donor = 'likely' chooses among Balanced's donors; pubswap.swap is {p.swap!r}")
-        if self.strategy.mode == "pubswap" and p.schedule == "adaptive":
-            if p.min_public_steps > p.max_public_steps:
-                raise ConfigError(f"pubswap.min-public-steps = {p.min_public_steps} exceeds pubswap.max-public-steps "
-                                  f"= {p.max_public_steps}")
-            if p.max_public_steps > self.train.local_steps:
-                raise ConfigError(f"pubswap.max-public-steps = {p.max_public_steps} exceeds train.local-steps = "
-                                  f"{self.train.local_steps}")
-            if p.disagreement_low >= p.disagreement_high:
-                raise ConfigError(f"pubswap.disagreement-low = {p.disagreement_low} must be below "
-                                  f"pubswap.disagreement-high = {p.disagreement_high}")
-        if self.strategy.mode == "sapo":
-            if self.sapo.local + self.sapo.external == 0:
-                raise ConfigError("sapo.local + sapo.external must be >= 1")
-            if self.sapo.sharing == "fixed" and self.sapo.local > self.sapo.questions:
-                raise ConfigError(f"sapo.local = {self.sapo.local} exceeds sapo.questions = {self.sapo.questions}")
-            if self.sapo.sharing == "fixed" and self.sapo.share > self.sapo.questions:
-                raise ConfigError(f"sapo.share = {self.sapo.share} exceeds sapo.questions = {self.sapo.questions}")
-        if self.strategy.dp_noise_multiplier > 0 and (self.strategy.clip_norm <= 0 or self.strategy.aggregation != "mean"):
+        catalog.validate(self)
+        s = self.strategy
+        if s.dp_noise_multiplier > 0 and (s.clip_norm <= 0 or s.aggregation != "mean"):
             raise ConfigError("strategy.dp-noise-multiplier > 0 needs strategy.clip-norm > 0 and "
                               "strategy.aggregation = 'mean'")
-        if self.strategy.compression != "none" and self.strategy.mode == "sapo":
-            raise ConfigError(f"strategy.compression = {self.strategy.compression!r} compresses adapters; sapo mode "
-                              "sends none (only rollouts), so leave it at 'none'")
-        if self.strategy.aggregation != "mean" and self.strategy.mode == "sapo":
-            raise ConfigError("strategy.aggregation applies to adapter averaging; sapo mode averages nothing")
-        if self.strategy.aggregation == "trimmed-mean":
+        if s.aggregation == "trimmed-mean":
             self._check_trim()
         t = self.train
         if t.prompts_per_step * t.completions_per_prompt > MAX_COMPLETIONS_PER_BATCH:
             raise ConfigError(f"train.prompts-per-step x train.completions-per-prompt = {t.prompts_per_step} x "
                               f"{t.completions_per_prompt}: more than {MAX_COMPLETIONS_PER_BATCH} completions per step")
-        if self.strategy.mode == "pubswap" and self.pubswap.public_prompts * t.completions_per_prompt > \
-                MAX_COMPLETIONS_PER_BATCH:
-            raise ConfigError(f"pubswap.public-prompts x train.completions-per-prompt = {self.pubswap.public_prompts} "
-                              f"x {t.completions_per_prompt}: more than {MAX_COMPLETIONS_PER_BATCH} completions per "
-                              "public step")
-        if self.strategy.mode == "sapo":
-            questions, name = ((self.sapo.local, "sapo.local") if self.sapo.sharing == "local"
-                               else (self.sapo.questions, "sapo.questions"))
-            if questions * self.sapo.completions > MAX_COMPLETIONS_PER_BATCH:
-                raise ConfigError(f"{name} x sapo.completions = {questions} x {self.sapo.completions}: more than "
-                                  f"{MAX_COMPLETIONS_PER_BATCH} completions per round")
 
     def _check_trim(self) -> None:
         """A trimmed mean of n clients drops floor(trim-fraction x n) values at each end (aggregate.trimmed_mean). The
@@ -454,6 +314,11 @@ class ExperimentConfig:
             root = Path(os.environ.get(OUTPUT_ROOT_ENV) or os.getcwd()) / root
         name = self.run_name or f"{self.strategy.mode}-s{self.seed}-{run_id}"
         return root.resolve() / name
+
+
+# every section, name -> dataclass, in field order: the core ones and the protocols' own
+SECTIONS: dict[str, type] = {f.name: f.default_factory for f in fields(ExperimentConfig)  # type: ignore[misc]
+                             if f.default_factory is not MISSING}
 
 
 _TYPES = {"int": int, "float": float, "str": str, "bool": bool}
@@ -495,42 +360,6 @@ def key_table() -> dict[str, tuple[str, str, Any]]:
         else:
             table[spec.name.replace("_", "-")] = ("", spec.name, spec)
     return table
-
-
-def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{"train": {"local-steps": 5}} -> {"train.local-steps": 5} (TOML tables to Flower's flat keys)."""
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            out.update(flatten(value, name + "."))
-        else:
-            out[name] = value
-    return out
-
-
-def load_toml(path: str | Path) -> dict[str, Any]:
-    """Flat overrides from a TOML file (nested tables or dotted keys)."""
-    try:
-        with open(path, "rb") as handle:
-            return flatten(tomllib.load(handle))
-    except tomllib.TOMLDecodeError as err:
-        raise ConfigError(f"{path}: invalid TOML: {err}") from err
-
-
-def parse_overrides(pairs: list[str] | tuple[str, ...]) -> dict[str, Any]:
-    """Flat overrides from "key=value" strings; values are read as TOML (`train.local-steps=2`, `tasks.mix="gcd:1"`),
-    and a value that is not valid TOML is taken as a plain string (`tasks.mix=gcd:1`)."""
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"override {pair!r} is not key=value")
-        try:
-            out[key.strip()] = tomllib.loads(f"v = {value.strip()}")["v"]
-        except tomllib.TOMLDecodeError:
-            out[key.strip()] = value.strip()
-    return out
 
 
 def describe() -> list[tuple[str, Any, str]]:

@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from . import metrics_schema as schema
+
 # Light at import (the `pubswap` command registers this module's subcommand): torch, transformers and peft load
 # only when an adapter is saved, loaded or exported.
 EMBEDDED_PREFIX = "embedded:"  # policy.model.EMBEDDED_PREFIX
@@ -84,11 +86,11 @@ def run_summary(cfg, round_number: int, row: dict | None = None, *, node: str = 
     }
     if node:
         summary["node"] = node
-    held = row.get("eval") or {}
-    for key in ("greedy_accuracy", "sampled_accuracy", "sampled_reward"):
+    held = row.get(schema.EVAL) or {}
+    for key in (schema.GREEDY_ACCURACY, schema.SAMPLED_ACCURACY, schema.SAMPLED_REWARD):
         if isinstance(held.get(key), (int, float)):
-            summary["metrics"][f"eval/{key}"] = held[key]
-    for key in ("train_reward", "cumulative_reward"):
+            summary["metrics"][f"{schema.EVAL}/{key}"] = held[key]
+    for key in (schema.TRAIN_REWARD, schema.CUMULATIVE_REWARD):
         if isinstance(row.get(key), (int, float)):
             summary["metrics"][key] = row[key]
     return summary

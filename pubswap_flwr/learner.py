@@ -19,6 +19,7 @@ from .node_state import NodeIdentity, NodeState, NodeStore
 from .policy import Policy, cached_policy
 from .policy.threads import apply_threads
 from .policy.behaviour import accept_behaviour
+from .protocols.counters import ForeignCounts
 from .rollouts import Behaviour, Completion, RolloutGroup
 from .shared import derive_seed, policy_spec, resolve_data_path, task_universe
 from .tasks import ItemListStream, MixtureStream, TaskItem, load_items, node_mixes, parse_custom_tasks, parse_mix, \
@@ -49,10 +50,8 @@ class WorkReport:
     sample_seconds: float = 0.0
     update_seconds: float = 0.0
     num_examples: int = 0
-    foreign_tokens: int = 0  # train.foreign-correction: foreign tokens trained on, their summed weight,
-    foreign_weight_sum: float = 0.0  # how many had their importance ratio truncated at the cap,
-    is_capped_tokens: int = 0
-    fallbacks: collections.Counter = field(default_factory=collections.Counter)  # and why foreign text had no IS
+    foreign: ForeignCounts = ForeignCounts()  # train.foreign-correction: the foreign text trained on,
+    fallbacks: collections.Counter = field(default_factory=collections.Counter)  # and why some of it had no IS
 
     def add(self, record: StepRecord) -> None:
         self.steps.append(record)
@@ -219,9 +218,7 @@ class Learner:
         stats, update_s = self.learn(groups)
         self.state.steps += 1
         report.num_examples += stats.completions
-        report.foreign_tokens += stats.extra.get("foreign_tokens", 0)
-        report.foreign_weight_sum += stats.extra.get("foreign_weight_sum", 0.0)
-        report.is_capped_tokens += stats.extra.get("is_capped_tokens", 0)
+        report.foreign += ForeignCounts.of_step(stats.extra)
         report.add(StepRecord(self.state.steps, kind, stats.mean_reward, stats.completions, sample_seconds,
                               update_s, stats.zero_advantage_groups, stats.foreign_completions))
 

@@ -2,8 +2,9 @@
 node's warm worker (a deployed node with `deploy.warm-worker`, see pubswap_flwr/warm) or to the protocol handlers
 in this process (simulation, or the warm path off: Flower's fresh process per message loads the model itself).
 
-Until a message needs the in-process handlers this module imports neither torch nor the protocols, so a deployed
-node's per-message Flower process only reads the run config and forwards the message.
+Until a message needs the in-process handlers this module imports neither torch nor the protocol modules (only their
+catalog, which names the message types), so a deployed node's per-message Flower process only reads the run config
+and forwards the message.
 """
 
 from __future__ import annotations
@@ -17,11 +18,11 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from . import warm
 from .config import ExperimentConfig
+from .protocols import catalog
 
 log = logging.getLogger("pubswap_flwr")
 
-# every protocol's client message types (tests/unit/test_warm.py checks they are exactly protocols.CLIENT_HANDLERS')
-MESSAGE_TYPES = ("train.local_round", "train.segment", "query.rollouts", "train.sapo", "train.sapo_async")
+MESSAGE_TYPES = catalog.message_types()  # every protocol's client message types
 
 
 def is_simulated(node_config: dict) -> bool:

@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from .metrics import STATUS_FILE, json_safe, read_metrics
-from .roundlog import WELL_FORMED_WARNING
+from . import metrics_schema as schema
+from .metrics_schema import WELL_FORMED_WARNING
 
 RUN_NAME = re.compile(r"^(?P<arm>.+)-s(?P<seed>\d+)$")
 DEFAULT_TITLE = "pubswap-flwr comparison"
@@ -306,7 +307,7 @@ def paired_band(runs: list[RunSummary], baseline_runs: list[RunSummary],
 
 
 def _eval(key: str) -> Pick:
-    return lambda r: (r.get("eval") or {}).get(key)
+    return lambda r: (r.get(schema.EVAL) or {}).get(key)
 
 
 def _megabytes(row: dict) -> float | None:
@@ -316,12 +317,12 @@ def _megabytes(row: dict) -> float | None:
 
 
 PICKS: dict[str, Pick] = {
-    "sampled_accuracy": _eval("sampled_accuracy"),
-    "greedy_accuracy": _eval("greedy_accuracy"),
-    "train_reward": lambda r: r.get("train_reward"),
-    "cumulative_reward": lambda r: r.get("cumulative_reward") if r["round"] > 0 else None,
-    "parameter_drift": lambda r: r.get("parameter_drift"),
-    "policy_disagreement": lambda r: (r.get("swap") or {}).get("policy_disagreement"),
+    schema.SAMPLED_ACCURACY: _eval(schema.SAMPLED_ACCURACY),
+    schema.GREEDY_ACCURACY: _eval(schema.GREEDY_ACCURACY),
+    schema.TRAIN_REWARD: lambda r: r.get(schema.TRAIN_REWARD),
+    schema.CUMULATIVE_REWARD: lambda r: r.get(schema.CUMULATIVE_REWARD) if r[schema.ROUND] > 0 else None,
+    schema.PARAMETER_DRIFT: lambda r: r.get(schema.PARAMETER_DRIFT),
+    "policy_disagreement": lambda r: (r.get(schema.SWAP) or {}).get("policy_disagreement"),
     "megabytes": _megabytes,
 }
 

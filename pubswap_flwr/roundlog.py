@@ -8,12 +8,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import metrics_schema as schema
 from .exchange import ExchangeResult
+from .metrics_schema import WELL_FORMED_WARNING
+from .protocols.counters import FormatCounts, ForeignCounts
 
 log = logging.getLogger("pubswap_flwr")
-
-
-WELL_FORMED_WARNING = 0.8  # below this share of well-formed own samples a client is warned about
 
 
 @dataclass
@@ -28,10 +28,11 @@ class RoundLog:
     eval_seconds: float = 0.0
     array_records: int = 0
     extra: dict[str, Any] = field(default_factory=dict)  # protocol-specific fields of the metrics row
+    node_evals: dict[str, dict] = field(default_factory=dict)  # sapo: node -> its own held-out metrics this round
+    initial_evals: dict[str, dict] = field(default_factory=dict)  # sapo, round 1: node -> its starting point's
     train_totals: dict[int, tuple[float, float]] = field(default_factory=dict)  # node -> (reward sum, completions)
-    shape_totals: dict[int, tuple[int, int]] = field(default_factory=dict)  # node -> (well formed, own samples)
-    foreign_totals: dict[int, tuple[int, float, int, int]] = field(default_factory=dict)  # node -> (foreign tokens,
-    # their summed weight, tokens capped, fallback completions) under train.foreign-correction
+    formats: dict[int, FormatCounts] = field(default_factory=dict)  # node -> its own samples' answer format
+    foreign: dict[int, ForeignCounts] = field(default_factory=dict)  # node -> foreign text (train.foreign-correction)
 
     def client(self, node: int) -> dict:
         return self.clients.setdefault(node, {"bytes_sent": 0, "bytes_received": 0, "sample_s": 0.0,
@@ -57,7 +58,7 @@ class RoundLog:
             row["sample_s"] += report.sample_seconds
             row["update_s"] += report.update_seconds
             row["handler_s"] += report.t_end - report.t_start
-            row["node_index"] = report.node_index
+            row[schema.NODE_INDEX] = report.node_index
             if report.num_examples > 0:
                 row["examples"] = row.get("examples", 0) + int(report.num_examples)
             if report.train_reward is not None and report.train_completions > 0:
@@ -65,23 +66,16 @@ class RoundLog:
                 total += report.train_reward * report.train_completions
                 seen += report.train_completions
                 self.train_totals[node] = (total, seen)
-                row["train_reward"] = total / seen
+                row[schema.TRAIN_REWARD] = total / seen
             if report.rollout_reward is not None:
-                row["rollout_reward"] = report.rollout_reward
-            if report.sampled_completions:  # a PubSwap round's segments add up
-                formed, sampled = self.shape_totals.get(node, (0, 0))
-                formed, sampled = formed + report.well_formed_completions, sampled + report.sampled_completions
-                self.shape_totals[node] = (formed, sampled)
-                row["well_formed"] = formed / sampled
-            if report.foreign_tokens or report.foreign_fallbacks:  # train.foreign-correction; segments add up
-                tokens, weight, capped, fallbacks = self.foreign_totals.get(node, (0, 0.0, 0, 0))
-                tokens, weight = tokens + report.foreign_tokens, weight + report.foreign_weight_sum
-                capped, fallbacks = capped + report.is_capped_tokens, fallbacks + report.foreign_fallbacks
-                self.foreign_totals[node] = (tokens, weight, capped, fallbacks)
-                row["foreign_weight_mean"] = weight / tokens if tokens else 0.0
-                row["is_capped_fraction"] = capped / tokens if tokens else 0.0
-                row["foreign_fallbacks"] = fallbacks
-            row["cumulative_reward"] = report.cumulative_reward
+                row[schema.ROLLOUT_REWARD] = report.rollout_reward
+            if report.formats.sampled:  # a PubSwap round's segments add up
+                self.formats[node] = self.formats.get(node, FormatCounts()) + report.formats
+                row.update(self.formats[node].row())
+            if report.foreign:  # train.foreign-correction; segments add up
+                self.foreign[node] = self.foreign.get(node, ForeignCounts()) + report.foreign
+                row.update(self.foreign[node].row())
+            row[schema.CUMULATIVE_REWARD] = report.cumulative_reward
             row["num_examples"] = float(report.num_examples)
             row["total_steps"] = float(report.total_steps)
             row["model"] = report.model
@@ -91,12 +85,13 @@ class RoundLog:
         """Log a warning for each client whose own samples this round kept the answer format less often than
         `threshold` (the first sign of a collapse, docs/results/README.md); returns those node ids."""
         broken = []
-        for node, (formed, sampled) in sorted(self.shape_totals.items()):
+        for node, counts in sorted(self.formats.items()):
+            formed, sampled = counts.well_formed, counts.sampled
             if sampled and formed / sampled < threshold and node not in self.dropped:
                 broken.append(node)
                 log.warning("round %d: client %d (node index %s) kept the <answer>...</answer> format in only %d of "
                             "its %d samples (%.0f%%): its answers may be breaking down; a learning rate too high for "
-                            "the model does this", self.number, node, self.clients.get(node, {}).get("node_index"),
+                            "the model does this", self.number, node, self.clients.get(node, {}).get(schema.NODE_INDEX),
                             formed, sampled, 100 * formed / sampled)
         return broken
 

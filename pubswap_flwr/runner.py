@@ -14,12 +14,14 @@ import numpy as np
 from flwr.serverapp import Grid
 
 from . import checkpoint, trackers
+from . import metrics_schema as schema
 from .config import ExperimentConfig
 from .exchange import Exchange
 from .export import run_summary, write_card
 from .metrics import RunRecorder, json_safe
 from .protocols import ServerProtocol
 from .protocols.base import Adapter, RoundContext
+from .protocols.transfer import DOWNLINK
 from .roundlog import RoundLog
 
 log = logging.getLogger("pubswap_flwr")
@@ -95,11 +97,12 @@ class Runner:
             checkpoint.check_adapter(saved, self.evaluator.policy.adapter())  # keys and shapes fit the model
         self.protocol.master = saved.master
         adapters = saved.adapters
-        if adapters and saved.source is not None and saved.source.name != checkpoint.CHECKPOINT_DIR:
+        if DOWNLINK in adapters and saved.source is not None and saved.source.name != checkpoint.CHECKPOINT_DIR:
             # an older checkpoint: nodes may be two rounds ahead with no snapshot of the repeated round's start,
-            # holding a global the saved downlink's deltas do not apply to; every node gets it whole once
+            # holding a global the saved downlink's deltas do not apply to; every node gets it whole once (the
+            # server's own state, such as a server optimizer's moments, is that round's and stays)
             log.warning("resuming from %s: the compressed downlink restarts with whole globals", saved.source.name)
-            adapters = {}
+            adapters = {k: v for k, v in adapters.items() if k != DOWNLINK}
         try:
             self.protocol.restore(saved.protocol, adapters, saved.node_index)
         except (KeyError, TypeError, ValueError) as err:
@@ -118,19 +121,18 @@ class Runner:
     def _evaluate_and_record(self, round_log: RoundLog, final: bool) -> None:
         mode = self.cfg.strategy.mode
         master = self.protocol.master
-        initial = round_log.extra.pop("initial_eval", None)
+        initial = round_log.initial_evals
         if initial:  # nodes' own starting points (SAPO), measured at the start of round 1
-            row0 = {"round": 0, "mode": mode, "node_eval": initial, "eval": mean_eval(list(initial.values()))}
-            self._write_row(row0)
-        row: dict = {"round": round_log.number, "mode": mode}
+            self._write_row({schema.ROUND: 0, schema.MODE: mode, schema.NODE_EVAL: initial,
+                             schema.EVAL: mean_eval(list(initial.values()))})
+        row: dict = {schema.ROUND: round_log.number, schema.MODE: mode}
         if self.evaluator is not None and master is not None and self.eval_due(round_log.number, final):
             started = time.perf_counter()
-            row["eval"] = self.evaluator.evaluate(master)
+            row[schema.EVAL] = self.evaluator.evaluate(master)
             round_log.eval_seconds += time.perf_counter() - started
-        if "node_eval" in round_log.extra:
-            evals = round_log.extra.pop("node_eval")
-            row["node_eval"] = evals
-            row["eval"] = mean_eval(list(evals.values()))
+        if round_log.node_evals:
+            row[schema.NODE_EVAL] = round_log.node_evals
+            row[schema.EVAL] = mean_eval(list(round_log.node_evals.values()))
         saved = []
         if self.evaluator is not None and master is not None and round_log.number > 0:
             save_every = self.cfg.output.save_every
@@ -149,24 +151,24 @@ class Runner:
 
     def _round_fields(self, round_log: RoundLog) -> dict:
         # by node index, so that means over clients sum in one order whatever order replies arrived in
-        order = sorted(round_log.clients, key=lambda n: (round_log.clients[n].get("node_index", -1), n))
+        order = sorted(round_log.clients, key=lambda n: (round_log.clients[n].get(schema.NODE_INDEX, -1), n))
         round_log.warn_broken_formats()
         clients = {str(n): round_log.clients[n] for n in order if n not in round_log.dropped}
         rewards = [c.get(self.protocol.reward_field) for c in clients.values()]
         rewards = [r for r in rewards if r is not None]
         if rewards:
             self.cumulative_reward += float(np.mean(rewards))
-        fields: dict = {"train_reward": float(np.mean(rewards)) if rewards else None,
-                        "cumulative_reward": self.cumulative_reward, "clients": clients,
-                        "dropped": {str(n): r for n, r in round_log.dropped.items()}}
+        fields: dict = {schema.TRAIN_REWARD: float(np.mean(rewards)) if rewards else None,
+                        schema.CUMULATIVE_REWARD: self.cumulative_reward, schema.CLIENTS: clients,
+                        schema.DROPPED: {str(n): r for n, r in round_log.dropped.items()}}
         fields.update(round_log.extra)
         sampling = sum(c["sample_s"] for c in round_log.clients.values())
         update = sum(c["update_s"] for c in round_log.clients.values())
         comm = max(0.0, round_log.exchange_wall - round_log.exchange_busy) + round_log.server_seconds
-        fields["time"] = {"round_s": time.time() - round_log.started, "sampling_s": sampling, "update_s": update,
+        fields[schema.TIME] = {"round_s": time.time() - round_log.started, "sampling_s": sampling, "update_s": update,
                           "evaluation_s": round_log.eval_seconds, "client_busy_s": round_log.exchange_busy,
                           "comm_orchestration_s": comm}
-        fields["bytes"] = {"sent_by_clients": sum(c["bytes_sent"] for c in round_log.clients.values()),
+        fields[schema.BYTES] = {"sent_by_clients": sum(c["bytes_sent"] for c in round_log.clients.values()),
                            "received_by_clients": sum(c["bytes_received"] for c in round_log.clients.values()),
                            "array_records": round_log.array_records}
         return fields

@@ -13,12 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
+from . import metrics_schema as schema
 from .config import REPORT_TO, ConfigError, ExperimentConfig
 
 log = logging.getLogger("pubswap_flwr")
 
 SEPARATOR = "/"  # eval.greedy_accuracy in metrics.jsonl is "eval/greedy_accuracy" in a tracker
-SKIPPED = ("round", "mode")  # the step, and a label
+SKIPPED = (schema.ROUND, schema.MODE)  # the step, and a label
 
 
 class TrackerUnavailable(ConfigError):

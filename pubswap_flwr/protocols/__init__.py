@@ -1,6 +1,8 @@
-"""The protocol registry: `strategy.mode` -> the protocol that owns both sides of that mode's exchange.
+"""The protocols: one module per mode family (fedavg.py, pubswap.py, sapo.py), each owning both sides of its exchange,
+declared once in catalog.py, plus the server optimizers (optimizers/). This package is light to import: the
+catalog loads neither torch nor Flower, and the names below that need the protocol modules load them when first used.
 
-A protocol is a module with
+A protocol module has
 - its messages: frozen dataclasses. Instructions (server -> client) subclass `base.Instruction`: a
   `message_type` (`train.<action>` or `query.<action>`), `to_record()` and `from_record(content)`. Replies have
   `to_record()` for the client and a `from_message(message, ...)` decoder for the server that checks everything
@@ -9,80 +11,63 @@ A protocol is a module with
   `ctx.exchange.send(messages, decode)` (every reply enters there, through the per-reply guard) and records what
   happened in `ctx.log`; `state()` (JSON) and `saved_adapters()` (named arrays) for what its checkpoint
   must keep, `restore()` to take both back;
-- its client side: `HANDLERS`, message type -> `handler(work: ClientWork) -> RecordDict` (`base.serve` loads the
-  node's learner and state around it).
-
-To add a mode:
-1. write `protocols/<mode>.py` like fedavg.py (the smallest);
-2. add its class to `PROTOCOLS` and its `HANDLERS` to `_HANDLER_OWNERS` below (message types must be unique: a
-   duplicate is an error at import), the mode's name to `config.MODES` and its message types to
-   `nodeapp.MESSAGE_TYPES`, the ClientApp's routing table (tests check that each pair agrees);
-3. add its settings as a config section and any cross-key checks to `ExperimentConfig.validate`;
-4. tests: a golden run (tests/golden/runs.py), its message flow in tests/protocols/test_rounds.py, its honest fake
-   reply in tests/protocols/fake_clients.py and its mode in tests/protocols/test_properties.py;
-5. docs/protocols.md: its row in the messages table.
-A subclass serves its parent's message types too (FedProx is FedAvg with mu).
+- its client side: one handler per message type, `handler(work: ClientWork) -> RecordDict` (`base.serve` loads the
+  node's learner and state around it), named in its catalog entry.
+catalog.py says how to add a mode.
 """
 
 from __future__ import annotations
 
-from flwr.clientapp import ClientApp
+from typing import TYPE_CHECKING, Any
 
-from ..config import ExperimentConfig
-from .base import ClientHandler, ServerProtocol, serve
-from . import fedavg, pubswap, sapo
-from .fedavg import FedAvgProtocol, FedProxProtocol
-from .pubswap import PubSwapProtocol
-from .sapo import SapoProtocol
+from . import catalog
 
-PROTOCOLS: dict[str, type[ServerProtocol]] = {
-    "fedavg": FedAvgProtocol,
-    "fedprox": FedProxProtocol,
-    "pubswap": PubSwapProtocol,
-    "sapo": SapoProtocol,
-}
+if TYPE_CHECKING:
+    from flwr.clientapp import ClientApp
 
-# each protocol module's handlers, with the protocol class whose messages they serve
-_HANDLER_OWNERS = [(fedavg.HANDLERS, FedAvgProtocol), (pubswap.HANDLERS, PubSwapProtocol),
-                   (sapo.HANDLERS, SapoProtocol)]
+    from ..config import ExperimentConfig
+    from .base import ServerProtocol
 
 
-def _client_handlers() -> dict[str, tuple[ClientHandler, type[ServerProtocol]]]:
-    table: dict[str, tuple[ClientHandler, type[ServerProtocol]]] = {}
-    for handlers, owner in _HANDLER_OWNERS:
-        for message_type, handler in handlers.items():
-            if message_type in table:
-                raise ValueError(f"message type {message_type!r} of {owner.__name__} is already served by "
-                                 f"{table[message_type][1].__name__}")
-            table[message_type] = (handler, owner)
-    return table
+def protocol_class(mode: str) -> "type[ServerProtocol]":
+    """The server class of `mode` (its module imported now); ValueError for a mode the catalog does not know."""
+    return catalog.load(catalog.protocol(mode).modes[mode])
 
 
-# message type -> (handler, the protocol class whose messages it serves)
-CLIENT_HANDLERS = _client_handlers()
-
-
-def protocol_class(mode: str) -> type[ServerProtocol]:
-    try:
-        return PROTOCOLS[mode]
-    except KeyError:
-        raise ValueError(f"unknown strategy.mode {mode!r}; expected one of {sorted(PROTOCOLS)}") from None
-
-
-def run_protocol(cfg: ExperimentConfig) -> type[ServerProtocol]:
+def run_protocol(cfg: "ExperimentConfig") -> "type[ServerProtocol]":
     """The protocol of this run's mode (client handlers use it for mode-wide settings such as FedProx's mu)."""
     return protocol_class(cfg.strategy.mode)
 
 
-def register_client_handlers(app: ClientApp, run_config: dict | None = None, wrap=None) -> ClientApp:
+def client_handlers() -> dict[str, tuple[Any, catalog.Protocol]]:
+    """Message type -> (its handler, the family whose modes may receive it), every handler imported now."""
+    return {t: (catalog.load(catalog.owner(t).handlers[t]), catalog.owner(t)) for t in catalog.message_types()}
+
+
+def register_client_handlers(app: "ClientApp", run_config: dict | None = None, wrap=None) -> "ClientApp":
     """Register every protocol's handlers on `app`, routed by Flower message type. `run_config` replaces
     context.run_config (in-process simulation); `wrap(entry)` may wrap each entry (tests inject failures)."""
-    for message_type, (handler, owner) in CLIENT_HANDLERS.items():
-        entry = serve(handler, owner, run_protocol, run_config)
+    from .base import serve
+
+    for message_type, (handler, owner) in client_handlers().items():
+        entry = serve(handler, tuple(owner.modes), run_protocol, run_config)
         category, action = message_type.split(".")
         getattr(app, category)(action)(wrap(entry) if wrap else entry)
     return app
 
 
-__all__ = ["CLIENT_HANDLERS", "PROTOCOLS", "ServerProtocol", "protocol_class", "register_client_handlers",
-           "run_protocol"]
+def __getattr__(name: str) -> Any:
+    """PROTOCOLS (mode -> server class), CLIENT_HANDLERS (see client_handlers) and ServerProtocol, loaded on use."""
+    if name == "PROTOCOLS":
+        return {mode: protocol_class(mode) for mode in catalog.modes()}
+    if name == "CLIENT_HANDLERS":
+        return client_handlers()
+    if name == "ServerProtocol":
+        from .base import ServerProtocol
+
+        return ServerProtocol
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["CLIENT_HANDLERS", "PROTOCOLS", "ServerProtocol", "catalog", "client_handlers", "protocol_class",
+           "register_client_handlers", "run_protocol"]

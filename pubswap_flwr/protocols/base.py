@@ -11,22 +11,23 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 
+from .. import metrics_schema as schema
 from ..config import ExperimentConfig
 from ..evaluation import evaluate
 from ..learner import Learner, WorkReport
 from ..logs import route_logs_to_flower
 from ..node_state import NodeIdentity
 from ..tasks.splits import MAX_NODES
-from ..validate import Rejected
+from ..validate import Rejected, number
 from ..wire import (ADAPTER_KEY, CONFIG_KEY, METRICS_KEY, NODE_ROUND_KEY, NODE_ROUNDS_KEY, PAYLOAD_KEY,
                     adapter_from_record, adapter_record, metrics_record, payload_from_record, payload_record)
+from .counters import FormatCounts, ForeignCounts
 
 if TYPE_CHECKING:
     from ..exchange import Exchange
@@ -39,22 +40,7 @@ MAX_SECONDS = 1e7  # any duration a client reports (about 4 months)
 MAX_TIMESTAMP = 1e11  # a Unix time (year 5138)
 
 
-# -- reading untrusted records ---------------------------------------------------------------------------------
-def number(record: Any, key: str, default: float | None = None, *, low: float = -math.inf,
-           high: float = math.inf) -> float:
-    """A finite scalar in [low, high] from a Metric/ConfigRecord; Rejected names the key otherwise."""
-    if key not in record:
-        if default is None:
-            raise Rejected(f"'{key}' is missing")
-        return default
-    value = record[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise Rejected(f"'{key}' must be a finite number, got {type(value).__name__}")
-    if not low <= value <= high:
-        raise Rejected(f"'{key}' = {value} is outside [{low}, {high}]")
-    return value
-
-
+# -- reading untrusted records (number() is validate's) ----------------------------------------------------------
 def text(value: Any, what: str, limit: int = 1024) -> str:
     if not isinstance(value, str):
         raise Rejected(f"{what} must be text, got {type(value).__name__}")
@@ -174,12 +160,8 @@ class ClientReport:
     rollout_reward: float | None = None  # SAPO: mean reward of this message's own rollouts
     model: str = ""
     tasks: tuple[str, ...] = ()
-    sampled_completions: int = 0  # completions this node sampled itself in this message
-    well_formed_completions: int = 0  # of those, how many had exactly one <answer>...</answer> and nothing after
-    foreign_tokens: int = 0  # train.foreign-correction: foreign tokens trained on in this message,
-    foreign_weight_sum: float = 0.0  # their summed loss weight,
-    is_capped_tokens: int = 0  # those whose importance ratio was truncated at train.is-cap,
-    foreign_fallbacks: int = 0  # and foreign completions without a usable donor behaviour (fallback weight)
+    formats: FormatCounts = FormatCounts()  # this message's own samples, and how many kept the answer format
+    foreign: ForeignCounts = ForeignCounts()  # train.foreign-correction: the foreign text it trained on
 
     @classmethod
     def of(cls, learner: Learner, report: WorkReport, started: float) -> "ClientReport":
@@ -191,25 +173,20 @@ class ClientReport:
             train_completions=sum(s.completions for s in report.steps if s.kind == "private"),
             rollout_reward=report.mean_reward("rollout") if report.has("rollout") else None,
             model=learner.identity.model_name, tasks=tuple(learner.task_names),
-            sampled_completions=sum(learner.sampled_shapes.values()),
-            well_formed_completions=learner.sampled_shapes.get("well-formed", 0),
-            foreign_tokens=report.foreign_tokens, foreign_weight_sum=report.foreign_weight_sum,
-            is_capped_tokens=report.is_capped_tokens, foreign_fallbacks=sum(report.fallbacks.values()))
+            formats=FormatCounts.of_shapes(learner.sampled_shapes),
+            foreign=replace(report.foreign, fallbacks=sum(report.fallbacks.values())))
 
     def metrics(self) -> dict:
         out = {"node-index": self.node_index, "num-examples": self.num_examples,
                "cumulative-reward": self.cumulative_reward, "total-steps": self.total_steps,
                "t-start": self.t_start, "t-end": self.t_end, "sample-seconds": self.sample_seconds,
                "update-seconds": self.update_seconds, "train-completions": self.train_completions,
-               "sampled-completions": self.sampled_completions,
-               "well-formed-completions": self.well_formed_completions}
+               **self.formats.to_metrics()}
         if self.train_reward is not None:
             out["train-reward"] = self.train_reward
         if self.rollout_reward is not None:
             out["rollout-reward"] = self.rollout_reward
-        if self.foreign_tokens or self.foreign_fallbacks:  # only with train.foreign-correction
-            out.update({"foreign-tokens": self.foreign_tokens, "foreign-weight-sum": self.foreign_weight_sum,
-                        "is-capped-tokens": self.is_capped_tokens, "foreign-fallbacks": self.foreign_fallbacks})
+        out.update(self.foreign.to_metrics())  # only with train.foreign-correction
         return out
 
     def payload(self) -> dict:
@@ -224,8 +201,6 @@ class ClientReport:
         optional = {key: number(metrics, key, low=0, high=1) if key in metrics else None
                     for key in ("train-reward", "rollout-reward")}
         t_start = number(metrics, "t-start", 0.0, low=0, high=MAX_TIMESTAMP)
-        sampled = int(number(metrics, "sampled-completions", 0.0, low=0, high=1e12))
-        foreign = int(number(metrics, "foreign-tokens", 0.0, low=0, high=1e12))
         t_end = number(metrics, "t-end", t_start, low=t_start, high=MAX_TIMESTAMP)
         return cls(
             node_index=int(number(metrics, "node-index", low=0, high=MAX_NODES - 1)),
@@ -238,13 +213,7 @@ class ClientReport:
             train_reward=optional["train-reward"],
             train_completions=int(number(metrics, "train-completions", 0.0, low=0, high=1e12)),
             rollout_reward=optional["rollout-reward"],
-            sampled_completions=sampled,
-            well_formed_completions=int(number(metrics, "well-formed-completions", 0.0, low=0, high=sampled)),
-            foreign_tokens=foreign,
-            # weights are in [0, max(train.is-cap, 1)]; train.is-cap is at most 1000
-            foreign_weight_sum=number(metrics, "foreign-weight-sum", 0.0, low=0, high=1000.0 * max(foreign, 1)),
-            is_capped_tokens=int(number(metrics, "is-capped-tokens", 0.0, low=0, high=foreign)),
-            foreign_fallbacks=int(number(metrics, "foreign-fallbacks", 0.0, low=0, high=1e12)),
+            formats=FormatCounts.from_metrics(metrics), foreign=ForeignCounts.from_metrics(metrics),
             model=text(payload.get("model", ""), "'model'"),
             tasks=tuple(text(t, "a task name", 256) for t in tasks))
 
@@ -290,7 +259,7 @@ class ServerProtocol:
 
     holds_global_adapter: ClassVar[bool] = True  # the server keeps, evaluates and saves a global adapter
     per_node_models: ClassVar[bool] = False  # nodes may run different models
-    reward_field: ClassVar[str] = "train_reward"  # the client field the round's train_reward averages
+    reward_field: ClassVar[str] = schema.TRAIN_REWARD  # the client field the round's train_reward averages
 
     def __init__(self, cfg: ExperimentConfig, public=None):
         self.cfg = cfg
@@ -385,20 +354,20 @@ def check_state_continues(learner: Learner, header: Header) -> None:
                 have, accepted)
 
 
-def serve(handler: ClientHandler, owner: type[ServerProtocol],
+def serve(handler: ClientHandler, modes: tuple[str, ...],
           resolve: Callable[[ExperimentConfig], type[ServerProtocol]], run_config: dict | None = None):
-    """A ClientApp function running `handler` (a message type of protocol `owner`): reads the config, builds this
-    node's learner from its disk state, snapshots at a round's start, runs the handler, saves the state.
+    """A ClientApp function running `handler` (a message type the protocol of `modes` sends): reads the config,
+    builds this node's learner from its disk state, snapshots at a round's start, runs the handler, saves the state.
     `resolve(cfg)` is the run's protocol; `run_config` replaces context.run_config (in-process simulation)."""
 
     def entry(message: Message, context: Context) -> Message:
         started = time.time()
         route_logs_to_flower()
         cfg = ExperimentConfig.from_flat(run_config if run_config is not None else context.run_config)
-        protocol = resolve(cfg)
-        if not issubclass(protocol, owner):
+        if cfg.strategy.mode not in modes:
             raise ValueError(f"message type {message.metadata.message_type!r} belongs to another mode than this "
                              f"run's strategy.mode = {cfg.strategy.mode!r}")
+        protocol = resolve(cfg)
         header = Header.from_config(message.content[CONFIG_KEY])
         identity = NodeIdentity.from_flower(cfg, dict(context.node_config), context.node_id, header.run_dir or None,
                                             header.run_name)

@@ -22,6 +22,7 @@ from ..validate import Rejected, check_adapter, check_weight
 from ..wire import CONFIG_KEY
 from .base import (Adapter, ClientReport, ClientWork, Header, Instruction, RoundContext, ServerProtocol, adapter_of,
                    log, read_reply, records, reply_records)
+from .optimizers import ServerOptimizer, build as build_optimizer, norm
 from .transfer import (Downlink, adapter_to_send, broadcast_of, checked_upload, downlink_checkpoint, global_for,
                        put_quantized, restore_downlink, start_round, take_global)
 
@@ -81,12 +82,13 @@ def checked_adapter(content: RecordDict, reference: Adapter, codec: Codec | None
 
 # -- server --------------------------------------------------------------------------------------------------------
 def aggregate_adapters(ctx: RoundContext, cfg: ExperimentConfig, master: Adapter, adapters: dict[int, Adapter],
-                       expected: dict[int, float], base: Adapter | None = None) -> Adapter:
+                       expected: dict[int, float], base: Adapter | None = None,
+                       optimizer: ServerOptimizer | None = None) -> Adapter:
     """The new global adapter from the round's valid adapters, each weighted by the examples its client reported
     over the round but never more than the server asked it for (`expected`: steps x prompts x K), so no claim can
     take the average over; a client with no valid weight is dropped; `master` is kept when fewer than
-    min-clients remain. `base` is the global the clients started from (update clipping measures from it; default
-    `master`)."""
+    min-clients remain. `base` is the global the clients started from (update clipping and the server optimizer
+    measure from it; default `master`); `optimizer` (strategy.server-optimizer) moves it from the aggregate."""
     started = time.perf_counter()
     valid: dict[int, tuple[Adapter, float]] = {}
     for node in ctx.exchange.ordered(adapters):
@@ -111,10 +113,36 @@ def aggregate_adapters(ctx: RoundContext, cfg: ExperimentConfig, master: Adapter
         master = aggregate(chosen, [w for _, w in valid.values()], method=s.aggregation,
                            trim_fraction=s.trim_fraction, reference=reference, clip_norm=s.clip_norm,
                            noise_multiplier=s.dp_noise_multiplier, rng=np.random.default_rng([cfg.seed, ctx.number]))
+        if optimizer is not None:
+            master = server_step(ctx, optimizer, reference, master)
         ctx.log.extra["aggregated"] = True
     ctx.log.extra["aggregated_clients"] = sorted(valid)
     ctx.log.server_seconds += time.perf_counter() - started
     return master
+
+
+def server_step(ctx: RoundContext, optimizer: ServerOptimizer, current: Adapter, aggregate: Adapter) -> Adapter:
+    """The server optimizer's new global from the round's aggregate; unless it is `none`, the metrics row gets
+    `server_optimizer`: its step count, and the norms of the aggregate's update and of the step it took."""
+    new = optimizer.step(current, aggregate)
+    if optimizer.name != "none":
+        ctx.log.extra["server_optimizer"] = {
+            "steps": optimizer.steps, "aggregate_norm": norm({k: aggregate[k] - current[k] for k in current}),
+            "update_norm": norm({k: new[k] - current[k] for k in current})}
+    return new
+
+
+def averaging_state(broadcast, optimizer: ServerOptimizer) -> tuple[dict, dict[str, Adapter]]:
+    """(JSON state, named adapters) a protocol that averages adapters checkpoints: the compressed downlink's and
+    the server optimizer's."""
+    state, adapters = downlink_checkpoint(broadcast)
+    return {**state, **optimizer.state()}, {**adapters, **optimizer.saved_arrays()}
+
+
+def restore_averaging(cfg: ExperimentConfig, broadcast, optimizer: ServerOptimizer, state: dict,
+                      adapters: dict[str, Adapter]) -> None:
+    restore_downlink(broadcast, state, adapters)
+    optimizer.restore(state, adapters, cfg.num_server_rounds)
 
 
 def clip_to_median(ctx: RoundContext, nodes: list[int], adapters: list[Adapter], reference: Adapter,
@@ -135,19 +163,20 @@ class FedAvgProtocol(ServerProtocol):
     def __init__(self, cfg: ExperimentConfig, public=None):
         super().__init__(cfg, public)
         self.broadcast = broadcast_of(cfg)
+        self.optimizer = build_optimizer(cfg.strategy)
 
     def describe(self) -> str:
-        return f"tau={self.cfg.train.local_steps}"
+        return " ".join(filter(None, [f"tau={self.cfg.train.local_steps}", self.optimizer.describe()]))
 
     def state(self) -> dict:
-        return downlink_checkpoint(self.broadcast)[0]
+        return averaging_state(self.broadcast, self.optimizer)[0]
 
     def saved_adapters(self) -> dict[str, Adapter]:
-        return downlink_checkpoint(self.broadcast)[1]
+        return averaging_state(self.broadcast, self.optimizer)[1]
 
     def restore(self, state: dict, adapters: dict[str, Adapter] | None = None,
                 nodes: dict[int, int] | None = None) -> None:
-        restore_downlink(self.broadcast, state, adapters or {})
+        restore_averaging(self.cfg, self.broadcast, self.optimizer, state, adapters or {})
 
     def run_round(self, ctx: RoundContext) -> None:
         """The global to every selected node (with compression: as a quantized delta to nodes holding the last one),
@@ -167,7 +196,7 @@ class FedAvgProtocol(ServerProtocol):
         t = self.cfg.train
         expected = {n: float(t.local_steps * t.prompts_per_step * t.completions_per_prompt) for n in nodes}
         self.master = aggregate_adapters(ctx, self.cfg, self.master, {n: r.adapter for n, r in result.replies.items()},
-                                         expected, base=sent)
+                                         expected, base=sent, optimizer=self.optimizer)
 
 
 class FedProxProtocol(FedAvgProtocol):
@@ -189,5 +218,3 @@ def local_round(work: ClientWork) -> RecordDict:
     work.learner.private_steps(message.local_steps, work.report)
     return AdapterReply(work.client_report(), adapter_to_send(work)).to_record()
 
-
-HANDLERS = {LocalRound.message_type: local_round}

@@ -39,9 +39,9 @@ from ..validate import Limits, Rejected, check_behaviour, check_public_responses
 from ..wire import CONFIG_KEY
 from .base import (Adapter, ClientReport, ClientWork, Header, Instruction, RoundContext, ServerProtocol, adapter_of,
                    payload_of, read_reply, record_scoring, records, reply_records)
-from .fedavg import aggregate_adapters, checked_adapter
-from .transfer import (Downlink, adapter_to_send, broadcast_of, downlink_checkpoint, global_for, put_quantized,
-                       restore_downlink, start_round, take_global)
+from .fedavg import aggregate_adapters, averaging_state, checked_adapter, restore_averaging
+from .optimizers import build as build_optimizer
+from .transfer import Downlink, adapter_to_send, broadcast_of, global_for, put_quantized, start_round, take_global
 
 log = logging.getLogger("pubswap_flwr")
 
@@ -227,6 +227,7 @@ class PubSwapProtocol(ServerProtocol):
     def __init__(self, cfg: ExperimentConfig, public=None):
         super().__init__(cfg, public)
         self.broadcast = broadcast_of(cfg)
+        self.optimizer = build_optimizer(cfg.strategy)
         self.public_cursor = 0
         self.limits = Limits.of(cfg)
         self.last_disagreement: float | None = None  # schedule = adaptive: the signal for the next round
@@ -240,17 +241,18 @@ class PubSwapProtocol(ServerProtocol):
         extra = "".join(f" {key}={value}" for key, value, default in (
             ("donor", p.donor, "uniform"), ("schedule", p.schedule, "fixed"),
             ("foreign-correction", self.cfg.train.foreign_correction, "none")) if value != default)
+        optimizer = self.optimizer.describe()
         return (f"swap={p.swap} tau={self.cfg.train.local_steps} tau-swap={p.tau_swap} "
-                f"public-prompts={p.public_prompts} base={p.base}{extra}")
+                f"public-prompts={p.public_prompts} base={p.base}{extra}" + (f" {optimizer}" if optimizer else ""))
 
     def state(self) -> dict:
-        state: dict = {"public_cursor": self.public_cursor, **downlink_checkpoint(self.broadcast)[0]}
+        state: dict = {"public_cursor": self.public_cursor, **averaging_state(self.broadcast, self.optimizer)[0]}
         if self.last_disagreement is not None:
             state["last_disagreement"] = self.last_disagreement
         return state
 
     def saved_adapters(self) -> dict[str, Adapter]:
-        return downlink_checkpoint(self.broadcast)[1]
+        return averaging_state(self.broadcast, self.optimizer)[1]
 
     def restore(self, state: dict, adapters: dict[str, Adapter] | None = None,
                 nodes: dict[int, int] | None = None) -> None:
@@ -263,7 +265,7 @@ class PubSwapProtocol(ServerProtocol):
         last = state.get("last_disagreement")
         if last is not None and (isinstance(last, bool) or not isinstance(last, (int, float)) or not 0 <= last <= 1):
             raise ValueError(f"last_disagreement must be a number in [0, 1], got {str(last)[:40]}")
-        restore_downlink(self.broadcast, state, adapters or {})
+        restore_averaging(self.cfg, self.broadcast, self.optimizer, state, adapters or {})
         self.public_cursor = cursor
         self.last_disagreement = None if last is None else float(last)
 
@@ -343,7 +345,8 @@ class PubSwapProtocol(ServerProtocol):
             ctx.log.server_seconds += time.perf_counter() - started
             previous = next_public
         self.master = aggregate_adapters(ctx, self.cfg, self.master,
-                                         {n: r.adapter for n, r in final_replies.items()}, expected, base=master)
+                                         {n: r.adapter for n, r in final_replies.items()}, expected, base=master,
+                                         optimizer=self.optimizer)
         ctx.log.extra["swap"] = summarise_public_steps(ctx.log.extra["public_steps"])
         if ctx.log.extra["public_steps"]:
             self.last_disagreement = ctx.log.extra["swap"]["policy_disagreement"]
@@ -435,8 +438,10 @@ def public_items(work: ClientWork, uids) -> list:
     return items
 
 
-def public_generate(work: ClientWork, uids: tuple[str, ...], k: int) -> dict[str, list[str]]:
-    """K responses per public prompt with the node's current policy; own ids are kept for the public step."""
+def public_generate(work: ClientWork, uids: tuple[str, ...], k: int
+                    ) -> tuple[dict[str, list[str]], dict[str, list[Behaviour | None]]]:
+    """K responses per public prompt with the node's current policy, and with train.foreign-correction = is their
+    sampling behaviours (else {}); own ids are kept for the public step."""
     learner = work.learner
     items = public_items(work, uids)
     learner.seed_sampling()
@@ -514,5 +519,3 @@ def segment(work: ClientWork) -> RecordDict:
     adapter = adapter_to_send(work) if message.final else None
     return SegmentReply(work.client_report(), responses, adapter, behaviour=behaviour).to_record()
 
-
-HANDLERS = {Segment.message_type: segment}

@@ -23,6 +23,7 @@ from typing import Any, ClassVar, Sequence
 
 from flwr.app import Message, RecordDict
 
+from .. import metrics_schema as schema
 from ..config import ExperimentConfig
 from ..learner import Learner, StepRecord, WorkReport
 from ..policy.behaviour import tokenizer_fingerprint
@@ -169,7 +170,7 @@ def _optional_eval(value: Any, report: ClientReport, what: str) -> dict | None:
 class SapoProtocol(ServerProtocol):
     holds_global_adapter = False
     per_node_models = True
-    reward_field = "rollout_reward"  # SAPO's cumulative reward sums the nodes' own rollout rewards
+    reward_field = schema.ROLLOUT_REWARD  # SAPO's cumulative reward sums the nodes' own rollout rewards
 
     def __init__(self, cfg: ExperimentConfig, public=None):
         super().__init__(cfg, public)
@@ -220,7 +221,7 @@ class SapoProtocol(ServerProtocol):
         for node in ctx.exchange.ordered(replies):
             reply = replies[node]
             if reply.eval_initial is not None:
-                ctx.log.extra.setdefault("initial_eval", {})[str(node)] = reply.eval_initial
+                ctx.log.initial_evals[str(node)] = reply.eval_initial
             for reason in reply.packet_rejections:
                 log.warning("round %d: dropped a packet from node %d: %s", ctx.number, node, reason)
             if reply.packet_rejections:
@@ -262,7 +263,6 @@ class SapoProtocol(ServerProtocol):
             result = ctx.exchange.send(self._train_messages(ctx, SapoTrain, active, pool, False, False),
                                        self._decode(packets=False, trained=True))
             ctx.log.absorb(result)
-        evals = {}
         for node in ctx.exchange.ordered(result.replies):  # by node index: means over nodes in one order
             reply = result.replies[node]
             row = ctx.log.client(node)
@@ -273,10 +273,8 @@ class SapoProtocol(ServerProtocol):
             for key, count in reply.scoring.items():
                 row[key.replace("-", "_")] = count
             if reply.eval is not None:
-                evals[str(node)] = reply.eval
+                ctx.log.node_evals[str(node)] = reply.eval
             ctx.log.eval_seconds += reply.eval_seconds
-        if evals:
-            ctx.log.extra["node_eval"] = evals
 
 
 # -- client: the node's SAPO learning ---------------------------------------------------------------------------
@@ -463,6 +461,3 @@ def sapo_async_round(work: ClientWork) -> RecordDict:
     packets = generate_rollouts(work.learner, message.header.server_round, work.report)
     return _train_reply(work, message, packets, eval_initial)
 
-
-HANDLERS = {CollectRollouts.message_type: collect_rollouts, SapoTrain.message_type: sapo_train,
-                   SapoAsyncRound.message_type: sapo_async_round}

@@ -11,6 +11,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from pubswap_flwr.protocols import optimizers  # light: numpy only
+
 GOLDEN_DIR = Path(__file__).resolve().parent
 
 # eval.samples = 1, sapo.sharing = "fixed" and graded rewards were the behaviour these runs were recorded with
@@ -34,6 +36,8 @@ RUNS: dict[str, tuple[dict[str, Any], int]] = {
     "sapo-paper-sharing": ({**COMMON, **SAPO, "sapo.sharing": "local", "eval.samples": 3}, 3),
     "pubswap-none": ({**COMMON, **PUBSWAP, "pubswap.swap": "none"}, 3),
 }
+# every server optimizer (pubswap_flwr/protocols/optimizers) has one: FedAvg with it, at its defaults
+RUNS.update({name: ({**COMMON, "strategy.server-optimizer": name}, 3) for name in optimizers.names() if name != "none"})
 
 VARYING_ROW_KEYS = {"time", "bytes"}
 VARYING_CLIENT_KEYS = {"bytes_sent", "bytes_received", "sample_s", "update_s", "handler_s"}

@@ -13,6 +13,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from pubswap_flwr.metrics import read_metrics
 from pubswap_flwr.protocols.base import ClientReport, Header, reply_records
+from pubswap_flwr.protocols.counters import FormatCounts
 from pubswap_flwr.protocols.fedavg import AdapterReply, LocalRound
 from pubswap_flwr.protocols.pubswap import Segment, SegmentReply, SwapEntry
 from pubswap_flwr.protocols.sapo import CollectRollouts, SapoAsyncRound, SapoReply, SapoTrain
@@ -25,8 +26,7 @@ from pubswap_flwr.wire import METRICS_KEY, PAYLOAD_KEY, payload_record
 HEADER = Header(3, "run-x", "/runs/run-x", round_start=True)
 REPORT = ClientReport(node_index=2, num_examples=64, cumulative_reward=1.5, total_steps=7, t_start=10.0, t_end=12.5,
                       sample_seconds=1.0, update_seconds=0.5, train_reward=0.25, train_completions=64,
-                      model="embedded:tiny", tasks=("gcd", "count_bits"), sampled_completions=16,
-                      well_formed_completions=15)
+                      model="embedded:tiny", tasks=("gcd", "count_bits"), formats=FormatCounts(16, 15))
 ADAPTER = {"a.lora_A.weight": np.arange(6, dtype=np.float32).reshape(2, 3) / 8,
            "a.lora_B.weight": np.ones((3, 2), dtype=np.float32)}
 ITEM = TaskItem("gcd/0", "gcd", "What is gcd(4, 6)?", "2", "exact")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from pubswap_flwr import cli, preflight
-from pubswap_flwr.config import ConfigError, key_choices
+from pubswap_flwr.config import MODES, ConfigError, key_choices
 from pubswap_flwr.metrics import RunExistsError
 
 PROJECT = Path(__file__).resolve().parents[2]
@@ -51,7 +51,7 @@ def test_a_bad_key_exits_2_with_one_line_before_ray_starts(command):
 def test_a_bad_value_exits_2_with_one_line_naming_the_key():
     probe, err = _pubswap("simulate", "-c", "strategy.mode='fedsgd'")
     assert probe["code"] == 2 and not probe["ray"]
-    assert err == "error: strategy.mode = 'fedsgd': must be one of 'fedavg', 'fedprox', 'pubswap', 'sapo'\n"
+    assert err == f"error: strategy.mode = 'fedsgd': must be one of {', '.join(map(repr, MODES))}\n"
 
 
 @pytest.mark.parametrize("command", ["simulate", "run"])
@@ -134,7 +134,7 @@ def test_toml_values_round_trip_through_tomllib():
 def test_keys_lists_the_allowed_values_of_choice_keys(capsys):
     assert cli.main(["keys"]) == 0
     lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
-    assert "(one of: fedavg | fedprox | pubswap | sapo)" in lines["strategy.mode"]
+    assert f"(one of: {' | '.join(MODES)})" in lines["strategy.mode"]
     assert "(one of: dapo | grpo)" in lines["train.loss-type"]
     assert "(one of: mean | median | trimmed-mean)" in lines["strategy.aggregation"]
     assert "(one of: float32 | bfloat16 | float16)" in lines["model.dtype"]

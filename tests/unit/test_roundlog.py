@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from pubswap_flwr.protocols.counters import FormatCounts
 from pubswap_flwr.roundlog import RoundLog
 
 
@@ -12,7 +13,7 @@ def test_a_client_below_the_well_formed_threshold_is_warned_about(caplog):
     round_log.client(11)["node_index"] = 0
     round_log.client(12)["node_index"] = 1
     round_log.client(13)["node_index"] = 2
-    round_log.shape_totals = {11: (64, 64), 12: (40, 64), 13: (10, 64)}
+    round_log.formats = {11: FormatCounts(64, 64), 12: FormatCounts(64, 40), 13: FormatCounts(64, 10)}
     round_log.dropped[13] = "timed out"  # a dropped client is reported by its drop, not here
     with caplog.at_level(logging.WARNING, logger="pubswap_flwr"):
         assert round_log.warn_broken_formats() == [12]

@@ -15,16 +15,13 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
 from pubswap_flwr import nodeapp
-from pubswap_flwr.protocols import CLIENT_HANDLERS
 from pubswap_flwr.warm import client, framing, worker
 
-
-def test_the_light_client_app_routes_every_protocol_message_type():
-    assert sorted(nodeapp.MESSAGE_TYPES) == sorted(CLIENT_HANDLERS)
+# the light ClientApp routes every message type of the protocols' catalog: tests/unit/test_catalog.py
 
 
-def test_client_app_module_imports_neither_torch_nor_the_protocols():
-    code = "import sys, client_app; print('torch' in sys.modules, 'pubswap_flwr.protocols' in sys.modules)"
+def test_client_app_module_imports_neither_torch_nor_the_protocol_modules():
+    code = "import sys, client_app; print('torch' in sys.modules, 'pubswap_flwr.protocols.base' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                           cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
     assert done.stdout.split() == ["False", "False"]

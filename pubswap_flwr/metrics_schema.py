@@ -1,0 +1,37 @@
+"""The metrics.jsonl row's key names, each spelled once: the runner, the round log and the protocols' counters write
+rows with them, and progress lines, the report, the trackers and the model cards read them (docs/protocols.md
+describes every field). Imports nothing, so readers of finished runs load neither Flower nor torch through it."""
+
+from __future__ import annotations
+
+from typing import Final
+
+# -- a round's row -------------------------------------------------------------------------------------------------
+ROUND: Final = "round"
+MODE: Final = "mode"
+EVAL: Final = "eval"  # held-out metrics of the global adapter (sapo: the mean over nodes)
+NODE_EVAL: Final = "node_eval"  # sapo: each node's own held-out metrics
+TRAIN_REWARD: Final = "train_reward"  # mean over clients of their mean reward this round
+CUMULATIVE_REWARD: Final = "cumulative_reward"
+CLIENTS: Final = "clients"  # Flower node id -> the client's row (below)
+DROPPED: Final = "dropped"  # Flower node id -> why
+TIME: Final = "time"
+BYTES: Final = "bytes"
+PARAMETER_DRIFT: Final = "parameter_drift"
+SWAP: Final = "swap"  # pubswap: the round's summary of its public steps
+SERVER_OPTIMIZER: Final = "server_optimizer"
+
+# -- the held-out metrics in EVAL / NODE_EVAL ---------------------------------------------------------------------
+GREEDY_ACCURACY: Final = "greedy_accuracy"
+SAMPLED_ACCURACY: Final = "sampled_accuracy"
+SAMPLED_REWARD: Final = "sampled_reward"
+
+# -- a client's row in CLIENTS -------------------------------------------------------------------------------------
+NODE_INDEX: Final = "node_index"
+ROLLOUT_REWARD: Final = "rollout_reward"  # sapo: the mean reward of the node's own rollouts (TRAIN_REWARD otherwise)
+WELL_FORMED: Final = "well_formed"  # share of the node's own samples that kept the answer format
+FOREIGN_WEIGHT_MEAN: Final = "foreign_weight_mean"  # train.foreign-correction: mean loss weight of foreign tokens,
+IS_CAPPED_FRACTION: Final = "is_capped_fraction"  # the share truncated at train.is-cap,
+FOREIGN_FALLBACKS: Final = "foreign_fallbacks"  # foreign completions without a usable donor behaviour
+
+WELL_FORMED_WARNING: Final = 0.8  # below this WELL_FORMED share a client is warned about (and the report says so)

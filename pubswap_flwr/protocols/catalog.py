@@ -1,0 +1,239 @@
+"""The catalog of protocols: every `strategy.mode` declared once, with neither torch nor Flower imported.
+
+A protocol family declares itself with `register(Protocol(...))` at the end of this file:
+- `modes`: each `strategy.mode` it runs, with the dotted path of its server class (a `base.ServerProtocol`);
+- `handlers`: each client message type it sends (`train.<action>` or `query.<action>`, Flower's only forms), with
+  the dotted path of the client handler serving it (`handler(work: base.ClientWork) -> RecordDict`);
+- `section`: its own run-config section, a frozen dataclass of `opt` fields (keys `<section>.<key>`), if any;
+- `validate(cfg)`: its cross-key checks, run for a config of one of its modes (ConfigError naming the keys);
+- `averages_adapters`: False for a protocol whose server keeps no global adapter (sapo): the strategy keys acting on
+  adapters must then stay at their defaults (checked here for every such protocol).
+Dotted paths (`module:name`, a module relative to this package when it starts with '.') are imported when first
+used, so importing the catalog (config.py does, and so does the ClientApp's routing in a deployed node's
+per-message process) loads neither torch nor Flower. Everything else derives from it: config.MODES and the protocol
+sections of ExperimentConfig, the ClientApp's routing (nodeapp.py, protocols.register_client_handlers), the choices
+`pubswap keys` lists, and the tests' lists of modes (tests/unit/test_catalog.py checks they agree).
+
+To add a mode: write protocols/<mode>.py like fedavg.py (the smallest) and declare it here; then its tests, its
+golden run (tests/golden/runs.py) and its row in docs/protocols.md. A mode sending another family's messages
+(FedProx is FedAvg with mu) is one more entry in that family's `modes`. A server optimizer (fedavgm, fedadam) is
+not a mode: it is a module in protocols/optimizers/, which registers itself.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+from ..config_keys import (MAX_COMPLETIONS_PER_BATCH, ConfigError, between, fraction, one_of, opt)
+
+if TYPE_CHECKING:
+    from ..config import ExperimentConfig
+
+MESSAGE_TYPE = re.compile(r"(train|query)\.[A-Za-z_][A-Za-z0-9_]*")  # evaluate.* is Flower's, unused here
+MODE_NAME = re.compile(r"[a-z][a-z0-9_-]*")
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """One protocol family's declaration (see the module docstring)."""
+
+    family: str
+    modes: Mapping[str, str]  # strategy.mode -> dotted path of its ServerProtocol class
+    handlers: Mapping[str, str]  # client message type -> dotted path of its handler
+    section: tuple[str, type] | None = None  # (section name, its dataclass)
+    validate: Callable[["ExperimentConfig"], None] | None = None
+    averages_adapters: bool = True
+
+
+CATALOG: dict[str, Protocol] = {}  # strategy.mode -> its family's declaration, in registration order
+
+
+def register(protocol: Protocol) -> Protocol:
+    """Add `protocol` to the catalog; a malformed or clashing declaration is a ValueError at import."""
+    if not protocol.modes:
+        raise ValueError(f"protocol {protocol.family!r} declares no mode")
+    served = message_types()
+    for mode, path in protocol.modes.items():
+        if not MODE_NAME.fullmatch(mode) or mode in CATALOG:
+            raise ValueError(f"protocol {protocol.family!r}: mode {mode!r} is malformed or already declared")
+        _check_path(path)
+    for message_type, path in protocol.handlers.items():
+        if not MESSAGE_TYPE.fullmatch(message_type) or message_type in served:
+            raise ValueError(f"protocol {protocol.family!r}: message type {message_type!r} is not train.<action> or "
+                             "query.<action>, or another protocol already sends it")
+        _check_path(path)
+    if protocol.section is not None and protocol.section[0] in sections():
+        raise ValueError(f"protocol {protocol.family!r}: section {protocol.section[0]!r} is already declared")
+    for mode in protocol.modes:
+        CATALOG[mode] = protocol
+    return protocol
+
+
+def _check_path(path: str) -> None:
+    module, sep, name = path.partition(":")
+    if not (module and sep and name.isidentifier()):
+        raise ValueError(f"{path!r} is not a dotted path 'module:name'")
+
+
+def load(path: str) -> Any:
+    """The object a dotted path names (its module imported now)."""
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module, __package__), name)
+
+
+# -- what derives from the catalog ---------------------------------------------------------------------------------
+def families() -> list[Protocol]:
+    return list({id(p): p for p in CATALOG.values()}.values())
+
+
+def modes() -> tuple[str, ...]:
+    return tuple(CATALOG)
+
+
+def protocol(mode: str) -> Protocol:
+    try:
+        return CATALOG[mode]
+    except KeyError:
+        raise ValueError(f"unknown strategy.mode {mode!r}; expected one of {sorted(CATALOG)}") from None
+
+
+def message_types() -> tuple[str, ...]:
+    """Every client message type, in declaration order (what the ClientApp routes)."""
+    return tuple(t for p in families() for t in p.handlers)
+
+
+def owner(message_type: str) -> Protocol:
+    """The family whose messages these are (its modes may receive them)."""
+    for p in families():
+        if message_type in p.handlers:
+            return p
+    raise ValueError(f"no protocol sends message type {message_type!r}")
+
+
+def sections() -> dict[str, type]:
+    """The protocols' own config sections, name -> dataclass, in declaration order."""
+    return dict(p.section for p in families() if p.section is not None)
+
+
+def validate(cfg: "ExperimentConfig") -> None:
+    """The checks of the run's protocol (ExperimentConfig.validate calls this)."""
+    declared = protocol(cfg.strategy.mode)
+    if not declared.averages_adapters:
+        _adapter_keys_unused(cfg)
+    if declared.validate is not None:
+        declared.validate(cfg)
+
+
+def _adapter_keys_unused(cfg: "ExperimentConfig") -> None:
+    s, mode = cfg.strategy, cfg.strategy.mode
+    if s.compression != "none":
+        raise ConfigError(f"strategy.compression = {s.compression!r} compresses adapters; {mode} mode sends none, so "
+                          "leave it at 'none'")
+    if s.aggregation != "mean":
+        raise ConfigError(f"strategy.aggregation applies to adapter averaging; {mode} mode averages nothing")
+    if s.server_optimizer != "none":
+        raise ConfigError(f"strategy.server-optimizer = {s.server_optimizer!r} moves the global adapter; {mode} mode "
+                          "keeps none, so leave it at 'none'")
+
+
+# -- the protocols -------------------------------------------------------------------------------------------------
+register(Protocol("fedavg", modes={"fedavg": ".fedavg:FedAvgProtocol", "fedprox": ".fedavg:FedProxProtocol"},
+                  handlers={"train.local_round": ".fedavg:local_round"}))
+
+
+@dataclass(frozen=True)
+class PubSwapConfig:
+    swap: str = opt("balanced", one_of("balanced", "random", "none"),
+                    "balanced or random (the paper's rules); none: public steps on the client's own responses only (an "
+                    "ablation)")
+    tau_swap: int = opt(5, between(1, 10_000), "every tau_swap-th local step is a public step")
+    public_prompts: int = opt(4, between(1, 4096), "public prompts per public step")
+    public_size: int = opt(200, between(1, 100_000), "items in the public set (generated at start)")
+    public_mix: str = opt("", doc="task mix of the public set (empty = tasks.mix)")
+    correct_threshold: float = opt(1.0, fraction, "a response is correct when its reward >= this")
+    base: str = opt("fedavg", one_of("fedavg", "fedprox"))
+    donor: str = opt("uniform", one_of("uniform", "likely"),
+                     "Balanced's donor choice: uniform at random (the paper), or likely: the server sends up to "
+                     "donor-candidates correct responses and the receiving client keeps those its current policy finds "
+                     "most likely (mean token log-prob)")
+    donor_candidates: int = opt(8, between(1, 64), "donor = likely: candidates sent per (client, prompt)")
+    schedule: str = opt("fixed", one_of("fixed", "adaptive"),
+                        "fixed: a public step every tau-swap steps; adaptive: the number of public steps per round "
+                        "follows the last round's policy disagreement between clients (min/max-public-steps, "
+                        "disagreement-low/high); round 1 uses tau / tau-swap")
+    min_public_steps: int = opt(1, between(1, 10_000), "schedule = adaptive: public steps at disagreement-low or below")
+    max_public_steps: int = opt(8, between(1, 10_000), "schedule = adaptive: the budget, public steps at "
+                                                       "disagreement-high or above")
+    disagreement_low: float = opt(0.2, between(0, 1), "schedule = adaptive: disagreement at or below which the fewest "
+                                                      "public steps run")
+    disagreement_high: float = opt(0.6, between(0, 1), "schedule = adaptive: disagreement at or above which the "
+                                                       "budget runs")
+
+
+def check_pubswap(cfg: "ExperimentConfig") -> None:
+    p, t = cfg.pubswap, cfg.train
+    if p.tau_swap > t.local_steps:
+        raise ConfigError(f"pubswap.tau-swap = {p.tau_swap} exceeds train.local-steps = {t.local_steps}: no public "
+                          "step would run")
+    if p.donor == "likely" and p.swap != "balanced":
+        raise ConfigError(f"pubswap.donor = 'likely' chooses among Balanced's donors; pubswap.swap is {p.swap!r}")
+    if p.schedule == "adaptive":
+        if p.min_public_steps > p.max_public_steps:
+            raise ConfigError(f"pubswap.min-public-steps = {p.min_public_steps} exceeds pubswap.max-public-steps = "
+                              f"{p.max_public_steps}")
+        if p.max_public_steps > t.local_steps:
+            raise ConfigError(f"pubswap.max-public-steps = {p.max_public_steps} exceeds train.local-steps = "
+                              f"{t.local_steps}")
+        if p.disagreement_low >= p.disagreement_high:
+            raise ConfigError(f"pubswap.disagreement-low = {p.disagreement_low} must be below "
+                              f"pubswap.disagreement-high = {p.disagreement_high}")
+    if p.public_prompts * t.completions_per_prompt > MAX_COMPLETIONS_PER_BATCH:
+        raise ConfigError(f"pubswap.public-prompts x train.completions-per-prompt = {p.public_prompts} x "
+                          f"{t.completions_per_prompt}: more than {MAX_COMPLETIONS_PER_BATCH} completions per public "
+                          "step")
+
+
+register(Protocol("pubswap", modes={"pubswap": ".pubswap:PubSwapProtocol"},
+                  handlers={"train.segment": ".pubswap:segment"}, section=("pubswap", PubSwapConfig),
+                  validate=check_pubswap))
+
+
+@dataclass(frozen=True)
+class SapoConfig:
+    local: int = opt(4, between(0, 256, why="a reply carries at most 256 packets"),
+                     "I: local rollout groups trained per round")
+    external: int = opt(4, between(0, 4096), "J: external rollout groups trained per round")
+    sharing: str = opt("local", one_of("local", "fixed"), "local: a node samples B = I questions per round and shares "
+                                                          "those I groups (the paper); fixed: it samples sapo.questions "
+                                                          "and shares sapo.share of them whatever I is")
+    questions: int = opt(8, between(1, 4096), "B with sapo.sharing = fixed: questions sampled per node per round")
+    completions: int = opt(8, between(2, 1024), "L: completions per question")
+    share: int = opt(8, between(0, 256, why="a reply carries at most 256 packets"),
+                     "with sapo.sharing = fixed: groups each node shares per round")
+    async_mode: bool = opt(False, doc="one message per round, training on the previous round's pool", key="async")
+    verify_provenance: bool = opt(True, doc="regenerate reasoning-gym packets from their provenance and drop "
+                                            "forged ones")
+    reputation: bool = opt(False, doc="sample external groups in proportion to each sender's verification record")
+
+
+def check_sapo(cfg: "ExperimentConfig") -> None:
+    s = cfg.sapo
+    if s.local + s.external == 0:
+        raise ConfigError("sapo.local + sapo.external must be >= 1")
+    if s.sharing == "fixed" and s.local > s.questions:
+        raise ConfigError(f"sapo.local = {s.local} exceeds sapo.questions = {s.questions}")
+    if s.sharing == "fixed" and s.share > s.questions:
+        raise ConfigError(f"sapo.share = {s.share} exceeds sapo.questions = {s.questions}")
+    questions, name = (s.local, "sapo.local") if s.sharing == "local" else (s.questions, "sapo.questions")
+    if questions * s.completions > MAX_COMPLETIONS_PER_BATCH:
+        raise ConfigError(f"{name} x sapo.completions = {questions} x {s.completions}: more than "
+                          f"{MAX_COMPLETIONS_PER_BATCH} completions per round")
+
+
+register(Protocol("sapo", modes={"sapo": ".sapo:SapoProtocol"},
+                  handlers={"query.rollouts": ".sapo:collect_rollouts", "train.sapo": ".sapo:sapo_train",
+                            "train.sapo_async": ".sapo:sapo_async_round"},
+                  section=("sapo", SapoConfig), validate=check_sapo, averages_adapters=False))

@@ -1,0 +1,86 @@
+"""Counters a client's reply carries and a round adds up, each a small typed block that merges with `+`, writes
+itself into a reply's metrics and reads itself back from one (checked, as everything from another party), and gives
+its fields of the metrics row: the answer format of a node's own samples, and the foreign text it trained on
+(train.foreign-correction). The client report, the node's work report and the round log hold the blocks instead of
+their loose fields."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from .. import metrics_schema as schema
+from ..validate import number
+
+
+@dataclass(frozen=True)
+class FormatCounts:
+    """Completions a node sampled itself, and how many of them had exactly one <answer>...</answer> and nothing
+    after it."""
+
+    sampled: int = 0
+    well_formed: int = 0
+
+    @classmethod
+    def of_shapes(cls, shapes: Mapping[str, int]) -> "FormatCounts":
+        """From a count of `tasks.verifiers.completion_shape` values."""
+        return cls(sum(shapes.values()), shapes.get("well-formed", 0))
+
+    def __add__(self, other: "FormatCounts") -> "FormatCounts":
+        return FormatCounts(self.sampled + other.sampled, self.well_formed + other.well_formed)
+
+    def to_metrics(self) -> dict[str, int]:
+        return {"sampled-completions": self.sampled, "well-formed-completions": self.well_formed}
+
+    @classmethod
+    def from_metrics(cls, metrics: Any) -> "FormatCounts":
+        sampled = int(number(metrics, "sampled-completions", 0.0, low=0, high=1e12))
+        return cls(sampled, int(number(metrics, "well-formed-completions", 0.0, low=0, high=sampled)))
+
+    def row(self) -> dict[str, float]:
+        """The client row's share (none before any own sample)."""
+        return {schema.WELL_FORMED: self.well_formed / self.sampled} if self.sampled else {}
+
+
+@dataclass(frozen=True)
+class ForeignCounts:
+    """Foreign tokens trained on (other clients' or nodes' text), their summed loss weight, how many had their
+    importance ratio truncated at train.is-cap, and foreign completions without a usable donor behaviour (trained
+    with the fallback weight). All zero without train.foreign-correction: then it is not on the wire at all."""
+
+    tokens: int = 0
+    weight_sum: float = 0.0
+    capped: int = 0
+    fallbacks: int = 0
+
+    @classmethod
+    def of_step(cls, extra: Mapping[str, Any]) -> "ForeignCounts":
+        """From a GRPO update's `UpdateStats.extra` (fallbacks are counted where the completions are built)."""
+        return cls(extra.get("foreign_tokens", 0), extra.get("foreign_weight_sum", 0.0),
+                   extra.get("is_capped_tokens", 0))
+
+    def __bool__(self) -> bool:
+        return bool(self.tokens or self.fallbacks)
+
+    def __add__(self, other: "ForeignCounts") -> "ForeignCounts":
+        return ForeignCounts(self.tokens + other.tokens, self.weight_sum + other.weight_sum,
+                             self.capped + other.capped, self.fallbacks + other.fallbacks)
+
+    def to_metrics(self) -> dict[str, float]:
+        if not self:
+            return {}
+        return {"foreign-tokens": self.tokens, "foreign-weight-sum": self.weight_sum,
+                "is-capped-tokens": self.capped, "foreign-fallbacks": self.fallbacks}
+
+    @classmethod
+    def from_metrics(cls, metrics: Any) -> "ForeignCounts":
+        tokens = int(number(metrics, "foreign-tokens", 0.0, low=0, high=1e12))
+        # weights are in [0, max(train.is-cap, 1)]; train.is-cap is at most 1000
+        return cls(tokens, number(metrics, "foreign-weight-sum", 0.0, low=0, high=1000.0 * max(tokens, 1)),
+                   int(number(metrics, "is-capped-tokens", 0.0, low=0, high=tokens)),
+                   int(number(metrics, "foreign-fallbacks", 0.0, low=0, high=1e12)))
+
+    def row(self) -> dict[str, float]:
+        return {schema.FOREIGN_WEIGHT_MEAN: self.weight_sum / self.tokens if self.tokens else 0.0,
+                schema.IS_CAPPED_FRACTION: self.capped / self.tokens if self.tokens else 0.0,
+                schema.FOREIGN_FALLBACKS: self.fallbacks}
