@@ -1,5 +1,6 @@
 """PubSwap: FedAvg/FedProx rounds of tau local GRPO steps where every tau_swap-th step is a public step on
-responses the server pools across clients and hands back by the Balanced or Random rule (swap.py).
+responses the server pools across clients and hands back by the Balanced or Random rule
+(algorithms/pubswap_response_sets.py).
 
 One `train.segment` message per segment keeps round trips few. Segment s carries the response sets of the pending
 public step (none in segment 0, which carries the global adapter instead), the number of private steps to run
@@ -32,7 +33,7 @@ from ..compression import Codec, Quantized
 from ..config import ExperimentConfig
 from ..rollouts import Behaviour, Completion, RolloutGroup
 from ..schedule import even_positions, fixed_positions, public_step_count
-from ..swap import Response, build_response_sets, most_likely
+from ..algorithms.pubswap_response_sets import Response, build_response_sets, most_likely
 from ..tasks import ScoringBudget, extract_answer, score_completion, training_reward
 from ..tasks.verifiers import completion_shape
 from ..validate import Limits, Rejected, check_behaviour, check_public_responses

@@ -5,9 +5,9 @@ Sync (default), two exchanges per round: `query.rollouts` — each node samples 
 private stream and replies `sapo.share` of them as packets (question, answer, metadata, completions);
 `train.sapo` — each node receives the other nodes' packets, re-scores them with its own verifier (regenerating
 reasoning-gym items from their provenance, so forged answers are caught), drops zero-advantage groups and trains on
-I own + J external groups (sapo.py has the selection). `sapo.async = true`: one `train.sapo_async` message per round
-that carries the previous round's pool, so no node waits for a slow peer. Nodes evaluate their own models when asked
-(round 1 also measures their starting point).
+I own + J external groups (algorithms/sapo_selection.py has the selection). `sapo.async = true`: one
+`train.sapo_async` message per round that carries the previous round's pool, so no node waits for a slow peer. Nodes
+evaluate their own models when asked (round 1 also measures their starting point).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from ..config import ExperimentConfig
 from ..learner import Learner, StepRecord, WorkReport
 from ..policy.behaviour import tokenizer_fingerprint
 from ..rollouts import Completion, RolloutGroup
-from ..sapo import Packet, Selection, fair_share, relay, reputation, select_external, select_local
+from ..algorithms.sapo_selection import Packet, Selection, fair_share, relay, reputation, select_external, select_local
 from ..shared import derive_seed
 from ..tasks import ScoringBudget, TaskItem, score_completion, training_reward
 from ..tasks.specs import generate_entry
