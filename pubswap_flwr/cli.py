@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     register_run(sub)
     register_simulate(sub)
     from .compare import register as register_compare
-    from .deploy import register as register_deploy
+    from .deployment import register as register_deploy
 
     register_compare(sub)
     register_deploy(sub)

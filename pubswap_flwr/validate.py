@@ -16,7 +16,7 @@ import numpy as np
 from .compression import Codec, CodecError, Quantized
 from .config import ExperimentConfig
 from .rollouts import MAX_BEHAVIOUR_TOKENS, Behaviour
-from .sapo import Packet, behaviours_from_wire
+from .algorithms.sapo_selection import Packet, behaviours_from_wire
 from .tasks import TaskItem
 from .tasks import items
 from .tasks.verifiers import VERIFIERS

@@ -33,11 +33,12 @@ from typing import Sequence
 import torch
 
 from ..rollouts import RolloutGroup
+from .grpo_batch import Batch, build_batch, encode_completion
+from .grpo_loss import (FOREIGN_CORRECTIONS, LOSS_TYPES, MicroBatchLoss, completion_logps, foreign_token_weights,
+                        logprob_gap, micro_batch_loss, per_token_logps, proximal_term)
 from .sampling import GenerationSettings
 
-LOSS_TYPES = ("dapo", "grpo")
 SCALE_REWARDS = ("group", "batch", "none")
-FOREIGN_CORRECTIONS = ("none", "weight", "is")
 
 
 @dataclass(frozen=True)
@@ -59,59 +60,6 @@ class GRPOSettings:
     foreign_correction: str = "none"
     foreign_weight: float = 0.5
     is_cap: float = 2.0
-
-
-@dataclass
-class Batch:
-    prompt_ids: torch.Tensor  # (B, P) left-padded
-    prompt_mask: torch.Tensor
-    completion_ids: torch.Tensor  # (B, C) right-padded
-    completion_mask: torch.Tensor
-    rewards: torch.Tensor  # (B,)
-    group_sizes: list[int]
-    foreign: torch.Tensor  # (B,) bool
-    truncated: torch.Tensor  # (B,) bool: the completion ends in neither EOS nor pad (cut at the token limit)
-    donor_logps: torch.Tensor | None = None  # (B, C) the donors' sampling log-probs (0 where there is none)
-    has_behaviour: torch.Tensor | None = None  # (B,) bool: the row's tokens are a donor's with its log-probs
-    sampled_logps: torch.Tensor | None = None  # (B, C) own rows: the log-probs the sampler drew them with (else 0)
-    has_sampled: torch.Tensor | None = None  # (B,) bool: an own row with its sampler's log-probs
-
-    def to(self, device: torch.device) -> "Batch":
-        optional = [None if t is None else t.to(device) for t in
-                    (self.donor_logps, self.has_behaviour, self.sampled_logps, self.has_sampled)]
-        return Batch(self.prompt_ids.to(device), self.prompt_mask.to(device), self.completion_ids.to(device),
-                     self.completion_mask.to(device), self.rewards.to(device), self.group_sizes,
-                     self.foreign.to(device), self.truncated.to(device), *optional)
-
-    def without_truncated(self) -> "Batch":
-        """TRL's mask_truncated_completions: truncated completions' tokens leave the completion mask (the loss, the
-        DAPO token count and, as in TRL, attention over those tokens)."""
-        mask = self.completion_mask * (~self.truncated).unsqueeze(1).to(self.completion_mask.dtype)
-        return Batch(self.prompt_ids, self.prompt_mask, self.completion_ids, mask, self.rewards, self.group_sizes,
-                     self.foreign, self.truncated, self.donor_logps, self.has_behaviour, self.sampled_logps,
-                     self.has_sampled)
-
-    def rows(self, index: torch.Tensor) -> "Batch":
-        """The rows `index`, without the padding columns none of them uses (prompts are left-padded, completions
-        right-padded), so a forward over them computes nothing for dropped rows or their padding."""
-        prompt_mask, completion_mask = self.prompt_mask[index], self.completion_mask[index]
-        used = prompt_mask.any(0).nonzero()
-        first = int(used[0]) if len(used) else prompt_mask.shape[1] - 1
-        used = completion_mask.any(0).nonzero()
-        end = int(used[-1]) + 1 if len(used) else 1
-        pick = lambda t: None if t is None else t[index]
-        cut = lambda t: None if t is None else t[index, :end]
-        return Batch(self.prompt_ids[index, first:], prompt_mask[:, first:], self.completion_ids[index, :end],
-                     completion_mask[:, :end], self.rewards[index], [], self.foreign[index], self.truncated[index],
-                     cut(self.donor_logps), pick(self.has_behaviour), cut(self.sampled_logps), pick(self.has_sampled))
-
-    @property
-    def input_ids(self) -> torch.Tensor:
-        return torch.cat([self.prompt_ids, self.completion_ids], dim=1)
-
-    @property
-    def attention_mask(self) -> torch.Tensor:
-        return torch.cat([self.prompt_mask, self.completion_mask], dim=1)
 
 
 @dataclass
@@ -153,220 +101,63 @@ def group_advantages(rewards: torch.Tensor, group_sizes: Sequence[int], eps: flo
     return out
 
 
-def encode_completion(tokenizer, completion, max_tokens: int) -> list[int]:
-    """Own samples: their sampled ids; foreign ones with an accepted behaviour: the donor's sampled ids. Other
-    foreign text: local ids + EOS. Truncated to `max_tokens`."""
-    if completion.token_ids is not None:
-        ids = list(completion.token_ids)
-    elif completion.behaviour is not None:
-        ids = list(completion.behaviour.ids)
-    else:
-        ids = tokenizer(completion.text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-    return ids[:max_tokens]
-
-
-def build_batch(tokenizer, groups: Sequence[RolloutGroup], generation: GenerationSettings) -> Batch:
-    """Prompts truncated to the generation's prompt limit, completions to its new-token limit (the same limits
-    sampling used, so own and foreign members of a group are cut alike)."""
-    prompts: list[str] = []
-    completions: list[list[int]] = []
-    rewards: list[float] = []
-    foreign: list[bool] = []
-    truncated: list[bool] = []
-    sizes: list[int] = []
-    behaviours: dict[int, list[float]] = {}  # row -> the donor's log-probs of its ids
-    sampled: dict[int, list[float]] = {}  # own row -> its sampler's log-probs
-    ends = {tokenizer.eos_token_id, tokenizer.pad_token_id}
-    for group in groups:
-        sizes.append(len(group.completions))
-        for completion, reward in zip(group.completions, group.rewards):
-            prompts.append(group.prompt)
-            ids = encode_completion(tokenizer, completion, generation.max_new_tokens)
-            if completion.token_ids is None and completion.behaviour is not None and ids:
-                behaviours[len(completions)] = list(completion.behaviour.logprobs[:len(ids)])
-            elif (completion.token_ids is not None and completion.behaviour is not None and ids
-                  and tuple(completion.behaviour.ids[:len(ids)]) == tuple(ids)):
-                sampled[len(completions)] = list(completion.behaviour.logprobs[:len(ids)])
-            completions.append(ids if ids else [tokenizer.eos_token_id])
-            rewards.append(float(reward))
-            foreign.append(not completion.is_own)
-            truncated.append(completions[-1][-1] not in ends)
-    enc = tokenizer(prompts, return_tensors="pt", padding=True, truncation=True,
-                    max_length=generation.max_prompt_tokens, add_special_tokens=False)
-    width = max(len(c) for c in completions)
-    pad = tokenizer.pad_token_id
-    comp_ids = torch.full((len(completions), width), pad, dtype=torch.long)
-    comp_mask = torch.zeros((len(completions), width), dtype=torch.long)
-    for row, ids in enumerate(completions):
-        comp_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-        comp_mask[row, : len(ids)] = 1
-    donor_logps, has_behaviour = _row_logps(behaviours, len(completions), width)
-    sampled_logps, has_sampled = _row_logps(sampled, len(completions), width)
-    return Batch(enc["input_ids"], enc["attention_mask"], comp_ids, comp_mask,
-                 torch.tensor(rewards, dtype=torch.float32), sizes, torch.tensor(foreign), torch.tensor(truncated),
-                 donor_logps, has_behaviour, sampled_logps, has_sampled)
-
-
-def _row_logps(rows: dict[int, list[float]], count: int,
-               width: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """(count, width) log-probs with the given rows filled (0 elsewhere) and which rows have them; None if none."""
-    if not rows:
-        return None, None
-    logps = torch.zeros((count, width), dtype=torch.float32)
-    present = torch.zeros(count, dtype=torch.bool)
-    for row, values in rows.items():
-        logps[row, : len(values)] = torch.tensor(values, dtype=torch.float32)
-        present[row] = True
-    return logps, present
-
-
-def logprob_gap(training: torch.Tensor, sampled: torch.Tensor, mask: torch.Tensor) -> tuple[float, float, int]:
-    """How far the sampler's log-probs are from the training pass's on the same tokens: (sum and max of
-    |training - sampled| over the tokens in `mask`, token count). A lower-precision sampling copy (generation.dtype)
-    makes them differ; the loss always uses the training pass's."""
-    mask = mask.bool()
-    if not bool(mask.any()):
-        return 0.0, 0.0, 0
-    diff = (training.detach().float() - sampled.float()).abs()[mask]
-    return float(diff.sum()), float(diff.max()), int(mask.sum())
-
-
-def per_token_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
-                    temperature: float = 1.0) -> torch.Tensor:
-    """Log-prob of each of the last `logits_to_keep` tokens under `model` (B, logits_to_keep)."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=logits_to_keep + 1).logits
-    logits = logits[:, :-1, :].float() / temperature
-    targets = input_ids[:, -logits_to_keep:]
-    return torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-
-
-def completion_logps(model, batch: Batch, rows: slice, temperature: float = 1.0) -> torch.Tensor:
-    """`per_token_logps` of rows `rows`' completions, each distinct prompt run once (B, C).
-
-    A group's K completions share one prompt; running it once and letting the K completions attend to its keys and
-    values (copied per row, so gradients from every completion flow back through the one prompt pass) leaves out
-    (K - 1) / K of the prompt tokens' forward and backward, which are most of the tokens when prompts are longer than
-    completions. Positions count from each row's first real token, as in sampling."""
-    from transformers import DynamicCache
-
-    prompt_ids, prompt_mask = batch.prompt_ids[rows], batch.prompt_mask[rows]
-    completion_ids, completion_mask = batch.completion_ids[rows], batch.completion_mask[rows]
-    same = torch.ones(len(prompt_ids), dtype=torch.bool, device=prompt_ids.device)  # row repeats the row before
-    same[0] = False
-    same[1:] = (prompt_ids[1:] == prompt_ids[:-1]).all(-1) & (prompt_mask[1:] == prompt_mask[:-1]).all(-1)
-    first = (~same).nonzero().squeeze(1)
-    owner = torch.cumsum((~same).long(), 0) - 1  # row -> its prompt among the distinct ones
-    unique_mask = prompt_mask[first]
-    positions = (unique_mask.long().cumsum(-1) - 1).clamp(min=0)
-    cache = DynamicCache(config=model.config)
-    head = model(input_ids=prompt_ids[first], attention_mask=unique_mask, position_ids=positions, cache=cache,
-                 use_cache=True, logits_to_keep=1).logits[:, -1:, :]
-    if len(first) < len(prompt_ids):
-        cache.batch_select_indices(owner)
-    width = completion_ids.shape[1]
-    tail_positions = positions[owner, -1:] + 1 + torch.arange(width, device=positions.device)
-    body = model(input_ids=completion_ids, attention_mask=torch.cat([prompt_mask, completion_mask], dim=1),
-                 position_ids=tail_positions, cache=cache, use_cache=True, logits_to_keep=width).logits
-    logits = torch.cat([head[owner], body[:, :-1, :]], dim=1).float() / temperature
-    # log-softmax at the target only: logit - logsumexp, without materialising the whole (B, C, V) log-softmax
-    return logits.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-
-
-def clipped_token_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Tensor,
-                       eps_low: float, eps_high: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token -min(r·A, clip(r)·A) and the ratio r = exp(logp - old)."""
-    ratio = torch.exp(logps - old_logps)
-    adv = advantages.unsqueeze(1)
-    clipped = torch.clamp(ratio, 1 - eps_low, 1 + eps_high)
-    return -torch.min(ratio * adv, clipped * adv), ratio
-
-
-def foreign_token_weights(receiver_logps: torch.Tensor, foreign: torch.Tensor, mode: str, weight: float,
-                          cap: float, donor_logps: torch.Tensor | None = None,
-                          has_behaviour: torch.Tensor | None = None) -> torch.Tensor:
-    """Per-token loss weights (B, C) for `train.foreign-correction`: 1 for own rows; foreign rows get `weight`
-    ("weight"), or min(exp(receiver - donor), cap) per token where the row has the donor's log-probs and `weight`
-    where it has not ("is"). `receiver_logps` are the receiver's (detached) log-probs of the row's tokens."""
-    if mode not in FOREIGN_CORRECTIONS:
-        raise ValueError(f"unknown foreign correction {mode!r}; expected one of {FOREIGN_CORRECTIONS}")
-    weights = torch.ones_like(receiver_logps)
-    if mode == "none":
-        return weights
-    rows = foreign.unsqueeze(1)
-    weights = torch.where(rows, torch.full_like(weights, weight), weights)
-    if mode == "is" and donor_logps is not None and has_behaviour is not None:
-        ratio = torch.exp(receiver_logps.detach() - donor_logps).clamp(max=cap)
-        weights = torch.where((foreign & has_behaviour).unsqueeze(1), ratio, weights)
-    return weights
-
-
-def aggregate_loss(per_token: torch.Tensor, mask: torch.Tensor, loss_type: str, total_tokens: float,
-                   total_sequences: int) -> torch.Tensor:
-    """Reduce a micro-batch's per-token loss so that summing micro-batches gives the full-batch loss."""
-    mask = mask.to(per_token.dtype)
-    if loss_type == "dapo":
-        return (per_token * mask).sum() / max(total_tokens, 1.0)
-    if loss_type == "grpo":
-        return ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).sum() / total_sequences
-    raise ValueError(f"unknown loss type {loss_type!r}; expected one of {LOSS_TYPES}")
-
-
-def proximal_term(params: dict[str, torch.nn.Parameter], reference: dict[str, torch.Tensor], mu: float) -> torch.Tensor:
-    """FedProx: mu/2 · ||w - w_ref||² over the trainable (LoRA) parameters."""
-    total = torch.zeros(())  # a 0-dim CPU tensor adds to tensors on any device
-    for name, param in params.items():
-        total = total + (param - reference[name].to(param.device, param.dtype)).pow(2).sum()
-    return 0.5 * mu * total
+def _count_batch(batch: Batch, stats: UpdateStats) -> float:
+    """Fill the batch's counts into `stats` (completions, foreign ones, tokens, mean reward, groups whose rewards
+    all agree); returns the number of completion tokens (the DAPO denominator)."""
+    mask = batch.completion_mask.float()
+    total_tokens = float(mask.sum())
+    stats.completions = batch.rewards.shape[0]
+    stats.foreign_completions = int(batch.foreign.sum())
+    stats.tokens = int(total_tokens)
+    stats.mean_reward = float(batch.rewards.mean())
+    start = 0
+    for size in batch.group_sizes:
+        group = batch.rewards[start:start + size]
+        stats.zero_advantage_groups += int(bool((group.max() - group.min()).abs() < 1e-12))
+        start += size
+    return total_tokens
 
 
 @dataclass
-class MicroBatchLoss:
-    loss: torch.Tensor
-    clip_low: float  # active tokens whose negative-advantage ratio fell below 1 - eps_low
-    clip_high: float  # active tokens whose positive-advantage ratio rose above 1 + eps_high
-    kl: float  # summed per-token KL over active tokens (0 without a reference)
-    foreign_weight: float = 0.0  # summed loss weight over active foreign tokens (train.foreign-correction)
-    capped: float = 0.0  # active foreign tokens whose importance ratio was truncated at the cap
-    gap: tuple[float, float, int] = (0.0, 0.0, 0)  # logprob_gap of own tokens: sampler vs this pass
+class _LossSums:
+    """What the micro-batches of one update add up, in the order they ran."""
 
+    clip_low: float = 0.0
+    clip_high: float = 0.0
+    kl: float = 0.0
+    loss: float = 0.0
+    foreign_weight: float = 0.0
+    capped: float = 0.0
+    gap_sum: float = 0.0
+    gap_max: float = 0.0
+    gap_tokens: int = 0
 
-def micro_batch_loss(model, batch: Batch, rows: slice, advantages: torch.Tensor, old_logps: torch.Tensor | None,
-                     ref_logps: torch.Tensor | None, settings: GRPOSettings, total_tokens: float,
-                     temperature: float = 1.0, total_sequences: int | None = None) -> MicroBatchLoss:
-    """The loss of rows `rows`, scaled so that the micro-batch losses of a batch sum to the batch loss (of
-    `total_sequences` rows, default this batch's: the update leaves out rows that cannot contribute)."""
-    s = settings
-    logps = completion_logps(model, batch, rows, temperature)
-    old = logps.detach() if old_logps is None else old_logps
-    per_token, ratio = clipped_token_loss(logps, old, advantages[rows], s.epsilon_low, s.epsilon_high)
-    mask = batch.completion_mask[rows].float()
-    foreign_weight = capped = 0.0
-    if s.foreign_correction != "none":
-        donor = None if batch.donor_logps is None else batch.donor_logps[rows]
-        behaviour = None if batch.has_behaviour is None else batch.has_behaviour[rows]
-        weights = foreign_token_weights(old, batch.foreign[rows], s.foreign_correction, s.foreign_weight, s.is_cap,
-                                        donor, behaviour)
-        per_token = per_token * weights
-        foreign_mask = mask * batch.foreign[rows].unsqueeze(1).float()
-        foreign_weight = float((weights * foreign_mask).sum())
-        if donor is not None and behaviour is not None:
-            raw = torch.exp(old - donor)
-            capped = float(((raw > s.is_cap) & behaviour.unsqueeze(1)).float().mul(foreign_mask).sum())
-    kl_total = 0.0
-    if ref_logps is not None and s.kl_beta > 0:
-        diff = ref_logps - logps
-        kl = (torch.exp(diff) - diff - 1) * ratio  # k3 estimator with TRL's importance-sampling correction
-        per_token = per_token + s.kl_beta * kl
-        kl_total = float((kl.detach() * mask).sum())
-    loss = aggregate_loss(per_token, mask, s.loss_type, total_tokens,
-                          batch.rewards.shape[0] if total_sequences is None else total_sequences)
-    adv = advantages[rows].unsqueeze(1)
-    clip_low = float((((ratio < 1 - s.epsilon_low) & (adv < 0)).float() * mask).sum())
-    clip_high = float((((ratio > 1 + s.epsilon_high) & (adv > 0)).float() * mask).sum())
-    gap = (0.0, 0.0, 0)
-    if batch.sampled_logps is not None and batch.has_sampled is not None:
-        gap = logprob_gap(logps, batch.sampled_logps[rows], mask.bool() & batch.has_sampled[rows].unsqueeze(1))
-    return MicroBatchLoss(loss, clip_low, clip_high, kl_total, foreign_weight, capped, gap)
+    def add(self, part: MicroBatchLoss, first_iteration: bool) -> None:
+        self.loss += float(part.loss.detach())
+        self.clip_low += part.clip_low
+        self.clip_high += part.clip_high
+        self.kl += part.kl
+        self.foreign_weight += part.foreign_weight
+        self.capped += part.capped
+        if first_iteration:  # the weights the samples were drawn with
+            self.gap_sum, self.gap_max, self.gap_tokens = (self.gap_sum + part.gap[0], max(self.gap_max, part.gap[1]),
+                                                           self.gap_tokens + part.gap[2])
+
+    def finish(self, stats: UpdateStats, batch: Batch, total_tokens: float, s: GRPOSettings) -> None:
+        """The update's statistics from the sums: fractions and KL per token, loss per inner iteration."""
+        denom = max(total_tokens * s.inner_iterations, 1.0)
+        stats.loss = self.loss / s.inner_iterations
+        stats.clip_low_fraction = self.clip_low / denom
+        stats.clip_high_fraction = self.clip_high / denom
+        stats.kl = self.kl / denom
+        if self.gap_tokens:
+            stats.extra.update(sampling_gap_sum=self.gap_sum, sampling_gap_max=self.gap_max,
+                               sampling_gap_tokens=self.gap_tokens)
+        if s.foreign_correction != "none":  # sums over inner iterations and the rows trained: mean = sum / tokens
+            trained = batch.completion_mask.float() * batch.foreign.unsqueeze(1).float()
+            stats.extra["foreign_tokens"] = int(trained.sum()) * s.inner_iterations
+            stats.extra["foreign_weight_sum"] = self.foreign_weight
+            stats.extra["is_capped_tokens"] = int(self.capped)
 
 
 class GRPOLearner:
@@ -420,17 +211,7 @@ class GRPOLearner:
             stats.extra["truncated_masked"] = int(batch.truncated.sum())
         n = batch.rewards.shape[0]
         advantages = group_advantages(batch.rewards, batch.group_sizes, scale=s.scale_rewards)
-        mask = batch.completion_mask.float()
-        total_tokens = float(mask.sum())
-        stats.completions = n
-        stats.foreign_completions = int(batch.foreign.sum())
-        stats.tokens = int(total_tokens)
-        stats.mean_reward = float(batch.rewards.mean())
-        start = 0
-        for size in batch.group_sizes:
-            group = batch.rewards[start:start + size]
-            stats.zero_advantage_groups += int(bool((group.max() - group.min()).abs() < 1e-12))
-            start += size
+        total_tokens = _count_batch(batch, stats)
         # Rows with advantage 0 add exactly 0 to the clipped surrogate and its gradient (and to the foreign-token
         # weights, which multiply it): without a KL term they need no forward or backward. They still count in the
         # DAPO token total and the GRPO sequence count above, so the loss and gradients equal the whole batch's.
@@ -451,8 +232,7 @@ class GRPOLearner:
         if s.kl_beta > 0:
             with torch.no_grad(), self.model.disable_adapter():
                 ref = torch.cat([self._logps(batch, c) for c in chunks])
-        clip_low = clip_high = kl_sum = loss_sum = foreign_weight = capped = gap_sum = gap_max = 0.0
-        gap_tokens = 0
+        sums = _LossSums()
         for iteration in range(s.inner_iterations):
             self.optimizer.zero_grad(set_to_none=True)
             for rows in chunks:
@@ -460,40 +240,26 @@ class GRPOLearner:
                                         None if ref is None else ref[rows], s, total_tokens,
                                         self.generation.temperature, n)
                 part.loss.backward()
-                loss_sum += float(part.loss.detach())
-                clip_low += part.clip_low
-                clip_high += part.clip_high
-                kl_sum += part.kl
-                foreign_weight += part.foreign_weight
-                capped += part.capped
-                if iteration == 0:  # the weights the samples were drawn with
-                    gap_sum, gap_max, gap_tokens = (gap_sum + part.gap[0], max(gap_max, part.gap[1]),
-                                                    gap_tokens + part.gap[2])
-            for param in self.params.values():  # no row trained: the step still applies Adam's momentum, as a
-                if param.grad is None:  # backward of an all-zero loss would
-                    param.grad = torch.zeros_like(param)
-            if mu > 0 and proximal_reference is not None:
-                prox = proximal_term(self.params, proximal_reference, mu)
-                prox.backward()
-                stats.proximal = float(prox.detach())
-            norm = torch.nn.utils.clip_grad_norm_(list(self.params.values()),
-                                                  s.max_grad_norm if s.max_grad_norm > 0 else math.inf)
-            stats.grad_norm = float(norm)
-            self.optimizer.step()
+                sums.add(part, first_iteration=iteration == 0)
+            self._step(stats, proximal_reference, mu)
         self.model.eval()
-        denom = max(total_tokens * s.inner_iterations, 1.0)
-        stats.loss = loss_sum / s.inner_iterations
-        stats.clip_low_fraction = clip_low / denom
-        stats.clip_high_fraction = clip_high / denom
-        stats.kl = kl_sum / denom
-        if gap_tokens:
-            stats.extra.update(sampling_gap_sum=gap_sum, sampling_gap_max=gap_max, sampling_gap_tokens=gap_tokens)
-        if s.foreign_correction != "none":  # sums over inner iterations and the rows trained: mean = sum / tokens
-            trained = batch.completion_mask.float() * batch.foreign.unsqueeze(1).float()
-            stats.extra["foreign_tokens"] = int(trained.sum()) * s.inner_iterations
-            stats.extra["foreign_weight_sum"] = foreign_weight
-            stats.extra["is_capped_tokens"] = int(capped)
+        sums.finish(stats, batch, total_tokens, s)
         return stats
+
+    def _step(self, stats: UpdateStats, proximal_reference: dict[str, torch.Tensor] | None, mu: float) -> None:
+        """One optimizer step on the accumulated gradients, with the proximal term and gradient clipping."""
+        s = self.settings
+        for param in self.params.values():  # no row trained: the step still applies Adam's momentum, as a
+            if param.grad is None:  # backward of an all-zero loss would
+                param.grad = torch.zeros_like(param)
+        if mu > 0 and proximal_reference is not None:
+            prox = proximal_term(self.params, proximal_reference, mu)
+            prox.backward()
+            stats.proximal = float(prox.detach())
+        norm = torch.nn.utils.clip_grad_norm_(list(self.params.values()),
+                                              s.max_grad_norm if s.max_grad_norm > 0 else math.inf)
+        stats.grad_norm = float(norm)
+        self.optimizer.step()
 
     @torch.no_grad()
     def mean_logprobs(self, prompt: str, completions: Sequence) -> list[float]:

@@ -1,5 +1,6 @@
 """PubSwap: FedAvg/FedProx rounds of tau local GRPO steps where every tau_swap-th step is a public step on
-responses the server pools across clients and hands back by the Balanced or Random rule (swap.py).
+responses the server pools across clients and hands back by the Balanced or Random rule
+(algorithms/pubswap_response_sets.py).
 
 One `train.segment` message per segment keeps round trips few. Segment s carries the response sets of the pending
 public step (none in segment 0, which carries the global adapter instead), the number of private steps to run
@@ -20,206 +21,25 @@ import logging
 import random
 import time
 from functools import partial
-from collections import Counter
-from dataclasses import dataclass, field
 from itertools import combinations
-from typing import Any, ClassVar
 
 import numpy as np
-from flwr.app import Message, RecordDict
+from flwr.app import RecordDict
 
-from ..compression import Codec, Quantized
 from ..config import ExperimentConfig
 from ..rollouts import Behaviour, Completion, RolloutGroup
 from ..schedule import even_positions, fixed_positions, public_step_count
-from ..swap import Response, build_response_sets, most_likely
-from ..tasks import ScoringBudget, extract_answer, score_completion, training_reward
+from ..algorithms.pubswap_response_sets import Response, build_response_sets, most_likely
+from ..tasks import ScoringBudget
 from ..tasks.verifiers import completion_shape
-from ..validate import Limits, Rejected, check_behaviour, check_public_responses
-from ..wire import CONFIG_KEY
-from .base import (Adapter, ClientReport, ClientWork, Header, Instruction, RoundContext, ServerProtocol, adapter_of,
-                   payload_of, read_reply, record_scoring, records, reply_records)
-from .fedavg import aggregate_adapters, averaging_state, checked_adapter, restore_averaging
+from ..validate import Limits
+from .base import Adapter, ClientWork, RoundContext, ServerProtocol, record_scoring
+from .fedavg import aggregate_adapters, averaging_state, restore_averaging
 from .optimizers import build as build_optimizer
-from .transfer import Downlink, adapter_to_send, broadcast_of, global_for, put_quantized, start_round, take_global
+from .pubswap_messages import DonorChoice, Scored, Segment, SegmentReply, SwapEntry, check_behaviours
+from .transfer import adapter_to_send, broadcast_of, global_for, start_round, take_global
 
 log = logging.getLogger("pubswap_flwr")
-
-Scored = dict[str, list[tuple[str, float]]]  # public prompt id -> (response text, server's reward)
-
-
-# -- messages ------------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class SwapEntry:
-    """One member of a client's response set: its own response `own_index`, or another client's text."""
-
-    reward: float
-    own_index: int = -1
-    text: str = ""
-    source: str = ""
-    behaviour: Behaviour | None = None  # the donor's sampling ids and log-probs (train.foreign-correction = "is")
-
-    def to_dict(self) -> dict:
-        if self.own_index >= 0:
-            return {"own_index": self.own_index, "reward": self.reward}
-        out = {"own_index": -1, "text": self.text, "reward": self.reward, "source": self.source}
-        if self.behaviour is not None:
-            out["behaviour"] = self.behaviour.to_wire()
-        return out
-
-    @classmethod
-    def from_dict(cls, data: Any) -> "SwapEntry":
-        if not isinstance(data, dict):
-            raise ValueError(f"a response-set entry is {type(data).__name__}, not an object")
-        index, reward = data.get("own_index", -1), data.get("reward")
-        if isinstance(index, bool) or not isinstance(index, int):
-            raise ValueError(f"own_index must be an integer, got {type(index).__name__}")
-        if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not 0 <= reward <= 1:
-            raise ValueError(f"reward must be a number in [0, 1], got {reward!r}")
-        if index >= 0:
-            return cls(float(reward), index)
-        text, source = data.get("text"), data.get("source", "peer")
-        if not isinstance(text, str) or not isinstance(source, str):
-            raise ValueError("a foreign response needs text and a source name")
-        behaviour = Behaviour.from_wire(data["behaviour"]) if data.get("behaviour") is not None else None
-        return cls(float(reward), -1, text, source, behaviour)
-
-
-MAX_CANDIDATES = 64  # pubswap.donor-candidates' bound
-
-
-@dataclass(frozen=True)
-class DonorChoice:
-    """donor = likely, on the wire: the client's own slots to fill with the most likely of `candidates`."""
-
-    slots: tuple[int, ...]
-    candidates: tuple[SwapEntry, ...]
-
-    def to_dict(self) -> dict:
-        return {"slots": list(self.slots), "candidates": [c.to_dict() for c in self.candidates]}
-
-    @classmethod
-    def from_dict(cls, data: Any, k: int) -> "DonorChoice":
-        if not isinstance(data, dict):
-            raise ValueError(f"a donor choice is {type(data).__name__}, not an object")
-        slots, candidates = data.get("slots"), data.get("candidates")
-        if not isinstance(slots, list) or not isinstance(candidates, list):
-            raise ValueError("a donor choice needs 'slots' and 'candidates' lists")
-        if not slots or len(set(slots)) != len(slots) or not all(type(i) is int and 0 <= i < k for i in slots):
-            raise ValueError(f"donor choice slots must be distinct integers in [0, {k})")
-        entries = tuple(SwapEntry.from_dict(c) for c in candidates)
-        if not len(slots) <= len(entries) <= MAX_CANDIDATES or any(e.own_index >= 0 for e in entries):
-            raise ValueError(f"a donor choice needs {len(slots)}..{MAX_CANDIDATES} foreign candidates")
-        return cls(tuple(slots), entries)
-
-
-@dataclass(frozen=True)
-class Segment(Instruction):
-    message_type: ClassVar[str] = "train.segment"
-    header: Header
-    private_steps: int
-    public_uids: tuple[str, ...]  # the next public prompts (none in the last segment)
-    k: int
-    final: bool
-    adapter: Adapter | None = None  # segment 0: the global adapter
-    response_sets: dict[str, tuple[SwapEntry, ...]] | None = None  # the pending public step's sets
-    downlink: Downlink | None = None  # segment 0 with strategy.compression (then `adapter` may be None)
-    choices: dict[str, DonorChoice] | None = None  # pubswap.donor = likely: slots to fill per prompt
-
-    def to_record(self) -> RecordDict:
-        config = {**self.header.to_config(), "private-steps": self.private_steps,
-                  "public-uids": "\n".join(self.public_uids), "k": self.k, "final": self.final,
-                  **(self.downlink.config() if self.downlink is not None else {})}
-        payload = None
-        if self.response_sets is not None:
-            payload = {"response-sets": {uid: [e.to_dict() for e in entries]
-                                         for uid, entries in self.response_sets.items()}}
-            if self.choices:
-                payload["donor-choices"] = {uid: c.to_dict() for uid, c in self.choices.items()}
-        return put_quantized(records(config, adapter=self.adapter, payload=payload),
-                             self.downlink.delta if self.downlink is not None else None)
-
-    @classmethod
-    def from_record(cls, content: RecordDict) -> "Segment":
-        config = content[CONFIG_KEY]
-        payload = payload_of(content)
-        sets, choices = payload.get("response-sets"), payload.get("donor-choices")
-        k = int(config["k"])
-        try:
-            response_sets = None if sets is None else {str(uid): tuple(SwapEntry.from_dict(e) for e in entries)
-                                                       for uid, entries in dict(sets).items()}
-            donor_choices = None if choices is None else {str(uid): DonorChoice.from_dict(c, k)
-                                                          for uid, c in dict(choices).items()}
-        except (TypeError, KeyError, ValueError) as err:
-            raise ValueError(f"malformed response sets: {type(err).__name__}: {err}") from None
-        return cls(Header.from_config(config), int(config.get("private-steps", 0)),
-                   tuple(u for u in str(config.get("public-uids", "")).split("\n") if u), k,
-                   bool(config.get("final", False)), adapter_of(content), response_sets, Downlink.read(config, content),
-                   donor_choices)
-
-
-@dataclass(frozen=True)
-class SegmentReply:
-    """K responses per requested public prompt; the last segment's reply also carries the adapter. On the server,
-    `responses` holds each response with the server's own reward."""
-
-    report: ClientReport
-    responses: dict[str, list[str]] | Scored
-    adapter: Adapter | Quantized | None = None  # Quantized: strategy.compression's delta
-    modal: dict[str, str | None] = field(default_factory=dict)  # server side: each prompt's most frequent answer
-    behaviour: dict[str, list[Behaviour | None]] = field(default_factory=dict)  # foreign-correction = is
-
-    def to_record(self) -> RecordDict:
-        payload: dict | None = {"responses": self.responses} if self.responses else None
-        if payload is not None and self.behaviour:
-            payload["behaviour"] = {uid: [b.to_wire() if b is not None else None for b in rows]
-                                    for uid, rows in self.behaviour.items()}
-        if isinstance(self.adapter, Quantized):
-            return put_quantized(reply_records(self.report, payload=payload), self.adapter)
-        return reply_records(self.report, payload=payload, adapter=self.adapter)
-
-    @classmethod
-    def from_message(cls, message: Message, uids: list[str], k: int, limits: Limits, public,
-                     reference: Adapter | None, score=score_completion,
-                     partial_credit: bool = True, codec: Codec | None = None,
-                     with_behaviour: bool = False) -> "SegmentReply":
-        """Decode and check a client's reply, scoring its responses with the server's verifier (`score`, under
-        the client's scoring budget in a round; graded or 0/1 rewards as `tasks.partial-credit` says); with
-        `with_behaviour`, also its responses' sampling log-probs (checked; a missing one is passed on as None)."""
-        _, payload, report = read_reply(message)
-        scored: Scored = {}
-        behaviour: dict[str, list[Behaviour | None]] = {}
-        if uids:
-            texts = check_public_responses(payload, uids, k, limits)
-            if with_behaviour:
-                behaviour = check_behaviours(payload.get("behaviour"), uids, k, limits)
-            limit = limits.max_completion_chars
-            scored = {uid: [(t, training_reward(score(t, public.get(uid), max_chars=limit).reward, partial_credit))
-                            for t in texts[uid]]
-                      for uid in uids}
-        adapter = checked_adapter(message.content, reference, codec) if reference is not None else None
-        modal = {uid: Counter(extract_answer(t) for t in texts).most_common(1)[0][0]
-                 for uid, texts in (texts.items() if uids else ())}
-        return cls(report, scored, adapter, modal, behaviour)
-
-
-def check_behaviours(raw: Any, uids: list[str], k: int, limits: Limits) -> dict[str, list[Behaviour | None]]:
-    """A reply's sampling behaviours: None for prompts or responses that sent none; anything malformed or longer
-    than generation.max-new-tokens rejects the reply, as a malformed response does."""
-    if raw is None:
-        return {uid: [None] * k for uid in uids}
-    if not isinstance(raw, dict) or not set(raw) <= set(uids):
-        raise Rejected("'behaviour' must be an object keyed by the requested prompt ids")
-    out = {}
-    for uid in uids:
-        rows = raw.get(uid, [None] * k)
-        if not isinstance(rows, list) or len(rows) != k:
-            raise Rejected(f"prompt {uid}: behaviour must list {k} entries")
-        try:
-            out[uid] = [None if row is None else check_behaviour(row, limits) for row in rows]
-        except Rejected as err:
-            raise Rejected(f"prompt {uid}: {err}") from None
-    return out
 
 
 # -- server --------------------------------------------------------------------------------------------------------

@@ -5,9 +5,9 @@ Sync (default), two exchanges per round: `query.rollouts` — each node samples 
 private stream and replies `sapo.share` of them as packets (question, answer, metadata, completions);
 `train.sapo` — each node receives the other nodes' packets, re-scores them with its own verifier (regenerating
 reasoning-gym items from their provenance, so forged answers are caught), drops zero-advantage groups and trains on
-I own + J external groups (sapo.py has the selection). `sapo.async = true`: one `train.sapo_async` message per round
-that carries the previous round's pool, so no node waits for a slow peer. Nodes evaluate their own models when asked
-(round 1 also measures their starting point).
+I own + J external groups (algorithms/sapo_selection.py has the selection). `sapo.async = true`: one
+`train.sapo_async` message per round that carries the previous round's pool, so no node waits for a slow peer. Nodes
+evaluate their own models when asked (round 1 also measures their starting point).
 """
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ import logging
 import random
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, ClassVar, Sequence
+from typing import Sequence
 
 from flwr.app import Message, RecordDict
 
@@ -28,17 +27,16 @@ from ..config import ExperimentConfig
 from ..learner import Learner, StepRecord, WorkReport
 from ..policy.behaviour import tokenizer_fingerprint
 from ..rollouts import Completion, RolloutGroup
-from ..sapo import Packet, Selection, fair_share, relay, reputation, select_external, select_local
+from ..algorithms.sapo_selection import Packet, Selection, fair_share, relay, reputation, select_external, select_local
 from ..shared import derive_seed
 from ..tasks import ScoringBudget, TaskItem, score_completion, training_reward
 from ..tasks.specs import generate_entry
 from ..tasks.splits import MAX_NODES, RANGE
 from ..tasks.verifiers import VERIFIERS
-from ..validate import Limits, Rejected, check_eval, check_packet, check_packets
-from ..wire import CONFIG_KEY, DEFAULT_MAX_PAYLOAD_BYTES
-from .base import (MAX_SECONDS, Adapter, ClientReport, ClientWork, Header, Instruction, RoundContext, ServerProtocol, number,
-                   payload_of,
-                   read_reply, records, reply_records)
+from ..validate import Limits, Rejected, check_packet
+from ..wire import DEFAULT_MAX_PAYLOAD_BYTES
+from .base import Adapter, ClientWork, RoundContext, ServerProtocol, records
+from .sapo_messages import SELECTION_KEYS, CollectRollouts, SapoAsyncRound, SapoReply, SapoTrain
 
 log = logging.getLogger("pubswap_flwr")
 
@@ -48,122 +46,6 @@ RELAY_BYTES = DEFAULT_MAX_PAYLOAD_BYTES - 64 * 1024
 
 def packet_bytes(packet: Packet) -> int:
     return len(json.dumps(packet.to_wire(), separators=(",", ":"), ensure_ascii=False).encode("utf-8")) + 1
-
-
-SCORING_KEYS = ("scoring-timeouts", "scoring-skipped")  # sent only when not 0
-SELECTION_KEYS = ("external-received", "external-used", "external-zero-advantage", "external-rejected",
-                  "external-shortfall")
-
-
-# -- messages ------------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class CollectRollouts(Instruction):
-    """Sync phase 1: sample this round's rollouts and share some as packets."""
-
-    message_type: ClassVar[str] = "query.rollouts"
-    header: Header
-    evaluate_initial: bool = False  # round 1: evaluate the node's own starting model first
-
-    def to_record(self) -> RecordDict:
-        return records({**self.header.to_config(), "evaluate-initial": self.evaluate_initial})
-
-    @classmethod
-    def from_record(cls, content: RecordDict) -> "CollectRollouts":
-        config = content[CONFIG_KEY]
-        return cls(Header.from_config(config), bool(config.get("evaluate-initial", False)))
-
-
-@dataclass(frozen=True)
-class SapoTrain(Instruction):
-    """Sync phase 2 (`train.sapo`) or the async round (`train.sapo_async`, which also samples and shares)."""
-
-    message_type: ClassVar[str] = "train.sapo"
-    header: Header
-    pool: tuple[Packet, ...]  # the other nodes' packets
-    evaluate: bool = False
-    save_adapter: bool = False
-    evaluate_initial: bool = False
-
-    def to_record(self) -> RecordDict:
-        config = {**self.header.to_config(), "evaluate": self.evaluate, "save-adapter": self.save_adapter,
-                  "evaluate-initial": self.evaluate_initial}
-        return records(config, payload={"pool": [p.to_wire() for p in self.pool]})
-
-    @classmethod
-    def from_record(cls, content: RecordDict) -> "SapoTrain":
-        config = content[CONFIG_KEY]
-        pool = payload_of(content).get("pool", [])
-        if not isinstance(pool, list):
-            raise ValueError("the relayed pool is not a list")
-        try:
-            packets = tuple(Packet.from_wire(p) for p in pool)
-        except (TypeError, KeyError, ValueError, AttributeError) as err:
-            raise ValueError(f"malformed relayed packet: {type(err).__name__}: {err}") from None
-        return cls(Header.from_config(config), packets,
-                   bool(config.get("evaluate", False)), bool(config.get("save-adapter", False)),
-                   bool(config.get("evaluate-initial", False)))
-
-
-@dataclass(frozen=True)
-class SapoAsyncRound(SapoTrain):
-    message_type: ClassVar[str] = "train.sapo_async"
-
-
-@dataclass(frozen=True)
-class SapoReply:
-    """Packets the node shares (rollouts, async), and what its training did (train, async): the external groups
-    it received, used, found without signal or rejected, and its held-out results when asked."""
-
-    report: ClientReport
-    packets: tuple[Packet, ...] | None = None
-    packet_rejections: tuple[str, ...] = ()  # server side: why packets of this reply were dropped
-    eval_initial: dict | None = None
-    selection: dict[str, int] = field(default_factory=dict)
-    rejections: tuple[str, ...] = ()  # the node's reasons for dropping peers' packets
-    eval: dict | None = None
-    eval_seconds: float = 0.0
-    scoring: dict[str, int] = field(default_factory=dict)  # peers' answers whose scoring timed out / was skipped
-
-    def to_record(self) -> RecordDict:
-        payload: dict[str, Any] = {}
-        metrics: dict[str, Any] = {**self.selection, **self.scoring}
-        if self.packets is not None:
-            payload["packets"] = [p.to_wire() for p in self.packets]
-        if self.eval_initial is not None:
-            payload["eval-initial"] = self.eval_initial
-        if self.selection:
-            payload["rejections"] = list(self.rejections[:20])
-        if self.eval is not None:
-            payload["eval"] = self.eval
-            metrics["eval-seconds"] = self.eval_seconds
-        return reply_records(self.report, payload=payload, metrics=metrics)
-
-    @classmethod
-    def from_message(cls, message: Message, limits: Limits, max_completions: int, *, packets: bool,
-                     trained: bool) -> "SapoReply":
-        """Decode a node's reply. Packets that fail validation are dropped one by one (reasons kept); a node's
-        self-reported evaluation that fails validation is ignored with a warning."""
-        metrics, payload, report = read_reply(message)
-        shared, reasons = check_packets(payload, limits, max_completions) if packets else (None, [])
-        selection = {key: int(number(metrics, key, 0.0, low=0, high=1e9)) for key in SELECTION_KEYS} \
-            if trained else {}
-        rejections = payload.get("rejections", [])
-        rejections = tuple(str(r)[:300] for r in rejections[:5]) if isinstance(rejections, list) else ()
-        scoring = {key: int(number(metrics, key, low=0, high=1e9)) for key in SCORING_KEYS if key in metrics}
-        return cls(report, None if shared is None else tuple(shared), tuple(reasons),
-                   _optional_eval(payload.get("eval-initial"), report, "initial evaluation"),
-                   selection, rejections, _optional_eval(payload.get("eval"), report, "evaluation"),
-                   number(metrics, "eval-seconds", 0.0, low=0, high=MAX_SECONDS), scoring)
-
-
-def _optional_eval(value: Any, report: ClientReport, what: str) -> dict | None:
-    if not value:
-        return None
-    try:
-        return check_eval(value)
-    except Rejected as err:
-        log.warning("ignored node %d's %s: %s", report.node_index, what, err)
-        return None
 
 
 # -- server --------------------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pubswap_flwr import deploy
+from pubswap_flwr import deployment
 from pubswap_flwr.cli import flower_env, flwr_executable, submit, wait
 from pubswap_flwr.warm.client import RUNTIME_DIR_ENV
 
@@ -145,21 +145,21 @@ class Deployment:
 
     def start_supernode(self, org: str, label: str | None = None) -> subprocess.Popen:
         index = list(ORGS).index(org) if org in ORGS else len(ORGS)
-        config = deploy.node_config(deploy.Org(org, data=str(ORGS[org]) if org in ORGS else None,
+        config = deployment.node_config(deployment.Org(org, data=str(ORGS[org]) if org in ORGS else None,
                                                state_dir=str(self.state_dir(org))), index)
         port = self.node_ports.setdefault(org, free_port())
         args = [flwr_executable("flower-supernode"), "--superlink", self.address,
                 "--root-certificates", str(self.keys / "ca.crt"),
                 "--auth-supernode-private-key", str(self.keys / org), "--port", str(port), "--node-config", config]
-        return self.start(label or org, args, f"{org}-home", deploy.SUPERNODE_ENV)  # as `pubswap deploy commands`
+        return self.start(label or org, args, f"{org}-home", deployment.SUPERNODE_ENV)  # as `pubswap deploy commands`
 
     def launch(self, unregistered: tuple[str, ...] = ()) -> "Deployment":
         """Certificates and keys, a TLS SuperLink with node authentication, the CLI connection, ORGS registered and
         their SuperNodes started; `unregistered` orgs get a key and a SuperNode but no registration."""
         (self.root / "logs").mkdir(exist_ok=True)
-        deploy.make_certs(self.keys)
+        deployment.make_certs(self.keys)
         for org in [*ORGS, *unregistered]:
-            deploy.make_org_key(org, self.keys)
+            deployment.make_org_key(org, self.keys)
         superlink = self.start("superlink", [
             flwr_executable("flower-superlink"), "--ssl-ca-certfile", str(self.keys / "ca.crt"),
             "--ssl-certfile", str(self.keys / "server.pem"), "--ssl-keyfile", str(self.keys / "server.key"),

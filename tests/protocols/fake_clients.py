@@ -22,7 +22,7 @@ from pubswap_flwr.protocols.base import ClientReport
 from pubswap_flwr.protocols.fedavg import AdapterReply, LocalRound
 from pubswap_flwr.protocols.pubswap import Segment, SegmentReply
 from pubswap_flwr.protocols.sapo import CollectRollouts, SapoAsyncRound, SapoReply, SapoTrain
-from pubswap_flwr.sapo import Packet
+from pubswap_flwr.algorithms.sapo_selection import Packet
 from pubswap_flwr.tasks import TaskItem
 
 Tamper = Callable[[int, Message, RecordDict], RecordDict]

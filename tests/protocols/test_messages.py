@@ -17,7 +17,7 @@ from pubswap_flwr.protocols.counters import FormatCounts
 from pubswap_flwr.protocols.fedavg import AdapterReply, LocalRound
 from pubswap_flwr.protocols.pubswap import Segment, SegmentReply, SwapEntry
 from pubswap_flwr.protocols.sapo import CollectRollouts, SapoAsyncRound, SapoReply, SapoTrain
-from pubswap_flwr.sapo import Packet
+from pubswap_flwr.algorithms.sapo_selection import Packet
 from pubswap_flwr.simulation import simulate_in_process
 from pubswap_flwr.tasks import Score, TaskItem
 from pubswap_flwr.validate import Limits, Rejected

@@ -15,7 +15,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import load_pem_private_key, load_ssh_private_key, load_ssh_public_key
 
-from pubswap_flwr import deploy
+from pubswap_flwr import deployment
 from pubswap_flwr.cli import main
 
 PROJECT = Path(__file__).resolve().parents[2]
@@ -24,7 +24,7 @@ SAMPLES = PROJECT / "data" / "samples"
 
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory) -> dict[str, Path]:
-    return deploy.make_certs(tmp_path_factory.mktemp("certs"), ["superlink.example.org", "10.1.2.3", "[::1]"])
+    return deployment.make_certs(tmp_path_factory.mktemp("certs"), ["superlink.example.org", "10.1.2.3", "[::1]"])
 
 
 def _cert(path: Path) -> x509.Certificate:
@@ -93,41 +93,41 @@ def test_tls_handshake_fails_for_a_name_outside_the_certificate(certs):
 
 
 def test_refuses_to_overwrite_certificates_unless_forced(tmp_path):
-    first = deploy.make_certs(tmp_path)
+    first = deployment.make_certs(tmp_path)
     before = first["ca.crt"].read_bytes()
-    with pytest.raises(deploy.DeployError, match="refusing to overwrite.*ca.crt.*--force"):
-        deploy.make_certs(tmp_path)
+    with pytest.raises(deployment.DeployError, match="refusing to overwrite.*ca.crt.*--force"):
+        deployment.make_certs(tmp_path)
     assert first["ca.crt"].read_bytes() == before
-    deploy.make_certs(tmp_path, force=True)
+    deployment.make_certs(tmp_path, force=True)
     assert first["ca.crt"].read_bytes() != before
 
 
 @pytest.mark.parametrize("host", ["bad host", "under_score.example", "-leading.example", ""])
 def test_invalid_host_names_are_rejected(tmp_path, host):
-    with pytest.raises(deploy.DeployError, match="host"):
-        deploy.make_certs(tmp_path, [host])
+    with pytest.raises(deployment.DeployError, match="host"):
+        deployment.make_certs(tmp_path, [host])
     assert not list(tmp_path.iterdir())  # nothing half-written
 
 
 def test_output_directory_errors_name_the_path(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    with pytest.raises(deploy.DeployError, match="is not a directory"):
-        deploy.make_certs(blocker)
-    with pytest.raises(deploy.DeployError, match="cannot create output directory"):
-        deploy.make_org_key("org-a", blocker / "keys")
+    with pytest.raises(deployment.DeployError, match="is not a directory"):
+        deployment.make_certs(blocker)
+    with pytest.raises(deployment.DeployError, match="cannot create output directory"):
+        deployment.make_org_key("org-a", blocker / "keys")
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
 def test_unwritable_output_directory_is_an_error(tmp_path):
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o500)
-    with pytest.raises(deploy.DeployError, match="not writable"):
-        deploy.make_org_key("org-a", locked)
+    with pytest.raises(deployment.DeployError, match="not writable"):
+        deployment.make_org_key("org-a", locked)
 
 
 def test_org_key_is_an_openssh_ec_p384_pair(tmp_path):
-    private_path, public_path = deploy.make_org_key("org-a", tmp_path)
+    private_path, public_path = deployment.make_org_key("org-a", tmp_path)
     assert (private_path, public_path) == (tmp_path / "org-a", tmp_path / "org-a.pub")
     assert private_path.read_bytes().startswith(b"-----BEGIN OPENSSH PRIVATE KEY-----")
     assert public_path.read_text().startswith("ecdsa-sha2-nistp384 ") and public_path.read_text().endswith(" org-a\n")
@@ -139,11 +139,11 @@ def test_org_key_is_an_openssh_ec_p384_pair(tmp_path):
 
 
 def test_forced_new_key_replaces_an_existing_0644_file_instead_of_writing_into_it(tmp_path):
-    private_path, public_path = deploy.make_org_key("org-a", tmp_path)
+    private_path, public_path = deployment.make_org_key("org-a", tmp_path)
     os.chmod(private_path, 0o644)  # e.g. copied around carelessly
     os.link(private_path, tmp_path / "backup")  # another name for the same file
     old_key, old_inode = private_path.read_bytes(), private_path.stat().st_ino
-    deploy.make_org_key("org-a", tmp_path, force=True)
+    deployment.make_org_key("org-a", tmp_path, force=True)
     new = private_path.stat()
     assert stat.S_IMODE(new.st_mode) == 0o600 and new.st_ino != old_inode  # a new file, created 0600
     assert private_path.read_bytes() != old_key
@@ -161,9 +161,9 @@ def test_private_files_are_created_0600_from_the_start(tmp_path, monkeypatch):
         opened.append((Path(path), flags, mode))
         return real_open(path, flags, mode, *args, **kwargs)
 
-    monkeypatch.setattr(deploy.os, "open", spy)
-    deploy.make_certs(tmp_path / "certs")
-    deploy.make_org_key("org-a", tmp_path / "keys")
+    monkeypatch.setattr(deployment.files.os, "open", spy)
+    deployment.make_certs(tmp_path / "certs")
+    deployment.make_org_key("org-a", tmp_path / "keys")
     modes = {path.name[1:].rsplit(".", 2)[0]: (mode, flags) for path, flags, mode in opened}  # .NAME.RANDOM.tmp
     assert sorted(modes) == ["ca.crt", "ca.key", "org-a", "org-a.pub", "server.key", "server.pem"]
     for name, (mode, flags) in modes.items():
@@ -179,22 +179,22 @@ def test_symlink_at_the_key_path_is_replaced_not_followed(tmp_path):
     keys = tmp_path / "keys"
     keys.mkdir()
     (keys / "org-a").symlink_to(target)
-    deploy.make_org_key("org-a", keys, force=True)
+    deployment.make_org_key("org-a", keys, force=True)
     assert target.read_text() == "keep me"
     assert not (keys / "org-a").is_symlink() and stat.S_IMODE((keys / "org-a").stat().st_mode) == 0o600
 
 
 def test_a_new_output_directory_is_owner_only_and_an_existing_one_is_left_as_it_is(tmp_path):
     keys = tmp_path / "new" / "keys"
-    deploy.make_org_key("org-a", keys)
+    deployment.make_org_key("org-a", keys)
     assert stat.S_IMODE(keys.stat().st_mode) == 0o700
     certs = tmp_path / "certs"
-    deploy.make_certs(certs)
+    deployment.make_certs(certs)
     assert stat.S_IMODE(certs.stat().st_mode) == 0o700
     shared = tmp_path / "shared"
     shared.mkdir()
     os.chmod(shared, 0o755)
-    deploy.make_org_key("org-b", shared)
+    deployment.make_org_key("org-b", shared)
     assert stat.S_IMODE(shared.stat().st_mode) == 0o755
 
 
@@ -204,7 +204,7 @@ def test_org_key_loads_with_flowers_own_readers(tmp_path):
     from flwr.cli.supernode.register import try_load_public_key
     from flwr.supernode.cli.flower_supernode import _try_setup_client_authentication
 
-    private_path, public_path = deploy.make_org_key("org-b", tmp_path)
+    private_path, public_path = deployment.make_org_key("org-b", tmp_path)
     assert try_load_public_key(public_path)  # what `flwr supernode register` does (NIST curve check included)
     keys = _try_setup_client_authentication(argparse.Namespace(auth_supernode_private_key=str(private_path),
                                                                auth_supernode_public_key=None))
@@ -212,13 +212,13 @@ def test_org_key_loads_with_flowers_own_readers(tmp_path):
 
 
 def test_org_key_refuses_overwrite_and_bad_names(tmp_path):
-    deploy.make_org_key("org-a", tmp_path)
-    with pytest.raises(deploy.DeployError, match="refusing to overwrite"):
-        deploy.make_org_key("org-a", tmp_path)
-    deploy.make_org_key("org-a", tmp_path, force=True)
+    deployment.make_org_key("org-a", tmp_path)
+    with pytest.raises(deployment.DeployError, match="refusing to overwrite"):
+        deployment.make_org_key("org-a", tmp_path)
+    deployment.make_org_key("org-a", tmp_path, force=True)
     for bad in ("../evil", "a b", "", ".hidden"):
-        with pytest.raises(deploy.DeployError, match="organization name"):
-            deploy.make_org_key(bad, tmp_path)
+        with pytest.raises(deployment.DeployError, match="organization name"):
+            deployment.make_org_key(bad, tmp_path)
 
 
 # --- commands ----------------------------------------------------------------------------------------------------
@@ -227,17 +227,17 @@ def test_org_key_refuses_overwrite_and_bad_names(tmp_path):
 @pytest.fixture()
 def deploy_dir(tmp_path) -> Path:
     directory = tmp_path / "deploy"
-    deploy.make_certs(directory)
+    deployment.make_certs(directory)
     for org in ("org-a", "org-b"):
-        deploy.make_org_key(org, directory)
+        deployment.make_org_key(org, directory)
     return directory
 
 
 def _commands(deploy_dir: Path, **kwargs) -> str:
-    orgs = [deploy.Org("org-a", str(SAMPLES / "org-a.jsonl"), str(deploy_dir.parent / "state-a")),
-            deploy.Org("org-b", str(SAMPLES / "org-b.jsonl"), str(deploy_dir.parent / "state-b"), model="embedded:tiny",
+    orgs = [deployment.Org("org-a", str(SAMPLES / "org-a.jsonl"), str(deploy_dir.parent / "state-a")),
+            deployment.Org("org-b", str(SAMPLES / "org-b.jsonl"), str(deploy_dir.parent / "state-b"), model="embedded:tiny",
                        task_mix="gcd:1")]
-    return deploy.deployment_commands(deploy_dir, "127.0.0.1:8000", orgs, **kwargs)
+    return deployment.deployment_commands(deploy_dir, "127.0.0.1:8000", orgs, **kwargs)
 
 
 def _argv(text: str, program: str) -> list[list[str]]:
@@ -293,9 +293,9 @@ def test_supernodes_start_with_a_short_superexec_poll_interval_that_flower_reads
     assert len(nodes) == 2
     for words in nodes:
         env = dict(w.split("=", 1) for w in words[:words.index("flower-supernode")])
-        assert env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] == deploy.SUPERNODE_ENV["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"]
+        assert env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] == deployment.SUPERNODE_ENV["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"]
     # the name and value are Flower 1.42's: flower-superexec (which inherits the SuperNode's environment) reads them
-    monkeypatch.setenv("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", deploy.SUPERNODE_ENV["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"])
+    monkeypatch.setenv("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", deployment.SUPERNODE_ENV["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"])
     assert _get_task_poll_interval() == 0.2
     monkeypatch.delenv("FLWR_SUPEREXEC_TASK_POLL_INTERVAL")
     assert _get_task_poll_interval() == 1.0  # Flower's default
@@ -317,10 +317,10 @@ def test_registration_connection_and_run_commands(deploy_dir):
 
 
 def test_relative_paths_are_printed_absolute(deploy_dir, monkeypatch):
-    deploy.make_certs(deploy_dir, ["10.0.0.5"], force=True)
+    deployment.make_certs(deploy_dir, ["10.0.0.5"], force=True)
     monkeypatch.chdir(deploy_dir.parent)
-    orgs = [deploy.Org("org-a", os.path.relpath(SAMPLES / "org-a.jsonl"), "state-a")]
-    text = deploy.deployment_commands("deploy", "10.0.0.5:9000", orgs)
+    orgs = [deployment.Org("org-a", os.path.relpath(SAMPLES / "org-a.jsonl"), "state-a")]
+    text = deployment.deployment_commands("deploy", "10.0.0.5:9000", orgs)
     (node,) = _argv(text, "flower-supernode")
     assert _option(node, "--auth-supernode-private-key") == str(deploy_dir / "org-a")
     assert f'state-dir="{deploy_dir.parent / "state-a"}"' in _option(node, "--node-config")
@@ -330,25 +330,25 @@ def test_relative_paths_are_printed_absolute(deploy_dir, monkeypatch):
 
 @pytest.mark.parametrize("orgs, kwargs, message", [
     ([], {}, "at least one --org"),
-    ([deploy.Org("org-a", "x.jsonl", "s")], {}, "does not exist"),
-    ([deploy.Org("org-a", None, None)], {}, "no --state-dir"),
-    ([deploy.Org("org-a", None, "s1", port=9100), deploy.Org("org-b", None, "s2", port=9100)], {},
+    ([deployment.Org("org-a", "x.jsonl", "s")], {}, "does not exist"),
+    ([deployment.Org("org-a", None, None)], {}, "no --state-dir"),
+    ([deployment.Org("org-a", None, "s1", port=9100), deployment.Org("org-b", None, "s2", port=9100)], {},
      "port values repeat"),
-    ([deploy.Org("org-a", None, "s"), deploy.Org("org-b", None, "s")], {}, "share a --state-dir"),
-    ([deploy.Org("org-a", None, "s")], {"run_config": ["configs/smoke.toml"]}, "TOML file"),
-    ([deploy.Org("org-a", None, 's"q')], {}, "double quote"),
-    ([deploy.Org("org-c", None, "s")], {}, "missing in"),
-    ([deploy.Org("superlink", None, "s")], {}, "reserved"),
+    ([deployment.Org("org-a", None, "s"), deployment.Org("org-b", None, "s")], {}, "share a --state-dir"),
+    ([deployment.Org("org-a", None, "s")], {"run_config": ["configs/smoke.toml"]}, "TOML file"),
+    ([deployment.Org("org-a", None, 's"q')], {}, "double quote"),
+    ([deployment.Org("org-c", None, "s")], {}, "missing in"),
+    ([deployment.Org("superlink", None, "s")], {}, "reserved"),
 ])
 def test_commands_errors(deploy_dir, orgs, kwargs, message):
-    with pytest.raises(deploy.DeployError, match=message):
-        deploy.deployment_commands(deploy_dir, "127.0.0.1:8000", orgs, **kwargs)
+    with pytest.raises(deployment.DeployError, match=message):
+        deployment.deployment_commands(deploy_dir, "127.0.0.1:8000", orgs, **kwargs)
 
 
 @pytest.mark.parametrize("address", ["https://host:8000", "host", "host:0", "host:port"])
 def test_superlink_address_must_be_host_port(deploy_dir, address):
-    with pytest.raises(deploy.DeployError, match="--superlink|out of range"):
-        deploy.deployment_commands(deploy_dir, address, [deploy.Org("org-a", None, "s")])
+    with pytest.raises(deployment.DeployError, match="--superlink|out of range"):
+        deployment.deployment_commands(deploy_dir, address, [deployment.Org("org-a", None, "s")])
 
 
 def test_cli_end_to_end(tmp_path, capsys):
@@ -380,9 +380,9 @@ def test_cli_per_org_options_must_follow_an_org(tmp_path, capsys):
                                      "superlink.example.org:9000", "10.1.2.3:8000", "node7.fleet.example.org:8000"])
 def test_commands_accept_every_address_in_the_certificate(tmp_path, address):
     directory = tmp_path / "d"
-    deploy.make_certs(directory, ["superlink.example.org", "10.1.2.3", "::1", "*.fleet.example.org"])
-    deploy.make_org_key("org-a", directory)
-    text = deploy.deployment_commands(directory, address, [deploy.Org("org-a", None, str(tmp_path / "s"))])
+    deployment.make_certs(directory, ["superlink.example.org", "10.1.2.3", "::1", "*.fleet.example.org"])
+    deployment.make_org_key("org-a", directory)
+    text = deployment.deployment_commands(directory, address, [deployment.Org("org-a", None, str(tmp_path / "s"))])
     (node,) = _argv(text, "flower-supernode")
     assert _option(node, "--superlink") == address  # an IPv6 address keeps its brackets
     if address.startswith("[::1]"):
@@ -396,8 +396,8 @@ def test_commands_accept_every_address_in_the_certificate(tmp_path, address):
                                            ("[::2]:8000", "::2")])
 def test_commands_refuse_an_address_outside_the_certificate(tmp_path, capsys, address, host):
     directory = tmp_path / "d"
-    deploy.make_certs(directory, ["*.fleet.example.org"])
-    deploy.make_org_key("org-a", directory)
+    deployment.make_certs(directory, ["*.fleet.example.org"])
+    deployment.make_org_key("org-a", directory)
     code = main(["deploy", "commands", "--dir", str(directory), "--superlink", address,
                  "--org", "org-a", "--state-dir", str(tmp_path / "s")])
     captured = capsys.readouterr()
@@ -409,6 +409,6 @@ def test_commands_refuse_an_address_outside_the_certificate(tmp_path, capsys, ad
 
 
 def test_commands_without_file_checks_do_not_read_the_certificate(tmp_path):
-    text = deploy.deployment_commands(tmp_path / "nothing-here", "10.9.8.7:8000",
-                                      [deploy.Org("org-a", None, str(tmp_path / "s"))], check_files=False)
+    text = deployment.deployment_commands(tmp_path / "nothing-here", "10.9.8.7:8000",
+                                      [deployment.Org("org-a", None, str(tmp_path / "s"))], check_files=False)
     assert "--superlink 10.9.8.7:8000" in text

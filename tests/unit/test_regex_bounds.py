@@ -14,10 +14,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pubswap_flwr.tasks import TaskItem, choice, extract_answer, math_answers, verifiers
+from pubswap_flwr.tasks import TaskItem, choice, extract_answer, math_answers, reasoning_gym_scoring, verifiers
 from pubswap_flwr.tasks.choice import options_of, parse_choice
 from pubswap_flwr.tasks.math_answers import last_boxed, math_text
-from pubswap_flwr.tasks.verifiers import is_plain_math, parse_number
+from pubswap_flwr.tasks.reasoning_gym_scoring import is_plain_math
+from pubswap_flwr.tasks.verifiers import parse_number
 
 TASKS = Path(verifiers.__file__).parent
 HANG_GUARD_S = 3.0  # linear-time matching of these inputs takes milliseconds; a quadratic or exponential pattern
@@ -54,8 +55,8 @@ APPLIED = {
     choice._LETTER_LIST.pattern: lambda text: choice._LETTER_LIST.match(text),
     choice._LETTER.pattern: lambda text: choice._LETTER.match(text),
     choice._ANOTHER.pattern: lambda text: choice._ANOTHER.findall(text),
-    verifiers._PLAIN_MATH_RE.pattern: lambda text: verifiers._PLAIN_MATH_RE.fullmatch(text),
-    verifiers._ATTRIBUTE_RE.pattern: lambda text: verifiers._ATTRIBUTE_RE.search(text),
+    reasoning_gym_scoring._PLAIN_MATH_RE.pattern: lambda text: reasoning_gym_scoring._PLAIN_MATH_RE.fullmatch(text),
+    reasoning_gym_scoring._ATTRIBUTE_RE.pattern: lambda text: reasoning_gym_scoring._ATTRIBUTE_RE.search(text),
     verifiers._NUMBER_RE.pattern: lambda text: verifiers._NUMBER_RE.match(text),
     verifiers._NUMBER.pattern: lambda text: verifiers._NUMBER.findall(text),  # lenient_answer
     verifiers._WORD.pattern: lambda text: verifiers._WORD.findall(text),
@@ -69,7 +70,7 @@ APPLIED = {
 def _patterns_in_source() -> set[str]:
     """Regex sources in pubswap_flwr/tasks: module-level compiled patterns and literal patterns of re.* calls."""
     found = set()
-    for module in (choice, verifiers, math_answers):
+    for module in (choice, verifiers, reasoning_gym_scoring, math_answers):
         found |= {value.pattern for value in vars(module).values() if isinstance(value, re.Pattern)}
     for path in sorted(TASKS.glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -86,7 +87,8 @@ def _modules_using_re() -> set[str]:
 
 
 def test_every_pattern_in_the_tasks_package_is_checked_here():
-    assert _modules_using_re() == {"choice.py", "verifiers.py", "math_answers.py"}, "a new module uses re: list it"
+    assert _modules_using_re() == {"choice.py", "verifiers.py", "reasoning_gym_scoring.py",
+                                   "math_answers.py"}, "a new module uses re: list it"
     assert _patterns_in_source() == set(APPLIED), "a regex was added or changed: add it to APPLIED"
 
 
@@ -133,7 +135,7 @@ def test_package_functions_are_linear_on_adversarial_text():
             options_of(TaskItem("q/1", "mc", text, "A", "mc"))  # SAPO peers send the question too
             extract_answer(text)
             extract_answer("<answer>" + text)
-            is_plain_math(text[:verifiers.MAX_EXPRESSION_CHARS])
+            is_plain_math(text[:reasoning_gym_scoring.MAX_EXPRESSION_CHARS])
             parse_number(text)
             last_boxed("\\boxed" + text)
             with contextlib.suppress(ValueError):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pubswap_flwr import report as report_module
+from pubswap_flwr.report import plots as report_plots
 from pubswap_flwr.cli import main as pubswap
 from pubswap_flwr.report import ReportExistsError, arm_colours, read_summary, write_report
 
@@ -63,7 +63,7 @@ def figures(monkeypatch):
     import matplotlib.colors
 
     seen: dict[str, list] = {}
-    original = report_module._save
+    original = report_plots.save_figure
 
     def record(fig, path):
         panels = []
@@ -77,7 +77,7 @@ def figures(monkeypatch):
         seen[Path(path).stem] = panels
         return original(fig, path)
 
-    monkeypatch.setattr(report_module, "_save", record)
+    monkeypatch.setattr(report_plots, "save_figure", record)
     return seen
 
 
@@ -277,7 +277,7 @@ def _styles_seen(monkeypatch) -> dict[str, dict]:
     import matplotlib.colors
 
     seen: dict[str, dict] = {}
-    original = report_module._save
+    original = report_plots.save_figure
 
     def record(fig, path):
         lines: dict[str, set] = {}
@@ -290,7 +290,7 @@ def _styles_seen(monkeypatch) -> dict[str, dict]:
         seen[Path(path).stem] = {"suptitle": title, "lines": lines}
         return original(fig, path)
 
-    monkeypatch.setattr(report_module, "_save", record)
+    monkeypatch.setattr(report_plots, "save_figure", record)
     return seen
 
 
@@ -304,7 +304,7 @@ def test_colours_follow_the_sweep_order_whatever_the_run_order(tmp_path, monkeyp
     # a report written before from a shell glob's (alphabetical) order
     write_report(tmp_path, sorted(runs), force=True)
     assert list(read_summary(tmp_path)["arms"]) == ["balanced", "fedavg", "fedprox", "random"]
-    expected = report_module.arm_styles(SWEEP_ORDER)
+    expected = report_plots.arm_styles(SWEEP_ORDER)
     seen = _styles_seen(monkeypatch)
     drawn = []
     for shuffle_seed in (1, 2):

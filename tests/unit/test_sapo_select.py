@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from pubswap_flwr.sapo import Packet, ScoredPacket, Selection, relay, select_external, select_local
+from pubswap_flwr.algorithms.sapo_selection import Packet, ScoredPacket, Selection, relay, select_external, select_local
 from pubswap_flwr.tasks import TaskItem
 
 

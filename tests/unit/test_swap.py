@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pubswap_flwr.swap import (
+from pubswap_flwr.algorithms.pubswap_response_sets import (
     Response,
     SwapOutcome,
     balanced,

@@ -15,19 +15,11 @@ import pytest
 
 import pubswap_flwr
 from pubswap_flwr.tasks import TaskItem, extract_answer, is_correct, score_completion
-from pubswap_flwr.tasks import verifiers
+from pubswap_flwr.tasks import reasoning_gym_scoring, verifiers
 from pubswap_flwr.tasks.specs import PRESETS, TaskSpec, generator_dataset
 from pubswap_flwr.tasks.splits import rg_item
-from pubswap_flwr.tasks.verifiers import (
-    DEFAULT_MAX_COMPLETION_CHARS,
-    SAFE_RG_SCORERS,
-    VERIFIERS,
-    Score,
-    _int_expression,
-    is_plain_math,
-    parse_number,
-    register_verifier,
-)
+from pubswap_flwr.tasks.reasoning_gym_scoring import SAFE_RG_SCORERS, _int_expression, is_plain_math
+from pubswap_flwr.tasks.verifiers import DEFAULT_MAX_COMPLETION_CHARS, VERIFIERS, Score, parse_number, register_verifier
 
 
 def tagged(answer: str) -> str:
@@ -403,7 +395,7 @@ def test_int_expression_bounds_growth():
     squares = "(0xffff << 64)"  # 80 bits; squared 10 times: 81920 bits in about 14k characters
     for _ in range(10):
         squares = f"({squares} * {squares})"
-    assert len(squares) < verifiers.MAX_LITERAL_CHARS
+    assert len(squares) < reasoning_gym_scoring.MAX_LITERAL_CHARS
     with pytest.raises(ValueError, match="too large"):
         _int_expression(squares)
     assert _int_expression(" * ".join(["(0xffff << 64)"] * 100)) == (0xffff << 64) ** 100

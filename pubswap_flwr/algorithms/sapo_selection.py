@@ -12,8 +12,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from .rollouts import MAX_BEHAVIOUR_TOKENS, Behaviour
-from .tasks import TaskItem
+from ..rollouts import MAX_BEHAVIOUR_TOKENS, Behaviour
+from ..tasks import TaskItem
 
 
 @dataclass(frozen=True)

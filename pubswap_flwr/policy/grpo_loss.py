@@ -1,0 +1,167 @@
+"""GRPO's loss pieces over one micro-batch: completion log-probs, the clipped surrogate per token, foreign-token
+weights (train.foreign-correction), the DAPO / GRPO aggregation, the FedProx proximal term, and the loss of one
+micro-batch scaled so a batch's micro-batch losses sum to its loss (grpo.py's docstring gives the semantics)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from .grpo_batch import Batch
+
+if TYPE_CHECKING:
+    from .grpo import GRPOSettings
+
+LOSS_TYPES = ("dapo", "grpo")
+FOREIGN_CORRECTIONS = ("none", "weight", "is")
+
+
+def logprob_gap(training: torch.Tensor, sampled: torch.Tensor, mask: torch.Tensor) -> tuple[float, float, int]:
+    """How far the sampler's log-probs are from the training pass's on the same tokens: (sum and max of
+    |training - sampled| over the tokens in `mask`, token count). A lower-precision sampling copy (generation.dtype)
+    makes them differ; the loss always uses the training pass's."""
+    mask = mask.bool()
+    if not bool(mask.any()):
+        return 0.0, 0.0, 0
+    diff = (training.detach().float() - sampled.float()).abs()[mask]
+    return float(diff.sum()), float(diff.max()), int(mask.sum())
+
+
+def per_token_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
+                    temperature: float = 1.0) -> torch.Tensor:
+    """Log-prob of each of the last `logits_to_keep` tokens under `model` (B, logits_to_keep)."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=logits_to_keep + 1).logits
+    logits = logits[:, :-1, :].float() / temperature
+    targets = input_ids[:, -logits_to_keep:]
+    return torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
+def completion_logps(model, batch: Batch, rows: slice, temperature: float = 1.0) -> torch.Tensor:
+    """`per_token_logps` of rows `rows`' completions, each distinct prompt run once (B, C).
+
+    A group's K completions share one prompt; running it once and letting the K completions attend to its keys and
+    values (copied per row, so gradients from every completion flow back through the one prompt pass) leaves out
+    (K - 1) / K of the prompt tokens' forward and backward, which are most of the tokens when prompts are longer than
+    completions. Positions count from each row's first real token, as in sampling."""
+    from transformers import DynamicCache
+
+    prompt_ids, prompt_mask = batch.prompt_ids[rows], batch.prompt_mask[rows]
+    completion_ids, completion_mask = batch.completion_ids[rows], batch.completion_mask[rows]
+    same = torch.ones(len(prompt_ids), dtype=torch.bool, device=prompt_ids.device)  # row repeats the row before
+    same[0] = False
+    same[1:] = (prompt_ids[1:] == prompt_ids[:-1]).all(-1) & (prompt_mask[1:] == prompt_mask[:-1]).all(-1)
+    first = (~same).nonzero().squeeze(1)
+    owner = torch.cumsum((~same).long(), 0) - 1  # row -> its prompt among the distinct ones
+    unique_mask = prompt_mask[first]
+    positions = (unique_mask.long().cumsum(-1) - 1).clamp(min=0)
+    cache = DynamicCache(config=model.config)
+    head = model(input_ids=prompt_ids[first], attention_mask=unique_mask, position_ids=positions, cache=cache,
+                 use_cache=True, logits_to_keep=1).logits[:, -1:, :]
+    if len(first) < len(prompt_ids):
+        cache.batch_select_indices(owner)
+    width = completion_ids.shape[1]
+    tail_positions = positions[owner, -1:] + 1 + torch.arange(width, device=positions.device)
+    body = model(input_ids=completion_ids, attention_mask=torch.cat([prompt_mask, completion_mask], dim=1),
+                 position_ids=tail_positions, cache=cache, use_cache=True, logits_to_keep=width).logits
+    logits = torch.cat([head[owner], body[:, :-1, :]], dim=1).float() / temperature
+    # log-softmax at the target only: logit - logsumexp, without materialising the whole (B, C, V) log-softmax
+    return logits.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+def clipped_token_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Tensor,
+                       eps_low: float, eps_high: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token -min(r·A, clip(r)·A) and the ratio r = exp(logp - old)."""
+    ratio = torch.exp(logps - old_logps)
+    adv = advantages.unsqueeze(1)
+    clipped = torch.clamp(ratio, 1 - eps_low, 1 + eps_high)
+    return -torch.min(ratio * adv, clipped * adv), ratio
+
+
+def foreign_token_weights(receiver_logps: torch.Tensor, foreign: torch.Tensor, mode: str, weight: float,
+                          cap: float, donor_logps: torch.Tensor | None = None,
+                          has_behaviour: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-token loss weights (B, C) for `train.foreign-correction`: 1 for own rows; foreign rows get `weight`
+    ("weight"), or min(exp(receiver - donor), cap) per token where the row has the donor's log-probs and `weight`
+    where it has not ("is"). `receiver_logps` are the receiver's (detached) log-probs of the row's tokens."""
+    if mode not in FOREIGN_CORRECTIONS:
+        raise ValueError(f"unknown foreign correction {mode!r}; expected one of {FOREIGN_CORRECTIONS}")
+    weights = torch.ones_like(receiver_logps)
+    if mode == "none":
+        return weights
+    rows = foreign.unsqueeze(1)
+    weights = torch.where(rows, torch.full_like(weights, weight), weights)
+    if mode == "is" and donor_logps is not None and has_behaviour is not None:
+        ratio = torch.exp(receiver_logps.detach() - donor_logps).clamp(max=cap)
+        weights = torch.where((foreign & has_behaviour).unsqueeze(1), ratio, weights)
+    return weights
+
+
+def aggregate_loss(per_token: torch.Tensor, mask: torch.Tensor, loss_type: str, total_tokens: float,
+                   total_sequences: int) -> torch.Tensor:
+    """Reduce a micro-batch's per-token loss so that summing micro-batches gives the full-batch loss."""
+    mask = mask.to(per_token.dtype)
+    if loss_type == "dapo":
+        return (per_token * mask).sum() / max(total_tokens, 1.0)
+    if loss_type == "grpo":
+        return ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).sum() / total_sequences
+    raise ValueError(f"unknown loss type {loss_type!r}; expected one of {LOSS_TYPES}")
+
+
+def proximal_term(params: dict[str, torch.nn.Parameter], reference: dict[str, torch.Tensor], mu: float) -> torch.Tensor:
+    """FedProx: mu/2 · ||w - w_ref||² over the trainable (LoRA) parameters."""
+    total = torch.zeros(())  # a 0-dim CPU tensor adds to tensors on any device
+    for name, param in params.items():
+        total = total + (param - reference[name].to(param.device, param.dtype)).pow(2).sum()
+    return 0.5 * mu * total
+
+
+@dataclass
+class MicroBatchLoss:
+    loss: torch.Tensor
+    clip_low: float  # active tokens whose negative-advantage ratio fell below 1 - eps_low
+    clip_high: float  # active tokens whose positive-advantage ratio rose above 1 + eps_high
+    kl: float  # summed per-token KL over active tokens (0 without a reference)
+    foreign_weight: float = 0.0  # summed loss weight over active foreign tokens (train.foreign-correction)
+    capped: float = 0.0  # active foreign tokens whose importance ratio was truncated at the cap
+    gap: tuple[float, float, int] = (0.0, 0.0, 0)  # logprob_gap of own tokens: sampler vs this pass
+
+
+def micro_batch_loss(model, batch: Batch, rows: slice, advantages: torch.Tensor, old_logps: torch.Tensor | None,
+                     ref_logps: torch.Tensor | None, settings: GRPOSettings, total_tokens: float,
+                     temperature: float = 1.0, total_sequences: int | None = None) -> MicroBatchLoss:
+    """The loss of rows `rows`, scaled so that the micro-batch losses of a batch sum to the batch loss (of
+    `total_sequences` rows, default this batch's: the update leaves out rows that cannot contribute)."""
+    s = settings
+    logps = completion_logps(model, batch, rows, temperature)
+    old = logps.detach() if old_logps is None else old_logps
+    per_token, ratio = clipped_token_loss(logps, old, advantages[rows], s.epsilon_low, s.epsilon_high)
+    mask = batch.completion_mask[rows].float()
+    foreign_weight = capped = 0.0
+    if s.foreign_correction != "none":
+        donor = None if batch.donor_logps is None else batch.donor_logps[rows]
+        behaviour = None if batch.has_behaviour is None else batch.has_behaviour[rows]
+        weights = foreign_token_weights(old, batch.foreign[rows], s.foreign_correction, s.foreign_weight, s.is_cap,
+                                        donor, behaviour)
+        per_token = per_token * weights
+        foreign_mask = mask * batch.foreign[rows].unsqueeze(1).float()
+        foreign_weight = float((weights * foreign_mask).sum())
+        if donor is not None and behaviour is not None:
+            raw = torch.exp(old - donor)
+            capped = float(((raw > s.is_cap) & behaviour.unsqueeze(1)).float().mul(foreign_mask).sum())
+    kl_total = 0.0
+    if ref_logps is not None and s.kl_beta > 0:
+        diff = ref_logps - logps
+        kl = (torch.exp(diff) - diff - 1) * ratio  # k3 estimator with TRL's importance-sampling correction
+        per_token = per_token + s.kl_beta * kl
+        kl_total = float((kl.detach() * mask).sum())
+    loss = aggregate_loss(per_token, mask, s.loss_type, total_tokens,
+                          batch.rewards.shape[0] if total_sequences is None else total_sequences)
+    adv = advantages[rows].unsqueeze(1)
+    clip_low = float((((ratio < 1 - s.epsilon_low) & (adv < 0)).float() * mask).sum())
+    clip_high = float((((ratio > 1 + s.epsilon_high) & (adv > 0)).float() * mask).sum())
+    gap = (0.0, 0.0, 0)
+    if batch.sampled_logps is not None and batch.has_sampled is not None:
+        gap = logprob_gap(logps, batch.sampled_logps[rows], mask.bool() & batch.has_sampled[rows].unsqueeze(1))
+    return MicroBatchLoss(loss, clip_low, clip_high, kl_total, foreign_weight, capped, gap)

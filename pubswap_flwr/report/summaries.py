@@ -1,0 +1,90 @@
+"""One run's headline numbers from its metrics.jsonl (RunSummary), and runs grouped by arm in the sweep's order."""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..metrics import STATUS_FILE, read_metrics
+from ..metrics_schema import WELL_FORMED_WARNING
+
+RUN_NAME = re.compile(r"^(?P<arm>.+)-s(?P<seed>\d+)$")
+NAN = float("nan")
+
+
+@dataclass
+class RunSummary:
+    arm: str
+    seed: int
+    run_dir: Path
+    mode: str
+    values: dict[str, float]
+    per_task: dict[str, dict[str, float]]
+    rows: list[dict] = field(repr=False)
+
+
+def arm_and_seed(run_dir: Path) -> tuple[str, int]:
+    match = RUN_NAME.match(run_dir.name)
+    if not match:
+        return run_dir.name, 0
+    return match["arm"], int(match["seed"])
+
+
+def _get(mapping: dict, key: str) -> float:
+    value = mapping.get(key)
+    return NAN if value is None else float(value)
+
+
+def summarize_run(run_dir: Path) -> RunSummary:
+    """The headline numbers of one run, all from its metrics.jsonl (and status.json's elapsed time if present).
+    `sampled_accuracy_se` and `samples` are NaN when the run's evaluation did not record them (older metrics)."""
+    rows = read_metrics(run_dir)
+    if not rows:
+        raise ValueError(f"{run_dir}: metrics.jsonl is empty")
+    evaluated = [r for r in rows if r.get("eval")]
+    final = evaluated[-1]["eval"] if evaluated else {}
+    trained = [r for r in rows if r["round"] > 0]
+    wall = sum(r["time"]["round_s"] for r in trained if "time" in r)
+    status = run_dir / STATUS_FILE
+    if status.is_file():
+        wall = float(json.loads(status.read_text()).get("elapsed_s") or wall)
+    values = {
+        "greedy_accuracy": _get(final, "greedy_accuracy"),
+        "sampled_accuracy": _get(final, "sampled_accuracy"),
+        "sampled_accuracy_se": _get(final, "sampled_accuracy_se"),
+        "samples": _get(final, "samples"),
+        "sampled_reward": _get(final, "sampled_reward"),
+        "cumulative_reward": trained[-1].get("cumulative_reward", 0.0) if trained else 0.0,
+        "rounds": float(max(r["round"] for r in rows)),
+        "wall_s": wall,
+        "megabytes": sum(r["bytes"]["sent_by_clients"] + r["bytes"]["received_by_clients"]
+                         for r in trained if "bytes" in r) / 1e6,
+    }
+    values.update(format_health(trained))
+    arm, seed = arm_and_seed(run_dir)
+    return RunSummary(arm, seed, run_dir, rows[-1].get("mode", "?"), values, final.get("per_task", {}), rows)
+
+
+def format_health(trained: list[dict]) -> dict[str, float]:
+    """How well clients kept the <answer>...</answer> format in their own samples (`well_formed` per client per
+    round): the mean over clients in the last round that recorded it, and how many client-rounds fell below the
+    warning threshold (the first sign of a collapse, which the server also logs). NaN / 0 without the field."""
+    shares = [(r["round"], c["well_formed"]) for r in trained for c in r.get("clients", {}).values()
+              if isinstance(c.get("well_formed"), (int, float))]
+    if not shares:
+        return {"well_formed_last": NAN, "format_breaks": 0.0, "format_client_rounds": 0.0}
+    last = max(number for number, _ in shares)
+    return {"well_formed_last": statistics.fmean(v for number, v in shares if number == last),
+            "format_breaks": float(sum(v < WELL_FORMED_WARNING for _, v in shares)),
+            "format_client_rounds": float(len(shares))}
+
+
+def group(runs: list[RunSummary]) -> dict[str, list[RunSummary]]:
+    """Runs by arm, arms in the order first given (a sweep's own order), seeds ascending within an arm."""
+    arms: dict[str, list[RunSummary]] = {}
+    for run in runs:
+        arms.setdefault(run.arm, []).append(run)
+    return {arm: sorted(members, key=lambda r: r.seed) for arm, members in arms.items()}

@@ -1,0 +1,102 @@
+"""write_report: report.md, summary.json and plots/ under one folder, from the runs' metrics.jsonl."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+
+from ..metrics import json_safe
+from .markdown import (arms_table_lines, failure_lines, format_lines, heading_lines, learning_lines, paired_lines,
+                       per_run_lines, per_task_lines, plot_lines, provenance_lines)
+from .plots import arm_styles, remove_stale_plots, write_plots
+from .statistics import CONFIDENCE
+from .summaries import RunSummary, group, summarize_run
+
+DEFAULT_TITLE = "pubswap-flwr comparison"
+SUMMARY_FILE = "summary.json"
+REPORT_FILE = "report.md"
+
+
+class ReportExistsError(FileExistsError):
+    """report.md is already there and overwriting was not asked for."""
+
+
+def read_summary(out: Path) -> dict:
+    """The summary.json a previous report left under `out` ({} when there is none or it cannot be read)."""
+    try:
+        summary = json.loads((out / SUMMARY_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return summary if isinstance(summary, dict) else {}
+
+
+def _ordered_arms(runs: list[RunSummary], arm_order: list[str] | None, previous: dict) -> dict[str, list[RunSummary]]:
+    """Runs by arm in the sweep's own order, else the previous report's (colours and the default baseline stay
+    put), whatever order a shell glob gives the run directories in; arms neither names follow as given."""
+    arms = group(runs)
+    order = list(dict.fromkeys([arm for arm in arm_order or [] if arm in arms]
+                               + [arm for arm in previous.get("arms") or {} if arm in arms]))
+    return {arm: arms[arm] for arm in order + [a for a in arms if a not in order]}
+
+
+def _baseline(baseline: str | None, arms: dict[str, list[RunSummary]], arm_order: list[str] | None,
+              previous: dict) -> str | None:
+    if baseline is None:
+        stored = previous.get("baseline")  # a sweep's own report compares with its first arm
+        return stored if stored in arms and not arm_order else next(iter(arms), None)
+    if baseline not in arms:
+        raise ValueError(f"baseline arm {baseline!r} has no runs; arms: {list(arms)}")
+    return baseline
+
+
+def write_report(out: Path, run_dirs: list[Path], *, failures: dict[tuple[str, int], str] | None = None,
+                 title: str | None = None, notes: str | None = None, command: str = "",
+                 made_by: str | None = None, baseline: str | None = None, force: bool = False,
+                 arm_order: list[str] | None = None) -> Path:
+    """report.md + summary.json + plots/ under `out`, from the runs' metrics.jsonl.
+
+    Raises ReportExistsError when out/report.md exists and `force` is not given. `title`, `notes`, `made_by`
+    (the command that made the runs, when another one writes this report) and `baseline` default to what the
+    previous summary.json recorded, then to the default title, no notes, `command` and the first arm. The arms (their
+    colours and markers) follow `arm_order` (the sweep file's, given by `pubswap compare` and publish_results.py; the
+    default baseline is then its first arm), then the previous summary's order, then the order the runs are given
+    in."""
+    out = Path(out)
+    report = out / REPORT_FILE
+    if report.exists() and not force:
+        raise ReportExistsError(f"{report} exists; pass force=True (pubswap report --force) to replace it, or "
+                                "write the new report elsewhere (--out)")
+    previous = read_summary(out)
+    title = title if title is not None else previous.get("title") or DEFAULT_TITLE
+    notes = notes if notes is not None else previous.get("notes") or ""
+    made_by = made_by if made_by is not None else previous.get("made_by") or command
+    runs = [summarize_run(Path(d)) for d in run_dirs]
+    arms = _ordered_arms(runs, arm_order, previous)
+    baseline = _baseline(baseline, arms, arm_order, previous)
+    failures = failures or {}
+    out.mkdir(parents=True, exist_ok=True)
+    generated = datetime.now(timezone.utc)
+
+    code_lines, made_with = provenance_lines(runs)
+    lines = heading_lines(title, notes, command, made_by, generated, runs, code_lines)
+    summary: dict = {"title": title, "notes": notes, "made_by": made_by, "command": command,
+                     "generated": f"{generated:%Y-%m-%d %H:%M} UTC", "confidence": CONFIDENCE,
+                     "baseline": baseline, "arms": {}, "paired": {}, "runs": {},
+                     "failures": {f"{a}-s{s}": d for (a, s), d in failures.items()}, "provenance": made_with}
+    lines += arms_table_lines(arms, failures, summary)
+    lines += paired_lines(arms, baseline, summary)
+    lines += per_run_lines(arms, runs, summary)
+    lines += per_task_lines(arms, runs)
+    lines += learning_lines(arms, summary)
+    lines += format_lines(arms, summary)
+    lines += failure_lines(failures)
+    styles = arm_styles(arms)
+    plots = write_plots(out, arms, baseline, styles) if arms else []
+    remove_stale_plots(out, plots)
+    lines += plot_lines(plots, arms, styles)
+    lines += ["", "## Runs", ""] + [f"- `{r.run_dir}`" for r in runs]
+    summary["plots"] = [f"plots/{p.name}" for p, _ in plots]
+    report.write_text("\n".join(lines) + "\n")
+    (out / SUMMARY_FILE).write_text(json.dumps(json_safe(summary), indent=2))
+    return report
