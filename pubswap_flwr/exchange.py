@@ -108,7 +108,6 @@ class Exchange:
         self.accepted_round: dict[int, int] = {}
         self.round = 0  # for progress lines: the round being run, and how many exchanges of each type it had
         self._sent: dict[str, int] = {}
-        self._settled: list[int] = []  # the node set the last round started with
 
     # -- who takes part --------------------------------------------------------------------------------------
     def select(self, round_number: int) -> list[int]:
@@ -121,14 +120,15 @@ class Exchange:
             current = sorted(self.grid.get_node_ids())
             if current != nodes:
                 nodes, stable_since = current, time.time()
-            if len(nodes) >= self.min_clients and (nodes == self._settled  # the set the last round settled on
-                                                   or time.time() - stable_since >= self.settle_seconds):
+            # Always settle, even when the set is the one the last round used: a SuperNode restarted between
+            # rounds keeps its node id, so the set can look unchanged while the SuperLink still lists the stopped
+            # instance (its message then comes back "Node Unavailable"; test_deployment's restart test).
+            if len(nodes) >= self.min_clients and time.time() - stable_since >= self.settle_seconds:
                 break
             if time.time() > deadline:
                 raise RuntimeError(f"only {len(nodes)} node(s) connected after {self.timeout:.0f} s; "
                                    f"strategy.min-clients = {self.min_clients}")
             time.sleep(0.2)
-        self._settled = nodes
         count = max(self.min_clients, math.ceil(self.fraction * len(nodes)))
         return sorted(random.Random(f"{self.seed}:{round_number}").sample(nodes, min(count, len(nodes))))
 

@@ -55,12 +55,16 @@ def heading_lines(title: str, notes: str, command: str, made_by: str, generated:
 
 
 def _sampled_description(runs: list[RunSummary]) -> str:
+    # Held-out samples are drawn at the run's generation.temperature; runs without a config.json are shown at
+    # T=1, the default every such run used.
+    temperatures = sorted({t for r in runs if (t := r.values.get("temperature", 1.0)) == t}) or [1.0]
+    at = "T=" + "/".join(f"{t:g}" for t in temperatures)
     counts = sorted({int(r.values["samples"]) for r in runs if r.values["samples"] == r.values["samples"]})
     if not counts:
-        return "one T=1 sample per held-out item (fixed seed)"
+        return f"one {at} sample per held-out item (fixed seed)"
     n = ", ".join(str(c) for c in counts)
     unrecorded = " (one where not recorded)" if any(r.values["samples"] != r.values["samples"] for r in runs) else ""
-    return (f"pass@1 over n = {n}{unrecorded} T=1 samples per held-out item (fixed seed), averaged over items "
+    return (f"pass@1 over n = {n}{unrecorded} {at} samples per held-out item (fixed seed), averaged over items "
             "and samples")
 
 

@@ -63,9 +63,20 @@ def summarize_run(run_dir: Path) -> RunSummary:
         "megabytes": sum(r["bytes"]["sent_by_clients"] + r["bytes"]["received_by_clients"]
                          for r in trained if "bytes" in r) / 1e6,
     }
+    values["temperature"] = _sampling_temperature(run_dir)
     values.update(format_health(trained))
     arm, seed = arm_and_seed(run_dir)
     return RunSummary(arm, seed, run_dir, rows[-1].get("mode", "?"), values, final.get("per_task", {}), rows)
+
+
+def _sampling_temperature(run_dir: Path) -> float:
+    """generation.temperature from the run's config.json (held-out samples are drawn with the run's own settings);
+    NaN when the run has no readable config."""
+    path = run_dir / "config.json"
+    if not path.is_file():
+        return NAN
+    config = json.loads(path.read_text())
+    return _get(config.get("config", config), "generation.temperature")
 
 
 def format_health(trained: list[dict]) -> dict[str, float]:

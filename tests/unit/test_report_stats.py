@@ -113,3 +113,24 @@ def test_paired_difference_curve_per_round():
     assert intervals[0].mean == pytest.approx(0.0) and intervals[0].n == 2  # seeds 0 and 1 only
     assert intervals[1].mean == pytest.approx(0.15)  # (0.2 + 0.1) / 2
     assert intervals[1].low == pytest.approx(0.15 - 12.706204736174707 * 0.05)
+
+
+def test_the_report_names_the_runs_sampling_temperature(tmp_path):
+    import json
+
+    from pubswap_flwr.report.markdown import _sampled_description
+    from pubswap_flwr.report.summaries import summarize_run
+
+    runs = []
+    for name, temperature in (("a-s0", 0.7), ("a-s1", 0.7)):
+        run = tmp_path / name
+        run.mkdir()
+        (run / "metrics.jsonl").write_text(json.dumps({"round": 0, "mode": "fedavg", "eval": {"samples": 4}}) + "\n")
+        (run / "config.json").write_text(json.dumps({"config": {"generation.temperature": temperature}}))
+        runs.append(summarize_run(run))
+    assert "n = 4 T=0.7 samples" in _sampled_description(runs)
+    (tmp_path / "a-s1" / "config.json").unlink()
+    mixed = [runs[0], summarize_run(tmp_path / "a-s1")]
+    assert "T=0.7 samples" in _sampled_description(mixed)
+    (tmp_path / "a-s0" / "config.json").unlink()
+    assert "T=1 samples" in _sampled_description([summarize_run(tmp_path / "a-s0")])
