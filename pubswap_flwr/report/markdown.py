@@ -10,7 +10,7 @@ from pathlib import Path
 from ..metrics_schema import WELL_FORMED_WARNING
 from .formatting import fmt_ci, fmt_number, fmt_rounds, fmt_spread, fmt_value, interval_json, spread_json
 from .plots import MARKER_NAMES, ArmStyle, colour_name
-from .statistics import CONFIDENCE, PAIRED, PairedDifference, finite, mean_ci, paired_differences
+from .statistics import CONFIDENCE, NAN, PAIRED, PairedDifference, finite, mean_ci, paired_differences
 from .summaries import RunSummary
 
 HEADLINE = [  # (column title, key in RunSummary.values)
@@ -55,9 +55,9 @@ def heading_lines(title: str, notes: str, command: str, made_by: str, generated:
 
 
 def _sampled_description(runs: list[RunSummary]) -> str:
-    # Held-out samples are drawn at the run's generation.temperature; runs without a config.json are shown at
-    # T=1, the default every such run used.
-    temperatures = sorted({t for r in runs if (t := r.values.get("temperature", 1.0)) == t}) or [1.0]
+    # Held-out samples are drawn at the run's generation.temperature; when no run has a config.json to say, T=1,
+    # the default every such run used.
+    temperatures = sorted({t for r in runs if (t := r.values.get("temperature", NAN)) == t}) or [1.0]
     at = "T=" + "/".join(f"{t:g}" for t in temperatures)
     counts = sorted({int(r.values["samples"]) for r in runs if r.values["samples"] == r.values["samples"]})
     if not counts:

@@ -8,7 +8,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..metrics import STATUS_FILE, read_metrics
+from ..metrics import CONFIG_FILE, STATUS_FILE, read_metrics
 from ..metrics_schema import WELL_FORMED_WARNING
 
 RUN_NAME = re.compile(r"^(?P<arm>.+)-s(?P<seed>\d+)$")
@@ -72,11 +72,10 @@ def summarize_run(run_dir: Path) -> RunSummary:
 def _sampling_temperature(run_dir: Path) -> float:
     """generation.temperature from the run's config.json (held-out samples are drawn with the run's own settings);
     NaN when the run has no readable config."""
-    path = run_dir / "config.json"
+    path = run_dir / CONFIG_FILE
     if not path.is_file():
         return NAN
-    config = json.loads(path.read_text())
-    return _get(config.get("config", config), "generation.temperature")
+    return _get(json.loads(path.read_text()).get("config", {}), "generation.temperature")
 
 
 def format_health(trained: list[dict]) -> dict[str, float]:
