@@ -42,6 +42,8 @@ class Runner:
         self.cumulative_reward = 0.0
         self.exchange: Exchange | None = None
         self.tracker: trackers.Tracker = trackers.Tracker()
+        self.rounds_run = 0  # by this start (a resumed run starts after its checkpoint's round)
+        self.idle_rounds: list[int] = []  # rounds of this start that trained nothing (see trained_nothing)
 
     def _write_row(self, row: dict) -> None:
         """metrics.jsonl, the configured experiment tracker (output.report-to), and the console line."""
@@ -58,8 +60,12 @@ class Runner:
         except BaseException:
             self.tracker.close("failed")
             raise
-        self.tracker.close("completed")
+        self.tracker.close(self.outcome(0.0)[0])
         return master
+
+    def outcome(self, seconds: float) -> tuple[str, str]:
+        """The run's final status and detail after `seconds` (see `outcome`)."""
+        return outcome(self.rounds_run, self.idle_rounds, seconds)
 
     def _rounds(self, grid: Grid, initial_adapter: Adapter | None) -> Adapter | None:
         s = self.cfg.strategy
@@ -83,6 +89,7 @@ class Runner:
                                                  round_log, run_dir.name, str(run_dir)))
             self._evaluate_and_record(round_log, final)
             self._checkpoint(number)
+            self.rounds_run += 1
         return self.protocol.master
 
     # -- checkpoints -----------------------------------------------------------------------------------------
@@ -145,6 +152,11 @@ class Runner:
                 self.evaluator.save(master, saved[-1], tokenizer=True)
         if round_log.number > 0:
             row.update(self._round_fields(round_log))
+            if trained_nothing(row):
+                self.idle_rounds.append(round_log.number)
+                log.warning("round %d trained nothing: %s", round_log.number,
+                            "too few valid adapters to aggregate" if row.get("aggregated") is False
+                            else "every client was dropped")
         self._write_row(row)
         for directory in saved:  # the model card shows the round's metrics, known only now
             write_card(directory, run_summary(self.cfg, round_log.number, json_safe(row)))
@@ -172,6 +184,26 @@ class Runner:
                            "received_by_clients": sum(c["bytes_received"] for c in round_log.clients.values()),
                            "array_records": round_log.array_records}
         return fields
+
+
+def trained_nothing(row: dict) -> bool:
+    """A round's row in which no client's work counted: the global adapter was kept for want of valid adapters, or
+    every client was dropped (a killed Ray actor, a timeout, a rejected reply)."""
+    return row.get("aggregated") is False or not row.get(schema.CLIENTS)
+
+
+def outcome(rounds_run: int, idle_rounds: list[int], seconds: float) -> tuple[str, str]:
+    """The run's final status and detail: `failed` when none of the rounds this start ran trained anything (its
+    metrics would describe the starting model, not the configured experiment), `completed` otherwise, naming
+    the rounds that trained nothing."""
+    detail = f"{rounds_run} rounds in {seconds:.1f} s"
+    if rounds_run > 0 and len(idle_rounds) == rounds_run:
+        return "failed", f"no round trained anything ({detail}): every round kept the global adapter or dropped " \
+                         "every client; the rows' 'dropped' say why"
+    if idle_rounds:
+        return "completed", f"{detail}; {len(idle_rounds)} trained nothing (rounds " \
+                            f"{', '.join(map(str, idle_rounds))}; the rows' 'dropped' say why)"
+    return "completed", detail
 
 
 def mean_eval(evals: list[dict]) -> dict:

@@ -99,13 +99,17 @@ def run(grid: Grid, context: Context, settle_seconds: float = 1.0) -> None:
         protocol = protocol_class(cfg, task_universe(cfg).public)
         evaluator = GlobalEvaluator(cfg) if protocol_class.holds_global_adapter else None
         initial = evaluator.initial_adapter() if evaluator else None
-        Runner(cfg, recorder, protocol, evaluator, resume_from=saved, settle_seconds=settle_seconds).run(grid, initial)
+        runner = Runner(cfg, recorder, protocol, evaluator, resume_from=saved, settle_seconds=settle_seconds)
+        runner.run(grid, initial)
     except KeyboardInterrupt:
         recorder.write_status(STOPPED, "interrupted (KeyboardInterrupt)")
         raise
     except BaseException as err:
         recorder.write_status("failed", f"{type(err).__name__}: {err}")
         raise
-    recorder.write_status("completed", f"{cfg.num_server_rounds} rounds in {time.time() - started:.1f} s")
+    status, detail = runner.outcome(time.time() - started)
+    recorder.write_status(status, detail)
+    if status != "completed":
+        log.error("run %s: %s", status, detail)
     log.info("run finished in %.1f s; metrics: %s; %s", time.time() - started, recorder.metrics_path,
              final_adapters(run_dir, protocol_class.holds_global_adapter))
