@@ -16,8 +16,10 @@ paths under the published run, with adapter_config.json and the model card but n
 Weights are stored as fp16 (the run keeps fp32 master weights; fp16 is also what travels on the wire), so an adapter
 costs 2 bytes per LoRA parameter plus ~8 KB of JSON and card: on the embedded tiny model with the default LoRA (r 16,
 all linear layers: 155,648 parameters) 0.32 MB, i.e. 3.7 MB for a 4-arm x 3-seed fedavg/pubswap sweep and 30 MB for
-compare-sapo (4 arms x 3 seeds x 8 nodes); on SmolLM2-135M (r 16, all linear: 4.9M parameters) 9.8 MB each. The
-script prints the total. --no-adapters leaves them out (the report does not need them; `pubswap verify` does).
+compare-sapo (4 arms x 3 seeds x 8 nodes); on SmolLM2-135M (r 8, all linear: 2.5M parameters) 4.9 MB each, i.e.
+29 MB for real-pubswap's 6 runs but 176 MB for real-sapo's 9 runs x 4 nodes. The script prints the total.
+--no-adapters leaves them out (the report does not need them; `pubswap verify` does); --adapter-seeds 0 copies
+only seed 0's (every arm's, so each arm stays verifiable) and says so in the report's command.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from pubswap_flwr.compare import load_sweep
+from pubswap_flwr.export import ordinary_permissions
 from pubswap_flwr.report import write_report
 from pubswap_flwr.verify import VerifyError, final_adapters
 
@@ -53,6 +56,7 @@ def copy_adapter(src: Path, dst: Path) -> int:
         tensors = {key: handle.get_tensor(key) for key in handle.keys()}
     save_file({k: v.astype(np.float16) if v.dtype == np.float32 else v for k, v in tensors.items()},
               str(dst / ADAPTER_WEIGHTS), metadata=metadata)
+    ordinary_permissions(dst)  # safetensors writes 0600; a published adapter is for anyone
     return sum(p.stat().st_size for p in dst.iterdir())
 
 
@@ -75,7 +79,10 @@ def _report(sweep_file: Path, dst: Path, outcomes: list[dict], command: str) -> 
                         arm_order=[arm.name for arm in sweep.arms])
 
 
-def publish(sweep_file: Path, results: Path, docs: Path = DOCS, force: bool = False, adapters: bool = True) -> Path:
+def publish(sweep_file: Path, results: Path, docs: Path = DOCS, force: bool = False, adapters: bool = True,
+            adapter_seeds: set[int] | None = None) -> Path:
+    """Copy a finished sweep's completed runs to docs/results/<sweep> and write its report. `adapters`: copy the
+    runs' final adapters as fp16 too; `adapter_seeds`: only those of these seeds (None: every seed)."""
     sweep = load_sweep(sweep_file)
     src, dst = results / sweep.name, docs / sweep.name
     if not (src / "outcomes.json").is_file():
@@ -84,7 +91,8 @@ def publish(sweep_file: Path, results: Path, docs: Path = DOCS, force: bool = Fa
         raise SystemExit(f"{dst} is already published; pass --force to replace it, or --regenerate to rewrite "
                          "only its report from the runs committed there")
     outcomes = json.loads((src / "outcomes.json").read_text())
-    completed = [sweep.run_name(o["arm"], o["seed"]) for o in outcomes if o["status"] == "completed"]
+    seed_of = {sweep.run_name(o["arm"], o["seed"]): int(o["seed"]) for o in outcomes if o["status"] == "completed"}
+    completed = list(seed_of)
     missing = [f"{name}/{f}" for name in completed for f in RUN_FILES if not (src / "runs" / name / f).is_file()]
     if missing:
         raise SystemExit(f"{src} lacks files of completed runs: {', '.join(missing[:5])}")
@@ -95,19 +103,22 @@ def publish(sweep_file: Path, results: Path, docs: Path = DOCS, force: bool = Fa
         (dst / "runs" / name).mkdir(parents=True)
         for f in RUN_FILES + tuple(f for f in OPTIONAL_FILES if (src / "runs" / name / f).is_file()):
             shutil.copy2(src / "runs" / name / f, dst / "runs" / name / f)
-        if adapters:
+        if adapters and (adapter_seeds is None or seed_of[name] in adapter_seeds):
             written = copy_adapters(src / "runs" / name, dst / "runs" / name)
             adapter_bytes += written
             if not written:
                 without.append(name)
     if adapters:
         print(f"final adapters: {adapter_bytes / 1e6:.1f} MB (fp16)"
+              + (f" of seeds {sorted(adapter_seeds)}" if adapter_seeds is not None else "")
               + (f"; none kept by {len(without)} run(s): {', '.join(without[:5])}" if without else ""))
     for outcome in outcomes:
         outcome["run_dir"] = str(Path("runs") / Path(outcome["run_dir"]).name)
     (dst / "outcomes.json").write_text(json.dumps(outcomes, indent=2))
     _report(sweep_file, dst, outcomes, f"python scripts/publish_results.py configs/{sweep_file.name} {results}"
-            + (" --force" if force else ""))
+            + (" --force" if force else "") + (" --no-adapters" if not adapters else "")
+            + (f" --adapter-seeds {' '.join(map(str, sorted(adapter_seeds)))}" if adapters and adapter_seeds is not None
+               else ""))
     return dst
 
 
@@ -131,6 +142,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="rewrite the published report from the committed runs (no results folder)")
     parser.add_argument("--no-adapters", action="store_true",
                         help="leave the runs' final adapters out (pubswap verify needs them; see above for the bytes)")
+    parser.add_argument("--adapter-seeds", type=int, nargs="+", metavar="SEED",
+                        help="copy only these seeds' adapters (a SAPO sweep keeps one per node and run)")
     args = parser.parse_args(argv)
     if args.regenerate:
         if args.results is not None:
@@ -139,7 +152,10 @@ def main(argv: list[str] | None = None) -> None:
     elif args.results is None:
         parser.error("give the sweep's results folder (or --regenerate)")
     else:
-        print(publish(args.sweep, args.results, force=args.force, adapters=not args.no_adapters))
+        if args.no_adapters and args.adapter_seeds:
+            parser.error("--adapter-seeds chooses which adapters to copy: it cannot go with --no-adapters")
+        print(publish(args.sweep, args.results, force=args.force, adapters=not args.no_adapters,
+                      adapter_seeds=set(args.adapter_seeds) if args.adapter_seeds else None))
 
 
 if __name__ == "__main__":

@@ -124,3 +124,32 @@ def test_verify_on_a_published_copy(fedavg_run, tmp_path, capsys):
     assert [r["adapter"] for r in verify(published / "sapo-s0", items_per_task=2)] == ["node 0", "node 1"]
     assert pubswap(["verify", str(published / "fedavg-s0"), "--items-per-task", "2"]) == 0
     assert "global adapter" in capsys.readouterr().out
+
+
+def test_publish_copies_only_the_chosen_seeds_adapters_readable_by_anyone(fedavg_run, tmp_path, capsys):
+    """--adapter-seeds: a SAPO sweep on SmolLM2 keeps 4.9 MB per node and run; publishing one seed's adapters keeps
+    every arm verifiable and the report's command says which."""
+    import shutil
+    import stat
+
+    from tests.unit.test_report_publish import _script
+
+    runs = tmp_path / "results" / "mini" / "runs"
+    for seed in (0, 1):
+        shutil.copytree(fedavg_run, runs / f"fedavg-s{seed}")
+    (tmp_path / "mini.toml").write_text('name = "mini"\nnodes = 2\nseeds = [0, 1]\n[arms.fedavg]\n'
+                                        'strategy.mode = "fedavg"\n')
+    (runs.parent / "outcomes.json").write_text(json.dumps(
+        [{"arm": "fedavg", "seed": seed, "status": "completed", "detail": "", "run_dir": str(runs / f"fedavg-s{seed}")}
+         for seed in (0, 1)]))
+    published = _script().publish(tmp_path / "mini.toml", tmp_path / "results", docs=tmp_path / "docs",
+                                  adapter_seeds={1})
+    assert "final adapters: 0.3 MB (fp16) of seeds [1]" in capsys.readouterr().out
+    assert not (published / "runs" / "fedavg-s0" / "adapters").exists()
+    weights = published / "runs" / "fedavg-s1" / "adapters" / "final" / "adapter_model.safetensors"
+    assert stat.S_IMODE(weights.stat().st_mode) & 0o044 == 0o044  # group and others may read it
+    assert (published / "runs" / "fedavg-s0" / "metrics.jsonl").is_file()
+    assert "configs/mini.toml " + str(tmp_path / "results") + " --adapter-seeds 1`" in (
+        published / "report.md").read_text()
+    with pytest.raises(SystemExit):
+        _script().main(["configs/x.toml", "results", "--no-adapters", "--adapter-seeds", "0"])
