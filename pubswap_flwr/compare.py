@@ -207,6 +207,21 @@ def run_sweep(sweep: Sweep, out: Path, only: list[str] | None = None, dry_run: b
     return outcomes
 
 
+def merged_outcomes(path: Path, sweep: Sweep, entries: list[dict]) -> list[dict]:
+    """The sweep's outcomes.json after an invocation that produced `entries`: these, and the earlier file's entries
+    for the (arm, seed) runs this invocation left alone (an `--only` run must not drop the other arms, which
+    scripts/publish_results.py publishes from this file), in the sweep's order (seed by seed, arms as listed)."""
+    previous: list[dict] = []
+    if path.is_file():
+        try:
+            previous = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            log.warning("%s is not JSON (%s): it is replaced by this invocation's outcomes only", path, err)
+    by_run = {(o.get("arm"), o.get("seed")): o for o in previous if isinstance(o, dict)}
+    by_run.update({(o["arm"], o["seed"]): o for o in entries})
+    return [by_run[key] for key in ((arm.name, seed) for seed in sweep.seeds for arm in sweep.arms) if key in by_run]
+
+
 def _clear(run_dir: Path) -> None:
     import shutil
 
@@ -230,9 +245,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     outcomes = run_sweep(sweep, out, args.only, args.dry_run)
     if args.dry_run:
         return 0
-    (out / "outcomes.json").write_text(json.dumps(
-        [{"arm": o.arm, "seed": o.seed, "status": o.status, "detail": o.detail, "seconds": round(o.seconds, 1),
-          "reused": o.reused, "run_dir": str(o.run_dir)} for o in outcomes], indent=2))
+    entries = [{"arm": o.arm, "seed": o.seed, "status": o.status, "detail": o.detail, "seconds": round(o.seconds, 1),
+                "reused": o.reused, "run_dir": str(o.run_dir)} for o in outcomes]
+    (out / "outcomes.json").write_text(json.dumps(merged_outcomes(out / "outcomes.json", sweep, entries), indent=2))
     # Every completed run of the sweep on disk (an --only invocation keeps the other arms in the report).
     completed = [out / "runs" / sweep.run_name(arm.name, seed) for arm in sweep.arms for seed in sweep.seeds
                  if run_status(out / "runs" / sweep.run_name(arm.name, seed)).get("status") == "completed"]

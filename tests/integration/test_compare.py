@@ -86,7 +86,10 @@ def test_sweep_report_matches_metrics_and_names_failed_arms(tmp_path, capsys):
     # Completed runs are skipped on a second invocation; the report is regenerated from metrics alone.
     assert pubswap(["compare", str(sweep), "--out", str(tmp_path / "results"), "--only", "fedavg"]) == 0
     second = json.loads((out / "outcomes.json").read_text())
-    assert [(o["arm"], o["status"], o["reused"]) for o in second] == [("fedavg", "completed", True)]
+    # the arms --only left alone keep their entries (publish_results publishes from this file), in the sweep's order
+    assert [(o["arm"], o["status"], o["reused"]) for o in second] == [
+        ("fedavg", "completed", True), ("balanced", "completed", False), ("typo", "skipped-invalid", False),
+        ("broken", "failed", False)]
     regenerated = tmp_path / "again"
     assert pubswap(["report", str(out / "runs" / "fedavg-s7"), str(out / "runs" / "balanced-s7"), "--out",
                     str(regenerated)]) == 0

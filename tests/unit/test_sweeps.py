@@ -67,3 +67,25 @@ def test_gpus_per_client_is_read_from_the_sweep_file(tmp_path):
     path.write_text("gpus-per-client = 0.25\n[arms.a]\nseed = 1\n")
     assert load_sweep(path).gpus_per_client == 0.25
     assert load_sweep(CONFIGS / "compare-sapo.toml").gpus_per_client == 0.0
+
+
+def test_outcomes_of_an_only_invocation_keep_the_other_runs_in_sweep_order(tmp_path, caplog):
+    import json
+
+    from pubswap_flwr.compare import merged_outcomes
+
+    sweep = load_sweep(CONFIGS / "real-pubswap.toml")  # arms fedavg, pubswap-none, pubswap-balanced, -is; seeds 0-2
+    path = tmp_path / "outcomes.json"
+    earlier = [{"arm": arm, "seed": seed, "status": "completed"} for seed in (0, 1, 2)
+               for arm in ("fedavg", "pubswap-balanced")]
+    path.write_text(json.dumps(earlier))
+    now = [{"arm": "pubswap-none", "seed": 1, "status": "failed"}, {"arm": "fedavg", "seed": 0, "status": "completed",
+                                                                     "reused": True}]
+    merged = merged_outcomes(path, sweep, now)
+    assert [(o["arm"], o["seed"], o["status"], o.get("reused")) for o in merged] == [
+        ("fedavg", 0, "completed", True), ("pubswap-balanced", 0, "completed", None),
+        ("fedavg", 1, "completed", None), ("pubswap-none", 1, "failed", None), ("pubswap-balanced", 1, "completed", None),
+        ("fedavg", 2, "completed", None), ("pubswap-balanced", 2, "completed", None)]
+    path.write_text("{not json")
+    assert merged_outcomes(path, sweep, now) == [now[1], now[0]]
+    assert "is not JSON" in caplog.text
