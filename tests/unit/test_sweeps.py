@@ -74,7 +74,7 @@ def test_outcomes_of_an_only_invocation_keep_the_other_runs_in_sweep_order(tmp_p
 
     from pubswap_flwr.compare import merged_outcomes
 
-    sweep = load_sweep(CONFIGS / "real-pubswap.toml")  # arms fedavg, pubswap-none, pubswap-balanced, -is; seeds 0-2
+    sweep = load_sweep(CONFIGS / "real-pubswap.toml")  # 5 arms, seeds 0-2
     path = tmp_path / "outcomes.json"
     earlier = [{"arm": arm, "seed": seed, "status": "completed"} for seed in (0, 1, 2)
                for arm in ("fedavg", "pubswap-balanced")]
