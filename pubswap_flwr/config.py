@@ -20,7 +20,7 @@ from typing import Any, Mapping
 # some of these are here for modules that import them from config (flatten, load_toml, parse_overrides, ...)
 from .config_keys import (INT64_MAX, MAX_COMPLETIONS_PER_BATCH, PLAIN_COMPONENT, Check, ConfigError, _check,
                           below_half, below_one, between, fraction, flatten, is_plain_component, load_toml,
-                          off_or_between, one_of, opt, parse_overrides)
+                          number_list, off_or_between, one_of, opt, parse_overrides)
 from .protocols import catalog, optimizers
 
 MODES = catalog.modes()
@@ -81,6 +81,9 @@ class GenerationConfig:
 @dataclass(frozen=True)
 class TrainConfig:
     learning_rate: float = opt(2e-3, between(0, 10, above=True))
+    node_learning_rates: str = opt("", number_list(0, 10), "simulation: comma-separated learning rates assigned to "
+                                   "partitions round robin, as model.node-models (a swarm of different models needs "
+                                   "each one's own); empty = learning-rate on every node")
     local_steps: int = opt(15, between(1, 10_000), "tau: GRPO steps per client per round")
     prompts_per_step: int = opt(8, between(1, 4096), "times completions-per-prompt at most 65536 completions per step")
     completions_per_prompt: int = opt(8, between(2, 1024), "K (GRPO group size)")

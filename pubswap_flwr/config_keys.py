@@ -77,6 +77,18 @@ PLAIN_COMPONENT = ("one plain path component (no '/', '\\', '..', NUL or other c
                    "spaces, at most 255 bytes)")
 
 
+def number_list(low: float, high: float) -> Check:
+    """'' or comma-separated numbers, each low < v <= high (a per-partition list such as train.node-learning-rates)."""
+    def entry_ok(text: str) -> bool:
+        try:
+            return low < float(text) <= high
+        except ValueError:
+            return False
+
+    return _check(lambda v: isinstance(v, str) and (not v.strip() or all(entry_ok(x) for x in v.split(","))),
+                  f"empty or comma-separated numbers, each > {_number(low)} and <= {_number(high)}")
+
+
 def one_of(*choices: str) -> Check:
     check = _check(lambda v: v in choices, "one of " + ", ".join(repr(c) for c in choices))
     check.choices = choices  # type: ignore[attr-defined]  # listed by `pubswap keys` (key_choices)

@@ -75,7 +75,7 @@ class Learner:
         self.identity = identity
         self.universe = task_universe(cfg)
         apply_threads(cfg.model.threads, identity.cpus)
-        self.policy: Policy = cached_policy(policy_spec(cfg, identity.model_name, proximal_mu))
+        self.policy: Policy = cached_policy(policy_spec(cfg, identity.model_name, proximal_mu, identity.learning_rate))
         self.uses_proximal = proximal_mu > 0
         self.store = NodeStore(identity.state_dir, identity.model_name)
         self.state = self._load()

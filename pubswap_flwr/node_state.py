@@ -44,12 +44,13 @@ class NodeIdentity:
     task_mix: str | None = None
     simulated: bool = False  # a simulated node (Flower set num-partitions): its state lives under the run dir
     cpus: float | None = None  # deployment: node-config num-cpus, the CPUs its organization gives the model
+    learning_rate: float | None = None  # None: the run's train.learning-rate
 
     @classmethod
     def from_flower(cls, cfg: ExperimentConfig, node_config: dict, node_id: int, run_dir: str | None,
                     run_name: str) -> "NodeIdentity":
         """Simulation: partition-id from Flower, state under the run dir. Deployment: node-config keys
-        `state-dir`, `data-path`, `model-name`, `task-mix`, optional `partition-id`."""
+        `state-dir`, `data-path`, `model-name`, `task-mix`, optional `partition-id`, `learning-rate`."""
         run_name = safe_component(run_name, "run-name")
         partition = node_config.get("partition-id")
         index = int(partition) if partition is not None else int(node_id) % MAX_NODES
@@ -62,8 +63,10 @@ class NodeIdentity:
             state_dir = Path.home() / ".pubswap" / "state" / run_name / f"node-{node_id}"
         model = node_config.get("model-name") or _round_robin(cfg.model.node_models, index) or cfg.model.name
         data_path = node_config.get("data-path") or _round_robin(cfg.tasks.data_paths, index)
+        rate = node_config.get("learning-rate") or _round_robin(cfg.train.node_learning_rates, index)
         return cls(index, state_dir, str(model), str(data_path) if data_path else None,
-                   node_config.get("task-mix") or None, simulated, _node_cpus(node_config.get("num-cpus")))
+                   node_config.get("task-mix") or None, simulated, _node_cpus(node_config.get("num-cpus")),
+                   _node_learning_rate(rate))
 
 
 def safe_component(name: str, what: str) -> str:
@@ -85,6 +88,20 @@ def _node_cpus(value) -> float | None:
     if not 0 < cpus <= 4096:
         raise ValueError(f"node-config num-cpus = {value!r}: must be > 0 and <= 4096")
     return cpus
+
+
+def _node_learning_rate(value) -> float | None:
+    """node-config `learning-rate` (or this partition's train.node-learning-rates entry) as a number in (0, 10],
+    None when unset; a clear error otherwise."""
+    if value is None or value == "":
+        return None
+    try:
+        rate = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"node learning-rate = {value!r}: must be a number") from None
+    if not 0 < rate <= 10:
+        raise ValueError(f"node learning-rate = {value!r}: must be > 0 and <= 10")
+    return rate
 
 
 def _round_robin(text: str, index: int) -> str | None:

@@ -77,8 +77,10 @@ def task_universe(cfg: ExperimentConfig) -> TaskUniverse:
                      cfg.eval.data_format or cfg.tasks.data_format, cfg.generation.max_prompt_tokens)
 
 
-def policy_spec(cfg: ExperimentConfig, model_name: str | None = None, proximal_mu: float = 0.0) -> PolicySpec:
-    """The policy a node (or the server's evaluator) builds; `proximal_mu` is the protocol's FedProx term."""
+def policy_spec(cfg: ExperimentConfig, model_name: str | None = None, proximal_mu: float = 0.0,
+                learning_rate: float | None = None) -> PolicySpec:
+    """The policy a node (or the server's evaluator) builds; `proximal_mu` is the protocol's FedProx term,
+    `learning_rate` the node's own (train.node-learning-rates, node-config learning-rate) over train.learning-rate."""
     g, t = cfg.generation, cfg.train
     return PolicySpec(
         model_name=model_name or cfg.model.name,
@@ -88,7 +90,7 @@ def policy_spec(cfg: ExperimentConfig, model_name: str | None = None, proximal_m
         generation=GenerationSettings(g.max_new_tokens, g.temperature, g.top_k, g.top_p, g.max_prompt_tokens, g.sampler,
                                       g.dtype, g.stop_at_answer),
         grpo=GRPOSettings(
-            learning_rate=t.learning_rate, loss_type=t.loss_type, epsilon_low=t.epsilon_low,
+            learning_rate=learning_rate or t.learning_rate, loss_type=t.loss_type, epsilon_low=t.epsilon_low,
             epsilon_high=t.epsilon_high, kl_beta=t.kl_beta, inner_iterations=t.inner_iterations,
             micro_batch_size=t.micro_batch_size, max_grad_norm=t.max_grad_norm, weight_decay=t.weight_decay,
             proximal_mu=proximal_mu, scale_rewards=t.scale_rewards,

@@ -318,7 +318,7 @@ def _train_reply(work: ClientWork, message: SapoTrain, packets: list[Packet] | N
         folder = work.learner.state_dir / "adapter"
         save_adapter(work.learner.policy, folder)
         write_card(folder, run_summary(work.cfg, message.header.server_round, {"eval": evaluation or {}},
-                                       node=work.learner.state_dir.name))
+                                       node=work.learner.state_dir.name, spec=work.learner.policy.spec))
     return SapoReply(work.client_report(), None if packets is None else tuple(packets), (), eval_initial, counts,
                      tuple(selection.rejections), evaluation, seconds,
                      {k: v for k, v in scoring.items() if v}).to_record()
