@@ -74,6 +74,7 @@ def test_an_adapter_trained_on_it_loads_in_plain_peft_and_exports_merged(tmp_pat
     from pubswap_flwr.policy.model import resolve_model
     from pubswap_flwr.rollouts import Completion, RolloutGroup
 
+    torch.manual_seed(0)  # the LoRA init: the same adapter whatever ran before in this process
     policy = Policy(PolicySpec(model_name="smollm2-135m-instruct", lora=LoraSettings(r=4, alpha=8)))
     prompt = policy.tokenizer.apply_chat_template(
         [{"role": "user", "content": PROMPTS[0]}], tokenize=False, add_generation_prompt=True)
@@ -94,5 +95,8 @@ def test_an_adapter_trained_on_it_loads_in_plain_peft_and_exports_merged(tmp_pat
                                max_new_tokens=8, do_sample=False, pad_token_id=tokenizer.pad_token_id)
     with torch.no_grad():
         merged_logits = model(**ids).logits
-        assert torch.allclose(merged_logits, plain(**ids).logits, atol=1e-4)
+        # W + BA merged in fp32 rounds differently from adding BA x on the fly: logits of magnitude ~40 moved by
+        # up to 0.9-1.0e-4 in measured runs, at allclose's 1e-4 bound, so it failed at random (it did on main);
+        # 1e-3 is still 3e-5 of the logits' scale
+        assert (merged_logits - plain(**ids).logits).abs().max() < 1e-3
     assert generated.shape[1] > ids["input_ids"].shape[1]
