@@ -24,6 +24,7 @@ from .config_keys import (INT64_MAX, MAX_COMPLETIONS_PER_BATCH, PLAIN_COMPONENT,
 from .protocols import catalog, optimizers
 
 MODES = catalog.modes()
+MAX_LEARNING_RATE = 10  # train.learning-rate, each train.node-learning-rates entry, node-config learning-rate
 AGGREGATORS = ("mean", "median", "trimmed-mean")
 REPORT_TO = ("none", "tensorboard", "wandb", "mlflow")  # pubswap_flwr/trackers.py
 OUTPUT_ROOT_ENV = "PUBSWAP_OUTPUT_ROOT"
@@ -80,8 +81,8 @@ class GenerationConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    learning_rate: float = opt(2e-3, between(0, 10, above=True))
-    node_learning_rates: str = opt("", number_list(0, 10), "simulation: comma-separated learning rates assigned to "
+    learning_rate: float = opt(2e-3, between(0, MAX_LEARNING_RATE, above=True))
+    node_learning_rates: str = opt("", number_list(0, MAX_LEARNING_RATE), "simulation: comma-separated learning rates assigned to "
                                    "partitions round robin, as model.node-models (a swarm of different models needs "
                                    "each one's own); empty = learning-rate on every node")
     local_steps: int = opt(15, between(1, 10_000), "tau: GRPO steps per client per round")

@@ -74,14 +74,16 @@ def run_summary(cfg, round_number: int, row: dict | None = None, *, node: str = 
     `spec`: in a swarm its model and learning rate may not be the run's model.name and train.learning-rate."""
     row = row or {}
     t = cfg.train
+    base_model = spec.model_name if spec else cfg.model.name
+    learning_rate = spec.grpo.learning_rate if spec else t.learning_rate
     summary: dict[str, Any] = {
-        "project": PROJECT, "base_model": spec.model_name if spec else cfg.model.name, "mode": cfg.strategy.mode,
+        "project": PROJECT, "base_model": base_model, "mode": cfg.strategy.mode,
         "round": round_number, "rounds": cfg.num_server_rounds, "seed": cfg.seed,
         "tasks": {"mix": cfg.tasks.mix, "per-node": cfg.tasks.per_node, "node-mixes": cfg.tasks.node_mixes,
                   "data-paths": cfg.tasks.data_paths},
         "lora": {"r": cfg.model.lora_r, "alpha": cfg.model.lora_alpha, "targets": cfg.model.lora_targets},
         "grpo": {"loss-type": t.loss_type, "completions-per-prompt": t.completions_per_prompt,
-                 "learning-rate": spec.grpo.learning_rate if spec else t.learning_rate, "epsilon-low": t.epsilon_low, "epsilon-high": t.epsilon_high,
+                 "learning-rate": learning_rate, "epsilon-low": t.epsilon_low, "epsilon-high": t.epsilon_high,
                  "kl-beta": t.kl_beta, "local-steps": t.local_steps},
         "metrics": {},
     }

@@ -17,7 +17,7 @@ import torch
 from safetensors.numpy import load_file as load_numpy, save_file as save_numpy
 from safetensors.torch import load_file, save_file
 
-from .config import PLAIN_COMPONENT, ExperimentConfig, is_plain_component
+from .config import MAX_LEARNING_RATE, PLAIN_COMPONENT, ExperimentConfig, is_plain_component
 from .policy import Policy
 from .tasks import StreamCursor
 from .tasks.splits import MAX_NODES
@@ -64,9 +64,10 @@ class NodeIdentity:
         model = node_config.get("model-name") or _round_robin(cfg.model.node_models, index) or cfg.model.name
         data_path = node_config.get("data-path") or _round_robin(cfg.tasks.data_paths, index)
         rate = node_config.get("learning-rate") or _round_robin(cfg.train.node_learning_rates, index)
+        cpus = _positive_number(node_config.get("num-cpus"), "node-config num-cpus", 4096, "a number of CPUs")
         return cls(index, state_dir, str(model), str(data_path) if data_path else None,
-                   node_config.get("task-mix") or None, simulated, _node_cpus(node_config.get("num-cpus")),
-                   _node_learning_rate(rate))
+                   node_config.get("task-mix") or None, simulated, cpus,
+                   _positive_number(rate, "node learning-rate", MAX_LEARNING_RATE))
 
 
 def safe_component(name: str, what: str) -> str:
@@ -77,31 +78,17 @@ def safe_component(name: str, what: str) -> str:
     return name
 
 
-def _node_cpus(value) -> float | None:
-    """node-config `num-cpus` as a positive number, None when unset; a clear error otherwise."""
+def _positive_number(value, name: str, high: float, what: str = "a number") -> float | None:
+    """A node setting as a number in (0, high], None when unset; a clear error naming `name` otherwise."""
     if value is None or value == "":
         return None
     try:
-        cpus = float(value)
+        number = float(value)
     except (TypeError, ValueError):
-        raise ValueError(f"node-config num-cpus = {value!r}: must be a number of CPUs") from None
-    if not 0 < cpus <= 4096:
-        raise ValueError(f"node-config num-cpus = {value!r}: must be > 0 and <= 4096")
-    return cpus
-
-
-def _node_learning_rate(value) -> float | None:
-    """node-config `learning-rate` (or this partition's train.node-learning-rates entry) as a number in (0, 10],
-    None when unset; a clear error otherwise."""
-    if value is None or value == "":
-        return None
-    try:
-        rate = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"node learning-rate = {value!r}: must be a number") from None
-    if not 0 < rate <= 10:
-        raise ValueError(f"node learning-rate = {value!r}: must be > 0 and <= 10")
-    return rate
+        raise ValueError(f"{name} = {value!r}: must be {what}") from None
+    if not 0 < number <= high:
+        raise ValueError(f"{name} = {value!r}: must be > 0 and <= {high:g}")
+    return number
 
 
 def _round_robin(text: str, index: int) -> str | None:
