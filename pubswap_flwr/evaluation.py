@@ -1,4 +1,4 @@
-"""Held-out evaluation of a policy: greedy pass@1, and sampled (T=1) pass@1 and mean reward averaged over n samples
+"""Held-out evaluation of a policy: greedy pass@1, and sampled pass@1 (at generation.temperature) and mean reward averaged over n samples
 per item, each with its standard error over items, per task and overall.
 
 At this model scale RL moves sampled behaviour first (greedy accuracy can even dip while sampled reward
@@ -14,17 +14,22 @@ from typing import Sequence
 
 import torch
 
+from .metrics_schema import ITEM_RESULTS
 from .policy import Policy
-from .tasks import TaskItem, lenient_score, score_completion
+from .tasks import TaskItem, lenient_answer, lenient_score, score_completion
+from .tasks.shortcuts import check_task
 from .tasks.verifiers import completion_shape
 
 
 def _scores(policy: Policy, items: Sequence[TaskItem], greedy: bool, samples: int, batch_size: int,
-            max_chars: int, lenient: bool = False) -> tuple[dict[str, list[list[float]]], dict[str, list[list[float]]]]:
+            max_chars: int, lenient: bool = False) -> tuple[dict[str, list[list[float]]], dict[str, list[list[float]]],
+                                                            dict[str, list[str | None]]]:
     """(task -> per item, the rewards of its samples (one when greedy); with `lenient`, task -> per item, each
-    sample's lenient correctness (1/0) followed by whether it is well-formed (1/0), else {})."""
+    sample's lenient correctness (1/0) followed by whether it is well-formed (1/0), else {}; task -> every sample's
+    answer (the tagged one, else the last number or word: tasks.lenient_answer), for the shortcut check)."""
     rewards: dict[str, list[list[float]]] = {}
     extra: dict[str, list[list[float]]] = {}
+    answers: dict[str, list[str | None]] = {}
     per_call = max(1, batch_size // samples)
     for start in range(0, len(items), per_call):
         chunk = items[start:start + per_call]
@@ -32,11 +37,14 @@ def _scores(policy: Policy, items: Sequence[TaskItem], greedy: bool, samples: in
         for item, row in zip(chunk, out):
             rewards.setdefault(item.task, []).append(
                 [score_completion(s.text, item, max_chars=max_chars).reward for s in row])
+            answers.setdefault(item.task, []).extend(
+                lenient_answer(s.text, item.answer) if isinstance(s.text, str) and len(s.text) <= max_chars else None
+                for s in row)
             if lenient:
                 extra.setdefault(item.task, []).append(
                     [float(lenient_score(s.text, item, max_chars=max_chars).reward >= 1.0) for s in row]
                     + [float(completion_shape(s.text) == "well-formed") for s in row])
-    return rewards, extra
+    return rewards, extra, answers
 
 
 def mean_and_se(values: Sequence[float]) -> tuple[float, float]:
@@ -86,30 +94,69 @@ def _lenient_summary(extra: dict[str, list[list[float]]], prefix: str, out: dict
         fill(out["per_task"].setdefault(task, {}), rows)
 
 
+def _shortcut_summary(items: Sequence[TaskItem], answers: dict[str, list[str | None]], prefix: str,
+                      out: dict) -> None:
+    """Per task: `constant_accuracy` (the best constant answer's accuracy on these items), `constant_answer`,
+    `{prefix}_modal_share` and `{prefix}_modal_answer` (the model's most frequent answer) and, when the model's answers
+    collapsed onto one value, the task in `{prefix}_shortcut_tasks` (tasks.shortcuts)."""
+    golds: dict[str, list[str | None]] = {}
+    for item in items:
+        golds.setdefault(item.task, []).append(item.answer)
+    flagged = []
+    for task, task_answers in answers.items():
+        check = check_task(golds[task], task_answers)
+        row = out["per_task"].setdefault(task, {})
+        row["constant_accuracy"], row["constant_answer"] = check.constant_accuracy, check.constant_answer
+        row[f"{prefix}_modal_share"], row[f"{prefix}_modal_answer"] = check.modal_share, check.modal_answer
+        if check.flagged:
+            flagged.append(task)
+    out[f"{prefix}_shortcut_tasks"] = flagged
+
+
+def _item_results(items: Sequence[TaskItem], rewards: dict[str, list[list[float]]]) -> list[int]:
+    """Per item, in `items` order: how many of its samples are correct (reward >= 1)."""
+    position = {task: 0 for task in rewards}
+    out = []
+    for item in items:
+        row = rewards[item.task][position[item.task]]
+        position[item.task] += 1
+        out.append(sum(r >= 1.0 for r in row))
+    return out
+
+
 def evaluate(policy: Policy, items: Sequence[TaskItem], *, sampled: bool = True, samples: int = 1,
              batch_size: int = 256, seed: int = 0, max_chars: int = 4096, lenient: bool = False) -> dict:
     """{"greedy_accuracy", "greedy_reward", ["sampled_accuracy", "sampled_reward" and their "_se", "samples"],
-    "per_task": {...}, "items"}: sampled metrics average `samples` T=1 samples per item; the standard errors are
-    over items (the overall one treats items as independent draws of the task mix). With `lenient` (eval.lenient),
-    also the lenient accuracy and the well-formed share of the same samples (`_lenient_summary`)."""
+    "per_task": {...}, "items", ITEM_RESULTS}: sampled metrics average `samples` samples per item (at the policy's
+    temperature); the standard errors are over items (the overall one treats items as independent draws of the task
+    mix). With `lenient` (eval.lenient), also the lenient accuracy and the well-formed share of the same samples
+    (`_lenient_summary`). Every task also gets its shortcut figures (`_shortcut_summary`). ITEM_RESULTS holds each
+    item's uid and correct counts (greedy 0/1, sampled 0..samples) for item-level intervals; the run writes it to
+    eval_items.jsonl, never into the metrics row."""
     if not items:
         raise ValueError("no held-out items to evaluate")
     if samples < 1:
         raise ValueError(f"samples per item must be >= 1, got {samples}")
     out: dict = {"per_task": {}, "items": len(items)}
-    rewards, extra = _scores(policy, items, True, 1, batch_size, max_chars, lenient)
+    rewards, extra, answers = _scores(policy, items, True, 1, batch_size, max_chars, lenient)
     _summary(rewards, "greedy", out, with_se=False)
     if lenient:
         _lenient_summary(extra, "greedy", out, with_se=False)
+    _shortcut_summary(items, answers, "greedy", out)
+    results = {"uids": [item.uid for item in items], "tasks": [item.task for item in items],
+               "greedy": _item_results(items, rewards)}
     if sampled:
         state = torch.get_rng_state()
         torch.manual_seed(seed)
         try:
-            rewards, extra = _scores(policy, items, False, samples, batch_size, max_chars, lenient)
+            rewards, extra, answers = _scores(policy, items, False, samples, batch_size, max_chars, lenient)
             _summary(rewards, "sampled", out, with_se=True)
             if lenient:
                 _lenient_summary(extra, "sampled", out, with_se=True)
+            _shortcut_summary(items, answers, "sampled", out)
+            results["sampled"] = _item_results(items, rewards)
         finally:
             torch.set_rng_state(state)
         out["samples"] = samples
+    out[ITEM_RESULTS] = results
     return out

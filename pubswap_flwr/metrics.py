@@ -18,6 +18,7 @@ log = logging.getLogger("pubswap_flwr")
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.json"
 STATUS_FILE = "status.json"
+EVAL_ITEMS_FILE = "eval_items.jsonl"  # per evaluated round, each held-out item's correct counts (item-level intervals)
 STOPPED = "stopped"
 STOP_DETAIL = "stopped before its last round: `flwr stop`, or its process was told to exit (SIGINT/SIGTERM)"
 
@@ -62,6 +63,10 @@ class RunRecorder:
         if resume_after is not None and metrics.exists():
             kept = [row for row in read_metrics(run_dir) if row["round"] <= resume_after]
             metrics.write_text("".join(json.dumps(row, separators=(",", ":")) + "\n" for row in kept))
+        items = run_dir / EVAL_ITEMS_FILE
+        if resume_after is not None and items.exists():
+            kept = [row for row in read_eval_items(run_dir) if row["round"] <= resume_after]
+            items.write_text("".join(json.dumps(row, separators=(",", ":")) + "\n" for row in kept))
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / CONFIG_FILE).write_text(json.dumps({"run_id": str(run_id), "config": cfg.to_flat()}, indent=2))
         self.write_status("running")
@@ -73,6 +78,12 @@ class RunRecorder:
     def write_row(self, row: dict) -> None:
         with self.metrics_path.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(json_safe(row), separators=(",", ":")) + "\n")
+
+    def write_eval_items(self, round_number: int, results: dict[str, dict]) -> None:
+        """One eval_items.jsonl row: `results` maps "global" or a node id to evaluation.ITEM_RESULTS."""
+        row = {"round": round_number, **{key: json_safe(value) for key, value in results.items()}}
+        with (self.run_dir / EVAL_ITEMS_FILE).open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(row, separators=(",", ":")) + "\n")
 
     def write_status(self, status: str, detail: str = "") -> None:
         if self.status == STOPPED:  # what the process does on its way out after a stop is not the run's outcome
@@ -160,4 +171,22 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
                     rows.append(json.loads(line))
                 except json.JSONDecodeError as err:
                     raise ValueError(f"{path}:{number}: not a JSON row ({err.msg})") from err
+    return rows
+
+
+def read_eval_items(run_dir: str | Path) -> list[dict]:
+    """eval_items.jsonl's rows ([] for a run made before the file existed)."""
+    path = Path(run_dir) / EVAL_ITEMS_FILE
+    if not path.is_file():
+        return []
+    rows = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if line.strip():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{number}: not a JSON row ({err.msg})") from err
+            if not isinstance(row, dict) or not isinstance(row.get("round"), int):
+                raise ValueError(f"{path}:{number}: a row must be an object with an integer 'round'")
+            rows.append(row)
     return rows

@@ -25,6 +25,9 @@ SERVER_OPTIMIZER: Final = "server_optimizer"
 GREEDY_ACCURACY: Final = "greedy_accuracy"
 SAMPLED_ACCURACY: Final = "sampled_accuracy"
 SAMPLED_REWARD: Final = "sampled_reward"
+CONSTANT_ACCURACY: Final = "constant_accuracy"  # per task: the best constant answer's accuracy on the same items
+SHORTCUT_TASKS: Final = ("greedy_shortcut_tasks", "sampled_shortcut_tasks")  # tasks whose answers collapsed (shortcuts)
+ITEM_RESULTS: Final = "item_results"  # evaluate()'s per-item correct counts: written to eval_items.jsonl, not the row
 
 # -- a client's row in CLIENTS -------------------------------------------------------------------------------------
 NODE_INDEX: Final = "node_index"

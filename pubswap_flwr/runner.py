@@ -130,16 +130,26 @@ class Runner:
         master = self.protocol.master
         initial = round_log.initial_evals
         if initial:  # nodes' own starting points (SAPO), measured at the start of round 1
+            results = {str(node): node_eval.pop(schema.ITEM_RESULTS) for node, node_eval in initial.items()
+                       if schema.ITEM_RESULTS in node_eval}
+            if results:
+                self.recorder.write_eval_items(0, results)
             self._write_row({schema.ROUND: 0, schema.MODE: mode, schema.NODE_EVAL: initial,
                              schema.EVAL: mean_eval(list(initial.values()))})
         row: dict = {schema.ROUND: round_log.number, schema.MODE: mode}
+        item_results: dict[str, dict] = {}
         if self.evaluator is not None and master is not None and self.eval_due(round_log.number, final):
             started = time.perf_counter()
             row[schema.EVAL] = self.evaluator.evaluate(master)
             round_log.eval_seconds += time.perf_counter() - started
+            item_results["global"] = row[schema.EVAL].pop(schema.ITEM_RESULTS)
         if round_log.node_evals:
             row[schema.NODE_EVAL] = round_log.node_evals
+            item_results.update({str(node): node_eval.pop(schema.ITEM_RESULTS) for node, node_eval in
+                                 round_log.node_evals.items() if schema.ITEM_RESULTS in node_eval})
             row[schema.EVAL] = mean_eval(list(round_log.node_evals.values()))
+        if item_results:
+            self.recorder.write_eval_items(round_log.number, item_results)
         saved = []
         if self.evaluator is not None and master is not None and round_log.number > 0:
             save_every = self.cfg.output.save_every
@@ -211,10 +221,12 @@ def mean_eval(evals: list[dict]) -> dict:
     keys = list(dict.fromkeys(k for e in evals for k, v in e.items() if isinstance(v, (int, float))))
     out: dict = {k: float(np.mean([e[k] for e in evals if k in e])) for k in keys}
     rows = [e.get("per_task", {}) for e in evals]
+    numeric = (int, float)
     tasks = list(dict.fromkeys(t for per_task in rows for t in per_task))  # nodes may report different tasks
     out["per_task"] = {}
     for task in tasks:
         present = [per_task[task] for per_task in rows if task in per_task]
         metrics = list(dict.fromkeys(m for row in present for m in row))
-        out["per_task"][task] = {m: float(np.mean([row[m] for row in present if m in row])) for m in metrics}
+        out["per_task"][task] = {m: float(np.mean([row[m] for row in present if isinstance(row.get(m), numeric)]))
+                                 for m in metrics if any(isinstance(row.get(m), numeric) for row in present)}
     return out

@@ -13,6 +13,7 @@ from .config import ExperimentConfig
 from .policy import GenerationSettings, GRPOSettings, LoraSettings, PolicySpec
 from .policy.model import ModelError, data_dir
 from .tasks import HeldOutSet, PublicSet, load_items, parse_custom_tasks, parse_mix
+from .tasks.splits import question_key
 from .tasks.items import max_question_chars
 
 
@@ -24,8 +25,8 @@ class TaskUniverse:
 
     @property
     def training_exclude(self) -> set[str]:
-        """Questions no private stream may contain: held-out and public ones."""
-        return self.held_out.questions | {item.question for item in self.public.items}
+        """Question keys (tasks.splits.question_key) no private stream may contain: held-out and public ones."""
+        return self.held_out.questions | {question_key(item.question) for item in self.public.items}
 
 
 def resolve_data_path(path: str) -> Path:
@@ -47,7 +48,9 @@ def resolve_data_path(path: str) -> Path:
 
 @lru_cache(maxsize=4)
 def _universe(mix: str, public_mix: str, custom: str, per_task: int, public_size: int, data_seed: int,
-              node_mixes_text: str, eval_path: str, data_format: str, max_prompt_tokens: int = 256) -> TaskUniverse:
+              node_mixes_text: str, eval_path: str, data_format: str, max_prompt_tokens: int = 256,
+              supervised: frozenset[str] = frozenset()) -> TaskUniverse:
+    """`supervised`: question keys the run's models were fine-tuned on before any run (warm-ups), never held out."""
     custom_specs = parse_custom_tasks(custom)
     tasks = parse_mix(mix, custom_specs)
     names = [t.name for t in tasks]
@@ -64,7 +67,7 @@ def _universe(mix: str, public_mix: str, custom: str, per_task: int, public_size
         held_out = HeldOutSet(load_items(resolve_data_path(eval_path), fmt=data_format, uid_prefix="eval",
                                          max_question=max_question_chars(max_prompt_tokens)))
     else:
-        held_out = HeldOutSet.build(tasks, per_task, data_seed)
+        held_out = HeldOutSet.build(tasks, per_task, data_seed, exclude=supervised)
     public_tasks = parse_mix(public_mix, custom_specs, key="pubswap.public-mix") if public_mix.strip() else tasks[
         : len(tasks) - len(extra)]
     public = PublicSet.build(public_tasks, tasks, public_size, held_out.questions, data_seed, seed=data_seed)
@@ -72,9 +75,27 @@ def _universe(mix: str, public_mix: str, custom: str, per_task: int, public_size
 
 
 def task_universe(cfg: ExperimentConfig) -> TaskUniverse:
+    names = [cfg.model.name] + [n.strip() for n in cfg.model.node_models.split(",") if n.strip()]
     return _universe(cfg.tasks.mix, cfg.pubswap.public_mix, cfg.tasks.custom, cfg.eval.items_per_task,
                      cfg.pubswap.public_size, cfg.tasks.data_seed, cfg.tasks.node_mixes, cfg.eval.data_path,
-                     cfg.eval.data_format or cfg.tasks.data_format, cfg.generation.max_prompt_tokens)
+                     cfg.eval.data_format or cfg.tasks.data_format, cfg.generation.max_prompt_tokens,
+                     supervised_questions(tuple(sorted(set(names)))))
+
+
+@lru_cache(maxsize=8)
+def supervised_questions(model_names: tuple[str, ...]) -> frozenset[str]:
+    """The question keys any of these models was fine-tuned on before RL: a packaged warm-up's source items
+    (warmup.supervised_questions). The embedded models' supervised pool left out tasks.data-seed 0's held-out and
+    public questions when it was built (tiny.py), so their runs are clean at data seed 0 only (README, Models)."""
+    from .policy.packaged import PACKAGED
+    from .warmup import supervised_questions as warmup_questions
+
+    keys: set[str] = set()
+    for name in model_names:
+        packaged = PACKAGED.get(name)
+        if packaged is not None and packaged.adapter:
+            keys |= warmup_questions(data_dir() / "models" / packaged.adapter / "build.json")
+    return frozenset(keys)
 
 
 def policy_spec(cfg: ExperimentConfig, model_name: str | None = None, proximal_mu: float = 0.0,

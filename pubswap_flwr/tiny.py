@@ -22,6 +22,7 @@ import torch
 
 from .tasks import DEFAULT_MIX, HeldOutSet, PublicSet, TaskItem, parse_mix, score_completion
 from .tasks.prompts import CHATML_USER, user_message
+from .tasks.splits import question_key
 
 log = logging.getLogger("pubswap_flwr.tiny")
 
@@ -131,7 +132,7 @@ def build(preset_name: str, out: Path, seed: int, steps: int | None, mix_text: s
     tasks = parse_mix(mix_text)
     held_out = HeldOutSet.build(tasks, eval_per_task)
     public = PublicSet.build(tasks, tasks, 200 * len(tasks), held_out.questions)
-    exclude = held_out.questions | {i.question for i in public.items}
+    exclude = held_out.questions | {question_key(i.question) for i in public.items}
     pools: dict[str, list[TaskItem]] = {}
     for index, spec in enumerate(tasks):
         pools[spec.name] = _sft_pool(spec, index, preset.pool_per_task, exclude)
@@ -210,9 +211,10 @@ def _sft_pool(spec, task_index: int, count: int, exclude: set[str]) -> list[Task
     out = []
     for index in range(count):
         item = rg_item("sft", spec, seed, index, f"sft/{spec.name}/{index}")
-        if item.question in exclude or item.question in seen:
+        key = question_key(item.question)
+        if key in exclude or key in seen:
             continue
-        seen.add(item.question)
+        seen.add(key)
         out.append(item)
     return out
 

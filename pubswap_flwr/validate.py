@@ -15,6 +15,7 @@ import numpy as np
 
 from .compression import Codec, CodecError, Quantized
 from .config import ExperimentConfig
+from .metrics_schema import ITEM_RESULTS
 from .rollouts import MAX_BEHAVIOUR_TOKENS, Behaviour
 from .algorithms.sapo_selection import Packet, behaviours_from_wire
 from .tasks import TaskItem
@@ -258,7 +259,8 @@ def check_eval(result: Any) -> dict:
         raise Rejected("evaluation result is not an object")
     fields = ("greedy_accuracy", "greedy_reward", "sampled_accuracy", "sampled_reward", "sampled_accuracy_se",
               "sampled_reward_se", "greedy_lenient_accuracy", "greedy_well_formed", "sampled_lenient_accuracy",
-              "sampled_lenient_accuracy_se", "sampled_well_formed")
+              "sampled_lenient_accuracy_se", "sampled_well_formed", "constant_accuracy", "greedy_modal_share",
+              "sampled_modal_share")
 
     def numbers(row: Any, where: str) -> dict:
         if not isinstance(row, dict):
@@ -286,4 +288,29 @@ def check_eval(result: Any) -> dict:
         raise Rejected("eval.per_task is not an object of at most 256 tasks")
     clean["per_task"] = {check_utf8(str(task)[:128], "a task name"): numbers(row, f"eval.per_task[{task!r}]")
                          for task, row in per_task.items()}
+    if ITEM_RESULTS in result:
+        clean[ITEM_RESULTS] = check_item_results(result[ITEM_RESULTS], clean.get("samples", 1))
     return clean
+
+
+def check_item_results(raw: Any, samples: int, max_items: int = 100_000) -> dict:
+    """A node's per-item correct counts (evaluation's ITEM_RESULTS): equal-length lists of uids, task names, greedy
+    counts in {0, 1} and, when sampled, counts in [0, samples]."""
+    if not isinstance(raw, dict):
+        raise Rejected(f"eval.{ITEM_RESULTS} is not an object")
+    uids, tasks = raw.get("uids"), raw.get("tasks")
+    if not isinstance(uids, list) or not isinstance(tasks, list) or not 0 < len(uids) <= max_items \
+            or len(tasks) != len(uids):
+        raise Rejected(f"eval.{ITEM_RESULTS}: uids and tasks must be lists of the same length (1 to {max_items})")
+    if not all(isinstance(u, str) and len(u) <= 128 for u in uids + tasks):
+        raise Rejected(f"eval.{ITEM_RESULTS}: uids and tasks must be strings of at most 128 characters")
+    out: dict = {"uids": uids, "tasks": tasks}
+    for key, top in (("greedy", 1), ("sampled", samples)):
+        if key not in raw:
+            continue
+        counts = raw[key]
+        if not isinstance(counts, list) or len(counts) != len(uids) or not all(
+                isinstance(c, int) and not isinstance(c, bool) and 0 <= c <= top for c in counts):
+            raise Rejected(f"eval.{ITEM_RESULTS}.{key} must be {len(uids)} counts in [0, {top}]")
+        out[key] = counts
+    return out

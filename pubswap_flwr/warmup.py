@@ -6,13 +6,15 @@ A pretrained instruct model of this size rarely puts its answer in `<answer></an
 zero-shot; docs/results/zero-shot-smollm2), so every reward is 0 and GRPO learns nothing. The warm-up teaches the
 format and nothing else it did not find itself:
 1. sample `--samples` completions per item (at `--temperature`, the runs' prompt template) for `--items` generated items per task,
-   from a seed range no run uses;
+   from a seed range no run uses (`source_items`; reasoning-gym repeats question texts across seeds, so every run's
+   held-out set leaves these questions out: `supervised_questions`, shared.task_universe);
 2. keep, per item, the first completion whose lenient answer (tasks.lenient_answer: the last number or word) is
    correct, cut just after that answer and followed by a new line and `<answer>X</answer>` (a completion already
    tagged and correct is kept as it is): the model's own working and its own right answer, now in the tags;
 3. fine-tune a LoRA adapter on these targets (cross-entropy on the completion tokens and EOS) for `--epochs`;
-4. write the adapter (PEFT format, fp16) and build.json: the command, seed, counts per task, and held-out strict /
-   lenient pass@1 and well-formed share before and after, on items of yet another seed range.
+4. write the adapter (PEFT format, fp16) and build.json: the command, the code version (provenance), seed, counts per
+   task, and held-out strict / lenient pass@1 and well-formed share before and after, on items of yet another seed
+   range with the source questions left out.
 The packaged model `smollm2-135m-warm` is the converted base with this adapter merged into its weights
 (policy/packaged.py); RL runs start a fresh LoRA on it, so RL's round 0 is the warmed-up model.
 """
@@ -29,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from . import provenance
 from .evaluation import evaluate
 from .policy import GRPOSettings, LoraSettings, Policy, PolicySpec
 from .policy.grpo import build_batch, completion_logps
@@ -36,11 +39,29 @@ from .policy.sampling import GenerationSettings
 from .policy.threads import apply_threads
 from .rollouts import Completion, RolloutGroup
 from .tasks import HeldOutSet, TaskItem, lenient_answer, lenient_score, parse_mix, score_completion
+from .tasks.splits import question_key
 
 log = logging.getLogger("pubswap_flwr.warmup")
 
 SOURCE_SEED = 707  # items the targets come from
 CHECK_SEED = 708  # held-out items for the before / after check (runs use tasks.data-seed, default 0)
+
+
+def source_items(tasks: str, per_task: int) -> list[TaskItem]:
+    """The items a warm-up samples its targets from (`--tasks`, `--items`): the same list for the same arguments."""
+    return HeldOutSet.build(parse_mix(tasks), per_task=per_task, data_seed=SOURCE_SEED).items
+
+
+def supervised_questions(build_json: Path) -> frozenset[str]:
+    """The question keys (tasks.splits.question_key) a warmed-up model was fine-tuned on, from its build.json:
+    every source item's question (a superset of the targets' questions), regenerated from the recorded tasks and
+    items per task. A run's held-out set leaves them out."""
+    try:
+        build = json.loads(build_json.read_text())
+        tasks, per_task = str(build["tasks"]), int(build["items_per_task"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"{build_json}: cannot read the warm-up's tasks and items_per_task ({err})") from err
+    return frozenset(question_key(item.question) for item in source_items(tasks, per_task))
 
 
 def distilled_target(text: str, item: TaskItem) -> str | None:
@@ -117,8 +138,9 @@ def build(args: argparse.Namespace, argv: list[str]) -> dict:
     policy = Policy(spec)
     policy.reset(args.seed)
     tasks = parse_mix(args.tasks)
-    source = HeldOutSet.build(tasks, per_task=args.items, data_seed=SOURCE_SEED).items
-    check = HeldOutSet.build(tasks, per_task=args.check_items, data_seed=CHECK_SEED).items
+    source = source_items(args.tasks, args.items)
+    check = HeldOutSet.build(tasks, per_task=args.check_items, data_seed=CHECK_SEED,
+                             exclude={question_key(item.question) for item in source}).items
     started = time.perf_counter()
     before = _check(policy, check, args.check_samples)
     log.info("before: %s", before["overall"])
@@ -140,6 +162,7 @@ def build(args: argparse.Namespace, argv: list[str]) -> dict:
     for path in out.iterdir():
         path.chmod(0o644)  # committed to the repository
     report = {"command": "python -m pubswap_flwr.warmup " + " ".join(argv), "model": args.model,
+              "code": provenance.collect()["code"],
               "tasks": args.tasks, "template": args.template, "seed": args.seed, "items_per_task": args.items,
               "samples_per_item": args.samples, "max_new_tokens": args.max_new_tokens,
               "temperature": args.temperature, "lora_r": args.lora_r,

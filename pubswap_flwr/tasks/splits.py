@@ -4,15 +4,17 @@ supervised warm-up pool).
 Every (split, node, task) draws reasoning-gym items from its own seed range [base, base + RANGE); ranges never
 intersect, because adjacent reasoning-gym seeds share all but one item (item i of a dataset
 seeded s is drawn from seed s + i). Small problem
-spaces still repeat questions by chance, so training streams also drop any question text found in the eval set
-(and private streams drop public questions too).
+spaces still repeat questions by chance (reasoning-gym repeats texts across seeds), so every source of training text
+drops any question found in the eval set, compared by `question_key` (lower-cased, whitespace collapsed): public
+prompts, private streams (and so SAPO's questions), an organization's own files; the held-out set itself leaves out
+the questions a model was supervised on before any run (`HeldOutSet.build(exclude=...)`, shared.task_universe).
 """
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import AbstractSet as Set, Iterable, Sequence
 
 from .items import TaskItem
 from .specs import TaskSpec, generate_entry
@@ -23,6 +25,11 @@ MAX_NODES = 10_000  # node indices (deployment: node id modulo this)
 # public/eval/sft take one 1e9 block each; private streams start above them: MAX_NODES * MAX_TASKS * RANGE = 9e12.
 SPLIT_BASE = {"public": 1_000_000_000, "eval": 2_000_000_000, "sft": 4_000_000_000, "private": 10_000_000_000}
 DATA_SEED_STRIDE = 10_000_000_000_000  # > private base + the whole private block
+
+
+def question_key(text: str) -> str:
+    """A question as deduplication compares it: lower-cased, runs of whitespace made one space, stripped."""
+    return " ".join(str(text).split()).lower()
 
 
 def stream_seed(split: str, task_index: int, node: int = 0, data_seed: int = 0) -> int:
@@ -53,9 +60,10 @@ def rg_item(split: str, spec: TaskSpec, seed: int, index: int, uid: str) -> Task
     )
 
 
-def unique_items(split: str, spec: TaskSpec, task_index: int, count: int, *, exclude: set[str] = frozenset(),
+def unique_items(split: str, spec: TaskSpec, task_index: int, count: int, *, exclude: Set[str] = frozenset(),
                  data_seed: int = 0, max_scan_factor: int = 50) -> list[TaskItem]:
-    """`count` items of one task with distinct question texts not in `exclude`, in stream order."""
+    """`count` items of one task with distinct question texts whose `question_key` is not in `exclude`, in stream
+    order."""
     seed = stream_seed(split, task_index, data_seed=data_seed)
     out: list[TaskItem] = []
     seen = set(exclude)
@@ -68,9 +76,10 @@ def unique_items(split: str, spec: TaskSpec, task_index: int, count: int, *, exc
             )
         item = rg_item(split, spec, seed, index, f"{split}/{spec.name}/{index}")
         index += 1
-        if item.question in seen:
+        key = question_key(item.question)
+        if key in seen:
             continue
-        seen.add(item.question)
+        seen.add(key)
         out.append(item)
     return out
 
@@ -82,15 +91,18 @@ class HeldOutSet:
     items: list[TaskItem]
 
     @classmethod
-    def build(cls, tasks: Sequence[TaskSpec], per_task: int, data_seed: int = 0) -> "HeldOutSet":
+    def build(cls, tasks: Sequence[TaskSpec], per_task: int, data_seed: int = 0,
+              exclude: Set[str] = frozenset()) -> "HeldOutSet":
+        """`exclude`: question keys the held-out set must not contain (texts a model was supervised on)."""
         items: list[TaskItem] = []
         for index, spec in enumerate(tasks):
-            items.extend(unique_items("eval", spec, index, per_task, data_seed=data_seed))
+            items.extend(unique_items("eval", spec, index, per_task, exclude=exclude, data_seed=data_seed))
         return cls(items)
 
     @property
     def questions(self) -> set[str]:
-        return {item.question for item in self.items}
+        """The held-out questions' keys (`question_key`): what every training source is deduplicated against."""
+        return {question_key(item.question) for item in self.items}
 
 
 @dataclass
@@ -173,7 +185,7 @@ class MixtureStream:
                 item = rg_item("private", spec, self.seeds[spec.name], index,
                                f"private/{self.node}/{spec.name}/{index}")
                 index += 1
-                if item.question not in self.exclude:
+                if question_key(item.question) not in self.exclude:
                     break
             cursor.next_index[spec.name] = index
             items.append(item)
@@ -184,7 +196,7 @@ class ItemListStream:
     """An endless stream over a fixed item list (an organization's own file), reshuffled each epoch."""
 
     def __init__(self, items: Sequence[TaskItem], exclude: set[str], seed: int = 0):
-        kept = [item for item in items if item.question not in exclude]
+        kept = [item for item in items if question_key(item.question) not in exclude]
         if not kept:
             raise ValueError("the dataset has no items left after removing held-out questions")
         self.items = kept

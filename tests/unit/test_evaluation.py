@@ -55,7 +55,13 @@ def test_sampled_pass_at_1_averages_n_samples_per_item_with_its_standard_error()
     assert out["sampled_accuracy_se"] == pytest.approx(sd / math.sqrt(3))
     assert out["per_task"]["t1"]["sampled_accuracy"] == pytest.approx(0.625)
     assert out["per_task"]["t2"] == {"greedy_accuracy": 0.0, "greedy_reward": 0.0, "sampled_accuracy": 0.5,
-                                     "sampled_reward": 0.5, "sampled_accuracy_se": 0.0, "sampled_reward_se": 0.0}
+                                     "sampled_reward": 0.5, "sampled_accuracy_se": 0.0, "sampled_reward_se": 0.0,
+                                     "constant_accuracy": 1.0, "constant_answer": "3",
+                                     "greedy_modal_share": 1.0, "greedy_modal_answer": "x",
+                                     "sampled_modal_share": 0.5, "sampled_modal_answer": "x"}
+    # each item's correct counts, in item order, for item-level intervals (eval_items.jsonl)
+    assert out["item_results"] == {"uids": ["a", "b", "c"], "tasks": ["t1", "t1", "t2"], "greedy": [1, 0, 0],
+                                   "sampled": [4, 1, 2]}
     assert out["greedy_accuracy"] == pytest.approx(1 / 3) and out["samples"] == 4 and out["items"] == 3
     # 8 completions per generate call: two items x 4 samples, then one
     assert [c for c in policy.calls if not c[2]] == [(2, 4, False), (1, 4, False)]
@@ -91,3 +97,38 @@ def test_lenient_answer_rules():
     assert lenient_answer("x <answer> 5 </answer> then 7", "7") == "5"  # a tagged answer always wins
     assert lenient_answer("backward it reads 'tserc'.", "tserc") == "tserc"
     assert lenient_answer("no digits here", "4") is None
+
+
+def _gcd_items(count: int) -> list[TaskItem]:
+    """gcd-like items whose gold is "1" on a quarter of them (the share the real-model shortcut scored)."""
+    golds = ["1" if i % 4 == 0 else str(2 + i % 7) for i in range(count)]
+    return [TaskItem(f"g{i}", "gcd", f"gcd question {i}", gold, "exact") for i, gold in enumerate(golds)]
+
+
+def test_a_constant_answer_policy_is_flagged_as_a_shortcut_with_the_constant_baseline_beside_it():
+    items = _gcd_items(40) + [_item("s", "sum", "5")]
+    answers = {i.uid: "<answer>1</answer>" for i in items}  # "1" to every question, as the real-model adapters did
+    policy = ScriptedPolicy(answers, {uid: [text] for uid, text in answers.items()})
+    out = evaluate(policy, items, samples=2, batch_size=8)
+    gcd = out["per_task"]["gcd"]
+    assert gcd["greedy_accuracy"] == pytest.approx(0.25)  # exactly the constant's score: no skill at all
+    assert gcd["constant_accuracy"] == pytest.approx(10 / 40) and gcd["constant_answer"] == "1"
+    assert gcd["greedy_modal_share"] == 1.0 and gcd["greedy_modal_answer"] == "1"
+    assert gcd["sampled_modal_share"] == 1.0
+    assert out["greedy_shortcut_tasks"] == ["gcd"] and out["sampled_shortcut_tasks"] == ["gcd"]
+
+
+def test_a_policy_that_answers_each_question_is_not_flagged():
+    items = _gcd_items(40)
+    answers = {i.uid: f"<answer>{i.answer}</answer>" for i in items}
+    policy = ScriptedPolicy(answers, {uid: [text] for uid, text in answers.items()})
+    out = evaluate(policy, items, samples=1, batch_size=8)
+    assert out["greedy_accuracy"] == 1.0 and out["per_task"]["gcd"]["greedy_modal_share"] == pytest.approx(0.25)
+    assert out["greedy_shortcut_tasks"] == [] and out["sampled_shortcut_tasks"] == []
+
+
+def test_a_task_whose_gold_answers_are_one_value_is_not_flagged_for_matching_them():
+    items = [_item(f"y{i}", "yes", "yes") for i in range(10)]
+    policy = ScriptedPolicy({i.uid: "<answer>yes</answer>" for i in items}, {})
+    out = evaluate(policy, items, sampled=False)
+    assert out["per_task"]["yes"]["constant_accuracy"] == 1.0 and out["greedy_shortcut_tasks"] == []

@@ -24,7 +24,8 @@ from pubswap_flwr.tasks import (
     parse_mix,
 )
 from pubswap_flwr.tasks.specs import generate_entry, known_task_names
-from pubswap_flwr.tasks.splits import DATA_SEED_STRIDE, MAX_TASKS, RANGE, SPLIT_BASE, rg_item, stream_seed, unique_items
+from pubswap_flwr.tasks.splits import DATA_SEED_STRIDE, MAX_TASKS, RANGE, SPLIT_BASE, question_key, rg_item, stream_seed, \
+    unique_items
 
 # --- parse_mix ----------------------------------------------------------------------------------------------------
 
@@ -205,7 +206,7 @@ def test_unique_items_distinct_excluding_and_too_few():
     assert len({i.question for i in items}) == 31
     first = unique_items("eval", spec, 0, 5)
     assert first == items[:5]  # stream order
-    rest = unique_items("eval", spec, 0, 26, exclude={i.question for i in first})
+    rest = unique_items("eval", spec, 0, 26, exclude={question_key(i.question) for i in first})
     assert not {i.question for i in rest} & {i.question for i in first}
     with pytest.raises(ValueError, match="too few distinct questions"):
         unique_items("eval", spec, 0, 32)
@@ -219,7 +220,7 @@ def splits():
     tasks = parse_mix(DEFAULT_MIX)
     held = HeldOutSet.build(tasks, 30)
     public = PublicSet.build(tasks, tasks, 40, held.questions)
-    exclude = held.questions | {item.question for item in public.items}
+    exclude = held.questions | {question_key(item.question) for item in public.items}
     mixes = node_mixes(tasks, 3, 2)
     private = [MixtureStream(mixes[n], tasks, n, exclude).take(200, StreamCursor()) for n in range(3)]
     return tasks, held, public, private
@@ -228,13 +229,13 @@ def splits():
 def test_heldout_public_private_share_no_question(splits):
     tasks, held, public, private = splits
     eval_q = held.questions
-    public_q = {item.question for item in public.items}
+    public_q = {question_key(item.question) for item in public.items}
     assert len(held.items) == 30 * len(tasks) and len(eval_q) == len(held.items)
     assert len(public.items) == 40 and len(public_q) == 40
     assert not eval_q & public_q
     for node, items in enumerate(private):
         assert len(items) == 200
-        private_q = {item.question for item in items}
+        private_q = {question_key(item.question) for item in items}
         assert not private_q & eval_q, f"node {node} private stream leaks eval questions"
         assert not private_q & public_q, f"node {node} private stream leaks public questions"
 
@@ -274,14 +275,14 @@ def test_exclusion_is_active_on_a_tiny_question_space():
     tiny = [TaskSpec("tiny_bits", "count_bits", {"max_n": 31})]
     held = HeldOutSet.build(tiny, 10)
     public = PublicSet.build(tiny, tiny, 10, held.questions)
-    exclude = held.questions | {i.question for i in public.items}
+    exclude = held.questions | {question_key(i.question) for i in public.items}
     assert len(exclude) == 20
     items = MixtureStream(tiny, tiny, 0, exclude).take(60, StreamCursor())
-    assert not {i.question for i in items} & exclude
+    assert not {question_key(i.question) for i in items} & exclude
     assert len({i.question for i in items}) <= 11
     # without the exclusion the same raw stream does hit held-out questions, so the filter is what keeps them apart
     raw = MixtureStream(tiny, tiny, 0, set()).take(60, StreamCursor())
-    assert {i.question for i in raw} & held.questions
+    assert {question_key(i.question) for i in raw} & held.questions
 
 
 # --- MixtureStream ------------------------------------------------------------------------------------------------
