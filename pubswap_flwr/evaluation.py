@@ -154,7 +154,7 @@ def evaluate(policy: Policy, items: Sequence[TaskItem], *, sampled: bool = True,
             if lenient:
                 _lenient_summary(extra, "sampled", out, with_se=True)
             _shortcut_summary(items, answers, "sampled", out)
-            results["sampled"] = _item_results(items, rewards)
+            results["sampled"], results["samples"] = _item_results(items, rewards), samples
         finally:
             torch.set_rng_state(state)
         out["samples"] = samples

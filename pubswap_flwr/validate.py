@@ -295,7 +295,7 @@ def check_eval(result: Any) -> dict:
 
 def check_item_results(raw: Any, samples: int, max_items: int = 100_000) -> dict:
     """A node's per-item correct counts (evaluation's ITEM_RESULTS): equal-length lists of uids, task names, greedy
-    counts in {0, 1} and, when sampled, counts in [0, samples]."""
+    counts in {0, 1} and, when sampled, counts in [0, samples] (`samples`: the evaluation's own, already checked)."""
     if not isinstance(raw, dict):
         raise Rejected(f"eval.{ITEM_RESULTS} is not an object")
     uids, tasks = raw.get("uids"), raw.get("tasks")
@@ -313,4 +313,6 @@ def check_item_results(raw: Any, samples: int, max_items: int = 100_000) -> dict
                 isinstance(c, int) and not isinstance(c, bool) and 0 <= c <= top for c in counts):
             raise Rejected(f"eval.{ITEM_RESULTS}.{key} must be {len(uids)} counts in [0, {top}]")
         out[key] = counts
+    if "sampled" in out:
+        out["samples"] = samples
     return out

@@ -1,9 +1,12 @@
-"""`pubswap verify RUN`: re-evaluate a finished run's final adapter(s) on held-out items the run never saw (the same
-tasks, another seed range) with the run's own settings, and print the result beside the run's own final numbers.
+"""`pubswap verify RUN [--against RUN2]`: re-evaluate a finished run's final adapter(s) on held-out items the run never
+saw (the same tasks, a fresh seed range) with the run's own settings, and print the result beside the run's own final
+numbers, with each task's shortcut check (the best constant answer's accuracy, the model's modal-answer share).
 
 A run's numbers are then checked from what it published alone (config.json, metrics.jsonl and its adapters), in a
 process that shares nothing with the one that trained: a wrong or swapped adapter, an evaluation bug or a held-out
-set that leaked into training shows as a gap far outside the two standard errors.
+set that leaked into training shows as a gap far outside the two standard errors. With --against, a second run's
+adapter is scored on the same fresh items and their difference is given with its standard error over items: the
+part of a comparison between two runs that comes from which questions were drawn.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 from .metrics import CONFIG_FILE, read_metrics
 
 SEED_OFFSET = 1000  # default verification data seed: the run's tasks.data-seed + this
+BATCH_SIZE = 32  # sequences sampled at once: SmolLM2 at the runs' eval.batch-size 256 held ~13 GB (its KV cache)
 COMPARED = ("greedy_accuracy", "sampled_accuracy", "sampled_reward", "greedy_lenient_accuracy",
             "sampled_lenient_accuracy")
 
@@ -53,21 +57,50 @@ def own_results(rows: list[dict], label: str) -> tuple[int, dict]:
     raise VerifyError(f"the run's metrics.jsonl has no held-out result for its {label} adapter")
 
 
-def verify(run_dir: Path, data_seed: int | None = None, items_per_task: int | None = None,
-           samples: int | None = None) -> list[dict[str, Any]]:
-    import torch
-    from safetensors.torch import load_file
-
+def _run_config(run_dir: Path):
     from .config import ExperimentConfig
-    from .evaluation import evaluate
-    from .policy import Policy
-    from .policy.threads import apply_threads
-    from .shared import policy_spec, task_universe
 
-    run_dir = Path(run_dir)
     if not (run_dir / CONFIG_FILE).is_file():
         raise VerifyError(f"{run_dir} has no {CONFIG_FILE}: not a run directory")
-    cfg = ExperimentConfig.from_flat(json.loads((run_dir / CONFIG_FILE).read_text())["config"])
+    return ExperimentConfig.from_flat(json.loads((run_dir / CONFIG_FILE).read_text())["config"])
+
+
+class _Evaluator:
+    """One Policy per base model for the whole verification (a SmolLM2 policy holds about a gigabyte; SAPO runs have
+    an adapter per node), each adapter loaded into it in turn."""
+
+    def __init__(self, cfg, batch_size: int):
+        self.cfg, self.batch_size, self.policies = cfg, batch_size, {}
+
+    def __call__(self, base: str, folder: Path, items, samples: int | None) -> dict:
+        import torch
+        from safetensors.torch import load_file
+
+        from .evaluation import evaluate
+        from .policy import Policy
+        from .shared import policy_spec
+
+        cfg = self.cfg
+        if base not in self.policies:
+            self.policies.clear()  # one base model in memory at a time
+            self.policies[base] = Policy(policy_spec(cfg, model_name=base))
+        policy = self.policies[base]
+        policy.load_adapter(load_file(str(folder / "adapter_model.safetensors")))
+        torch.manual_seed(cfg.seed)
+        return evaluate(policy, items, sampled=cfg.eval.sampled, samples=samples or cfg.eval.samples,
+                        batch_size=self.batch_size, seed=cfg.seed,
+                        max_chars=cfg.generation.max_completion_chars, lenient=cfg.eval.lenient)
+
+
+def verify(run_dir: Path, data_seed: int | None = None, items_per_task: int | None = None,
+           samples: int | None = None, against: Path | None = None,
+           batch_size: int = BATCH_SIZE) -> list[dict[str, Any]]:
+    from .policy.threads import apply_threads
+    from .shared import task_universe
+    from .tasks.splits import question_key
+
+    run_dir = Path(run_dir)
+    cfg = _run_config(run_dir)
     if cfg.eval.data_path:
         raise VerifyError("the run's held-out set is a data file (eval.data-path): there is no other seed range to "
                           "draw fresh items from")
@@ -77,24 +110,54 @@ def verify(run_dir: Path, data_seed: int | None = None, items_per_task: int | No
     fresh = cfg.with_overrides({"tasks.data-seed": seed, **({"eval.items-per-task": items_per_task}
                                                              if items_per_task else {})})
     items = task_universe(fresh).held_out.items
-    run_items = {i.question for i in task_universe(cfg).held_out.items}
-    overlap = sum(1 for i in items if i.question in run_items)
+    run_items = task_universe(cfg).held_out.questions
+    overlap = sum(1 for i in items if question_key(i.question) in run_items)
     rows = read_metrics(run_dir)
-    apply_threads(cfg.model.threads)
+    apply_threads(cfg.model.threads)  # 0: the CPUs this process was given, as training sizes its threads
+    evaluate = _Evaluator(cfg, batch_size)
+    other = _against(cfg, Path(against)) if against is not None else None
     results = []
     for label, folder in final_adapters(run_dir):
         base = json.loads((folder / "adapter_config.json").read_text())["base_model_name_or_path"]
-        policy = Policy(policy_spec(cfg, model_name=base))
-        policy.load_adapter(load_file(str(folder / "adapter_model.safetensors")))
-        torch.manual_seed(cfg.seed)
-        mine = evaluate(policy, items, sampled=cfg.eval.sampled, samples=samples or cfg.eval.samples,
-                        batch_size=cfg.eval.batch_size, seed=cfg.seed,
-                        max_chars=cfg.generation.max_completion_chars, lenient=cfg.eval.lenient)
+        mine = evaluate(base, folder, items, samples)
         round_number, theirs = own_results(rows, label)
-        results.append({"adapter": label, "folder": str(folder), "base": base, "run_round": round_number,
-                        "run": theirs, "verify": mine, "data_seed": seed, "items": len(items),
-                        "shared_questions": overlap})
+        result = {"adapter": label, "folder": str(folder), "base": base, "run_round": round_number,
+                  "run": theirs, "verify": mine, "data_seed": seed, "items": len(items), "shared_questions": overlap}
+        if other is not None:
+            other_dir, other_folders = other
+            if label not in other_folders:
+                raise VerifyError(f"{other_dir} has no {label} adapter to compare with")
+            other_base = json.loads((other_folders[label] / "adapter_config.json").read_text())["base_model_name_or_path"]
+            result["against"] = {"run": str(other_dir), "folder": str(other_folders[label]),
+                                 "verify": evaluate(other_base, other_folders[label], items, samples)}
+            result["paired"] = paired_on_items(result["against"]["verify"], mine)  # this run minus the other
+        results.append(result)
     return results
+
+
+def _against(cfg, other_dir: Path) -> tuple[Path, dict[str, Path]]:
+    """The run to compare with: its adapters by label; it must share the task mix so the same items mean the same."""
+    other = _run_config(other_dir)
+    if (other.tasks.mix, other.eval.items_per_task) != (cfg.tasks.mix, cfg.eval.items_per_task):
+        raise VerifyError(f"{other_dir} evaluates other tasks ({other.tasks.mix!r}, {other.eval.items_per_task} "
+                          f"per task) than the run ({cfg.tasks.mix!r}, {cfg.eval.items_per_task}): no paired comparison")
+    return other_dir, dict(final_adapters(other_dir))
+
+
+def paired_on_items(first: dict, second: dict) -> dict[str, dict[str, float]]:
+    """Per held-out metric, second minus first on the same items: mean difference and its standard error over items
+    (each item's difference is one draw: the SE covers which questions were drawn and the sampling)."""
+    from .evaluation import mean_and_se
+
+    out = {}
+    a, b = first["item_results"], second["item_results"]
+    if a["uids"] != b["uids"]:
+        raise VerifyError("the two evaluations scored different items")
+    for metric, key, scale in (("greedy_accuracy", "greedy", 1), ("sampled_accuracy", "sampled", a.get("samples", 1))):
+        if key in a and key in b:
+            mean, se = mean_and_se([(y - x) / scale for x, y in zip(a[key], b[key])])
+            out[metric] = {"difference": mean, "se": se, "items": len(a[key])}
+    return out
 
 
 def _cell(result: dict, key: str) -> str:
@@ -103,6 +166,25 @@ def _cell(result: dict, key: str) -> str:
         return "–"
     se = result.get(f"{key}_se")
     return f"{value:.3f}" + (f" ± {se:.3f}" if se is not None else "")
+
+
+def _shortcut_lines(result: dict) -> list[str]:
+    """Per task: accuracy beside the best constant answer's, and the modal-answer share (flagged when collapsed)."""
+    per_task = result["verify"].get("per_task", {})
+    flagged = set(result["verify"].get("greedy_shortcut_tasks", [])) | set(
+        result["verify"].get("sampled_shortcut_tasks", []))
+    lines = [f"  {'task':<26}{'greedy':>10}{'sampled':>10}{'constant':>10}{'modal share':>13}  modal answer"]
+    for task, row in per_task.items():
+        share = row.get("sampled_modal_share", row.get("greedy_modal_share"))
+        lines.append(f"  {task:<26}{_plain(row.get('greedy_accuracy')):>10}{_plain(row.get('sampled_accuracy')):>10}"
+                     f"{_plain(row.get('constant_accuracy')):>10}{_plain(share):>13}  "
+                     f"{row.get('sampled_modal_answer', row.get('greedy_modal_answer'))!r}"
+                     + ("  SHORTCUT: the answers collapsed onto one value" if task in flagged else ""))
+    return lines
+
+
+def _plain(value: Any) -> str:
+    return "–" if not isinstance(value, (int, float)) else f"{value:.3f}"
 
 
 def render(results: list[dict]) -> str:
@@ -122,12 +204,19 @@ def render(results: list[dict]) -> str:
                 z = abs(b - a) / max(math.hypot(*se), 1e-12)
                 diff += " (within 2 SE)" if z <= 2 else f" ({z:.1f} SE)"
             lines.append(f"  {key:<26}{_cell(r['run'], key):>18}{_cell(r['verify'], key):>18}  {diff}")
+        lines += _shortcut_lines(r)
+        if "paired" in r:
+            lines.append(f"  against {r['against']['folder']} on the same {r['items']} items (this run minus it, "
+                         "SE over items):")
+            for metric, d in r["paired"].items():
+                lines.append(f"    {metric:<24}{d['difference']:+.3f} ± {d['se']:.3f}")
     return "\n".join(lines)
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
     try:
-        results = verify(Path(args.run), args.data_seed, args.items_per_task, args.samples)
+        results = verify(Path(args.run), args.data_seed, args.items_per_task, args.samples,
+                         Path(args.against) if args.against else None, args.batch_size)
     except (VerifyError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -145,5 +234,10 @@ def register(sub) -> None:
                                                       f"tasks.data-seed + {SEED_OFFSET})")
     parser.add_argument("--items-per-task", type=int, help="default: the run's eval.items-per-task")
     parser.add_argument("--samples", type=int, help="sampled answers per item (default: the run's eval.samples)")
+    parser.add_argument("--against", metavar="RUN2", help="also score RUN2's adapter(s) on the same fresh items and "
+                                                          "print the paired difference with its SE over items")
+    parser.add_argument("--batch-size", type=int, default=BATCH_SIZE,
+                        help="sequences sampled at once (default %(default)s; memory grows with it: a SmolLM2 KV cache "
+                             "of 256 sequences holds about 10 GB)")
     parser.add_argument("--json", help="also write the results as JSON to this file")
     parser.set_defaults(func=cmd_verify)

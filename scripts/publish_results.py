@@ -36,10 +36,11 @@ from safetensors.numpy import save_file
 from pubswap_flwr.compare import load_sweep
 from pubswap_flwr.export import ordinary_permissions
 from pubswap_flwr.report import write_report
+from pubswap_flwr.report.writer import read_summary
 from pubswap_flwr.verify import VerifyError, final_adapters
 
 RUN_FILES = ("metrics.jsonl", "config.json", "status.json")
-OPTIONAL_FILES = ("provenance.json",)  # runs made before runs recorded their code have none
+OPTIONAL_FILES = ("provenance.json", "eval_items.jsonl")  # runs made before either existed have none
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_FILES = ("adapter_config.json", "README.md", "pubswap_run.json")  # beside the weights; no tokenizer
 DOCS = Path("docs/results")
@@ -123,13 +124,16 @@ def publish(sweep_file: Path, results: Path, docs: Path = DOCS, force: bool = Fa
 
 
 def regenerate(sweep_file: Path, docs: Path = DOCS) -> Path:
-    """docs/results/<sweep>/report.md (and summary.json, plots/) again from the runs and outcomes.json there."""
+    """docs/results/<sweep>/report.md (and summary.json, plots/) again from the runs and outcomes.json there. The
+    report keeps the command that published the runs (summary.json's): regenerating a published sweep with the same
+    code gives the same bytes (tests/unit/test_published_reports.py)."""
     sweep = load_sweep(sweep_file)
     dst = docs / sweep.name
     if not (dst / "outcomes.json").is_file():
         raise SystemExit(f"{dst} has no outcomes.json: publish the sweep first")
     outcomes = json.loads((dst / "outcomes.json").read_text())
-    return _report(sweep_file, dst, outcomes,
+    published = read_summary(dst).get("command")
+    return _report(sweep_file, dst, outcomes, published if isinstance(published, str) and published else
                    f"python scripts/publish_results.py --regenerate configs/{sweep_file.name}")
 
 

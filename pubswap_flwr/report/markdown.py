@@ -4,12 +4,12 @@ dict."""
 from __future__ import annotations
 
 import statistics
-from datetime import datetime
 from pathlib import Path
 
 from ..metrics_schema import WELL_FORMED_WARNING
 from .formatting import fmt_ci, fmt_number, fmt_rounds, fmt_spread, fmt_value, interval_json, spread_json
 from .plots import MARKER_NAMES, ArmStyle, colour_name
+from .item_intervals import ITEM_METRICS, learning_item_interval, paired_item_interval
 from .statistics import CONFIDENCE, NAN, PAIRED, PairedDifference, finite, mean_ci, paired_differences
 from .summaries import RunSummary
 
@@ -33,11 +33,12 @@ LEARNING = [  # (label, eval key): held-out change from round 0 to the last eval
 Arms = dict[str, list[RunSummary]]
 
 
-def heading_lines(title: str, notes: str, command: str, made_by: str, generated: datetime, runs: list[RunSummary],
+def heading_lines(title: str, notes: str, command: str, made_by: str, runs: list[RunSummary],
                   code_lines: list[str]) -> list[str]:
-    """The title, who made the runs and the report, the notes, the provenance lines and how to read the numbers."""
+    """The title, who made the runs and the report, the notes, the provenance lines and how to read the numbers.
+    Nothing in it but the runs' files and the arguments: a published report regenerates byte for byte."""
     lines = [f"# {title}", ""]
-    stamp = f"{generated:%Y-%m-%d %H:%M} UTC from {len(runs)} run(s)"
+    stamp = f"from {len(runs)} run(s)"
     if made_by and command and made_by != command:
         lines.append(f"Runs made by `{made_by}`; this report generated {stamp} by `{command}`.")
     else:
@@ -50,8 +51,24 @@ def heading_lines(title: str, notes: str, command: str, made_by: str, generated:
                   "estimated), except wall time: the median over seeds with the range (fastest–slowest) in "
                   "parentheses, since it depends on how loaded the machine was rather than varying around a mean. "
                   "Held-out metrics are from the last evaluated round; *sampled* is "
-                  f"{_sampled_description(runs)}.", ""]
+                  f"{_sampled_description(runs)}.", "", _interval_coverage(runs), ""]
     return lines
+
+
+def _interval_coverage(runs: list[RunSummary]) -> str:
+    """What the held-out intervals cover: every run scores the same held-out items, so seeds alone miss which
+    questions were drawn (report/item_intervals.py)."""
+    recorded = [r for r in runs if r.items]
+    if runs and len(recorded) == len(runs):
+        return ("**Intervals of held-out accuracy** (greedy and sampled, in the paired differences and the change "
+                "since round 0) **cover both the seeds and the draw of held-out items**: two-way cluster-robust over "
+                "seeds × items (Cameron, Gelbach & Miller), from each run's per-item results; rewards and the "
+                "per-arm table cover the seeds only.")
+    return ("**Intervals cover the seeds only, not which held-out questions were drawn**: every run was scored on "
+            "the same held-out items and " + ("these runs recorded no per-item results (made before eval_items.jsonl)"
+                                              if not recorded else
+                                              f"only {len(recorded)} of {len(runs)} runs recorded per-item results")
+            + ", so an item-level interval would be wider.")
 
 
 def _sampled_description(runs: list[RunSummary]) -> str:
@@ -112,16 +129,19 @@ def paired_lines(arms: Arms, baseline: str | None, summary: dict) -> list[str]:
         lines += ["", "Left out of the pairing (a seed run by only one of the two arms): "
                   + "; ".join(unpaired) + "."]
     lines += ["", f"| arm − {baseline} | metric | " + " | ".join(f"s{s}" for s in seeds)
-              + " | mean difference [95% CI] |", "|---|---|" + "---|" * len(seeds) + "---|"]
+              + " | mean difference [95% CI] | CI covers |", "|---|---|" + "---|" * len(seeds) + "---|---|"]
     for pair in pairs:
         summary["paired"][pair.arm] = {"seeds": pair.seeds, "left_out": {pair.arm: pair.only_arm,
                                                                          baseline: pair.only_baseline}}
         for label, key in PAIRED:
             per_seed = pair.per_seed[key]
-            interval = pair.intervals[key]
-            summary["paired"][pair.arm][key] = interval_json(interval, [per_seed[s] for s in sorted(per_seed)])
+            by_item = paired_item_interval(arms[pair.arm], arms[baseline], key) if key in ITEM_METRICS else None
+            interval, covers = (by_item, "seeds × items") if by_item is not None else (pair.intervals[key], "seeds")
+            summary["paired"][pair.arm][key] = {**interval_json(interval, [per_seed[s] for s in sorted(per_seed)]),
+                                                "covers": covers}
             cells = [fmt_number(per_seed[s], 3, True) if s in per_seed else "–" for s in seeds]
-            lines.append(f"| {pair.arm} | {label} | " + " | ".join(cells) + f" | {fmt_ci(interval, 3, True)} |")
+            lines.append(f"| {pair.arm} | {label} | " + " | ".join(cells)
+                         + f" | {fmt_ci(interval, 3, True)} | {covers} |")
     return lines
 
 
@@ -209,21 +229,25 @@ def learning_lines(arms: Arms, summary: dict) -> list[str]:
     lines = ["", "## Change since round 0", "",
              "Held-out metrics of the model each run started from (round 0: for a real model after its warm-up, "
              "before RL) and of the last evaluated round, mean over seeds, and their difference seed by seed with its "
-             f"{CONFIDENCE:.0%} confidence interval (paired t). *lenient*: the tagged answer, else the last number or "
+             f"{CONFIDENCE:.0%} confidence interval (paired t over seeds; over seeds × items where the column says "
+             "so). *lenient*: the tagged answer, else the last number or "
              "word; *strict*: a right answer in the tags (the training reward); *well-formed*: one `<answer>...</answer>` and "
              "nothing after it.", "",
-             "| arm | metric | round 0 | last | last − round 0 [95% CI] |", "|---|---|---|---|---|"]
+             "| arm | metric | round 0 | last | last − round 0 [95% CI] | CI covers |", "|---|---|---|---|---|---|"]
     summary["learning"] = {}
     for arm, found in pairs.items():
         summary["learning"][arm] = {}
         for label, key in keys:
             start = [first[key] for first, _ in found]
             end = [last[key] for _, last in found]
-            change = mean_ci(b - a for a, b in zip(start, end))
+            by_item = learning_item_interval(arms[arm], key) if key in ITEM_METRICS else None
+            change, covers = ((by_item, "seeds × items") if by_item is not None
+                              else (mean_ci(b - a for a, b in zip(start, end)), "seeds"))
             summary["learning"][arm][key] = {"round0": statistics.fmean(start), "last": statistics.fmean(end),
-                                             "change": interval_json(change, [b - a for a, b in zip(start, end)])}
+                                             "change": {**interval_json(change, [b - a for a, b in zip(start, end)]),
+                                                        "covers": covers}}
             lines.append(f"| {arm} | {label} | {statistics.fmean(start):.3f} | {statistics.fmean(end):.3f} | "
-                         f"{fmt_ci(change, 3, True)} |")
+                         f"{fmt_ci(change, 3, True)} | {covers} |")
     return lines
 
 

@@ -8,7 +8,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..metrics import CONFIG_FILE, STATUS_FILE, read_metrics
+from ..metrics import CONFIG_FILE, STATUS_FILE, read_eval_items, read_metrics
 from ..metrics_schema import WELL_FORMED_WARNING
 
 RUN_NAME = re.compile(r"^(?P<arm>.+)-s(?P<seed>\d+)$")
@@ -24,6 +24,9 @@ class RunSummary:
     values: dict[str, float]
     per_task: dict[str, dict[str, float]]
     rows: list[dict] = field(repr=False)
+    # round -> metric (greedy_accuracy, sampled_accuracy) -> item uid -> the item's value (eval_items.jsonl; {} for
+    # runs made before it existed)
+    items: dict[int, dict[str, dict[str, float]]] = field(default_factory=dict, repr=False)
 
 
 def arm_and_seed(run_dir: Path) -> tuple[str, int]:
@@ -66,7 +69,33 @@ def summarize_run(run_dir: Path) -> RunSummary:
     values["temperature"] = _sampling_temperature(run_dir)
     values.update(format_health(trained))
     arm, seed = arm_and_seed(run_dir)
-    return RunSummary(arm, seed, run_dir, rows[-1].get("mode", "?"), values, final.get("per_task", {}), rows)
+    return RunSummary(arm, seed, run_dir, rows[-1].get("mode", "?"), values, final.get("per_task", {}), rows,
+                      item_values(run_dir))
+
+
+def item_values(run_dir: Path) -> dict[int, dict[str, dict[str, float]]]:
+    """Per evaluated round, each held-out item's greedy (0/1) and sampled (share of samples right) accuracy from
+    eval_items.jsonl: the global adapter's, or (SAPO) the mean over the nodes that reported the item."""
+    out: dict[int, dict[str, dict[str, float]]] = {}
+    for row in read_eval_items(run_dir):
+        records = [row["global"]] if isinstance(row.get("global"), dict) else [
+            value for key, value in row.items() if key != "round" and isinstance(value, dict)]
+        sums: dict[str, dict[str, list[float]]] = {}
+        for record in records:
+            uids = record.get("uids")
+            if not isinstance(uids, list):
+                raise ValueError(f"{run_dir}: eval_items.jsonl round {row['round']}: a record without its uids")
+            samples = record.get("samples") or 1
+            for metric, key, scale in (("greedy_accuracy", "greedy", 1), ("sampled_accuracy", "sampled", samples)):
+                counts = record.get(key)
+                if not isinstance(counts, list) or len(counts) != len(uids):
+                    continue
+                target = sums.setdefault(metric, {})
+                for uid, count in zip(uids, counts):
+                    target.setdefault(str(uid), []).append(float(count) / scale)
+        out[row["round"]] = {metric: {uid: statistics.fmean(v) for uid, v in values.items()}
+                             for metric, values in sums.items()}
+    return out
 
 
 def _sampling_temperature(run_dir: Path) -> float:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
 from pathlib import Path
 
 from ..metrics import json_safe
 from .markdown import (arms_table_lines, failure_lines, format_lines, heading_lines, learning_lines, paired_lines,
                        per_run_lines, per_task_lines, plot_lines, provenance_lines)
 from .plots import arm_styles, remove_stale_plots, write_plots
+from .shortcut_lines import shortcut_lines
 from .statistics import CONFIDENCE
 from .summaries import RunSummary, group, summarize_run
 
@@ -50,6 +50,15 @@ def _baseline(baseline: str | None, arms: dict[str, list[RunSummary]], arm_order
     return baseline
 
 
+def _shown(run_dir: Path, out: Path) -> str:
+    """A run's folder as the report names it: relative to the report's own folder when inside it (a published
+    sweep's runs/), so the report reads the same wherever the folder is."""
+    try:
+        return Path(run_dir).resolve().relative_to(out.resolve()).as_posix()
+    except ValueError:
+        return str(run_dir)
+
+
 def write_report(out: Path, run_dirs: list[Path], *, failures: dict[tuple[str, int], str] | None = None,
                  title: str | None = None, notes: str | None = None, command: str = "",
                  made_by: str | None = None, baseline: str | None = None, force: bool = False,
@@ -76,18 +85,17 @@ def write_report(out: Path, run_dirs: list[Path], *, failures: dict[tuple[str, i
     baseline = _baseline(baseline, arms, arm_order, previous)
     failures = failures or {}
     out.mkdir(parents=True, exist_ok=True)
-    generated = datetime.now(timezone.utc)
 
     code_lines, made_with = provenance_lines(runs)
-    lines = heading_lines(title, notes, command, made_by, generated, runs, code_lines)
-    summary: dict = {"title": title, "notes": notes, "made_by": made_by, "command": command,
-                     "generated": f"{generated:%Y-%m-%d %H:%M} UTC", "confidence": CONFIDENCE,
+    lines = heading_lines(title, notes, command, made_by, runs, code_lines)
+    summary: dict = {"title": title, "notes": notes, "made_by": made_by, "command": command, "confidence": CONFIDENCE,
                      "baseline": baseline, "arms": {}, "paired": {}, "runs": {},
                      "failures": {f"{a}-s{s}": d for (a, s), d in failures.items()}, "provenance": made_with}
     lines += arms_table_lines(arms, failures, summary)
     lines += paired_lines(arms, baseline, summary)
     lines += per_run_lines(arms, runs, summary)
     lines += per_task_lines(arms, runs)
+    lines += shortcut_lines(arms, runs, summary)
     lines += learning_lines(arms, summary)
     lines += format_lines(arms, summary)
     lines += failure_lines(failures)
@@ -95,7 +103,7 @@ def write_report(out: Path, run_dirs: list[Path], *, failures: dict[tuple[str, i
     plots = write_plots(out, arms, baseline, styles) if arms else []
     remove_stale_plots(out, plots)
     lines += plot_lines(plots, arms, styles)
-    lines += ["", "## Runs", ""] + [f"- `{r.run_dir}`" for r in runs]
+    lines += ["", "## Runs", ""] + [f"- `{_shown(r.run_dir, out)}`" for r in runs]
     summary["plots"] = [f"plots/{p.name}" for p, _ in plots]
     report.write_text("\n".join(lines) + "\n")
     (out / SUMMARY_FILE).write_text(json.dumps(json_safe(summary), indent=2))

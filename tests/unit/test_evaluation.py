@@ -61,7 +61,7 @@ def test_sampled_pass_at_1_averages_n_samples_per_item_with_its_standard_error()
                                      "sampled_modal_share": 0.5, "sampled_modal_answer": "x"}
     # each item's correct counts, in item order, for item-level intervals (eval_items.jsonl)
     assert out["item_results"] == {"uids": ["a", "b", "c"], "tasks": ["t1", "t1", "t2"], "greedy": [1, 0, 0],
-                                   "sampled": [4, 1, 2]}
+                                   "sampled": [4, 1, 2], "samples": 4}
     assert out["greedy_accuracy"] == pytest.approx(1 / 3) and out["samples"] == 4 and out["items"] == 3
     # 8 completions per generate call: two items x 4 samples, then one
     assert [c for c in policy.calls if not c[2]] == [(2, 4, False), (1, 4, False)]

@@ -99,7 +99,7 @@ def test_tables_intervals_paired_differences_and_missing_seed(tmp_path):
     # treat's own sampled [0.25, 0.40, 0.10] over 3 seeds: SD 0.15 -> 0.25 ± 4.3027 * 0.15 / sqrt(3) = ± 0.3726
     assert row[4] == "0.250 [-0.123, 0.623]"
     paired = [line for line in text.splitlines() if line.startswith("| treat | sampled acc |")]
-    assert paired == ["| treat | sampled acc | +0.050 | +0.100 | +0.075 [-0.243, +0.393] |"]
+    assert paired == ["| treat | sampled acc | +0.050 | +0.100 | +0.075 [-0.243, +0.393] | seeds |"]
     assert "| arm − base | metric | s0 | s1 | mean difference [95% CI] |" in text
     summary = read_summary(tmp_path)
     assert summary["baseline"] == "base"

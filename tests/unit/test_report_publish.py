@@ -67,6 +67,10 @@ def test_publish_then_regenerate(tmp_path):
     script.regenerate(sweep, docs=docs)
     again = (published / "report.md").read_text()
     assert again.startswith("# mini-sweep\n") and "Two clients, three rounds." in again
+    assert again == text  # the publishing command is kept: the same files give the same report, byte for byte
+    (published / "summary.json").unlink()  # a folder whose summary is lost: the report names the regeneration
+    script.regenerate(sweep, docs=docs)
+    again = (published / "report.md").read_text()
     assert "by `python scripts/publish_results.py --regenerate configs/mini-sweep.toml`" in again
     assert "## Paired differences against fedavg" in again
 

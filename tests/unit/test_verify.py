@@ -153,3 +153,43 @@ def test_publish_copies_only_the_chosen_seeds_adapters_readable_by_anyone(fedavg
         published / "report.md").read_text()
     with pytest.raises(SystemExit):
         _script().main(["configs/x.toml", "results", "--no-adapters", "--adapter-seeds", "0"])
+
+
+def test_verify_flags_a_constant_answer_adapter_on_gcd(fedavg_run, capsys, monkeypatch):
+    """An adapter that answers "1" to every question (what real-pubswap's FedAvg adapters learned on gcd): verify
+    prints gcd's best constant answer beside its accuracy and flags the collapse."""
+    from types import SimpleNamespace
+
+    from pubswap_flwr.policy import Policy
+
+    def always_one(self, items, k, *, greedy=False, with_logprobs=True):
+        return [[SimpleNamespace(text="<answer>1</answer>") for _ in range(k)] for _ in items]
+
+    monkeypatch.setattr(Policy, "sample", always_one)
+    [result] = verify(fedavg_run, items_per_task=40)
+    gcd = result["verify"]["per_task"]["gcd"]
+    assert gcd["greedy_modal_share"] == 1.0 and gcd["greedy_modal_answer"] == "1"
+    assert gcd["greedy_accuracy"] <= gcd["constant_accuracy"]  # one answer for all never beats the best one
+    assert gcd["constant_accuracy"] < 0.8
+    assert "gcd" in result["verify"]["greedy_shortcut_tasks"]
+    assert pubswap(["verify", str(fedavg_run), "--items-per-task", "40"]) == 0
+    line = next(text for text in capsys.readouterr().out.splitlines() if text.strip().startswith("gcd "))
+    assert "SHORTCUT: the answers collapsed onto one value" in line and "'1'" in line
+
+
+def test_against_scores_a_second_run_on_the_same_fresh_items(fedavg_run, tmp_path, capsys):
+    simulate_in_process({**SMALL, "seed": 5, "output.dir": str(tmp_path), "run-name": "g"}, 2)
+    [result] = verify(fedavg_run, items_per_task=3, against=tmp_path / "g")
+    first, second = result["verify"]["item_results"], result["against"]["verify"]["item_results"]
+    assert first["uids"] == second["uids"] and len(first["uids"]) == 6
+    expected = sum(a - b for a, b in zip(first["greedy"], second["greedy"])) / 6  # this run minus the other
+    assert result["paired"]["greedy_accuracy"]["difference"] == pytest.approx(expected)
+    assert result["paired"]["sampled_accuracy"]["items"] == 6
+    assert pubswap(["verify", str(fedavg_run), "--items-per-task", "3", "--against", str(tmp_path / "g")]) == 0
+    assert "on the same 6 items (this run minus it, SE over items)" in capsys.readouterr().out
+
+
+def test_against_refuses_a_run_of_other_tasks(fedavg_run, tmp_path):
+    simulate_in_process({**SMALL, "tasks.mix": "gcd:1", "output.dir": str(tmp_path), "run-name": "h"}, 2)
+    with pytest.raises(VerifyError, match="evaluates other tasks"):
+        verify(fedavg_run, items_per_task=2, against=tmp_path / "h")

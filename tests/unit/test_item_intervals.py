@@ -1,0 +1,112 @@
+"""Item-level intervals: two-way cluster-robust over seeds x items (report/item_intervals.py), and the report using
+them where runs recorded per-item results (eval_items.jsonl)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from pubswap_flwr.report import write_report
+from pubswap_flwr.report.item_intervals import common_items, difference_table, two_way_interval
+from pubswap_flwr.report.statistics import mean_ci
+
+T2 = 4.302652729911275  # t(0.975, 2)
+
+
+def test_an_item_effect_shared_by_every_seed_widens_the_interval_the_seeds_alone_would_give():
+    # each seed: items a, c right and b, d wrong: the seeds agree exactly, so a paired t over seeds has no width
+    table = {s: {"a": 1.0, "b": 0.0, "c": 1.0, "d": 0.0} for s in range(3)}
+    seeds_only = mean_ci(sum(row.values()) / 4 for row in table.values())
+    assert seeds_only.low == seeds_only.high == 0.5
+    interval = two_way_interval(table)
+    # by hand: V_item = 9/144 * 4/3 = 1/12 (the largest part; V_seed = 0), half width t2 * sqrt(1/12)
+    assert interval.mean == 0.5 and interval.n == 3
+    assert interval.high - 0.5 == pytest.approx(T2 * math.sqrt(1 / 12), abs=1e-8)
+    assert interval.low == pytest.approx(0.5 - T2 * math.sqrt(1 / 12), abs=1e-8)
+
+
+def test_without_item_effects_the_interval_is_the_seeds_one():
+    # every item of a seed has that seed's value: only seeds vary, items add nothing
+    values = {0: 0.1, 1: 0.3, 2: 0.2}
+    table = {s: {i: v for i in "abcdef"} for s, v in values.items()}
+    interval = two_way_interval(table)
+    seeds_only = mean_ci(values.values())
+    assert interval.mean == pytest.approx(seeds_only.mean)
+    assert interval.low == pytest.approx(seeds_only.low, abs=1e-8)
+    assert interval.high == pytest.approx(seeds_only.high, abs=1e-8)
+
+
+def test_one_seed_or_one_item_gives_no_interval_and_items_missing_from_a_seed_are_left_out():
+    assert not two_way_interval({0: {"a": 1.0, "b": 0.0}}).has_interval
+    assert not two_way_interval({0: {"a": 1.0}, 1: {"a": 0.0}}).has_interval
+    assert common_items({0: {"a": 1, "b": 0}, 1: {"b": 1, "c": 0}}) == ["b"]
+    assert two_way_interval({}).n == 0
+    assert difference_table({0: {"a": 1.0, "b": 0.5}, 1: {"a": 0.0}}, {0: {"a": 0.25}}) == {0: {"a": 0.75}}
+
+
+def _run(root: Path, arm: str, seed: int, per_item: list[int], final: float, constant_share: float = 0.1,
+         flag: bool = False) -> Path:
+    """A 1-round run whose held-out items x0..xN score `per_item` (correct of 4 samples) at round 1 and 0 at round 0."""
+    run = root / f"{arm}-s{seed}"
+    run.mkdir(parents=True)
+    uids = [f"x{i}" for i in range(len(per_item))]
+
+    def evaluation(accuracy: float, shortcut: bool) -> dict:
+        return {"greedy_accuracy": accuracy, "sampled_accuracy": accuracy, "sampled_reward": accuracy, "samples": 4,
+                "per_task": {"gcd": {"greedy_accuracy": accuracy, "sampled_accuracy": accuracy,
+                                     "constant_accuracy": constant_share, "constant_answer": "1",
+                                     "greedy_modal_share": 0.95 if shortcut else 0.2}},
+                "greedy_shortcut_tasks": ["gcd"] if shortcut else [], "sampled_shortcut_tasks": []}
+
+    rows = [{"round": 0, "mode": "fedavg", "eval": evaluation(0.0, False)},
+            {"round": 1, "mode": "fedavg", "eval": evaluation(final, flag), "train_reward": 0.1,
+             "cumulative_reward": 0.1, "clients": {}, "dropped": {}}]
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    items = [{"round": 0, "global": {"uids": uids, "tasks": ["gcd"] * len(uids), "greedy": [0] * len(uids),
+                                     "sampled": [0] * len(uids), "samples": 4}},
+             {"round": 1, "global": {"uids": uids, "tasks": ["gcd"] * len(uids),
+                                     "greedy": [int(c >= 2) for c in per_item], "sampled": per_item, "samples": 4}}]
+    (run / "eval_items.jsonl").write_text("\n".join(json.dumps(r) for r in items) + "\n")
+    return run
+
+
+def test_the_report_uses_item_level_intervals_when_every_run_recorded_its_items(tmp_path):
+    # every seed: the arm gets items x0, x1 fully right, x2, x3 wrong; the baseline nothing: +0.5 on every seed
+    runs = [_run(tmp_path / "runs", "base", s, [0, 0, 0, 0], 0.0) for s in range(3)]
+    runs += [_run(tmp_path / "runs", "arm", s, [4, 4, 0, 0], 0.5) for s in range(3)]
+    text = write_report(tmp_path / "out", runs, arm_order=["base", "arm"]).read_text()
+    assert "cover both the seeds and the draw of held-out items" in text
+    row = next(line for line in text.splitlines() if line.startswith("| arm | sampled acc |"))
+    half = T2 * math.sqrt(1 / 12)
+    assert row.endswith(f"| +0.500 [{0.5 - half:+.3f}, {0.5 + half:+.3f}] | seeds × items |")
+    reward = next(line for line in text.splitlines() if line.startswith("| arm | sampled reward |"))
+    assert reward.endswith("| +0.500 [+0.500, +0.500] | seeds |")  # no per-item rewards: seeds only
+    learning = next(line for line in text.splitlines() if line.startswith("| arm | sampled strict |"))
+    assert learning.endswith("| seeds × items |")
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["paired"]["arm"]["sampled_accuracy"]["covers"] == "seeds × items"
+
+
+def test_runs_without_item_results_say_their_intervals_cover_seeds_only(tmp_path):
+    runs = [_run(tmp_path / "runs", "base", s, [0, 0], 0.0) for s in range(2)]
+    runs += [_run(tmp_path / "runs", "arm", s, [4, 0], 0.5) for s in range(2)]
+    (runs[0] / "eval_items.jsonl").unlink()
+    text = write_report(tmp_path / "out", runs, arm_order=["base", "arm"]).read_text()
+    assert "Intervals cover the seeds only" in text and "only 3 of 4 runs recorded per-item results" in text
+    row = next(line for line in text.splitlines() if line.startswith("| arm | sampled acc |"))
+    assert row.endswith("| seeds |")
+
+
+def test_the_report_shows_the_constant_baseline_and_flags_a_collapsed_run(tmp_path):
+    runs = [_run(tmp_path / "runs", "fedavg", s, [4, 0, 0, 0], 0.25, constant_share=0.25, flag=(s == 1))
+            for s in range(2)]
+    text = write_report(tmp_path / "out", runs).read_text()
+    assert "## Shortcut check" in text
+    assert "| best constant answer | 0.250 (`1`) |" in text
+    assert "| fedavg: sampled − constant | +0.000 |" in text
+    assert "| fedavg: greedy modal share | 0.57 (0.95) |" in text
+    assert "**Flagged**: fedavg-s1 (gcd)." in text
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["shortcuts"]["flagged"] == {"fedavg-s1": ["gcd"]}
