@@ -10,6 +10,24 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
+# One OpenMP / MKL / BLAS thread for the test process and everything it starts (Flower and Ray processes, scorers,
+# warm workers inherit the environment): the models under test are small, and threads that outnumber free cores
+# spin (the fast tier did not finish in 15 min beside a sweep with torch's default threads; 4 min with one). A
+# test that checks the thread policy itself sets or removes these variables with monkeypatch. Set here, before any
+# test module imports torch; PUBSWAP_TEST_THREADS overrides the count.
+_THREADS = os.environ.get("PUBSWAP_TEST_THREADS", "1")
+for _variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    if not os.environ.get(_variable):
+        os.environ[_variable] = _THREADS
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _torch_threads():
+    """torch's intra-op threads as the environment above says (torch may have been imported before conftest)."""
+    import torch
+
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    yield
 
 
 @pytest.fixture(scope="session")
