@@ -69,13 +69,16 @@ def summarize_run(run_dir: Path) -> RunSummary:
     values["temperature"] = _sampling_temperature(run_dir)
     values.update(format_health(trained))
     arm, seed = arm_and_seed(run_dir)
+    samples = {row["round"]: row["eval"].get("samples") for row in evaluated}
     return RunSummary(arm, seed, run_dir, rows[-1].get("mode", "?"), values, final.get("per_task", {}), rows,
-                      item_values(run_dir))
+                      item_values(run_dir, samples))
 
 
-def item_values(run_dir: Path) -> dict[int, dict[str, dict[str, float]]]:
+def item_values(run_dir: Path, samples_by_round: dict[int, int | None] | None = None
+                ) -> dict[int, dict[str, dict[str, float]]]:
     """Per evaluated round, each held-out item's greedy (0/1) and sampled (share of samples right) accuracy from
-    eval_items.jsonl: the global adapter's, or (SAPO) the mean over the nodes that reported the item."""
+    eval_items.jsonl: the global adapter's, or (SAPO) the mean over the nodes that reported the item. A record
+    without its `samples` (the first runs that wrote the file) takes the round's eval.samples from metrics.jsonl."""
     out: dict[int, dict[str, dict[str, float]]] = {}
     for row in read_eval_items(run_dir):
         records = [row["global"]] if isinstance(row.get("global"), dict) else [
@@ -85,7 +88,7 @@ def item_values(run_dir: Path) -> dict[int, dict[str, dict[str, float]]]:
             uids = record.get("uids")
             if not isinstance(uids, list):
                 raise ValueError(f"{run_dir}: eval_items.jsonl round {row['round']}: a record without its uids")
-            samples = record.get("samples") or 1
+            samples = record.get("samples") or (samples_by_round or {}).get(row["round"]) or 1
             for metric, key, scale in (("greedy_accuracy", "greedy", 1), ("sampled_accuracy", "sampled", samples)):
                 counts = record.get(key)
                 if not isinstance(counts, list) or len(counts) != len(uids):

@@ -110,3 +110,14 @@ def test_the_report_shows_the_constant_baseline_and_flags_a_collapsed_run(tmp_pa
     assert "| fedavg: greedy modal share | 0.57 (0.95) |" in text
     assert "**Flagged**: fedavg-s1 (gcd)." in text
     assert json.loads((tmp_path / "out" / "summary.json").read_text())["shortcuts"]["flagged"] == {"fedavg-s1": ["gcd"]}
+
+
+def test_item_records_without_their_sample_count_take_it_from_the_metrics_row(tmp_path):
+    from pubswap_flwr.report.summaries import summarize_run
+
+    run = _run(tmp_path, "fedavg", 0, [4, 2, 0], 0.5)
+    rows = [json.loads(line) for line in (run / "eval_items.jsonl").read_text().splitlines()]
+    for row in rows:
+        del row["global"]["samples"]  # as the first runs that wrote eval_items.jsonl recorded it
+    (run / "eval_items.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert summarize_run(run).items[1]["sampled_accuracy"] == {"x0": 1.0, "x1": 0.5, "x2": 0.0}
