@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Set up pubswap-flwr on a fresh machine (idempotent): a .venv with the CPU build of torch first, then the project
-# and its test dependencies. Activating the venv also disables Flower's per-run `uv sync` of dependencies.
+# Set up pubswap-flwr on a fresh machine (idempotent): a .venv with the right torch build first (scripts/torch_choice.py:
+# CPU-only without a GPU, CUDA with one, a local wheel folder when pip has one; PUBSWAP_TORCH=cpu|default|<index URL>
+# overrides), then the project and its test dependencies. Activating the venv also disables Flower's per-run `uv sync`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -9,9 +10,11 @@ if [ -x .venv/bin/python ]; then step 1 "reusing .venv"; else step 1 "creating .
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 step 2 "upgrading pip"
 .venv/bin/python -m pip install --quiet --upgrade pip
-# torch first and pinned: a plain `torch` requirement on a machine without torch pulls a multi-GB CUDA build.
-step 3 "installing torch 2.13.0 (the CPU build; about a minute when it is not installed yet)"
-.venv/bin/python -m pip install --quiet "torch==2.13.0"
+# torch first and pinned: a plain `torch` requirement pulls PyPI's CUDA build (GBs) even on a machine without a GPU.
+mapfile -t TORCH_ARGS < <(.venv/bin/python scripts/torch_choice.py)
+[ "${#TORCH_ARGS[@]}" -gt 0 ] || { echo "scripts/torch_choice.py chose no torch build" >&2; exit 1; }
+step 3 "installing ${TORCH_ARGS[*]} (about a minute when it is not installed yet)"
+.venv/bin/python -m pip install --quiet "${TORCH_ARGS[@]}"
 step 4 "installing pubswap-flwr (editable) and its dependencies: Flower, transformers, peft, test tools (a few minutes the first time)"
 # the test extras and the experiment trackers of output.report-to (their tests read back what each one wrote)
 .venv/bin/python -m pip install --quiet -e ".[test,tensorboard,wandb,mlflow]"
