@@ -8,6 +8,9 @@ tasks.lenient_answer), and the share of well-formed answers; through the project
 
 Writes the JSON (every number, the command, the code version) and a markdown table beside it (same name, .md).
 Re-running with the same --out skips the tasks already in the JSON (a long table can be finished over sittings).
+Each task's row also holds the best constant answer's accuracy on the same items (tasks/shortcuts.py): a model's
+score is only worth what it adds to that. `--add-constants` fills it into an existing table from the items alone
+(no model), for tables made before the column existed.
 """
 
 from __future__ import annotations
@@ -44,14 +47,43 @@ def table(result: dict) -> str:
              "reward). Lenient: the tagged answer, else the last number (numeric answers) or last word. Well-formed: "
              "exactly one `<answer>...</answer>` with nothing after it. ± is one standard error over items.", "",
              f"Command: `{result['command']}`; code {result['code']}; {result['seconds']:.0f} s.", "",
-             "| task | greedy strict | greedy lenient | sampled strict | sampled lenient | well-formed (sampled) |",
-             "|---|---|---|---|---|---|"]
+             "| task | greedy strict | greedy lenient | sampled strict | sampled lenient | well-formed (sampled) | "
+             "best constant answer |", "|---|---|---|---|---|---|---|"]
     for task, row in result["tasks"].items():
+        constant = "–" if "constant_accuracy" not in row else (
+            f"{row['constant_accuracy']:.3f} (`{row.get('constant_answer')}`)")
         lines.append(f"| {task} | {row['greedy_accuracy']:.3f} | {row['greedy_lenient_accuracy']:.3f} | "
                      f"{row['sampled_accuracy']:.3f} ± {row['sampled_accuracy_se']:.3f} | "
                      f"{row['sampled_lenient_accuracy']:.3f} ± {row['sampled_lenient_accuracy_se']:.3f} | "
-                     f"{row['sampled_well_formed']:.3f} |")
+                     f"{row['sampled_well_formed']:.3f} | {constant} |")
+    if "constants_added" in result:
+        lines += ["", f"The best-constant column was added later from the same items, without the model: "
+                      f"`{result['constants_added']['command']}`, code {result['constants_added']['code']}."]
     return "\n".join(lines) + "\n"
+
+
+def constant_figures(items) -> dict:
+    """The best constant answer and its accuracy on these items (tasks/shortcuts.py)."""
+    from pubswap_flwr.tasks.shortcuts import check_task
+
+    check = check_task([item.answer for item in items], [])
+    return {"constant_accuracy": check.constant_accuracy, "constant_answer": check.constant_answer}
+
+
+def add_constants(out: Path) -> None:
+    """Fill the constant-answer column into an existing table from its own items (data seed, items per task)."""
+    from pubswap_flwr.tasks import HeldOutSet, parse_mix
+
+    result = json.loads(out.read_text())
+    names = list(result["tasks"])
+    held_out = HeldOutSet.build(parse_mix(",".join(f"{t}:1" for t in names)), per_task=result["settings"]["items"],
+                                data_seed=result["settings"]["data_seed"])
+    for name in names:
+        result["tasks"][name].update(constant_figures([i for i in held_out.items if i.task == name]))
+    result["constants_added"] = {"command": "python scripts/zero_shot.py " + " ".join(sys.argv[1:]),
+                                 "code": code_version()}
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    out.with_suffix(".md").write_text(table(result))
 
 
 def main() -> None:
@@ -65,7 +97,12 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--add-constants", action="store_true",
+                        help="only fill the best-constant column into the existing --out table (no model)")
     args = parser.parse_args()
+    if args.add_constants:
+        add_constants(args.out)
+        return
 
     from pubswap_flwr.evaluation import evaluate
     from pubswap_flwr.policy import LoraSettings, Policy, PolicySpec
@@ -96,7 +133,8 @@ def main() -> None:
         items = [item for item in held_out.items if item.task == name]
         task_started = time.perf_counter()
         out = evaluate(policy, items, samples=args.samples, batch_size=args.batch_size, seed=0, lenient=True)
-        row = {k: v for k, v in out.items() if k != "per_task"}
+        row = {k: v for k, v in out.items() if k not in ("per_task", "item_results")}
+        row.update(constant_figures(items))
         result["tasks"][name] = row
         result["seconds"] = time.perf_counter() - started
         args.out.parent.mkdir(parents=True, exist_ok=True)
