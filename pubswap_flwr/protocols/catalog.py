@@ -132,7 +132,7 @@ def _adapter_keys_unused(cfg: "ExperimentConfig") -> None:
     if s.compression != "none":
         raise ConfigError(f"strategy.compression = {s.compression!r} compresses adapters; {mode} mode sends none, so "
                           "leave it at 'none'")
-    if s.aggregation != "mean":
+    if s.aggregation != type(s)().aggregation:
         raise ConfigError(f"strategy.aggregation applies to adapter averaging; {mode} mode averages nothing")
     if s.server_optimizer != "none":
         raise ConfigError(f"strategy.server-optimizer = {s.server_optimizer!r} moves the global adapter; {mode} mode "
