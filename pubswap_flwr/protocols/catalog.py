@@ -215,7 +215,8 @@ class SapoConfig:
                      "with sapo.sharing = fixed: groups each node shares per round")
     async_mode: bool = opt(False, doc="one message per round, training on the previous round's pool", key="async")
     verify_provenance: bool = opt(True, doc="regenerate reasoning-gym packets from their provenance and drop "
-                                            "forged ones (off: such packets cannot be verified, see accept-unverifiable)")
+                                            "forged ones (off: such packets cannot be verified, see "
+                                            "accept-unverifiable)")
     accept_unverifiable: bool = opt(False, doc="also train on peer items the receiver cannot verify itself, scored "
                                                "against the sender's answer (off: only reasoning-gym items regenerated "
                                                "from provenance, and items of the receiver's own data file with the "

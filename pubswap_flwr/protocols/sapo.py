@@ -6,9 +6,9 @@ private stream and replies `sapo.share` of them as packets (question, answer, me
 `train.sapo` — each node receives the other nodes' packets, re-scores them with its own verifier (regenerating
 reasoning-gym items from their provenance, so forged answers are caught; items it cannot verify are dropped:
 sapo_verify.py), drops zero-advantage groups and trains on I own + J external groups drawn round robin over senders
-(algorithms/sapo_selection.py has the selection); the relay passes on at most a node's share per sender. `sapo.async = true`: one
-`train.sapo_async` message per round that carries the previous round's pool, so no node waits for a slow peer. Nodes
-evaluate their own models when asked (round 1 also measures their starting point).
+(algorithms/sapo_selection.py has the selection); the relay passes on at most a node's share per sender.
+`sapo.async = true`: one `train.sapo_async` message per round that carries the previous round's pool, so no node
+waits for a slow peer. Nodes evaluate their own models when asked (round 1 also measures their starting point).
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from ..config import ExperimentConfig
 from ..learner import Learner, StepRecord, WorkReport
 from ..policy.behaviour import tokenizer_fingerprint
 from ..rollouts import Completion, RolloutGroup
-from ..algorithms.sapo_selection import Packet, Selection, fair_share, relay, reputation, select_external, select_local
+from ..algorithms.sapo_selection import (Packet, Selection, capped, fair_share, relay, reputation, select_external,
+                                         select_local)
 from ..shared import derive_seed
 from ..tasks import ScoringBudget, TaskItem, score_completion, training_reward
 from ..tasks.splits import MAX_NODES
@@ -116,13 +117,13 @@ class SapoProtocol(ServerProtocol):
                 ctx.log.client(node)["packets_rejected"] = len(reply.packet_rejections)
                 ctx.log.extra.setdefault("rejected_packets", {})[str(node)] = list(reply.packet_rejections[:10])
             label = ctx.exchange.label(node)
-            packets = list(reply.packets or ())
-            if len(packets) > self.share:
-                ctx.log.client(node)["packets_over_cap"] = len(packets) - self.share
+            kept, cut = capped([p.with_sender(label) for p in reply.packets or ()], self.share)  # sender = who sent it
+            if cut:
+                ctx.log.client(node)["packets_over_cap"] = cut[label]
                 log.warning("round %d: node %d sent %d packets, more than the %d a node shares per round (%s): the "
-                            "last %d not relayed", ctx.number, node, len(packets), self.share, self.share_key,
-                            len(packets) - self.share)
-            pool.extend(p.with_sender(label) for p in packets[:self.share])  # sender = who sent it
+                            "last %d not relayed", ctx.number, node, len(kept) + cut[label], self.share,
+                            self.share_key, cut[label])
+            pool.extend(kept)
         return pool
 
     def _train_messages(self, ctx: RoundContext, kind: type[SapoTrain], nodes: list[int], pool: list[Packet],

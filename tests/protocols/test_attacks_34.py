@@ -45,7 +45,8 @@ def _node(tmp_path, name: str, flat: dict | None = None, rows: list | None = Non
     if rows is not None:
         data = tmp_path / f"{name}.jsonl"
         data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return Learner(cfg, NodeIdentity(0, tmp_path / name, "embedded:tiny", data_path=None if data is None else str(data)))
+    data_path = None if data is None else str(data)
+    return Learner(cfg, NodeIdentity(0, tmp_path / name, "embedded:tiny", data_path=data_path))
 
 
 @pytest.fixture(scope="module")
