@@ -19,7 +19,7 @@ from .node_state import NodeIdentity, NodeState, NodeStore
 from .policy import Policy, cached_policy
 from .policy.threads import apply_threads
 from .policy.behaviour import accept_behaviour
-from .protocols.counters import ForeignCounts
+from .protocols.counters import ForeignCounts, UptakeCounts
 from .rollouts import Behaviour, Completion, RolloutGroup
 from .shared import derive_seed, policy_spec, resolve_data_path, task_universe
 from .tasks import ItemListStream, MixtureStream, TaskItem, load_items, node_mixes, parse_custom_tasks, parse_mix, \
@@ -52,6 +52,7 @@ class WorkReport:
     num_examples: int = 0
     foreign: ForeignCounts = ForeignCounts()  # train.foreign-correction: the foreign text trained on,
     fallbacks: collections.Counter = field(default_factory=collections.Counter)  # and why some of it had no IS
+    uptake: UptakeCounts = UptakeCounts()  # pubswap.measure-uptake: log-probs of the public step's responses
 
     def add(self, record: StepRecord) -> None:
         self.steps.append(record)

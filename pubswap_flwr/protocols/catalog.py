@@ -171,6 +171,10 @@ class PubSwapConfig:
                                                       "public steps run")
     disagreement_high: float = opt(0.6, between(0, 1), "schedule = adaptive: disagreement at or above which the "
                                                        "budget runs")
+    measure_uptake: bool = opt(False, doc="each public step also measures, on the receiving client, the mean "
+                                          "per-token log-prob of the donors' responses and of its own kept ones, "
+                                          "before and after its update (two extra forward passes; metrics row: "
+                                          "clients' uptake_*)")
 
 
 def check_pubswap(cfg: "ExperimentConfig") -> None:
