@@ -33,7 +33,7 @@ from typing import Sequence
 import torch
 
 from ..rollouts import RolloutGroup
-from .grpo_batch import Batch, build_batch, encode_completion
+from .grpo_batch import Batch, build_batch, encode_completion, tag_token_mask
 from .grpo_loss import (FOREIGN_CORRECTIONS, LOSS_TYPES, MicroBatchLoss, completion_logps, foreign_token_weights,
                         logprob_gap, micro_batch_loss, per_token_logps, proximal_term)
 from .sampling import GenerationSettings
@@ -128,6 +128,8 @@ class _LossSums:
     loss: float = 0.0
     foreign_weight: float = 0.0
     capped: float = 0.0
+    tag_weight: float = 0.0
+    tag_tokens: int = 0
     gap_sum: float = 0.0
     gap_max: float = 0.0
     gap_tokens: int = 0
@@ -139,6 +141,8 @@ class _LossSums:
         self.kl += part.kl
         self.foreign_weight += part.foreign_weight
         self.capped += part.capped
+        self.tag_weight += part.tag_weight
+        self.tag_tokens += part.tag_tokens
         if first_iteration:  # the weights the samples were drawn with
             self.gap_sum, self.gap_max, self.gap_tokens = (self.gap_sum + part.gap[0], max(self.gap_max, part.gap[1]),
                                                            self.gap_tokens + part.gap[2])
@@ -158,6 +162,8 @@ class _LossSums:
             stats.extra["foreign_tokens"] = int(trained.sum()) * s.inner_iterations
             stats.extra["foreign_weight_sum"] = self.foreign_weight
             stats.extra["is_capped_tokens"] = int(self.capped)
+            stats.extra["foreign_tag_tokens"] = self.tag_tokens
+            stats.extra["foreign_tag_weight_sum"] = self.tag_weight
 
 
 class GRPOLearner:
@@ -221,6 +227,8 @@ class GRPOLearner:
             if len(active) < n:
                 batch, advantages = batch.rows(active), advantages[active]
         rows_left = batch.rewards.shape[0]
+        tags = (tag_token_mask(self.tokenizer, batch.completion_ids, batch.completion_mask, batch.foreign)
+                if s.foreign_correction != "none" and bool(batch.foreign.any()) else None)
         chunks = [slice(i, min(i + s.micro_batch_size, rows_left)) for i in range(0, rows_left, s.micro_batch_size)]
         stats.extra["rows_trained"] = rows_left
         self.model.train()
@@ -238,7 +246,7 @@ class GRPOLearner:
             for rows in chunks:
                 part = micro_batch_loss(self.model, batch, rows, advantages, None if old is None else old[rows],
                                         None if ref is None else ref[rows], s, total_tokens,
-                                        self.generation.temperature, n)
+                                        self.generation.temperature, n, tags)
                 part.loss.backward()
                 sums.add(part, first_iteration=iteration == 0)
             self._step(stats, proximal_reference, mu)

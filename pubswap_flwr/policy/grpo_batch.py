@@ -130,3 +130,33 @@ def _row_logps(rows: dict[int, list[float]], count: int,
         logps[row, : len(values)] = torch.tensor(values, dtype=torch.float32)
         present[row] = True
     return logps, present
+
+
+ANSWER_TAGS = ("<answer>", "</answer>")
+
+
+def tag_token_mask(tokenizer, completion_ids: torch.Tensor, completion_mask: torch.Tensor,
+                   rows: torch.Tensor) -> torch.Tensor:
+    """(B, C) bool: the tokens of rows `rows` (a bool per row, e.g. the foreign ones) that spell part of an answer tag
+    ("<answer>" or "</answer>"), found by decoding each token in turn so any tokenizer's split of a tag counts."""
+    mask = torch.zeros_like(completion_mask, dtype=torch.bool)
+    for row in rows.nonzero().flatten().tolist():
+        ids = completion_ids[row][completion_mask[row].bool()].tolist()
+        starts, text = [], ""
+        for token in ids:
+            starts.append(len(text))
+            text += tokenizer.decode([token], skip_special_tokens=False)
+        spans = [(at, at + len(tag)) for tag in ANSWER_TAGS for at in _occurrences(text, tag)]
+        for index, start in enumerate(starts):
+            end = starts[index + 1] if index + 1 < len(starts) else len(text)
+            if end > start and any(start < high and end > low for low, high in spans):
+                mask[row, index] = True
+    return mask
+
+
+def _occurrences(text: str, tag: str) -> list[int]:
+    found, at = [], text.find(tag)
+    while at >= 0:
+        found.append(at)
+        at = text.find(tag, at + 1)
+    return found

@@ -126,11 +126,14 @@ class MicroBatchLoss:
     foreign_weight: float = 0.0  # summed loss weight over active foreign tokens (train.foreign-correction)
     capped: float = 0.0  # active foreign tokens whose importance ratio was truncated at the cap
     gap: tuple[float, float, int] = (0.0, 0.0, 0)  # logprob_gap of own tokens: sampler vs this pass
+    tag_weight: float = 0.0  # summed loss weight over active foreign tokens that spell an answer tag
+    tag_tokens: int = 0  # and how many there are
 
 
 def micro_batch_loss(model, batch: Batch, rows: slice, advantages: torch.Tensor, old_logps: torch.Tensor | None,
                      ref_logps: torch.Tensor | None, settings: GRPOSettings, total_tokens: float,
-                     temperature: float = 1.0, total_sequences: int | None = None) -> MicroBatchLoss:
+                     temperature: float = 1.0, total_sequences: int | None = None,
+                     tag_mask: torch.Tensor | None = None) -> MicroBatchLoss:
     """The loss of rows `rows`, scaled so that the micro-batch losses of a batch sum to the batch loss (of
     `total_sequences` rows, default this batch's: the update leaves out rows that cannot contribute)."""
     s = settings
@@ -138,7 +141,8 @@ def micro_batch_loss(model, batch: Batch, rows: slice, advantages: torch.Tensor,
     old = logps.detach() if old_logps is None else old_logps
     per_token, ratio = clipped_token_loss(logps, old, advantages[rows], s.epsilon_low, s.epsilon_high)
     mask = batch.completion_mask[rows].float()
-    foreign_weight = capped = 0.0
+    foreign_weight = capped = tag_weight = 0.0
+    tag_tokens = 0
     if s.foreign_correction != "none":
         donor = None if batch.donor_logps is None else batch.donor_logps[rows]
         behaviour = None if batch.has_behaviour is None else batch.has_behaviour[rows]
@@ -147,6 +151,9 @@ def micro_batch_loss(model, batch: Batch, rows: slice, advantages: torch.Tensor,
         per_token = per_token * weights
         foreign_mask = mask * batch.foreign[rows].unsqueeze(1).float()
         foreign_weight = float((weights * foreign_mask).sum())
+        if tag_mask is not None:  # the answer tags' share of it (#35: does the correction mute a format a peer found?)
+            tags = foreign_mask * tag_mask[rows].float()
+            tag_weight, tag_tokens = float((weights * tags).sum()), int(tags.sum())
         if donor is not None and behaviour is not None:
             raw = torch.exp(old - donor)
             capped = float(((raw > s.is_cap) & behaviour.unsqueeze(1)).float().mul(foreign_mask).sum())
@@ -164,4 +171,5 @@ def micro_batch_loss(model, batch: Batch, rows: slice, advantages: torch.Tensor,
     gap = (0.0, 0.0, 0)
     if batch.sampled_logps is not None and batch.has_sampled is not None:
         gap = logprob_gap(logps, batch.sampled_logps[rows], mask.bool() & batch.has_sampled[rows].unsqueeze(1))
-    return MicroBatchLoss(loss, clip_low, clip_high, kl_total, foreign_weight, capped, gap)
+    return MicroBatchLoss(loss, clip_low, clip_high, kl_total, foreign_weight, capped, gap, tag_weight,
+                          tag_tokens)

@@ -52,38 +52,52 @@ class ForeignCounts:
     weight_sum: float = 0.0
     capped: int = 0
     fallbacks: int = 0
+    tag_tokens: int = 0  # of `tokens`, those that spell an answer tag ("<answer>", "</answer>")
+    tag_weight_sum: float = 0.0  # their summed loss weight
 
     @classmethod
     def of_step(cls, extra: Mapping[str, Any]) -> "ForeignCounts":
         """From a GRPO update's `UpdateStats.extra` (fallbacks are counted where the completions are built)."""
         return cls(extra.get("foreign_tokens", 0), extra.get("foreign_weight_sum", 0.0),
-                   extra.get("is_capped_tokens", 0))
+                   extra.get("is_capped_tokens", 0), 0, extra.get("foreign_tag_tokens", 0),
+                   extra.get("foreign_tag_weight_sum", 0.0))
 
     def __bool__(self) -> bool:
         return bool(self.tokens or self.fallbacks)
 
     def __add__(self, other: "ForeignCounts") -> "ForeignCounts":
         return ForeignCounts(self.tokens + other.tokens, self.weight_sum + other.weight_sum,
-                             self.capped + other.capped, self.fallbacks + other.fallbacks)
+                             self.capped + other.capped, self.fallbacks + other.fallbacks,
+                             self.tag_tokens + other.tag_tokens, self.tag_weight_sum + other.tag_weight_sum)
 
     def to_metrics(self) -> dict[str, float]:
         if not self:
             return {}
-        return {"foreign-tokens": self.tokens, "foreign-weight-sum": self.weight_sum,
-                "is-capped-tokens": self.capped, "foreign-fallbacks": self.fallbacks}
+        out = {"foreign-tokens": self.tokens, "foreign-weight-sum": self.weight_sum,
+               "is-capped-tokens": self.capped, "foreign-fallbacks": self.fallbacks}
+        if self.tag_tokens:
+            out.update({"foreign-tag-tokens": self.tag_tokens, "foreign-tag-weight-sum": self.tag_weight_sum})
+        return out
 
     @classmethod
     def from_metrics(cls, metrics: Any) -> "ForeignCounts":
         tokens = int(number(metrics, "foreign-tokens", 0.0, low=0, high=1e12))
+        tags = int(number(metrics, "foreign-tag-tokens", 0.0, low=0, high=tokens))
         # weights are in [0, max(train.is-cap, 1)]; train.is-cap is at most 1000
         return cls(tokens, number(metrics, "foreign-weight-sum", 0.0, low=0, high=1000.0 * max(tokens, 1)),
                    int(number(metrics, "is-capped-tokens", 0.0, low=0, high=tokens)),
-                   int(number(metrics, "foreign-fallbacks", 0.0, low=0, high=1e12)))
+                   int(number(metrics, "foreign-fallbacks", 0.0, low=0, high=1e12)), tags,
+                   number(metrics, "foreign-tag-weight-sum", 0.0, low=0, high=1000.0 * max(tags, 1)))
 
     def row(self) -> dict[str, float]:
-        return {schema.FOREIGN_WEIGHT_MEAN: self.weight_sum / self.tokens if self.tokens else 0.0,
-                schema.IS_CAPPED_FRACTION: self.capped / self.tokens if self.tokens else 0.0,
-                schema.FOREIGN_FALLBACKS: self.fallbacks}
+        out = {schema.FOREIGN_WEIGHT_MEAN: self.weight_sum / self.tokens if self.tokens else 0.0,
+               schema.IS_CAPPED_FRACTION: self.capped / self.tokens if self.tokens else 0.0,
+               schema.FOREIGN_FALLBACKS: self.fallbacks}
+        if self.tag_tokens:  # the answer tags apart from the rest of the foreign text
+            out[schema.FOREIGN_WEIGHT_MEAN + "_tags"] = self.tag_weight_sum / self.tag_tokens
+            rest = self.tokens - self.tag_tokens
+            out[schema.FOREIGN_WEIGHT_MEAN + "_other"] = (self.weight_sum - self.tag_weight_sum) / rest if rest else 0.0
+        return out
 
 
 @dataclass(frozen=True)
