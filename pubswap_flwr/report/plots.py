@@ -67,8 +67,9 @@ def _draw(ax, rounds: list[int], intervals: list[Interval], style: ArmStyle, lab
     means = [iv.mean for iv in intervals]
     step = max(1, math.ceil(len(rounds) / MARKED_POINTS))
     markevery = None if step == 1 else (int(style.phase * step), step)
-    ax.plot(rounds, means, color=style.colour, label=label, linestyle=linestyle, marker=style.marker,
-            markersize=3.5 if step == 1 else 4.5, markevery=markevery, gid=gid)
+    ax.plot(rounds, means, color=style.colour, label=label.replace("$", r"\$"),  # a run's name is no mathtext
+            linestyle=linestyle, marker=style.marker, markersize=3.5 if step == 1 else 4.5, markevery=markevery,
+            gid=gid)
     if any(iv.has_interval for iv in intervals):
         fill = ax.fill_between(rounds, [iv.low for iv in intervals], [iv.high for iv in intervals],
                                color=style.colour, alpha=0.15, linewidth=0)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..metrics import CONFIG_FILE, STATUS_FILE, read_metrics
 from ..metrics_schema import WELL_FORMED_WARNING
+from ..untrusted import UntrustedFileError, is_present, read_json
 
 RUN_NAME = re.compile(r"^(?P<arm>.+)-s(?P<seed>\d+)$")
 NAN = float("nan")
@@ -49,8 +50,8 @@ def summarize_run(run_dir: Path) -> RunSummary:
     trained = [r for r in rows if r["round"] > 0]
     wall = sum(r["time"]["round_s"] for r in trained if "time" in r)
     status = run_dir / STATUS_FILE
-    if status.is_file():
-        wall = float(json.loads(status.read_text()).get("elapsed_s") or wall)
+    if is_present(status):
+        wall = _number(_json_object(status).get("elapsed_s"), f"{status}: elapsed_s") or wall
     values = {
         "greedy_accuracy": _get(final, "greedy_accuracy"),
         "sampled_accuracy": _get(final, "sampled_accuracy"),
@@ -73,9 +74,29 @@ def _sampling_temperature(run_dir: Path) -> float:
     """generation.temperature from the run's config.json (held-out samples are drawn with the run's own settings);
     NaN when the run has no readable config."""
     path = run_dir / CONFIG_FILE
-    if not path.is_file():
+    if not is_present(path):
         return NAN
-    return _get(json.loads(path.read_text()).get("config", {}), "generation.temperature")
+    config = _json_object(path).get("config", {})
+    if not isinstance(config, dict):
+        raise UntrustedFileError(f"{path}: config must be an object of run-config keys")
+    temperature = _number(config.get("generation.temperature"), f"{path}: generation.temperature")
+    return NAN if temperature is None else temperature
+
+
+def _json_object(path: Path) -> dict:
+    data = read_json(path)
+    if not isinstance(data, dict):
+        raise UntrustedFileError(f"{path}: must hold a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _number(value, where: str) -> float | None:
+    """`value` as a float, None when absent; UntrustedFileError naming `where` for anything but a number."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or abs(value) > 1e300:
+        raise UntrustedFileError(f"{where} must be a number, got {str(value)[:60]!r}")
+    return float(value)
 
 
 def format_health(trained: list[dict]) -> dict[str, float]:

@@ -7,6 +7,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ..metrics import json_safe
+from .formatting import code_span
 from .markdown import (arms_table_lines, failure_lines, format_lines, heading_lines, learning_lines, paired_lines,
                        per_run_lines, per_task_lines, plot_lines, provenance_lines)
 from .plots import arm_styles, remove_stale_plots, write_plots
@@ -95,7 +96,7 @@ def write_report(out: Path, run_dirs: list[Path], *, failures: dict[tuple[str, i
     plots = write_plots(out, arms, baseline, styles) if arms else []
     remove_stale_plots(out, plots)
     lines += plot_lines(plots, arms, styles)
-    lines += ["", "## Runs", ""] + [f"- `{r.run_dir}`" for r in runs]
+    lines += ["", "## Runs", ""] + [f"- `{code_span(r.run_dir)}`" for r in runs]
     summary["plots"] = [f"plots/{p.name}" for p, _ in plots]
     report.write_text("\n".join(lines) + "\n")
     (out / SUMMARY_FILE).write_text(json.dumps(json_safe(summary), indent=2))
