@@ -68,10 +68,11 @@ def is_present(path: Path) -> bool:
 
 def read_bytes(path: Path, root: Path | None = None, limit: int = MAX_FILE_BYTES) -> bytes:
     """The content of the regular file `path`: a link, FIFO, device or folder is refused from its status before it
-    is opened (a FIFO would block), and the file is opened without following links or blocking."""
+    is opened (a FIFO would block), and the file is opened without following links or blocking. With `root`, a
+    folder between `root` and it that is a link is refused too."""
     path = Path(path)
     if root is not None:
-        check_no_links(path, root)
+        check_no_links(path.parent, root)
     try:
         info = os.lstat(path)
     except FileNotFoundError:

@@ -15,27 +15,31 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .metrics import CONFIG_FILE, read_metrics
+from .untrusted import one_line
+from .verify_inputs import (VerifyError, adapter_base, adapter_folder, check_chat_template, is_local_folder,
+                            read_config, read_rows, read_weights)
 
 SEED_OFFSET = 1000  # default verification data seed: the run's tasks.data-seed + this
 COMPARED = ("greedy_accuracy", "sampled_accuracy", "sampled_reward", "greedy_lenient_accuracy",
             "sampled_lenient_accuracy")
+TEMPLATE_SECONDS = 60.0  # rendering every prompt with a local base model's chat template (milliseconds normally)
 
 
-class VerifyError(ValueError):
-    """The run cannot be verified; the message says what is missing."""
+class NoAdapterError(VerifyError):
+    """The run kept no final adapter (a sweep published before adapters were kept)."""
 
 
 def final_adapters(run_dir: Path) -> list[tuple[str, Path]]:
     """[(label, adapter folder)]: the global adapter (adapters/final), or every SAPO node's own (node-N)."""
     global_dir = run_dir / "adapters" / "final"
-    if (global_dir / "adapter_config.json").is_file():
+    if adapter_folder(global_dir, run_dir):  # a link or a config that is no regular file is refused, not skipped
         return [("global", global_dir)]
-    nodes = sorted((p for p in (run_dir / "nodes").glob("partition-*/adapter") if (p / "adapter_config.json").is_file()),
+    nodes = sorted((p for p in (run_dir / "nodes").glob("partition-*/adapter")
+                    if p.parent.name.split("-", 1)[1].isdigit() and adapter_folder(p, run_dir)),
                    key=lambda p: int(p.parent.name.split("-")[1]))
     if nodes:
         return [(f"node {p.parent.name.split('-')[1]}", p) for p in nodes]
-    raise VerifyError(f"{run_dir} has no final adapter (adapters/final/, or nodes/partition-N/adapter/ for sapo); "
+    raise NoAdapterError(f"{run_dir} has no final adapter (adapters/final/, or nodes/partition-N/adapter/ for sapo); "
                       "a sweep published before adapters were kept cannot be verified")
 
 
@@ -46,7 +50,7 @@ def own_results(rows: list[dict], label: str) -> tuple[int, dict]:
             return row["round"], row["eval"]
         if label.startswith("node ") and row.get("node_eval"):
             index = int(label.split()[1])
-            ids = {str(node): c.get("node_index") for r in rows for node, c in r.get("clients", {}).items()}
+            ids = {str(node): c.get("node_index") for r in rows for node, c in (r.get("clients") or {}).items()}
             for node, result in row["node_eval"].items():
                 if ids.get(str(node)) == index:
                     return row["round"], result
@@ -56,18 +60,16 @@ def own_results(rows: list[dict], label: str) -> tuple[int, dict]:
 def verify(run_dir: Path, data_seed: int | None = None, items_per_task: int | None = None,
            samples: int | None = None) -> list[dict[str, Any]]:
     import torch
-    from safetensors.torch import load_file
 
-    from .config import ExperimentConfig
     from .evaluation import evaluate
     from .policy import Policy
+    from .policy.model import ModelError
     from .policy.threads import apply_threads
     from .shared import policy_spec, task_universe
 
     run_dir = Path(run_dir)
-    if not (run_dir / CONFIG_FILE).is_file():
-        raise VerifyError(f"{run_dir} has no {CONFIG_FILE}: not a run directory")
-    cfg = ExperimentConfig.from_flat(json.loads((run_dir / CONFIG_FILE).read_text())["config"])
+    cfg = read_config(run_dir)
+    rows = read_rows(run_dir)
     if cfg.eval.data_path:
         raise VerifyError("the run's held-out set is a data file (eval.data-path): there is no other seed range to "
                           "draw fresh items from")
@@ -79,13 +81,21 @@ def verify(run_dir: Path, data_seed: int | None = None, items_per_task: int | No
     items = task_universe(fresh).held_out.items
     run_items = {i.question for i in task_universe(cfg).held_out.items}
     overlap = sum(1 for i in items if i.question in run_items)
-    rows = read_metrics(run_dir)
     apply_threads(cfg.model.threads)
     results = []
     for label, folder in final_adapters(run_dir):
-        base = json.loads((folder / "adapter_config.json").read_text())["base_model_name_or_path"]
-        policy = Policy(policy_spec(cfg, model_name=base))
-        policy.load_adapter(load_file(str(folder / "adapter_model.safetensors")))
+        base = adapter_base(folder, cfg, run_dir)  # one the config names, offline, not shipped by the run
+        if is_local_folder(base):
+            check_chat_template(base, items, cfg.tasks.template, TEMPLATE_SECONDS)
+        weights = read_weights(folder, run_dir)
+        try:
+            policy = Policy(policy_spec(cfg, model_name=base))
+        except (ModelError, OSError) as err:
+            raise VerifyError(f"base model {base!r} cannot be loaded: {str(err)[:300]}") from None
+        try:
+            policy.load_adapter(weights)
+        except ValueError as err:  # keys or shapes that are not the model's
+            raise VerifyError(f"{folder / 'adapter_model.safetensors'}: {str(err)[:300]}") from None
         torch.manual_seed(cfg.seed)
         mine = evaluate(policy, items, sampled=cfg.eval.sampled, samples=samples or cfg.eval.samples,
                         batch_size=cfg.eval.batch_size, seed=cfg.seed,
@@ -128,8 +138,8 @@ def render(results: list[dict]) -> str:
 def cmd_verify(args: argparse.Namespace) -> int:
     try:
         results = verify(Path(args.run), args.data_seed, args.items_per_task, args.samples)
-    except (VerifyError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
+    except VerifyError as err:
+        print(f"pubswap verify: {one_line(err)}", file=sys.stderr)
         return 2
     print(render(results))
     if args.json:
