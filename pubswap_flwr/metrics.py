@@ -93,7 +93,8 @@ class RunRecorder:
             parts.append(f"train reward {row['train_reward']:.3f} (cumulative {row.get('cumulative_reward', 0):.2f})")
         held = row.get("eval")
         if held:
-            text = f"held-out greedy {held['greedy_accuracy']:.3f}"
+            text = ("held-out, self-reported by the nodes," if row.get("node_eval") else "held-out") + \
+                f" greedy {held['greedy_accuracy']:.3f}"
             if "sampled_accuracy" in held:
                 text += f" sampled {held['sampled_accuracy']:.3f} (reward {held['sampled_reward']:.3f})"
             parts.append(text)

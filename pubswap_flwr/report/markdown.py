@@ -32,6 +32,7 @@ LEARNING = [  # (label, eval key): held-out change from round 0 to the last eval
     ("well-formed", "sampled_well_formed"),
 ]
 Arms = dict[str, list[RunSummary]]
+SELF_REPORTED = "self-reported by the nodes"  # summary.json's `held_out` of an arm whose runs' evals are the nodes'
 
 
 def heading_lines(title: str, notes: str, command: str, made_by: str, generated: datetime, runs: list[RunSummary],
@@ -76,7 +77,9 @@ def arms_table_lines(arms: Arms, failures: dict[tuple[str, int], str], summary: 
              "|---|---|---|" + "---|" * len(HEADLINE)]
     for arm, members in arms.items():
         cells = []
-        entry: dict = {"seeds": [r.seed for r in members], "mode": members[0].mode}
+        self_reported = any(r.values["self_reported"] for r in members)
+        entry: dict = {"seeds": [r.seed for r in members], "mode": members[0].mode,
+                       "held_out": SELF_REPORTED if self_reported else "server-evaluated"}
         for _, key in HEADLINE:
             values = [r.values[key] for r in members]
             if key == WALL:
@@ -87,11 +90,37 @@ def arms_table_lines(arms: Arms, failures: dict[tuple[str, int], str], summary: 
             entry[key] = interval_json(interval, values)
             cells.append(fmt_rounds(values) if key == "rounds" else fmt_ci(interval, 3))
         summary["arms"][arm] = entry
-        lines.append(f"| {md(arm)} | {md(members[0].mode)} | {', '.join(str(r.seed) for r in members)} | "
+        mode = md(members[0].mode) + (" (held-out self-reported)" if self_reported else "")
+        lines.append(f"| {md(arm)} | {mode} | {', '.join(str(r.seed) for r in members)} | "
                      + " | ".join(cells) + " |")
     for arm in sorted({a for a, _ in failures}):
         if arm not in arms:
             lines.append(f"| {md(arm)} | – | – | " + " | ".join("FAILED" for _ in HEADLINE) + " |")
+    if any(entry["held_out"] == SELF_REPORTED for entry in summary["arms"].values()):
+        lines += ["", "*held-out self-reported*: every node evaluated its own adapter and reported the numbers; the "
+                  "server holds no weights of these runs to check them, so one node can move the mean over nodes "
+                  "as far as it likes. Each node's report is under \"Self-reported held-out\"; `pubswap verify` "
+                  "re-evaluates the runs' published node adapters."]
+    return lines
+
+
+def self_reported_lines(arms: Arms) -> list[str]:
+    """'Self-reported held-out': per run, what each node reported of its own adapter at the last evaluation (the
+    headline's held-out numbers of such runs are their mean)."""
+    runs = [r for members in arms.values() for r in members if r.node_evals]
+    if not runs:
+        return []
+    nodes = sorted({index for r in runs for index in r.node_evals})
+    lines = ["", "## Self-reported held-out", "", "Each node's own held-out sampled accuracy (greedy where it "
+             "sampled none) of its own adapter, as it reported it at the run's last evaluation: not checked by the "
+             "server.", "", "| run | " + " | ".join(f"node {n}" for n in nodes) + " |", "|---|" + "---|" * len(nodes)]
+    for r in runs:
+        cells = []
+        for n in nodes:
+            result = r.node_evals.get(n, {})
+            value = result.get("sampled_accuracy", result.get("greedy_accuracy"))
+            cells.append("–" if value is None else f"{value:.3f}")
+        lines.append(f"| {md(r.run_dir.name)} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -132,7 +161,8 @@ def _describe_unpaired(pairs: list[PairedDifference]) -> list[str]:
         if pair.only_arm:
             notes.append(f"{md(pair.arm)} seed(s) {', '.join(map(str, pair.only_arm))} (no {md(pair.baseline)} run)")
         if pair.only_baseline:
-            notes.append(f"{md(pair.baseline)} seed(s) {', '.join(map(str, pair.only_baseline))} (no {md(pair.arm)} run)")
+            notes.append(f"{md(pair.baseline)} seed(s) {', '.join(map(str, pair.only_baseline))} "
+                         f"(no {md(pair.arm)} run)")
     return notes
 
 
@@ -259,7 +289,8 @@ def failure_lines(failures: dict[tuple[str, int], str]) -> list[str]:
         return []
     lines = ["", "## Failed runs", ""]
     for (arm, seed), detail in sorted(failures.items()):
-        lines.append(f"- **{md(arm)}** seed {seed}: FAILED — {md(detail.strip().splitlines()[-1]) if detail.strip() else ''}")
+        last = md(detail.strip().splitlines()[-1]) if detail.strip() else ""
+        lines.append(f"- **{md(arm)}** seed {seed}: FAILED — {last}")
     return lines
 
 

@@ -25,6 +25,7 @@ class RunSummary:
     values: dict[str, float]
     per_task: dict[str, dict[str, float]]
     rows: list[dict] = field(repr=False)
+    node_evals: dict[int, dict] = field(default_factory=dict)  # sapo: each node's own last held-out report, by index
 
 
 def arm_and_seed(run_dir: Path) -> tuple[str, int]:
@@ -47,6 +48,7 @@ def summarize_run(run_dir: Path) -> RunSummary:
         raise ValueError(f"{run_dir}: metrics.jsonl is empty")
     evaluated = [r for r in rows if r.get("eval")]
     final = evaluated[-1]["eval"] if evaluated else {}
+    node_evals = _node_evals(rows, evaluated[-1]) if evaluated else {}
     trained = [r for r in rows if r["round"] > 0]
     wall = sum(r["time"]["round_s"] for r in trained if "time" in r)
     status = run_dir / STATUS_FILE
@@ -65,9 +67,20 @@ def summarize_run(run_dir: Path) -> RunSummary:
                          for r in trained if "bytes" in r) / 1e6,
     }
     values["temperature"] = _sampling_temperature(run_dir)
+    values["self_reported"] = float(bool(node_evals))
     values.update(format_health(trained))
     arm, seed = arm_and_seed(run_dir)
-    return RunSummary(arm, seed, run_dir, rows[-1].get("mode", "?"), values, final.get("per_task", {}), rows)
+    return RunSummary(arm, seed, run_dir, rows[-1].get("mode", "?"), values, final.get("per_task", {}), rows,
+                      node_evals)
+
+
+def _node_evals(rows: list[dict], final: dict) -> dict[int, dict]:
+    """SAPO: the held-out metrics each node reported of its own adapter in the run's last evaluated round (whose
+    `eval` is their mean), by node index; {} when the last evaluation was the server's own."""
+    indices = {str(node): c.get("node_index") for r in rows for node, c in (r.get("clients") or {}).items()}
+    reported = final.get("node_eval") or {}
+    return {index: result for node, result in reported.items()
+            if isinstance(index := indices.get(str(node)), int)}
 
 
 def _sampling_temperature(run_dir: Path) -> float:

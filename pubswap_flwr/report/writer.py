@@ -9,7 +9,7 @@ from pathlib import Path
 from ..metrics import json_safe
 from .formatting import code_span
 from .markdown import (arms_table_lines, failure_lines, format_lines, heading_lines, learning_lines, paired_lines,
-                       per_run_lines, per_task_lines, plot_lines, provenance_lines)
+                       per_run_lines, per_task_lines, plot_lines, provenance_lines, self_reported_lines)
 from .plots import arm_styles, remove_stale_plots, write_plots
 from .statistics import CONFIDENCE
 from .summaries import RunSummary, group, summarize_run
@@ -88,6 +88,7 @@ def write_report(out: Path, run_dirs: list[Path], *, failures: dict[tuple[str, i
     lines += arms_table_lines(arms, failures, summary)
     lines += paired_lines(arms, baseline, summary)
     lines += per_run_lines(arms, runs, summary)
+    lines += self_reported_lines(arms)
     lines += per_task_lines(arms, runs)
     lines += learning_lines(arms, summary)
     lines += format_lines(arms, summary)
