@@ -66,6 +66,7 @@ def verify(run_dir: Path, data_seed: int | None = None, items_per_task: int | No
     from .policy.model import ModelError
     from .policy.threads import apply_threads
     from .shared import policy_spec, task_universe
+    from .tasks.specs import TaskError
 
     run_dir = Path(run_dir)
     cfg = read_config(run_dir)
@@ -76,18 +77,23 @@ def verify(run_dir: Path, data_seed: int | None = None, items_per_task: int | No
     seed = cfg.tasks.data_seed + SEED_OFFSET if data_seed is None else data_seed
     if seed == cfg.tasks.data_seed:
         raise VerifyError(f"data seed {seed} is the run's own tasks.data-seed: its held-out items are not fresh")
+    # everything read from the run is checked before any work (items, model, evaluation); the base model must be
+    # one the config names, offline, not shipped by the run
+    found = [(label, folder, adapter_base(folder, cfg, run_dir), read_weights(folder, run_dir),
+              own_results(rows, label)) for label, folder in final_adapters(run_dir)]
     fresh = cfg.with_overrides({"tasks.data-seed": seed, **({"eval.items-per-task": items_per_task}
                                                              if items_per_task else {})})
-    items = task_universe(fresh).held_out.items
-    run_items = {i.question for i in task_universe(cfg).held_out.items}
+    try:
+        items = task_universe(fresh).held_out.items
+        run_items = {i.question for i in task_universe(cfg).held_out.items}
+    except TaskError as err:
+        raise VerifyError(f"{run_dir / 'config.json'}: its tasks cannot be drawn: {str(err)[:300]}") from None
     overlap = sum(1 for i in items if i.question in run_items)
     apply_threads(cfg.model.threads)
     results = []
-    for label, folder in final_adapters(run_dir):
-        base = adapter_base(folder, cfg, run_dir)  # one the config names, offline, not shipped by the run
+    for label, folder, base, weights, (round_number, theirs) in found:
         if is_local_folder(base):
             check_chat_template(base, items, cfg.tasks.template, TEMPLATE_SECONDS)
-        weights = read_weights(folder, run_dir)
         try:
             policy = Policy(policy_spec(cfg, model_name=base))
         except (ModelError, OSError) as err:
@@ -100,7 +106,6 @@ def verify(run_dir: Path, data_seed: int | None = None, items_per_task: int | No
         mine = evaluate(policy, items, sampled=cfg.eval.sampled, samples=samples or cfg.eval.samples,
                         batch_size=cfg.eval.batch_size, seed=cfg.seed,
                         max_chars=cfg.generation.max_completion_chars, lenient=cfg.eval.lenient)
-        round_number, theirs = own_results(rows, label)
         results.append({"adapter": label, "folder": str(folder), "base": base, "run_round": round_number,
                         "run": theirs, "verify": mine, "data_seed": seed, "items": len(items),
                         "shared_questions": overlap})
