@@ -346,3 +346,40 @@ def test_publish_main_prints_one_line(tmp_path, capsys, monkeypatch):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("publish_results: ") and "outcomes.json" in err and "\n" not in err
+
+
+# -- report: the folder it writes into may be someone else's too ---------------------------------------------------
+def test_report_never_writes_through_a_link_in_its_folder(tmp_path, capsys):
+    run = make_run(tmp_path / "sweep", "fedavg", 0, 0.3)
+    out = tmp_path / "sweep"
+    victims = {name: tmp_path / f"victim-{name}" for name in ("report.md", "summary.json", "plots-held_out.png")}
+    for victim in victims.values():
+        victim.write_text("precious")
+    (out / "report.md").symlink_to(victims["report.md"])
+    (out / "summary.json").symlink_to(victims["summary.json"])
+    (out / "plots").mkdir()
+    (out / "plots" / "held_out.png").symlink_to(victims["plots-held_out.png"])
+    assert pubswap(["report", str(run), "--out", str(out), "--force"]) == 2  # the old summary.json is a link
+    assert "not a regular file" in one_line_error(capsys, "report")
+    (out / "summary.json").unlink()
+    assert pubswap(["report", str(run), "--out", str(out), "--force"]) == 0
+    assert all(v.read_text() == "precious" for v in victims.values())
+    assert not (out / "report.md").is_symlink() and (out / "report.md").read_text().startswith("# ")
+    assert not (out / "plots" / "held_out.png").is_symlink()
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shutil.rmtree(out / "plots")
+    (out / "plots").symlink_to(elsewhere)
+    assert pubswap(["report", str(run), "--out", str(out), "--force"]) == 2
+    assert "link" in one_line_error(capsys, "report") and list(elsewhere.iterdir()) == []
+
+
+@pytest.mark.parametrize("summary", ['{"title": ["x"], "notes": 5, "arms": 3, "baseline": [1], "made_by": {}}',
+                                     "[]", "{"])
+def test_report_ignores_a_previous_summary_it_cannot_use(tmp_path, summary):
+    run = make_run(tmp_path, "fedavg", 0, 0.3)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "summary.json").write_text(summary)
+    assert pubswap(["report", str(run), "--out", str(tmp_path / "out"), "--force"]) == 0
+    assert (tmp_path / "out" / "report.md").read_text().startswith("# pubswap-flwr comparison\n")
