@@ -6,6 +6,7 @@ import errno
 import json
 import os
 import stat
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +129,22 @@ def parse_json(text: str, where: str) -> Any:
 def read_json(path: Path, root: Path | None = None, limit: int = MAX_FILE_BYTES) -> Any:
     """`read_text` parsed as JSON."""
     return parse_json(read_text(path, root, limit), str(path))
+
+
+def write_replacing(path: Path, data: bytes) -> None:
+    """`data` as the file `path`, written beside it and renamed over it: a link planted at `path` is replaced, never
+    written through, and a reader never sees half a file."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600; what a plainly written file gets
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def one_line(text: object) -> str:

@@ -352,20 +352,20 @@ def test_publish_main_prints_one_line(tmp_path, capsys, monkeypatch):
 def test_report_never_writes_through_a_link_in_its_folder(tmp_path, capsys):
     run = make_run(tmp_path / "sweep", "fedavg", 0, 0.3)
     out = tmp_path / "sweep"
-    victims = {name: tmp_path / f"victim-{name}" for name in ("report.md", "summary.json", "plots-held_out.png")}
+    victims = {name: tmp_path / f"victim-{name}" for name in ("report.md", "summary.json", "plots-heldout_accuracy.png")}
     for victim in victims.values():
         victim.write_text("precious")
     (out / "report.md").symlink_to(victims["report.md"])
     (out / "summary.json").symlink_to(victims["summary.json"])
     (out / "plots").mkdir()
-    (out / "plots" / "held_out.png").symlink_to(victims["plots-held_out.png"])
+    (out / "plots" / "heldout_accuracy.png").symlink_to(victims["plots-heldout_accuracy.png"])
     assert pubswap(["report", str(run), "--out", str(out), "--force"]) == 2  # the old summary.json is a link
     assert "not a regular file" in one_line_error(capsys, "report")
     (out / "summary.json").unlink()
     assert pubswap(["report", str(run), "--out", str(out), "--force"]) == 0
     assert all(v.read_text() == "precious" for v in victims.values())
     assert not (out / "report.md").is_symlink() and (out / "report.md").read_text().startswith("# ")
-    assert not (out / "plots" / "held_out.png").is_symlink()
+    assert not (out / "plots" / "heldout_accuracy.png").is_symlink()
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
