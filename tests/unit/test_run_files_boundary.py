@@ -352,7 +352,8 @@ def test_publish_main_prints_one_line(tmp_path, capsys, monkeypatch):
 def test_report_never_writes_through_a_link_in_its_folder(tmp_path, capsys):
     run = make_run(tmp_path / "sweep", "fedavg", 0, 0.3)
     out = tmp_path / "sweep"
-    victims = {name: tmp_path / f"victim-{name}" for name in ("report.md", "summary.json", "plots-heldout_accuracy.png")}
+    victims = {name: tmp_path / f"victim-{name}"
+               for name in ("report.md", "summary.json", "plots-heldout_accuracy.png")}
     for victim in victims.values():
         victim.write_text("precious")
     (out / "report.md").symlink_to(victims["report.md"])
