@@ -19,7 +19,7 @@ from tests.unit.test_report_files import make_run
 from tests.unit.test_report_publish import _finished_sweep, _script
 from tests.unit.test_run_files_boundary import Fifo, fake_run
 
-QUICK = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+QUICK = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
 
 json_values = st.recursive(
     st.one_of(st.none(), st.booleans(), st.integers(min_value=-10**400, max_value=10**400),

@@ -100,3 +100,14 @@ def test_a_converted_folder_records_its_file_sizes_and_a_short_file_is_refused(c
     weights.write_bytes(weights.read_bytes()[:1000])
     with pytest.raises(ModelError, match=rf"model.safetensors has 1000 bytes.*delete {folder}"):
         resolve_model(NAME)
+
+
+def test_a_new_cache_is_made_private_enough_under_a_group_writable_umask(cache, monkeypatch):
+    fresh = cache.root / "new"
+    monkeypatch.setenv(packaged.CACHE_ENV, str(fresh))
+    old = os.umask(0o002)  # many distributions' default: group-writable folders
+    try:
+        assert resolve_model(NAME) == str(fresh / NAME)
+    finally:
+        os.umask(old)
+    assert os.stat(fresh).st_mode & 0o022 == 0
