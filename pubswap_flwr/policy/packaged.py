@@ -136,7 +136,7 @@ def _complete(folder: Path) -> bool:
 def _exclusive(lock_path: Path):
     """One conversion at a time per cache folder (simulated clients starting together would all convert). The lock
     file is opened without following a link or truncating: someone else's link must not make this write elsewhere."""
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    lock_path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)  # not group-writable under umask 002 either
     check_cache_folder(lock_path.parent)
     try:
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
