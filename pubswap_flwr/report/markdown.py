@@ -99,7 +99,8 @@ def arms_table_lines(arms: Arms, failures: dict[tuple[str, int], str], summary: 
     if any(entry["held_out"] == SELF_REPORTED for entry in summary["arms"].values()):
         lines += ["", "*held-out self-reported*: every node evaluated its own adapter and reported the numbers; the "
                   "server holds no weights of these runs to check them, so one node can move the mean over nodes "
-                  "as far as it likes. Each node's report is under \"Self-reported held-out\"; `pubswap verify` "
+                  "as far as it likes. The paired differences and changes since round 0 of these arms are of the "
+                  "same reports. Each node's report is under \"Self-reported held-out\"; `pubswap verify` "
                   "re-evaluates the runs' published node adapters."]
     return lines
 
