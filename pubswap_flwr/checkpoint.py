@@ -31,6 +31,7 @@ from safetensors.numpy import load_file, save_file
 
 from .config import ConfigError, ExperimentConfig
 from .tasks.splits import MAX_NODES
+from .validate import MAX_ADAPTER_VALUE
 
 log = logging.getLogger("pubswap_flwr")
 
@@ -293,7 +294,7 @@ def _load_other_adapters(directory: Path, state: dict, master: dict[str, np.ndar
 
 def _read_tensors(path: Path, manifest: Any, state_path: Path, entry: str) -> dict[str, np.ndarray]:
     """A safetensors adapter, checked against its state.json manifest (SHA-256 and shapes; checkpoints of older
-    versions recorded none for the global) and for float, finite values."""
+    versions recorded none for the global) and for float, finite values within MAX_ADAPTER_VALUE."""
     if manifest is not None:
         if (not isinstance(manifest, dict) or not isinstance(manifest.get("sha256"), str)
                 or not isinstance(manifest.get("shapes"), dict)):
@@ -314,6 +315,10 @@ def _read_tensors(path: Path, manifest: Any, state_path: Path, entry: str) -> di
             raise CheckpointError(f"{path}: tensor {key} has dtype {tensor.dtype}, expected float32")
         if not np.isfinite(tensor).all():
             raise CheckpointError(f"{path}: tensor {key} holds non-finite values (NaN or inf)")
+        largest = float(np.abs(tensor).max()) if tensor.size else 0.0
+        if largest > MAX_ADAPTER_VALUE:  # what the server accepts from a client (validate.check_adapter)
+            raise CheckpointError(f"{path}: tensor {key} has a value of magnitude {largest:.3g}, over the "
+                                  f"{MAX_ADAPTER_VALUE:g} an adapter may hold")
     return {k: np.asarray(v, dtype=np.float32) for k, v in tensors.items()}
 
 

@@ -36,6 +36,7 @@ from typing import Any
 
 from .config import ConfigError, ExperimentConfig, flatten, load_toml
 from .metrics import STATUS_FILE
+from .untrusted import one_line
 
 log = logging.getLogger("pubswap_flwr.compare")
 
@@ -299,8 +300,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     except ReportExistsError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    except ValueError as err:  # e.g. a --baseline arm with no runs
-        print(f"error: {err}", file=sys.stderr)
+    except ValueError as err:  # a run's file that cannot be used (UntrustedFileError, MetricsError), a --baseline
+        print(f"pubswap report: {one_line(err)}", file=sys.stderr)  # arm with no runs
         return 2
     print(f"report: {report}")
     return 0

@@ -104,7 +104,8 @@ class RunRecorder:
             parts.append(f"train reward {row['train_reward']:.3f} (cumulative {row.get('cumulative_reward', 0):.2f})")
         held = row.get("eval")
         if held:
-            text = f"held-out greedy {held['greedy_accuracy']:.3f}"
+            text = ("held-out, self-reported by the nodes," if row.get("node_eval") else "held-out") + \
+                f" greedy {held['greedy_accuracy']:.3f}"
             if "sampled_accuracy" in held:
                 text += f" sampled {held['sampled_accuracy']:.3f} (reward {held['sampled_reward']:.3f})"
             parts.append(text)
@@ -161,26 +162,111 @@ def mark_stopped(run_dir: Path, detail: str) -> bool:
     return True
 
 
-def read_metrics(run_dir: str | Path) -> list[dict]:
-    path = Path(run_dir) / METRICS_FILE
+class MetricsError(ValueError):
+    """A metrics.jsonl row the readers cannot use; the message names the file, line and field."""
+
+
+# eval fields the readers (report, verify, progress) use as numbers; a row may hold others
+EVAL_NUMBERS = ("greedy_accuracy", "greedy_reward", "sampled_accuracy", "sampled_reward", "sampled_accuracy_se",
+                "sampled_reward_se", "greedy_lenient_accuracy", "greedy_well_formed", "sampled_lenient_accuracy",
+                "sampled_lenient_accuracy_se", "sampled_well_formed", "items", "samples")
+ROW_NUMBERS = ("train_reward", "cumulative_reward", "parameter_drift")
+LARGEST = 1e300  # an integer beyond a float's range would overflow where the report takes its mean
+
+
+def _number(value: Any, where: str, optional: bool = True) -> None:
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, int)
+                                                                          and abs(value) > LARGEST):
+        raise MetricsError(f"{where} must be a number, got {_short(value)}")
+
+
+def _object(value: Any, where: str) -> dict:
+    if not isinstance(value, dict):
+        raise MetricsError(f"{where} must be an object, got {_short(value)}")
+    return value
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _check_eval(value: Any, where: str) -> None:
+    for key in EVAL_NUMBERS:
+        _number(_object(value, where).get(key), f"{where}.{key}")
+    for task, entry in _object(value.get("per_task", {}), f"{where}.per_task").items():
+        for key in EVAL_NUMBERS:
+            _number(_object(entry, f"{where}.per_task[{task!r}]").get(key), f"{where}.per_task[{task!r}].{key}")
+
+
+def check_row(row: Any, where: str) -> dict:
+    """`row` when its fields that readers use have the types they expect; MetricsError naming `where` and the field
+    otherwise."""
+    row = _object(row, where)
+    number = row.get("round")
+    if isinstance(number, bool) or not isinstance(number, int) or not 0 <= number < 10**9:
+        raise MetricsError(f"{where}: round must be a round number, got {_short(number)}")
+    if not isinstance(row.get("mode", ""), str):
+        raise MetricsError(f"{where}: mode must be text, got {_short(row['mode'])}")
+    for key in ROW_NUMBERS:
+        _number(row.get(key), f"{where}: {key}")
+    if row.get("eval"):
+        _check_eval(row["eval"], f"{where}: eval")
+    for node, result in _object(row.get("node_eval") or {}, f"{where}: node_eval").items():
+        _check_eval(result, f"{where}: node_eval[{node!r}]")
+    if "time" in row:
+        _number(_object(row["time"], f"{where}: time").get("round_s"), f"{where}: time.round_s", optional=False)
+    if "bytes" in row:
+        for key in ("sent_by_clients", "received_by_clients"):
+            _number(_object(row["bytes"], f"{where}: bytes").get(key), f"{where}: bytes.{key}", optional=False)
+    if row.get("swap") is not None:
+        _number(_object(row["swap"], f"{where}: swap").get("policy_disagreement"), f"{where}: swap.policy_disagreement")
+    _object(row.get("dropped") or {}, f"{where}: dropped")
+    for node, client in _object(row.get("clients") or {}, f"{where}: clients").items():
+        client = _object(client, f"{where}: clients[{node!r}]")
+        _number(client.get("well_formed"), f"{where}: clients[{node!r}].well_formed")
+        index = client.get("node_index")
+        if index is not None and (isinstance(index, bool) or not isinstance(index, int)):
+            raise MetricsError(f"{where}: clients[{node!r}].node_index must be an integer, got {_short(index)}")
+    return row
+
+
+def parse_metrics(text: str, path: Path) -> list[dict]:
+    """The rows of a metrics.jsonl's text, each checked (check_row); MetricsError names `path`, line and field."""
     rows = []
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as err:
-                    raise ValueError(f"{path}:{number}: not a JSON row ({err.msg})") from err
+    for number, line in enumerate(text.splitlines(), start=1):
+        if line.strip():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise MetricsError(f"{path}:{number}: not a JSON row ({err.msg})") from None
+            except (ValueError, RecursionError) as err:  # over 4300 digits; nested beyond the stack
+                raise MetricsError(f"{path}:{number}: not a usable JSON row ({type(err).__name__})") from None
+            rows.append(check_row(row, f"{path}:{number}"))
     return rows
 
 
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    """The run's metrics.jsonl rows: a regular file (never a link or FIFO), each row checked (check_row).
+    UntrustedFileError or MetricsError (both ValueError) name the file."""
+    from .untrusted import read_text
+
+    path = Path(run_dir) / METRICS_FILE
+    return parse_metrics(read_text(path), path)
+
+
 def read_eval_items(run_dir: str | Path) -> list[dict]:
-    """eval_items.jsonl's rows ([] for a run made before the file existed)."""
+    """eval_items.jsonl's rows ([] for a run made before the file existed): a regular file (never a link or FIFO);
+    ValueError names the file and line."""
+    from .untrusted import is_present, read_text
+
     path = Path(run_dir) / EVAL_ITEMS_FILE
-    if not path.is_file():
+    if not is_present(path):
         return []
     rows = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, line in enumerate(read_text(path).splitlines(), start=1):
         if line.strip():
             try:
                 row = json.loads(line)

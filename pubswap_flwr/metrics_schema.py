@@ -9,7 +9,7 @@ from typing import Final
 # -- a round's row -------------------------------------------------------------------------------------------------
 ROUND: Final = "round"
 MODE: Final = "mode"
-EVAL: Final = "eval"  # held-out metrics of the global adapter (sapo: the mean over nodes)
+EVAL: Final = "eval"  # held-out metrics of the global adapter (sapo: the mean of the nodes' self-reported ones)
 NODE_EVAL: Final = "node_eval"  # sapo: each node's own held-out metrics
 TRAIN_REWARD: Final = "train_reward"  # mean over clients of their mean reward this round
 CUMULATIVE_REWARD: Final = "cumulative_reward"

@@ -53,7 +53,7 @@ class NodeIdentity:
         `state-dir`, `data-path`, `model-name`, `task-mix`, optional `partition-id`, `learning-rate`."""
         run_name = safe_component(run_name, "run-name")
         partition = node_config.get("partition-id")
-        index = int(partition) if partition is not None else int(node_id) % MAX_NODES
+        index = _node_index(partition) if partition is not None else int(node_id) % MAX_NODES
         simulated = "num-partitions" in node_config  # Flower sets it only for simulated nodes
         if node_config.get("state-dir"):
             state_dir = Path(str(node_config["state-dir"])).expanduser().resolve() / run_name
@@ -63,7 +63,9 @@ class NodeIdentity:
             state_dir = Path.home() / ".pubswap" / "state" / run_name / f"node-{node_id}"
         model = node_config.get("model-name") or _round_robin(cfg.model.node_models, index) or cfg.model.name
         data_path = node_config.get("data-path") or _round_robin(cfg.tasks.data_paths, index)
-        rate = node_config.get("learning-rate") or _round_robin(cfg.train.node_learning_rates, index)
+        rate = node_config.get("learning-rate")  # 0 or false is a rate to refuse, not an unset one
+        if rate is None or rate == "":
+            rate = _round_robin(cfg.train.node_learning_rates, index)
         cpus = _positive_number(node_config.get("num-cpus"), "node-config num-cpus", 4096, "a number of CPUs")
         return cls(index, state_dir, str(model), str(data_path) if data_path else None,
                    node_config.get("task-mix") or None, simulated, cpus,
@@ -78,10 +80,24 @@ def safe_component(name: str, what: str) -> str:
     return name
 
 
+def _node_index(value) -> int:
+    """node-config partition-id as a node index in [0, MAX_NODES): an integer (or its digits, or an integral
+    float); anything else is one clear error (a node of index -1 or 1e9 had every reply dropped by the server)."""
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < MAX_NODES:
+        raise ValueError(f"node-config partition-id = {value!r}: must be an integer >= 0 and < {MAX_NODES}")
+    return value
+
+
 def _positive_number(value, name: str, high: float, what: str = "a number") -> float | None:
     """A node setting as a number in (0, high], None when unset; a clear error naming `name` otherwise."""
     if value is None or value == "":
         return None
+    if isinstance(value, bool):  # float(False) is 0.0 and float(True) 1.0: neither was meant as a number
+        raise ValueError(f"{name} = {value!r}: must be {what}")
     try:
         number = float(value)
     except (TypeError, ValueError):

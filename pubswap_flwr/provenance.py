@@ -98,15 +98,24 @@ def write(run_dir: Path, *, resumed: bool = False) -> dict[str, Any]:
 
 def read(run_dir: Path) -> list[dict[str, Any]]:
     """The recorded starts of a run ([] for a run made before provenance was recorded)."""
+    from .untrusted import UntrustedFileError, is_present, parse_json, read_bytes
+
     path = Path(run_dir) / PROVENANCE_FILE
-    if not path.is_file():
+    if not is_present(path):
         return []
+    raw = read_bytes(path)  # a link or FIFO is refused (UntrustedFileError), never followed or opened
     try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError:
+        data = parse_json(raw.decode("utf-8"), str(path))
+    except (UnicodeDecodeError, UntrustedFileError):  # unreadable content: no usable record, as before one was kept
         return []
     starts = data.get("starts") if isinstance(data, dict) else None
-    return [s for s in starts if isinstance(s, dict)] if isinstance(starts, list) else []
+    return [s for s in starts if _usable(s)] if isinstance(starts, list) else []
+
+
+def _usable(start: Any) -> bool:
+    """A start whose `code` and `packages` (when present) are objects, as code_label / environment_label read them."""
+    return (isinstance(start, dict) and isinstance(start.get("code", {}), dict)
+            and isinstance(start.get("packages", {}), dict))
 
 
 def code_label(entry: dict[str, Any]) -> str:

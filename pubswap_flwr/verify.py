@@ -18,28 +18,32 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .metrics import CONFIG_FILE, read_metrics
+from .untrusted import one_line
+from .verify_inputs import (VerifyError, adapter_base, adapter_folder, check_chat_template, is_local_folder,
+                            read_config, read_rows, read_weights)
 
 SEED_OFFSET = 1000  # default verification data seed: the run's tasks.data-seed + this
 BATCH_SIZE = 32  # sequences sampled at once: SmolLM2 at the runs' eval.batch-size 256 held ~13 GB (its KV cache)
 COMPARED = ("greedy_accuracy", "sampled_accuracy", "sampled_reward", "greedy_lenient_accuracy",
             "sampled_lenient_accuracy")
+TEMPLATE_SECONDS = 60.0  # rendering every prompt with a local base model's chat template (milliseconds normally)
 
 
-class VerifyError(ValueError):
-    """The run cannot be verified; the message says what is missing."""
+class NoAdapterError(VerifyError):
+    """The run kept no final adapter (a sweep published before adapters were kept)."""
 
 
 def final_adapters(run_dir: Path) -> list[tuple[str, Path]]:
     """[(label, adapter folder)]: the global adapter (adapters/final), or every SAPO node's own (node-N)."""
     global_dir = run_dir / "adapters" / "final"
-    if (global_dir / "adapter_config.json").is_file():
+    if adapter_folder(global_dir, run_dir):  # a link or a config that is no regular file is refused, not skipped
         return [("global", global_dir)]
-    nodes = sorted((p for p in (run_dir / "nodes").glob("partition-*/adapter") if (p / "adapter_config.json").is_file()),
+    nodes = sorted((p for p in (run_dir / "nodes").glob("partition-*/adapter")
+                    if p.parent.name.split("-", 1)[1].isdigit() and adapter_folder(p, run_dir)),
                    key=lambda p: int(p.parent.name.split("-")[1]))
     if nodes:
         return [(f"node {p.parent.name.split('-')[1]}", p) for p in nodes]
-    raise VerifyError(f"{run_dir} has no final adapter (adapters/final/, or nodes/partition-N/adapter/ for sapo); "
+    raise NoAdapterError(f"{run_dir} has no final adapter (adapters/final/, or nodes/partition-N/adapter/ for sapo); "
                       "a sweep published before adapters were kept cannot be verified")
 
 
@@ -50,42 +54,40 @@ def own_results(rows: list[dict], label: str) -> tuple[int, dict]:
             return row["round"], row["eval"]
         if label.startswith("node ") and row.get("node_eval"):
             index = int(label.split()[1])
-            ids = {str(node): c.get("node_index") for r in rows for node, c in r.get("clients", {}).items()}
+            ids = {str(node): c.get("node_index") for r in rows for node, c in (r.get("clients") or {}).items()}
             for node, result in row["node_eval"].items():
                 if ids.get(str(node)) == index:
                     return row["round"], result
     raise VerifyError(f"the run's metrics.jsonl has no held-out result for its {label} adapter")
 
 
-def _run_config(run_dir: Path):
-    from .config import ExperimentConfig
-
-    if not (run_dir / CONFIG_FILE).is_file():
-        raise VerifyError(f"{run_dir} has no {CONFIG_FILE}: not a run directory")
-    return ExperimentConfig.from_flat(json.loads((run_dir / CONFIG_FILE).read_text())["config"])
-
-
 class _Evaluator:
     """One Policy per base model for the whole verification (a SmolLM2 policy holds about a gigabyte; SAPO runs have
-    an adapter per node), each adapter loaded into it in turn."""
+    an adapter per node), each checked adapter loaded into it in turn."""
 
     def __init__(self, cfg, batch_size: int):
         self.cfg, self.batch_size, self.policies = cfg, batch_size, {}
 
-    def __call__(self, base: str, folder: Path, items, samples: int | None) -> dict:
+    def __call__(self, base: str, folder: Path, weights, items, samples: int | None) -> dict:
         import torch
-        from safetensors.torch import load_file
 
         from .evaluation import evaluate
         from .policy import Policy
+        from .policy.model import ModelError
         from .shared import policy_spec
 
         cfg = self.cfg
         if base not in self.policies:
             self.policies.clear()  # one base model in memory at a time
-            self.policies[base] = Policy(policy_spec(cfg, model_name=base))
+            try:
+                self.policies[base] = Policy(policy_spec(cfg, model_name=base))
+            except (ModelError, OSError) as err:
+                raise VerifyError(f"base model {base!r} cannot be loaded: {str(err)[:300]}") from None
         policy = self.policies[base]
-        policy.load_adapter(load_file(str(folder / "adapter_model.safetensors")))
+        try:
+            policy.load_adapter(weights)
+        except ValueError as err:  # keys or shapes that are not the model's
+            raise VerifyError(f"{folder / 'adapter_model.safetensors'}: {str(err)[:300]}") from None
         torch.manual_seed(cfg.seed)
         return evaluate(policy, items, sampled=cfg.eval.sampled, samples=samples or cfg.eval.samples,
                         batch_size=self.batch_size, seed=cfg.seed,
@@ -97,51 +99,63 @@ def verify(run_dir: Path, data_seed: int | None = None, items_per_task: int | No
            batch_size: int = BATCH_SIZE) -> list[dict[str, Any]]:
     from .policy.threads import apply_threads
     from .shared import task_universe
+    from .tasks.specs import TaskError
     from .tasks.splits import question_key
 
     run_dir = Path(run_dir)
-    cfg = _run_config(run_dir)
+    cfg = read_config(run_dir)
+    rows = read_rows(run_dir)
     if cfg.eval.data_path:
         raise VerifyError("the run's held-out set is a data file (eval.data-path): there is no other seed range to "
                           "draw fresh items from")
     seed = cfg.tasks.data_seed + SEED_OFFSET if data_seed is None else data_seed
     if seed == cfg.tasks.data_seed:
         raise VerifyError(f"data seed {seed} is the run's own tasks.data-seed: its held-out items are not fresh")
+    # everything read from the run is checked before any work (items, model, evaluation); the base model must be
+    # one the config names, offline, not shipped by the run
+    found = [(label, folder, adapter_base(folder, cfg, run_dir), read_weights(folder, run_dir),
+              own_results(rows, label)) for label, folder in final_adapters(run_dir)]
     fresh = cfg.with_overrides({"tasks.data-seed": seed, **({"eval.items-per-task": items_per_task}
                                                              if items_per_task else {})})
-    items = task_universe(fresh).held_out.items
-    run_items = task_universe(cfg).held_out.questions
+    try:
+        items = task_universe(fresh).held_out.items
+        run_items = task_universe(cfg).held_out.questions
+    except TaskError as err:
+        raise VerifyError(f"{run_dir / 'config.json'}: its tasks cannot be drawn: {str(err)[:300]}") from None
     overlap = sum(1 for i in items if question_key(i.question) in run_items)
-    rows = read_metrics(run_dir)
+    other = _against(cfg, Path(against)) if against is not None else None
     apply_threads(cfg.model.threads)  # 0: the CPUs this process was given, as training sizes its threads
     evaluate = _Evaluator(cfg, batch_size)
-    other = _against(cfg, Path(against)) if against is not None else None
     results = []
-    for label, folder in final_adapters(run_dir):
-        base = json.loads((folder / "adapter_config.json").read_text())["base_model_name_or_path"]
-        mine = evaluate(base, folder, items, samples)
-        round_number, theirs = own_results(rows, label)
+    for label, folder, base, weights, (round_number, theirs) in found:
+        if is_local_folder(base):
+            check_chat_template(base, items, cfg.tasks.template, TEMPLATE_SECONDS)
+        mine = evaluate(base, folder, weights, items, samples)
         result = {"adapter": label, "folder": str(folder), "base": base, "run_round": round_number,
                   "run": theirs, "verify": mine, "data_seed": seed, "items": len(items), "shared_questions": overlap}
         if other is not None:
-            other_dir, other_folders = other
-            if label not in other_folders:
+            other_dir, adapters = other
+            if label not in adapters:
                 raise VerifyError(f"{other_dir} has no {label} adapter to compare with")
-            other_base = json.loads((other_folders[label] / "adapter_config.json").read_text())["base_model_name_or_path"]
-            result["against"] = {"run": str(other_dir), "folder": str(other_folders[label]),
-                                 "verify": evaluate(other_base, other_folders[label], items, samples)}
+            other_folder, other_base, other_weights = adapters[label]
+            if is_local_folder(other_base):
+                check_chat_template(other_base, items, cfg.tasks.template, TEMPLATE_SECONDS)
+            result["against"] = {"run": str(other_dir), "folder": str(other_folder),
+                                 "verify": evaluate(other_base, other_folder, other_weights, items, samples)}
             result["paired"] = paired_on_items(result["against"]["verify"], mine)  # this run minus the other
         results.append(result)
     return results
 
 
-def _against(cfg, other_dir: Path) -> tuple[Path, dict[str, Path]]:
-    """The run to compare with: its adapters by label; it must share the task mix so the same items mean the same."""
-    other = _run_config(other_dir)
+def _against(cfg, other_dir: Path) -> tuple[Path, dict[str, tuple[Path, str, Any]]]:
+    """The run to compare with, checked like the run itself: label -> (adapter folder, base model, weights); it must
+    evaluate the same tasks so the same items mean the same."""
+    other = read_config(other_dir)
     if (other.tasks.mix, other.eval.items_per_task) != (cfg.tasks.mix, cfg.eval.items_per_task):
         raise VerifyError(f"{other_dir} evaluates other tasks ({other.tasks.mix!r}, {other.eval.items_per_task} "
                           f"per task) than the run ({cfg.tasks.mix!r}, {cfg.eval.items_per_task}): no paired comparison")
-    return other_dir, dict(final_adapters(other_dir))
+    return other_dir, {label: (folder, adapter_base(folder, other, other_dir), read_weights(folder, other_dir))
+                       for label, folder in final_adapters(other_dir)}
 
 
 def paired_on_items(first: dict, second: dict) -> dict[str, dict[str, float]]:
@@ -217,8 +231,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     try:
         results = verify(Path(args.run), args.data_seed, args.items_per_task, args.samples,
                          Path(args.against) if args.against else None, args.batch_size)
-    except (VerifyError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
+    except VerifyError as err:
+        print(f"pubswap verify: {one_line(err)}", file=sys.stderr)
         return 2
     print(render(results))
     if args.json:

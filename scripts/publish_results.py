@@ -10,6 +10,9 @@ the run trained.
 
 A published sweep is never replaced without --force. --regenerate rewrites only docs/results/<sweep>/report.md,
 summary.json and plots/ from the runs and outcomes.json already there (asking for it is asking to replace them).
+Every file is read and checked before anything is written (regular files only: a link or FIFO is refused; arm names
+and seeds come from the sweep file, each arm name one plain path component); a publication it replaces stays
+until the new one is whole, and a problem is one line on stderr with exit code 2.
 
 Adapters: the global one (adapters/final/) or, for SAPO, every node's own (nodes/partition-N/adapter/), at the same
 paths under the published run, with adapter_config.json and the model card but not the tokenizer (the base model's).
@@ -26,53 +29,136 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import struct
+import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
-from safetensors import safe_open
-from safetensors.numpy import save_file
+from safetensors import SafetensorError
+from safetensors.numpy import load, save
 
-from pubswap_flwr.compare import load_sweep
-from pubswap_flwr.export import ordinary_permissions
-from pubswap_flwr.report import write_report
+from pubswap_flwr.compare import SweepError, load_sweep
+from pubswap_flwr.config import PLAIN_COMPONENT, is_plain_component
+from pubswap_flwr.metrics import MetricsError, parse_metrics
+from pubswap_flwr.report import summarize_run, write_report
 from pubswap_flwr.report.writer import read_summary
-from pubswap_flwr.verify import VerifyError, final_adapters
+from pubswap_flwr.untrusted import UntrustedFileError, is_present, one_line, parse_json, read_bytes
+from pubswap_flwr.verify import NoAdapterError, VerifyError, final_adapters
 
 RUN_FILES = ("metrics.jsonl", "config.json", "status.json")
 OPTIONAL_FILES = ("provenance.json", "eval_items.jsonl")  # runs made before either existed have none
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_FILES = ("adapter_config.json", "README.md", "pubswap_run.json")  # beside the weights; no tokenizer
 DOCS = Path("docs/results")
+PUBLISH_COMMAND = "python scripts/publish_results.py "
 
 
-def copy_adapter(src: Path, dst: Path) -> int:
-    """The adapter folder `src` to `dst` with fp32 weights stored as fp16; returns the bytes written."""
-    dst.mkdir(parents=True)
-    for name in ADAPTER_FILES:
-        if (src / name).is_file():
-            shutil.copy2(src / name, dst / name)
-    with safe_open(str(src / ADAPTER_WEIGHTS), framework="np") as handle:
-        metadata = handle.metadata()
-        tensors = {key: handle.get_tensor(key) for key in handle.keys()}
-    save_file({k: v.astype(np.float16) if v.dtype == np.float32 else v for k, v in tensors.items()},
-              str(dst / ADAPTER_WEIGHTS), metadata=metadata)
-    ordinary_permissions(dst)  # safetensors writes 0600; a published adapter is for anyone
-    return sum(p.stat().st_size for p in dst.iterdir())
+class PublishError(ValueError):
+    """The sweep cannot be published as it is (nothing was written or replaced); the message names the file."""
 
 
-def copy_adapters(src_run: Path, dst_run: Path) -> int:
-    """A run's final adapter(s) (verify.final_adapters: global, or each SAPO node's) at the same paths under the
-    published run; returns the bytes written (0 for a run that kept none)."""
+def _read(path: Path, root: Path) -> bytes:
+    """A regular file under `root` (no link on the way, never a FIFO)."""
     try:
-        found = final_adapters(src_run)
-    except VerifyError:
-        return 0
-    return sum(copy_adapter(folder, dst_run / folder.relative_to(src_run)) for _, folder in found)
+        return read_bytes(path, root)
+    except UntrustedFileError as err:
+        raise PublishError(str(err)) from None
 
 
-def _report(sweep_file: Path, dst: Path, outcomes: list[dict], command: str) -> Path:
-    sweep = load_sweep(sweep_file)
+def _json_object(data: bytes, path: Path) -> dict:
+    try:
+        value = parse_json(data.decode("utf-8"), str(path))
+    except (UnicodeDecodeError, UntrustedFileError) as err:
+        raise PublishError(f"{path}: not JSON text ({err})") from None
+    if not isinstance(value, dict):
+        raise PublishError(f"{path}: must hold a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _sweep(sweep_file: Path):
+    """The sweep, with its name and every arm's a plain path component (they name folders of the publication)."""
+    try:
+        sweep = load_sweep(sweep_file)
+    except SweepError as err:
+        raise PublishError(str(err)) from None
+    for what, name in [("sweep name", sweep.name)] + [("arm name", arm.name) for arm in sweep.arms]:
+        if not is_plain_component(name):
+            raise PublishError(f"{sweep_file}: {what} {name!r} is not one plain path component ({PLAIN_COMPONENT})")
+    return sweep
+
+
+def _outcomes(path: Path, root: Path, sweep) -> list[dict]:
+    """outcomes.json's entries, each an arm and seed of the sweep file (run folders are named from the sweep file,
+    never from what outcomes.json says), with a status and detail as text."""
+    try:
+        entries = parse_json(_read(path, root).decode("utf-8"), str(path))
+    except (UnicodeDecodeError, UntrustedFileError) as err:
+        raise PublishError(f"{path}: not JSON text ({err})") from None
+    if not isinstance(entries, list):
+        raise PublishError(f"{path}: must be a list of run outcomes")
+    arms = {arm.name for arm in sweep.arms}
+    checked = []
+    for number, entry in enumerate(entries):
+        where = f"{path}: entry {number}"
+        if not isinstance(entry, dict):
+            raise PublishError(f"{where} is not an object")
+        arm, seed = entry.get("arm"), entry.get("seed")
+        if arm not in arms:
+            raise PublishError(f"{where}: arm {str(arm)[:80]!r} is not an arm of {sweep.source}")
+        if isinstance(seed, bool) or seed not in sweep.seeds:
+            raise PublishError(f"{where}: seed {str(seed)[:40]!r} is not a seed of {sweep.source}")
+        if not isinstance(entry.get("status"), str) or not isinstance(entry.get("detail", ""), str):
+            raise PublishError(f"{where}: status and detail must be text")
+        checked.append({**entry, "detail": entry.get("detail", ""),
+                        "run_dir": str(Path("runs") / sweep.run_name(arm, seed))})
+    return checked
+
+
+def adapter_files(src: Path, rel: Path, root: Path) -> dict[Path, bytes]:
+    """The adapter folder `src` as {path under the published run: content}, fp32 weights stored as fp16."""
+    files = {rel / name: _read(src / name, root) for name in ADAPTER_FILES if is_present(src / name)}
+    path = src / ADAPTER_WEIGHTS
+    data = _read(path, root)
+    try:
+        tensors = load(data)
+        (size,) = struct.unpack("<Q", data[:8])
+        metadata = json.loads(data[8:8 + size]).get("__metadata__")
+    except (SafetensorError, ValueError, struct.error, AttributeError) as err:
+        raise PublishError(f"{path}: not a readable safetensors file ({type(err).__name__})") from None
+    files[rel / ADAPTER_WEIGHTS] = save({k: v.astype(np.float16) if v.dtype == np.float32 else v
+                                         for k, v in tensors.items()}, metadata=metadata)
+    return files
+
+
+def run_files(src: Path, name: str, with_adapters: bool) -> dict[Path, bytes]:
+    """Everything published of one run, read and checked: its small files and (`with_adapters`) its final
+    adapter(s) (verify.final_adapters: global, or each SAPO node's) at the same paths."""
+    run, rel = src / "runs" / name, Path("runs") / name
+    files = {rel / f: _read(run / f, src) for f in RUN_FILES}
+    files.update({rel / f: _read(run / f, src) for f in OPTIONAL_FILES if is_present(run / f)})
+    try:
+        parse_metrics(files[rel / "metrics.jsonl"].decode("utf-8"), run / "metrics.jsonl")
+    except (UnicodeDecodeError, MetricsError) as err:
+        raise PublishError(f"{run / 'metrics.jsonl'}: {err}" if isinstance(err, UnicodeDecodeError)
+                           else str(err)) from None
+    for f in ("config.json", "status.json"):
+        _json_object(files[rel / f], run / f)
+    if with_adapters:
+        try:
+            found = final_adapters(run)
+        except NoAdapterError:
+            found = []
+        except VerifyError as err:
+            raise PublishError(str(err)) from None
+        for _, folder in found:
+            files.update(adapter_files(folder, rel / folder.relative_to(run), src))
+    return files
+
+
+def _report(sweep, sweep_file: Path, dst: Path, outcomes: list[dict], command: str) -> Path:
     runs = [dst / "runs" / sweep.run_name(o["arm"], o["seed"]) for o in outcomes if o["status"] == "completed"]
     failures = {(o["arm"], o["seed"]): o["detail"] for o in outcomes if o["status"] != "completed"}
     return write_report(dst, runs, failures=failures, title=sweep.name, notes=sweep.notes, command=command,
@@ -80,61 +166,100 @@ def _report(sweep_file: Path, dst: Path, outcomes: list[dict], command: str) -> 
                         arm_order=[arm.name for arm in sweep.arms])
 
 
+def _stage(docs: Path, name: str, files: dict[Path, bytes], runs: list[str]) -> Path:
+    """The publication written beside its place (a hidden folder under `docs`), and every run read back as the
+    report reads it; PublishError (the folder removed) when something is wrong."""
+    docs.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}-staging-", dir=docs))
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        staging.chmod(0o777 & ~umask)  # mkdtemp's 0700; a publication is for anyone
+        for rel, data in files.items():
+            (staging / rel).parent.mkdir(parents=True, exist_ok=True)
+            (staging / rel).write_bytes(data)
+        for run in runs:
+            summarize_run(staging / "runs" / run)
+    except (UntrustedFileError, MetricsError) as err:
+        shutil.rmtree(staging)
+        raise PublishError(str(err).replace(str(staging), str(docs / name))) from None
+    except BaseException:
+        shutil.rmtree(staging)
+        raise
+    return staging
+
+
 def publish(sweep_file: Path, results: Path, docs: Path = DOCS, force: bool = False, adapters: bool = True,
             adapter_seeds: set[int] | None = None) -> Path:
     """Copy a finished sweep's completed runs to docs/results/<sweep> and write its report. `adapters`: copy the
-    runs' final adapters as fp16 too; `adapter_seeds`: only those of these seeds (None: every seed)."""
-    sweep = load_sweep(sweep_file)
+    runs' final adapters as fp16 too; `adapter_seeds`: only those of these seeds (None: every seed). Everything is
+    read and checked before anything is written, and a publication it replaces stays until the new one is whole;
+    PublishError names what was wrong."""
+    sweep = _sweep(sweep_file)
     src, dst = results / sweep.name, docs / sweep.name
-    if not (src / "outcomes.json").is_file():
-        raise SystemExit(f"{src} has no outcomes.json: run `pubswap compare {sweep_file}` to the end first")
-    if dst.exists() and not force:
-        raise SystemExit(f"{dst} is already published; pass --force to replace it, or --regenerate to rewrite "
-                         "only its report from the runs committed there")
-    outcomes = json.loads((src / "outcomes.json").read_text())
-    seed_of = {sweep.run_name(o["arm"], o["seed"]): int(o["seed"]) for o in outcomes if o["status"] == "completed"}
-    completed = list(seed_of)
-    missing = [f"{name}/{f}" for name in completed for f in RUN_FILES if not (src / "runs" / name / f).is_file()]
-    if missing:
-        raise SystemExit(f"{src} lacks files of completed runs: {', '.join(missing[:5])}")
-    if dst.exists():
-        shutil.rmtree(dst)
+    if not is_present(src / "outcomes.json"):
+        raise PublishError(f"{src} has no outcomes.json: run `pubswap compare {sweep_file}` to the end first")
+    if is_present(dst) and not force:
+        raise PublishError(f"{dst} is already published; pass --force to replace it, or --regenerate to rewrite "
+                           "only its report from the runs committed there")
+    if dst.is_symlink():
+        raise PublishError(f"{dst} is a link; a publication is replaced only where it is")
+    outcomes = _outcomes(src / "outcomes.json", src, sweep)
+    completed = list(dict.fromkeys(sweep.run_name(o["arm"], o["seed"]) for o in outcomes
+                                   if o["status"] == "completed"))
+    seed_of = {sweep.run_name(o["arm"], o["seed"]): o["seed"] for o in outcomes}
+    files: dict[Path, bytes] = {}
     adapter_bytes, without = 0, []
     for name in completed:
-        (dst / "runs" / name).mkdir(parents=True)
-        for f in RUN_FILES + tuple(f for f in OPTIONAL_FILES if (src / "runs" / name / f).is_file()):
-            shutil.copy2(src / "runs" / name / f, dst / "runs" / name / f)
-        if adapters and (adapter_seeds is None or seed_of[name] in adapter_seeds):
-            written = copy_adapters(src / "runs" / name, dst / "runs" / name)
-            adapter_bytes += written
-            if not written:
-                without.append(name)
+        copied = adapters and (adapter_seeds is None or seed_of[name] in adapter_seeds)
+        found = run_files(src, name, copied)
+        written = sum(len(data) for rel, data in found.items() if len(rel.parts) > 3)  # under adapters/ or nodes/
+        adapter_bytes += written
+        if copied and not written:
+            without.append(name)
+        files.update(found)
+    files[Path("outcomes.json")] = json.dumps(outcomes, indent=2).encode()
+    staging = _stage(docs, sweep.name, files, completed)
+    backup = dst.with_name(f".{sweep.name}-replaced-{os.getpid()}") if is_present(dst) else None
+    if backup is not None:
+        dst.rename(backup)
+    staging.rename(dst)
+    try:
+        _report(sweep, sweep_file, dst, outcomes,
+                f"python scripts/publish_results.py configs/{sweep_file.name} {results}"
+                + (" --force" if force else "") + (" --no-adapters" if not adapters else "")
+                + (f" --adapter-seeds {' '.join(map(str, sorted(adapter_seeds)))}"
+                   if adapters and adapter_seeds is not None else ""))
+    except BaseException:  # the old publication comes back whole
+        shutil.rmtree(dst)
+        if backup is not None:
+            backup.rename(dst)
+        raise
+    if backup is not None:
+        shutil.rmtree(backup)
     if adapters:
         print(f"final adapters: {adapter_bytes / 1e6:.1f} MB (fp16)"
               + (f" of seeds {sorted(adapter_seeds)}" if adapter_seeds is not None else "")
               + (f"; none kept by {len(without)} run(s): {', '.join(without[:5])}" if without else ""))
-    for outcome in outcomes:
-        outcome["run_dir"] = str(Path("runs") / Path(outcome["run_dir"]).name)
-    (dst / "outcomes.json").write_text(json.dumps(outcomes, indent=2))
-    _report(sweep_file, dst, outcomes, f"python scripts/publish_results.py configs/{sweep_file.name} {results}"
-            + (" --force" if force else "") + (" --no-adapters" if not adapters else "")
-            + (f" --adapter-seeds {' '.join(map(str, sorted(adapter_seeds)))}" if adapters and adapter_seeds is not None
-               else ""))
     return dst
 
 
 def regenerate(sweep_file: Path, docs: Path = DOCS) -> Path:
     """docs/results/<sweep>/report.md (and summary.json, plots/) again from the runs and outcomes.json there. The
-    report keeps the command that published the runs (summary.json's): regenerating a published sweep with the same
-    code gives the same bytes (tests/unit/test_published_reports.py)."""
-    sweep = load_sweep(sweep_file)
+    report keeps the command that published the runs (summary.json's, when it is one of this script's): regenerating a
+    published sweep with the same code gives the same bytes (tests/unit/test_published_reports.py)."""
+    sweep = _sweep(sweep_file)
     dst = docs / sweep.name
-    if not (dst / "outcomes.json").is_file():
-        raise SystemExit(f"{dst} has no outcomes.json: publish the sweep first")
-    outcomes = json.loads((dst / "outcomes.json").read_text())
-    published = read_summary(dst).get("command")
-    return _report(sweep_file, dst, outcomes, published if isinstance(published, str) and published else
-                   f"python scripts/publish_results.py --regenerate configs/{sweep_file.name}")
+    if not is_present(dst / "outcomes.json"):
+        raise PublishError(f"{dst} has no outcomes.json: publish the sweep first")
+    outcomes = _outcomes(dst / "outcomes.json", dst, sweep)
+    try:
+        published = read_summary(dst).get("command")
+        command = (published if isinstance(published, str) and published.startswith(PUBLISH_COMMAND) else
+                   f"{PUBLISH_COMMAND}--regenerate configs/{sweep_file.name}")
+        return _report(sweep, sweep_file, dst, outcomes, command)
+    except (UntrustedFileError, MetricsError) as err:
+        raise PublishError(str(err)) from None
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -149,6 +274,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--adapter-seeds", type=int, nargs="+", metavar="SEED",
                         help="copy only these seeds' adapters (a SAPO sweep keeps one per node and run)")
     args = parser.parse_args(argv)
+    try:
+        _run(parser, args)
+    except PublishError as err:
+        print(f"publish_results: {one_line(err)}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.regenerate:
         if args.results is not None:
             parser.error("--regenerate reads the committed runs: give no results folder")

@@ -145,9 +145,16 @@ def load_causal_lm(location: str, dtype: str = "float32", device: torch.device |
     quiet_transformers()
     if dtype not in _DTYPES:
         raise ModelError(f"model.dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
+    from safetensors import SafetensorError
+
+    from .packaged import cache_root
+
     try:
         model = AutoModelForCausalLM.from_pretrained(location, dtype=_DTYPES[dtype])
-    except OSError as err:
+    except (OSError, SafetensorError) as err:
+        if Path(location).parent == cache_root():  # a converted packaged model, damaged since
+            raise ModelError(f"cannot load the converted model in {location} ({type(err).__name__}: {err}); "
+                             f"delete {location} to convert it again") from None
         raise ModelError(f"cannot load model {location!r} (offline? use a local path or a cached id): {err}") from err
     model.to(device)
     model.eval()

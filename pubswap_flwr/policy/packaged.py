@@ -12,15 +12,20 @@ The wheel declares dependencies (`llm`, `llama-cpp-python`) that reading the fil
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import importlib.util
+import json
 import logging
 import os
 import shutil
+import stat
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..untrusted import NotOwnedError, UntrustedFileError, check_owned_dir, is_present, read_json
 
 log = logging.getLogger("pubswap_flwr")
 
@@ -86,16 +91,65 @@ def gguf_path(model: PackagedModel) -> Path:
     return path
 
 
+def check_cache_folder(path: Path) -> None:
+    """Refuse a cache folder (the root or a converted model) that another user could have planted or could change:
+    a link, not ours, or writable by group or others (the warm worker's check, with others allowed to read)."""
+    try:
+        check_owned_dir(path, forbidden_mode=0o022)
+    except NotOwnedError as err:
+        hint = f"; `chmod go-w {path}`" if err.kind == "mode" else ""
+        raise PackagedModelError(f"model cache folder {err}: another user could plant or change the models in it"
+                                 f"{hint}, or set ${CACHE_ENV} to a folder of your own") from None
+
+
+def write_marker(folder: Path, content: dict) -> None:
+    """The marker a complete conversion writes last: `content` and the size of every file beside it."""
+    sizes = {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if p.is_file() and p.name != MARKER}
+    (folder / MARKER).write_text(json.dumps({**content, "files": sizes}, indent=1) + "\n")
+
+
+def _complete(folder: Path) -> bool:
+    """Whether `folder` holds a complete conversion (its marker); PackagedModelError naming the folder to delete
+    when a file is shorter or longer than its conversion wrote it (markers of older versions recorded no sizes)."""
+    if not is_present(folder / MARKER):
+        return False
+    try:
+        marker = read_json(folder / MARKER, limit=1 << 20)
+    except UntrustedFileError as err:
+        raise PackagedModelError(f"{err}; delete {folder} to convert it again") from None
+    files = marker.get("files", {}) if isinstance(marker, dict) else None
+    if not isinstance(files, dict):
+        raise PackagedModelError(f"{folder / MARKER} is not a conversion's marker; delete {folder} to convert again")
+    for name, size in files.items():
+        try:
+            info = os.lstat(folder / str(name))
+            found = info.st_size if stat.S_ISREG(info.st_mode) else "no regular file of"
+        except OSError:
+            found = "no file of"
+        if found != size:
+            raise PackagedModelError(f"{folder} is damaged: {name} has {found} bytes where its conversion wrote "
+                                     f"{size}; delete {folder} to convert it again")
+    return True
+
+
 @contextlib.contextmanager
 def _exclusive(lock_path: Path):
-    """One conversion at a time per cache folder (simulated clients starting together would all convert)."""
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    """One conversion at a time per cache folder (simulated clients starting together would all convert). The lock
+    file is opened without following a link or truncating: someone else's link must not make this write elsewhere."""
+    lock_path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)  # not group-writable under umask 002 either
+    check_cache_folder(lock_path.parent)
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as err:
+        reason = "is a link" if err.errno == errno.ELOOP else f"cannot be opened ({err.strerror})"
+        raise PackagedModelError(f"model cache lock file {lock_path} {reason}; remove it") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise PackagedModelError(f"model cache lock file {lock_path} is not a regular file; remove it")
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def load_from_gguf(path: Path, dtype=None):
@@ -114,8 +168,6 @@ def load_from_gguf(path: Path, dtype=None):
 def convert(model: PackagedModel, target: Path) -> None:
     """Write `target` as a plain HF folder (config, fp32 safetensors, tokenizer) from the package's GGUF file; the
     folder appears complete or not at all (written beside it, then renamed)."""
-    import json
-
     from transformers import AutoModelForCausalLM
 
     source = gguf_path(model)
@@ -137,9 +189,8 @@ def convert(model: PackagedModel, target: Path) -> None:
         for child in partial.iterdir():  # a cache other users of the machine may read, like the hub's
             child.chmod(0o644)
         partial.chmod(0o755)
-        (partial / MARKER).write_text(json.dumps({"name": model.name, "source": str(source),
-                                                  "distribution": model.distribution,
-                                                  "gguf_file": model.gguf_file}, indent=1) + "\n")
+        write_marker(partial, {"name": model.name, "source": str(source), "distribution": model.distribution,
+                               "gguf_file": model.gguf_file})
         if target.exists():
             shutil.rmtree(target)  # an interrupted earlier conversion (no marker)
         partial.rename(target)
@@ -152,8 +203,6 @@ def convert(model: PackagedModel, target: Path) -> None:
 def merge_adapter(model: PackagedModel, base_folder: str, target: Path) -> None:
     """Write `target`: the base folder's model with the variant's adapter merged into its weights (fp32), and the
     base's tokenizer; complete or not at all, like `convert`."""
-    import json
-
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -174,8 +223,7 @@ def merge_adapter(model: PackagedModel, base_folder: str, target: Path) -> None:
         for child in partial.iterdir():
             child.chmod(0o644)
         partial.chmod(0o755)
-        (partial / MARKER).write_text(json.dumps({"name": model.name, "base": model.base,
-                                                  "adapter": str(adapter)}, indent=1) + "\n")
+        write_marker(partial, {"name": model.name, "base": model.base, "adapter": str(adapter)})
         if target.exists():
             shutil.rmtree(target)
         partial.rename(target)
@@ -185,15 +233,21 @@ def merge_adapter(model: PackagedModel, base_folder: str, target: Path) -> None:
 
 
 def ensure_folder(name: str) -> str:
-    """The HF folder of packaged model `name`, converting it on first use (safe when several processes ask)."""
+    """The HF folder of packaged model `name`, converting it on first use (safe when several processes ask). The
+    folder and the cache must be this user's and writable by no one else (check_cache_folder)."""
     model = PACKAGED[name]
-    target = cache_root() / name
-    if (target / MARKER).is_file():
-        return str(target)
+    root = cache_root()
+    target = root / name
+    if is_present(target):
+        check_cache_folder(target)
+        if is_present(root):
+            check_cache_folder(root)
+        if _complete(target):
+            return str(target)
     gguf_path(model)  # a missing package is one clear line before any lock or conversion
     base_folder = ensure_folder(model.base) if model.base else None
-    with _exclusive(cache_root() / f".{name}.lock"):
-        if not (target / MARKER).is_file():
+    with _exclusive(root / f".{name}.lock"):
+        if not (is_present(target) and _complete(target)):
             if base_folder is not None:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 merge_adapter(model, base_folder, target)

@@ -37,7 +37,8 @@ from .base import Adapter, ClientWork, RoundContext, ServerProtocol, record_scor
 from .counters import UptakeCounts
 from .fedavg import aggregate_adapters, averaging_state, restore_averaging
 from .optimizers import build as build_optimizer
-from .pubswap_messages import DonorChoice, Scored, Segment, SegmentReply, SwapEntry, check_behaviours
+from .pubswap_messages import (DonorChoice, Scored, Segment, SegmentReply, SwapEntry, check_behaviours,
+                               fit_behaviours)
 from .transfer import adapter_to_send, broadcast_of, global_for, start_round, take_global
 
 log = logging.getLogger("pubswap_flwr")
@@ -222,6 +223,9 @@ class PubSwapProtocol(ServerProtocol):
             pairs = list(combinations([modal[node][uid] for node in nodes], 2))
             if pairs:
                 disagreement.append(sum(a != b for a, b in pairs) / len(pairs))
+        withheld = {}
+        for node in nodes:  # each node's segment must fit the payload limit whatever behaviours donors sent
+            sets[node], choices[node], withheld[node] = fit_behaviours(sets[node], choices[node])
         pair_count = max(len(nodes) * len(uids), 1)
         metrics = {
             "prompts": uids,
@@ -232,6 +236,8 @@ class PubSwapProtocol(ServerProtocol):
             "public_reward_before_swap": {str(n): float(np.mean(r)) if r else 0.0 for n, r in own_reward.items()},
             "policy_disagreement": float(np.mean(disagreement)) if disagreement else 0.0,
         }
+        if any(withheld.values()):
+            metrics["behaviours_withheld"] = {str(n): c for n, c in withheld.items()}
         if p.donor == "likely":
             metrics["mean_donor_candidates"] = float(np.mean(candidates)) if candidates else 0.0
         return sets, choices, metrics
@@ -240,12 +246,16 @@ class PubSwapProtocol(ServerProtocol):
 def summarise_public_steps(steps: list[dict]) -> dict:
     if not steps:
         return {"swapped_pair_fraction": 0.0, "responses_swapped": 0, "policy_disagreement": 0.0}
-    return {
+    summary = {
         "swapped_pair_fraction": float(np.mean([s["swapped_pair_fraction"] for s in steps])),
         "responses_swapped": int(sum(sum(s["responses_swapped"].values()) for s in steps)),
         "mean_donors": float(np.mean([s["mean_donors"] for s in steps])),
         "policy_disagreement": float(np.mean([s["policy_disagreement"] for s in steps])),
     }
+    withheld = [s["behaviours_withheld"] for s in steps if "behaviours_withheld" in s]
+    if withheld:
+        summary["behaviours_withheld"] = {n: sum(w.get(n, 0) for w in withheld) for w0 in withheld for n in w0}
+    return summary
 
 
 # -- client --------------------------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from functools import partial
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from flwr.app import Message, RecordDict
@@ -15,7 +15,7 @@ from ..compression import Codec, Quantized
 from ..rollouts import Behaviour
 from ..tasks import extract_answer, score_completion, training_reward
 from ..validate import Limits, Rejected, check_behaviour, check_public_responses
-from ..wire import CONFIG_KEY
+from ..wire import CONFIG_KEY, DEFAULT_MAX_PAYLOAD_BYTES
 from .base import Adapter, ClientReport, Header, Instruction, adapter_of, payload_of, read_reply, records, reply_records
 from .fedavg import checked_adapter
 from .transfer import Downlink, put_quantized
@@ -60,6 +60,39 @@ class SwapEntry:
 
 
 MAX_CANDIDATES = 64  # pubswap.donor-candidates' bound
+# the behaviours one segment carries to a node: at generation.max-new-tokens = 32768, 4 public prompts x 16 donor
+# candidates of colluders' full-length behaviours made 11.2 MB, over the 8 MB payload, and every honest node failed;
+# beyond this budget the longest are withheld (those responses train without IS, as foreign fallbacks)
+BEHAVIOUR_BYTES = DEFAULT_MAX_PAYLOAD_BYTES // 2
+
+
+def _wire_chars(behaviour: Behaviour) -> int:
+    """An upper bound of `Behaviour.to_wire`'s length: base64 of a width byte and at most 6 bytes a token."""
+    return 4 * (1 + 6 * len(behaviour.ids) + 2) // 3
+
+
+def fit_behaviours(sets: dict, choices: dict, budget: int = BEHAVIOUR_BYTES) -> tuple[dict, dict, int]:
+    """One node's response sets ({uid: entries}) and donor choices ({uid: DonorChoice}) with the longest donor
+    behaviours withheld until the rest fit `budget` characters; returns them and how many were withheld."""
+    found = [(_wire_chars(e.behaviour), kind, uid, i) for kind, entries in
+             (("set", sets), ("choice", {u: c.candidates for u, c in choices.items()}))
+             for uid, row in entries.items() for i, e in enumerate(row) if e.behaviour is not None]
+    total = sum(size for size, *_ in found)
+    withheld = set()
+    for size, kind, uid, i in sorted(found, key=lambda f: -f[0]):
+        if total <= budget:
+            break
+        withheld.add((kind, uid, i))
+        total -= size
+    if not withheld:
+        return sets, choices, 0
+
+    def strip(kind: str, uid: str, row: tuple) -> tuple:
+        return tuple(replace(e, behaviour=None) if (kind, uid, i) in withheld else e for i, e in enumerate(row))
+
+    return ({uid: strip("set", uid, row) for uid, row in sets.items()},
+            {uid: replace(c, candidates=strip("choice", uid, c.candidates)) for uid, c in choices.items()},
+            len(withheld))
 
 
 @dataclass(frozen=True)

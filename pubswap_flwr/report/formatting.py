@@ -2,9 +2,30 @@
 
 from __future__ import annotations
 
+import re
 import statistics
 
 from .statistics import NAN, Interval, finite
+
+# what could turn a run's text into a link, image, HTML, emphasis or another table cell; `_` only at a word's edge
+# (count_bits stays as it is), `(` and `.` not at all (they do nothing without the escaped `[` or a line start)
+_MARKDOWN = re.compile(r"[\\`*\[\]|~]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
+_HTML = {"<": "&lt;", ">": "&gt;", "&": "&amp;"}
+
+
+def escape_markdown(text: object) -> str:
+    """Text from a run's files (arm, mode, task and run names, provenance, failure details) as literal text in
+    report.md: markdown punctuation backslash-escaped, `<`, `>` and `&` as HTML entities, line breaks as spaces."""
+    text = re.sub(r"[\r\n]+", " ", str(text))
+    text = _MARKDOWN.sub(lambda m: "\\" + m.group(0), text)
+    return re.sub(r"[<>&]", lambda m: _HTML[m.group(0)], text)
+
+
+def code_span(text: object) -> str:
+    """Text from a run's files inside a `code span`: no backtick can close it, no line break end it, no HTML
+    (entities show as written: a sign that the text held markup)."""
+    text = re.sub(r"[\r\n]+", " ", str(text)).replace("`", "'")
+    return re.sub(r"[<>&]", lambda m: _HTML[m.group(0)], text)
 
 
 def fmt_number(value: float, digits: int, signed: bool) -> str:

@@ -7,7 +7,8 @@ import statistics
 from pathlib import Path
 
 from ..metrics_schema import WELL_FORMED_WARNING
-from .formatting import fmt_ci, fmt_number, fmt_rounds, fmt_spread, fmt_value, interval_json, spread_json
+from .formatting import (code_span, escape_markdown as md, fmt_ci, fmt_number, fmt_rounds, fmt_spread, fmt_value,
+                         interval_json, spread_json)
 from .plots import MARKER_NAMES, ArmStyle, colour_name
 from .item_intervals import ITEM_METRICS, learning_item_interval, paired_item_interval
 from .statistics import CONFIDENCE, NAN, PAIRED, PairedDifference, finite, mean_ci, paired_differences
@@ -31,18 +32,19 @@ LEARNING = [  # (label, eval key): held-out change from round 0 to the last eval
     ("well-formed", "sampled_well_formed"),
 ]
 Arms = dict[str, list[RunSummary]]
+SELF_REPORTED = "self-reported by the nodes"  # summary.json's `held_out` of an arm whose runs' evals are the nodes'
 
 
 def heading_lines(title: str, notes: str, command: str, made_by: str, runs: list[RunSummary],
                   code_lines: list[str]) -> list[str]:
     """The title, who made the runs and the report, the notes, the provenance lines and how to read the numbers.
     Nothing in it but the runs' files and the arguments: a published report regenerates byte for byte."""
-    lines = [f"# {title}", ""]
+    lines = [f"# {md(title)}", ""]
     stamp = f"from {len(runs)} run(s)"
     if made_by and command and made_by != command:
-        lines.append(f"Runs made by `{made_by}`; this report generated {stamp} by `{command}`.")
+        lines.append(f"Runs made by `{code_span(made_by)}`; this report generated {stamp} by `{code_span(command)}`.")
     else:
-        lines.append(f"Generated {stamp}" + (f" by `{command}`" if command else "") + ".")
+        lines.append(f"Generated {stamp}" + (f" by `{code_span(command)}`" if command else "") + ".")
     if notes:
         lines += ["", notes.strip()]
     lines += code_lines
@@ -92,7 +94,9 @@ def arms_table_lines(arms: Arms, failures: dict[tuple[str, int], str], summary: 
              "|---|---|---|" + "---|" * len(HEADLINE)]
     for arm, members in arms.items():
         cells = []
-        entry: dict = {"seeds": [r.seed for r in members], "mode": members[0].mode}
+        self_reported = any(r.values["self_reported"] for r in members)
+        entry: dict = {"seeds": [r.seed for r in members], "mode": members[0].mode,
+                       "held_out": SELF_REPORTED if self_reported else "server-evaluated"}
         for _, key in HEADLINE:
             values = [r.values[key] for r in members]
             if key == WALL:
@@ -103,11 +107,38 @@ def arms_table_lines(arms: Arms, failures: dict[tuple[str, int], str], summary: 
             entry[key] = interval_json(interval, values)
             cells.append(fmt_rounds(values) if key == "rounds" else fmt_ci(interval, 3))
         summary["arms"][arm] = entry
-        lines.append(f"| {arm} | {members[0].mode} | {', '.join(str(r.seed) for r in members)} | "
+        mode = md(members[0].mode) + (" (held-out self-reported)" if self_reported else "")
+        lines.append(f"| {md(arm)} | {mode} | {', '.join(str(r.seed) for r in members)} | "
                      + " | ".join(cells) + " |")
     for arm in sorted({a for a, _ in failures}):
         if arm not in arms:
-            lines.append(f"| {arm} | – | – | " + " | ".join("FAILED" for _ in HEADLINE) + " |")
+            lines.append(f"| {md(arm)} | – | – | " + " | ".join("FAILED" for _ in HEADLINE) + " |")
+    if any(entry["held_out"] == SELF_REPORTED for entry in summary["arms"].values()):
+        lines += ["", "*held-out self-reported*: every node evaluated its own adapter and reported the numbers; the "
+                  "server holds no weights of these runs to check them, so one node can move the mean over nodes "
+                  "as far as it likes. The paired differences and changes since round 0 of these arms are of the "
+                  "same reports. Each node's report is under \"Self-reported held-out\"; `pubswap verify` "
+                  "re-evaluates the runs' published node adapters."]
+    return lines
+
+
+def self_reported_lines(arms: Arms) -> list[str]:
+    """'Self-reported held-out': per run, what each node reported of its own adapter at the last evaluation (the
+    headline's held-out numbers of such runs are their mean)."""
+    runs = [r for members in arms.values() for r in members if r.node_evals]
+    if not runs:
+        return []
+    nodes = sorted({index for r in runs for index in r.node_evals})
+    lines = ["", "## Self-reported held-out", "", "Each node's own held-out sampled accuracy (greedy where it "
+             "sampled none) of its own adapter, as it reported it at the run's last evaluation: not checked by the "
+             "server.", "", "| run | " + " | ".join(f"node {n}" for n in nodes) + " |", "|---|" + "---|" * len(nodes)]
+    for r in runs:
+        cells = []
+        for n in nodes:
+            result = r.node_evals.get(n, {})
+            value = result.get("sampled_accuracy", result.get("greedy_accuracy"))
+            cells.append("–" if value is None else f"{value:.3f}")
+        lines.append(f"| {md(r.run_dir.name)} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -118,9 +149,9 @@ def paired_lines(arms: Arms, baseline: str | None, summary: dict) -> list[str]:
     if not pairs:
         return []
     seeds = sorted({s for p in pairs for s in p.seeds})
-    lines = ["", f"## Paired differences against {baseline}", "",
+    lines = ["", f"## Paired differences against {md(baseline)}", "",
              f"For a given seed every arm sees the same question streams and held-out items, so each arm is "
-             f"compared with the baseline **{baseline}** seed by seed: arm minus {baseline} per seed, then the "
+             f"compared with the baseline **{md(baseline)}** seed by seed: arm minus {md(baseline)} per seed, then the "
              f"mean difference over seeds with its {CONFIDENCE:.0%} confidence interval (paired t, n-1 degrees "
              "of freedom; *n/a* with one paired seed). An interval that excludes 0 is a difference the seeds "
              "resolve; one that includes 0 is not."]
@@ -128,7 +159,7 @@ def paired_lines(arms: Arms, baseline: str | None, summary: dict) -> list[str]:
     if unpaired:
         lines += ["", "Left out of the pairing (a seed run by only one of the two arms): "
                   + "; ".join(unpaired) + "."]
-    lines += ["", f"| arm − {baseline} | metric | " + " | ".join(f"s{s}" for s in seeds)
+    lines += ["", f"| arm − {md(baseline)} | metric | " + " | ".join(f"s{s}" for s in seeds)
               + " | mean difference [95% CI] | CI covers |", "|---|---|" + "---|" * len(seeds) + "---|---|"]
     for pair in pairs:
         summary["paired"][pair.arm] = {"seeds": pair.seeds, "left_out": {pair.arm: pair.only_arm,
@@ -140,7 +171,7 @@ def paired_lines(arms: Arms, baseline: str | None, summary: dict) -> list[str]:
             summary["paired"][pair.arm][key] = {**interval_json(interval, [per_seed[s] for s in sorted(per_seed)]),
                                                 "covers": covers}
             cells = [fmt_number(per_seed[s], 3, True) if s in per_seed else "–" for s in seeds]
-            lines.append(f"| {pair.arm} | {label} | " + " | ".join(cells)
+            lines.append(f"| {md(pair.arm)} | {label} | " + " | ".join(cells)
                          + f" | {fmt_ci(interval, 3, True)} | {covers} |")
     return lines
 
@@ -149,9 +180,10 @@ def _describe_unpaired(pairs: list[PairedDifference]) -> list[str]:
     notes = []
     for pair in pairs:
         if pair.only_arm:
-            notes.append(f"{pair.arm} seed(s) {', '.join(map(str, pair.only_arm))} (no {pair.baseline} run)")
+            notes.append(f"{md(pair.arm)} seed(s) {', '.join(map(str, pair.only_arm))} (no {md(pair.baseline)} run)")
         if pair.only_baseline:
-            notes.append(f"{pair.baseline} seed(s) {', '.join(map(str, pair.only_baseline))} (no {pair.arm} run)")
+            notes.append(f"{md(pair.baseline)} seed(s) {', '.join(map(str, pair.only_baseline))} "
+                         f"(no {md(pair.arm)} run)")
     return notes
 
 
@@ -172,7 +204,7 @@ def per_run_lines(arms: Arms, runs: list[RunSummary], summary: dict) -> list[str
                 cells += [fmt_value(v["sampled_accuracy_se"]), fmt_value(v["samples"], 0)]
             cells += [fmt_value(v["sampled_reward"]), fmt_value(v["cumulative_reward"]), str(int(v["rounds"])),
                       fmt_value(v["wall_s"], 1), fmt_value(v["megabytes"])]
-            lines.append(f"| {r.run_dir.name} | {r.seed} | " + " | ".join(cells) + " |")
+            lines.append(f"| {md(r.run_dir.name)} | {r.seed} | " + " | ".join(cells) + " |")
             summary["runs"][r.run_dir.name] = {"arm": arm, "seed": r.seed, **v}
     return lines
 
@@ -184,14 +216,14 @@ def per_task_lines(arms: Arms, runs: list[RunSummary]) -> list[str]:
         return []
     lines = ["", "## Per task", "", "Held-out sampled accuracy, mean over seeds [95% CI]; greedy pass@1 "
              "(mean over seeds) in parentheses.", "",
-             "| arm | " + " | ".join(tasks) + " |", "|---|" + "---|" * len(tasks)]
+             "| arm | " + " | ".join(map(md, tasks)) + " |", "|---|" + "---|" * len(tasks)]
     for arm, members in arms.items():
         cells = []
         for task in tasks:
             sampled = mean_ci(r.per_task.get(task, {}).get("sampled_accuracy") for r in members)
             greedy = mean_ci(r.per_task.get(task, {}).get("greedy_accuracy") for r in members)
             cells.append(fmt_ci(sampled) + (f" ({greedy.mean:.3f})" if greedy.n else ""))
-        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+        lines.append(f"| {md(arm)} | " + " | ".join(cells) + " |")
     if any(t.get("sampled_accuracy_se") is not None for r in runs for t in r.per_task.values()):
         lines += _per_task_run_lines(arms, tasks)
     return lines
@@ -199,7 +231,7 @@ def per_task_lines(arms: Arms, runs: list[RunSummary]) -> list[str]:
 
 def _per_task_run_lines(arms: Arms, tasks: list[str]) -> list[str]:
     lines = ["", "Per run: held-out sampled accuracy ± the run's standard error over the task's items.", "",
-             "| run | " + " | ".join(tasks) + " |", "|---|" + "---|" * len(tasks)]
+             "| run | " + " | ".join(map(md, tasks)) + " |", "|---|" + "---|" * len(tasks)]
     for members in arms.values():
         for r in members:
             cells = []
@@ -208,7 +240,7 @@ def _per_task_run_lines(arms: Arms, tasks: list[str]) -> list[str]:
                 value, se = entry.get("sampled_accuracy"), entry.get("sampled_accuracy_se")
                 cells.append("–" if value is None else f"{value:.3f}"
                              + (f" ± {se:.3f}" if se is not None else ""))
-            lines.append(f"| {r.run_dir.name} | " + " | ".join(cells) + " |")
+            lines.append(f"| {md(r.run_dir.name)} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -246,7 +278,7 @@ def learning_lines(arms: Arms, summary: dict) -> list[str]:
             summary["learning"][arm][key] = {"round0": statistics.fmean(start), "last": statistics.fmean(end),
                                              "change": {**interval_json(change, [b - a for a, b in zip(start, end)]),
                                                         "covers": covers}}
-            lines.append(f"| {arm} | {label} | {statistics.fmean(start):.3f} | {statistics.fmean(end):.3f} | "
+            lines.append(f"| {md(arm)} | {label} | {statistics.fmean(start):.3f} | {statistics.fmean(end):.3f} | "
                          f"{fmt_ci(change, 3, True)} | {covers} |")
     return lines
 
@@ -272,7 +304,7 @@ def format_lines(arms: Arms, summary: dict) -> list[str]:
         share = "–" if not seeds else f"{statistics.fmean(seeds):.3f}"
         if len(seeds) > 1:
             share += f" ({min(seeds):.3f}–{max(seeds):.3f})"
-        lines.append(f"| {arm} | {share} | {breaks} of {total} | {broken_runs} of {len(members)} |")
+        lines.append(f"| {md(arm)} | {share} | {breaks} of {total} | {broken_runs} of {len(members)} |")
     return lines
 
 
@@ -282,7 +314,8 @@ def failure_lines(failures: dict[tuple[str, int], str]) -> list[str]:
         return []
     lines = ["", "## Failed runs", ""]
     for (arm, seed), detail in sorted(failures.items()):
-        lines.append(f"- **{arm}** seed {seed}: FAILED — {detail.strip().splitlines()[-1] if detail else ''}")
+        last = md(detail.strip().splitlines()[-1]) if detail.strip() else ""
+        lines.append(f"- **{md(arm)}** seed {seed}: FAILED — {last}")
     return lines
 
 
@@ -291,7 +324,7 @@ def plot_lines(plots: list[tuple[Path, str]], arms: Arms, styles: dict[str, ArmS
     if not plots:
         return []
     lines = ["", "## Plots", "", "Colours and markers are fixed per arm across every figure: "
-             + ", ".join(f"{arm} {colour_name(styles[arm].colour)} {MARKER_NAMES[styles[arm].marker]}"
+             + ", ".join(f"{md(arm)} {colour_name(styles[arm].colour)} {MARKER_NAMES[styles[arm].marker]}"
                          for arm in arms) + "."]
     for path, caption in plots:
         lines += ["", f"**{path.stem}**: {caption}.", "", f"![{path.stem}](plots/{path.name})"]
@@ -314,17 +347,18 @@ def provenance_lines(runs: list[RunSummary]) -> tuple[list[str], dict[str, list[
     envs = {e for found in environments.values() for e in found}
     lines = [""]
     if len(labels) == 1 and not missing:
-        lines.append(f"All {len(runs)} run(s) were made by code {next(iter(labels))}"
-                     + (f" with {next(iter(envs))}." if len(envs) == 1 else "."))
+        lines.append(f"All {len(runs)} run(s) were made by code {md(next(iter(labels)))}"
+                     + (f" with {md(next(iter(envs)))}." if len(envs) == 1 else "."))
     elif labels:
         mixed = [name for name, found in made_with.items() if len(set(found)) > 1]
         lines.append("**Warning: these runs were not all made by the same code.** "
-                     + "; ".join(f"{label}: {', '.join(n for n, f in made_with.items() if label in f)}"
+                     + "; ".join(f"{md(label)}: {', '.join(md(n) for n, f in made_with.items() if label in f)}"
                                  for label in sorted(labels))
-                     + (f"; resumed under different code: {', '.join(mixed)}" if mixed else "")
-                     + (f"; no record (made before provenance.json): {', '.join(missing)}" if missing else "") + ".")
+                     + (f"; resumed under different code: {', '.join(map(md, mixed))}" if mixed else "")
+                     + (f"; no record (made before provenance.json): {', '.join(map(md, missing))}" if missing else "")
+                     + ".")
     else:
         lines.append("The runs record no provenance (made before runs wrote provenance.json).")
     if len(envs) > 1:
-        lines.append("**Warning: the runs' environments differ:** " + "; ".join(sorted(envs)) + ".")
+        lines.append("**Warning: the runs' environments differ:** " + "; ".join(map(md, sorted(envs))) + ".")
     return lines, made_with

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
+from ..untrusted import write_replacing
 from .curves import PICKS, band, paired_band
 from .statistics import Interval
 from .summaries import RunSummary
@@ -67,8 +69,9 @@ def _draw(ax, rounds: list[int], intervals: list[Interval], style: ArmStyle, lab
     means = [iv.mean for iv in intervals]
     step = max(1, math.ceil(len(rounds) / MARKED_POINTS))
     markevery = None if step == 1 else (int(style.phase * step), step)
-    ax.plot(rounds, means, color=style.colour, label=label, linestyle=linestyle, marker=style.marker,
-            markersize=3.5 if step == 1 else 4.5, markevery=markevery, gid=gid)
+    ax.plot(rounds, means, color=style.colour, label=label.replace("$", r"\$"),  # a run's name is no mathtext
+            linestyle=linestyle, marker=style.marker, markersize=3.5 if step == 1 else 4.5, markevery=markevery,
+            gid=gid)
     if any(iv.has_interval for iv in intervals):
         fill = ax.fill_between(rounds, [iv.low for iv in intervals], [iv.high for iv in intervals],
                                color=style.colour, alpha=0.15, linewidth=0)
@@ -89,7 +92,9 @@ def save_figure(fig, path: Path) -> Path:
     for axis in fig.axes:
         axis.xaxis.set_major_locator(MaxNLocator(integer=True))
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    png = io.BytesIO()
+    fig.savefig(png, dpi=110, format="png")
+    write_replacing(path, png.getvalue())  # a link planted at `path` is replaced, not written through
     import matplotlib.pyplot as plt
 
     plt.close(fig)

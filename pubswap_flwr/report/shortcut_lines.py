@@ -7,7 +7,7 @@ import statistics
 
 from ..metrics_schema import CONSTANT_ACCURACY, SHORTCUT_TASKS
 from ..tasks.shortcuts import SHORTCUT_SHARE
-from .formatting import fmt_value
+from .formatting import code_span, escape_markdown as md, fmt_value
 from .summaries import RunSummary
 
 Arms = dict[str, list[RunSummary]]
@@ -42,25 +42,27 @@ def shortcut_lines(arms: Arms, runs: list[RunSummary], summary: dict) -> list[st
              "that a constant answer also reaches, or a modal share near 1, is a shortcut, not skill: a run is "
              f"flagged when a task's answers collapse onto one value more than {SHORTCUT_SHARE:.0%} of the time "
              "while the gold answers do not.", "",
-             "| | " + " | ".join(tasks) + " |", "|---|" + "---|" * len(tasks)]
+             "| | " + " | ".join(md(t) for t in tasks) + " |", "|---|" + "---|" * len(tasks)]
     constant = {t: _mean([r.per_task.get(t, {}).get(CONSTANT_ACCURACY) for r in runs]) for t in tasks}
     answers = {t: next((r.per_task[t].get("constant_answer") for r in runs if t in r.per_task), None) for t in tasks}
     lines.append("| best constant answer | " + " | ".join(
-        f"{fmt_value(constant[t])} (`{answers[t]}`)" if answers[t] else fmt_value(constant[t]) for t in tasks) + " |")
+        f"{fmt_value(constant[t])} (`{code_span(answers[t])}`)" if answers[t] else fmt_value(constant[t])
+        for t in tasks) + " |")
     summary["shortcuts"] = {"constant_accuracy": constant, "arms": {}}
     for arm, members in arms.items():
         above = {t: _mean([r.per_task.get(t, {}).get("sampled_accuracy") for r in members]) - constant[t]
                  for t in tasks}
         shares = {t: [r.per_task.get(t, {}).get("greedy_modal_share") for r in members] for t in tasks}
-        lines.append(f"| {arm}: sampled − constant | " + " | ".join(
+        lines.append(f"| {md(arm)}: sampled − constant | " + " | ".join(
             "–" if above[t] != above[t] else f"{above[t]:+.3f}" for t in tasks) + " |")
-        lines.append(f"| {arm}: greedy modal share | " + " | ".join(
+        lines.append(f"| {md(arm)}: greedy modal share | " + " | ".join(
             _share_cell(shares[t]) for t in tasks) + " |")
         summary["shortcuts"]["arms"][arm] = {"sampled_minus_constant": above,
                                              "greedy_modal_share": {t: _mean(v) for t, v in shares.items()}}
     flagged = flagged_runs(runs)
     summary["shortcuts"]["flagged"] = flagged
-    lines += ["", ("**Flagged**: " + "; ".join(f"{run} ({', '.join(t)})" for run, t in flagged.items()) + ".")
+    lines += ["", ("**Flagged**: " + "; ".join(f"{md(run)} ({', '.join(md(x) for x in t)})"
+                                                for run, t in flagged.items()) + ".")
               if flagged else "No run's answers collapsed onto one value."]
     return lines
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 import statistics
 from dataclasses import dataclass, field
@@ -10,6 +9,7 @@ from pathlib import Path
 
 from ..metrics import CONFIG_FILE, STATUS_FILE, read_eval_items, read_metrics
 from ..metrics_schema import WELL_FORMED_WARNING
+from ..untrusted import UntrustedFileError, is_present, read_json
 
 RUN_NAME = re.compile(r"^(?P<arm>.+)-s(?P<seed>\d+)$")
 NAN = float("nan")
@@ -27,6 +27,7 @@ class RunSummary:
     # round -> metric (greedy_accuracy, sampled_accuracy) -> item uid -> the item's value (eval_items.jsonl; {} for
     # runs made before it existed)
     items: dict[int, dict[str, dict[str, float]]] = field(default_factory=dict, repr=False)
+    node_evals: dict[int, dict] = field(default_factory=dict)  # sapo: each node's own last held-out report, by index
 
 
 def arm_and_seed(run_dir: Path) -> tuple[str, int]:
@@ -49,11 +50,12 @@ def summarize_run(run_dir: Path) -> RunSummary:
         raise ValueError(f"{run_dir}: metrics.jsonl is empty")
     evaluated = [r for r in rows if r.get("eval")]
     final = evaluated[-1]["eval"] if evaluated else {}
+    node_evals = _node_evals(rows, evaluated[-1]) if evaluated else {}
     trained = [r for r in rows if r["round"] > 0]
     wall = sum(r["time"]["round_s"] for r in trained if "time" in r)
     status = run_dir / STATUS_FILE
-    if status.is_file():
-        wall = float(json.loads(status.read_text()).get("elapsed_s") or wall)
+    if is_present(status):
+        wall = _number(_json_object(status).get("elapsed_s"), f"{status}: elapsed_s") or wall
     values = {
         "greedy_accuracy": _get(final, "greedy_accuracy"),
         "sampled_accuracy": _get(final, "sampled_accuracy"),
@@ -67,11 +69,12 @@ def summarize_run(run_dir: Path) -> RunSummary:
                          for r in trained if "bytes" in r) / 1e6,
     }
     values["temperature"] = _sampling_temperature(run_dir)
+    values["self_reported"] = float(bool(node_evals))
     values.update(format_health(trained))
     arm, seed = arm_and_seed(run_dir)
     samples = {row["round"]: row["eval"].get("samples") for row in evaluated}
     return RunSummary(arm, seed, run_dir, rows[-1].get("mode", "?"), values, final.get("per_task", {}), rows,
-                      item_values(run_dir, samples))
+                      items=item_values(run_dir, samples), node_evals=node_evals)
 
 
 def item_values(run_dir: Path, samples_by_round: dict[int, int | None] | None = None
@@ -89,10 +92,15 @@ def item_values(run_dir: Path, samples_by_round: dict[int, int | None] | None = 
             if not isinstance(uids, list):
                 raise ValueError(f"{run_dir}: eval_items.jsonl round {row['round']}: a record without its uids")
             samples = record.get("samples") or (samples_by_round or {}).get(row["round"]) or 1
+            if not isinstance(samples, (int, float)) or isinstance(samples, bool) or samples <= 0:
+                raise ValueError(f"{run_dir}: eval_items.jsonl round {row['round']}: 'samples' is not a count")
             for metric, key, scale in (("greedy_accuracy", "greedy", 1), ("sampled_accuracy", "sampled", samples)):
                 counts = record.get(key)
                 if not isinstance(counts, list) or len(counts) != len(uids):
                     continue
+                if not all(isinstance(c, (int, float)) and not isinstance(c, bool) for c in counts):
+                    raise ValueError(f"{run_dir}: eval_items.jsonl round {row['round']}: '{key}' holds a value "
+                                     "that is not a count")
                 target = sums.setdefault(metric, {})
                 for uid, count in zip(uids, counts):
                     target.setdefault(str(uid), []).append(float(count) / scale)
@@ -101,13 +109,42 @@ def item_values(run_dir: Path, samples_by_round: dict[int, int | None] | None = 
     return out
 
 
+def _node_evals(rows: list[dict], final: dict) -> dict[int, dict]:
+    """SAPO: the held-out metrics each node reported of its own adapter in the run's last evaluated round (whose
+    `eval` is their mean), by node index; {} when the last evaluation was the server's own."""
+    indices = {str(node): c.get("node_index") for r in rows for node, c in (r.get("clients") or {}).items()}
+    reported = final.get("node_eval") or {}
+    return {index: result for node, result in reported.items()
+            if isinstance(index := indices.get(str(node)), int)}
+
+
 def _sampling_temperature(run_dir: Path) -> float:
     """generation.temperature from the run's config.json (held-out samples are drawn with the run's own settings);
     NaN when the run has no readable config."""
     path = run_dir / CONFIG_FILE
-    if not path.is_file():
+    if not is_present(path):
         return NAN
-    return _get(json.loads(path.read_text()).get("config", {}), "generation.temperature")
+    config = _json_object(path).get("config", {})
+    if not isinstance(config, dict):
+        raise UntrustedFileError(f"{path}: config must be an object of run-config keys")
+    temperature = _number(config.get("generation.temperature"), f"{path}: generation.temperature")
+    return NAN if temperature is None else temperature
+
+
+def _json_object(path: Path) -> dict:
+    data = read_json(path)
+    if not isinstance(data, dict):
+        raise UntrustedFileError(f"{path}: must hold a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _number(value, where: str) -> float | None:
+    """`value` as a float, None when absent; UntrustedFileError naming `where` for anything but a number."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or abs(value) > 1e300:
+        raise UntrustedFileError(f"{where} must be a number, got {str(value)[:60]!r}")
+    return float(value)
 
 
 def format_health(trained: list[dict]) -> dict[str, float]:

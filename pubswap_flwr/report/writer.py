@@ -6,8 +6,11 @@ import json
 from pathlib import Path
 
 from ..metrics import json_safe
+from ..untrusted import (UntrustedFileError, check_no_links, is_present, parse_json, read_bytes,
+                         write_replacing)
+from .formatting import code_span
 from .markdown import (arms_table_lines, failure_lines, format_lines, heading_lines, learning_lines, paired_lines,
-                       per_run_lines, per_task_lines, plot_lines, provenance_lines)
+                       per_run_lines, per_task_lines, plot_lines, provenance_lines, self_reported_lines)
 from .plots import arm_styles, remove_stale_plots, write_plots
 from .shortcut_lines import shortcut_lines
 from .statistics import CONFIDENCE
@@ -23,12 +26,25 @@ class ReportExistsError(FileExistsError):
 
 
 def read_summary(out: Path) -> dict:
-    """The summary.json a previous report left under `out` ({} when there is none or it cannot be read)."""
+    """The summary.json a previous report left under `out` ({} when there is none or it is no JSON object). A link
+    or FIFO is refused (UntrustedFileError): `out` may be a downloaded sweep's folder."""
+    path = out / SUMMARY_FILE
+    if not is_present(path):
+        return {}
     try:
-        summary = json.loads((out / SUMMARY_FILE).read_text())
-    except (OSError, json.JSONDecodeError):
+        summary = parse_json(read_bytes(path).decode("utf-8", "replace"), str(path))
+    except UntrustedFileError:
+        if not path.is_file() or path.is_symlink():
+            raise
         return {}
     return summary if isinstance(summary, dict) else {}
+
+
+def _reusable(previous: dict) -> dict:
+    """What a new report takes over from the previous summary: title, notes, made_by, baseline and the arms' order,
+    each only when it has its type."""
+    kinds = {"title": str, "notes": str, "made_by": str, "baseline": str, "arms": dict}
+    return {key: previous[key] for key, kind in kinds.items() if isinstance(previous.get(key), kind)}
 
 
 def _ordered_arms(runs: list[RunSummary], arm_order: list[str] | None, previous: dict) -> dict[str, list[RunSummary]]:
@@ -76,7 +92,7 @@ def write_report(out: Path, run_dirs: list[Path], *, failures: dict[tuple[str, i
     if report.exists() and not force:
         raise ReportExistsError(f"{report} exists; pass force=True (pubswap report --force) to replace it, or "
                                 "write the new report elsewhere (--out)")
-    previous = read_summary(out)
+    previous = _reusable(read_summary(out))
     title = title if title is not None else previous.get("title") or DEFAULT_TITLE
     notes = notes if notes is not None else previous.get("notes") or ""
     made_by = made_by if made_by is not None else previous.get("made_by") or command
@@ -94,17 +110,19 @@ def write_report(out: Path, run_dirs: list[Path], *, failures: dict[tuple[str, i
     lines += arms_table_lines(arms, failures, summary)
     lines += paired_lines(arms, baseline, summary)
     lines += per_run_lines(arms, runs, summary)
+    lines += self_reported_lines(arms)
     lines += per_task_lines(arms, runs)
     lines += shortcut_lines(arms, runs, summary)
     lines += learning_lines(arms, summary)
     lines += format_lines(arms, summary)
     lines += failure_lines(failures)
     styles = arm_styles(arms)
+    check_no_links(out / "plots", out)
     plots = write_plots(out, arms, baseline, styles) if arms else []
     remove_stale_plots(out, plots)
     lines += plot_lines(plots, arms, styles)
-    lines += ["", "## Runs", ""] + [f"- `{_shown(r.run_dir, out)}`" for r in runs]
+    lines += ["", "## Runs", ""] + [f"- `{code_span(_shown(r.run_dir, out))}`" for r in runs]
     summary["plots"] = [f"plots/{p.name}" for p, _ in plots]
-    report.write_text("\n".join(lines) + "\n")
-    (out / SUMMARY_FILE).write_text(json.dumps(json_safe(summary), indent=2))
+    write_replacing(report, ("\n".join(lines) + "\n").encode())  # links planted in `out` are replaced, not followed
+    write_replacing(out / SUMMARY_FILE, json.dumps(json_safe(summary), indent=2).encode())
     return report

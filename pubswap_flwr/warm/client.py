@@ -23,7 +23,6 @@ import json
 import logging
 import os
 import socket
-import stat
 import subprocess
 import sys
 import tempfile
@@ -34,6 +33,7 @@ from typing import Iterator
 
 from flwr.app import Context, Message
 
+from ..untrusted import NotOwnedError, check_owned_dir
 from .framing import PROTOCOL, ConnectionClosed, recv_json, recv_message, send_context, send_json, send_message
 
 log = logging.getLogger("pubswap_flwr")
@@ -57,15 +57,12 @@ class WorkerUnavailable(WorkerError):
 # -- where a worker lives ----------------------------------------------------------------------------------------
 def check_private_dir(path: Path) -> None:
     """Refuse a worker directory that someone else could reach: a link, not ours, or open to group/others."""
-    info = os.lstat(path)
-    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
-        raise WorkerError(f"warm worker directory {path} must be a plain directory, not a link or a file")
-    if info.st_uid != os.getuid():
-        raise WorkerError(f"warm worker directory {path} belongs to uid {info.st_uid}, not to this user "
-                          f"({os.getuid()}); set ${RUNTIME_DIR_ENV} to a directory of your own")
-    if info.st_mode & 0o077:
-        raise WorkerError(f"warm worker directory {path} has mode {stat.S_IMODE(info.st_mode):o}: others could reach "
-                          f"the worker's socket; `chmod 700 {path}` or set ${RUNTIME_DIR_ENV}")
+    try:
+        check_owned_dir(path, forbidden_mode=0o077)
+    except NotOwnedError as err:
+        hint = {"link": "", "owner": f"; set ${RUNTIME_DIR_ENV} to a directory of your own",
+                "mode": f": others could reach the worker's socket; `chmod 700 {path}` or set ${RUNTIME_DIR_ENV}"}
+        raise WorkerError(f"warm worker directory {err}{hint[err.kind]}") from None
 
 
 def _private_dir(path: Path) -> Path:

@@ -60,7 +60,7 @@ def test_publish_then_regenerate(tmp_path):
     assert sorted(p.name for p in (published / "runs").iterdir()) == [
         "fedavg-s0", "fedavg-s1", "fedprox-s0", "fedprox-s1"]
 
-    with pytest.raises(SystemExit, match="--force"):
+    with pytest.raises(script.PublishError, match="--force"):
         script.publish(sweep, results, docs=docs)
     assert (published / "report.md").read_text() == text
 

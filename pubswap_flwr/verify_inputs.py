@@ -1,0 +1,186 @@
+"""What `pubswap verify` reads from a run directory, checked: its config, metrics, adapters and base model."""
+
+from __future__ import annotations
+
+import multiprocessing
+from pathlib import Path
+from typing import Any, Sequence
+
+from .metrics import CONFIG_FILE, METRICS_FILE, MetricsError, parse_metrics
+from .untrusted import UntrustedFileError, check_no_links, is_present, read_bytes, read_json, read_text
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+MAX_PROMPT_CHARS = 1 << 20  # a rendered prompt longer than this is a template's doing, not a question's
+
+
+class VerifyError(ValueError):
+    """The run cannot be verified; the message says what is missing or wrong, naming the file."""
+
+
+def read_config(run_dir: Path):
+    """The run's ExperimentConfig from its config.json."""
+    from .config import ConfigError, ExperimentConfig
+
+    path = run_dir / CONFIG_FILE
+    if not is_present(path):
+        raise VerifyError(f"{run_dir} has no {CONFIG_FILE}: not a run directory")
+    data = _json(path, run_dir)
+    if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
+        raise VerifyError(f"{path}: must be an object whose 'config' holds the run-config keys")
+    try:
+        return ExperimentConfig.from_flat(data["config"])
+    except (ConfigError, TypeError) as err:
+        raise VerifyError(f"{path}: {err}") from None
+
+
+def read_rows(run_dir: Path) -> list[dict]:
+    path = run_dir / METRICS_FILE
+    try:
+        return parse_metrics(read_text(path, run_dir), path)
+    except (UntrustedFileError, MetricsError) as err:
+        raise VerifyError(str(err)) from None
+
+
+def _json(path: Path, root: Path) -> Any:
+    try:
+        return read_json(path, root)
+    except UntrustedFileError as err:
+        raise VerifyError(str(err)) from None
+
+
+def adapter_folder(folder: Path, run_dir: Path) -> bool:
+    """Whether `folder` holds an adapter (its adapter_config.json is there); a link on the way or a config that is
+    not a regular file is refused, not skipped."""
+    try:
+        check_no_links(folder, run_dir)
+    except UntrustedFileError as err:
+        raise VerifyError(str(err)) from None
+    if not is_present(folder / ADAPTER_CONFIG):
+        return False
+    _json(folder / ADAPTER_CONFIG, run_dir)  # a FIFO or device is refused here, before anything opens it
+    return True
+
+
+def named_models(cfg) -> list[str]:
+    """The models a run's config names: model.name and each of model.node-models."""
+    return list(dict.fromkeys([cfg.model.name] + [n.strip() for n in cfg.model.node_models.split(",") if n.strip()]))
+
+
+def _same_model(named: str, base: str) -> bool:
+    if named == base:
+        return True
+    from .policy.model import EMBEDDED_PREFIX
+    from .policy.packaged import is_packaged
+
+    if is_packaged(named) or named.startswith(EMBEDDED_PREFIX):
+        return False
+    # adapter_config.json records a local folder as its absolute path (export.base_reference)
+    return Path(named).expanduser().resolve() == Path(base).expanduser().resolve()
+
+
+def adapter_base(folder: Path, cfg, run_dir: Path) -> str:
+    """The base model of the adapter in `folder`, as the run's config names it: an adapter_config.json naming
+    another model is refused, as is a model verify would have to download or that the run ships itself."""
+    path = folder / ADAPTER_CONFIG
+    config = _json(path, run_dir)
+    base = config.get("base_model_name_or_path") if isinstance(config, dict) else None
+    if not isinstance(base, str):
+        raise VerifyError(f"{path}: base_model_name_or_path must name the base model as text, got "
+                          f"{str(base)[:60]!r}")
+    named = named_models(cfg)
+    match = next((n for n in named if _same_model(n, base)), None)
+    if match is None:
+        raise VerifyError(f"{path}: base model {base[:200]!r} is none the run's {CONFIG_FILE} names "
+                          f"({', '.join(map(repr, named))}); verify runs no other")
+    check_offline(match, run_dir)
+    return match
+
+
+def check_offline(name: str, run_dir: Path) -> None:
+    """An embedded or packaged model, or a local folder outside the run directory: verify never downloads a hub id
+    and never runs weights the run itself ships."""
+    from .policy.model import EMBEDDED_PREFIX
+    from .policy.packaged import is_packaged
+
+    if is_packaged(name) or name.startswith(EMBEDDED_PREFIX):
+        return
+    local = Path(name).expanduser()
+    if not local.is_dir():
+        raise VerifyError(f"model {name[:200]!r} (the run's {CONFIG_FILE}) is no embedded or packaged model and no "
+                          "folder on this machine: verify is offline and never downloads a hub id")
+    if local.resolve().is_relative_to(run_dir.resolve()):
+        raise VerifyError(f"model folder {local} lies inside the run directory {run_dir}: verify does not run "
+                          "weights a run ships")
+
+
+def is_local_folder(name: str) -> bool:
+    from .policy.model import EMBEDDED_PREFIX
+    from .policy.packaged import is_packaged
+
+    return not (is_packaged(name) or name.startswith(EMBEDDED_PREFIX))
+
+
+def read_weights(folder: Path, run_dir: Path) -> dict:
+    """The adapter's tensors (torch), from a regular file."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load
+
+    path = folder / ADAPTER_WEIGHTS
+    try:
+        return load(read_bytes(path, run_dir))
+    except UntrustedFileError as err:
+        raise VerifyError(str(err)) from None
+    except SafetensorError as err:
+        raise VerifyError(f"{path}: not a readable safetensors file ({str(err)[:200]})") from None
+
+
+def _render_all(location: str, items: Sequence, template: str, max_chars: int, conn) -> None:
+    """In the child: load the tokenizer, say so, then render every prompt; reply "" or what was wrong."""
+    from jinja2 import TemplateError
+
+    from .policy.model import ModelError, load_tokenizer
+    from .tasks import PromptFormatter
+
+    try:
+        tokenizer = load_tokenizer(location)
+        conn.send("loaded")
+        formatter = PromptFormatter(tokenizer, template)
+        for item in items:
+            if len(formatter(item)) > max_chars:
+                conn.send(f"renders a prompt of over {max_chars} characters")
+                return
+    except (ModelError, OSError, ValueError, TypeError, TemplateError) as err:
+        conn.send(f"cannot be used ({type(err).__name__}: {str(err)[:200]})")
+        return
+    conn.send("")
+
+
+def check_chat_template(location: str, items: Sequence, template: str, seconds: float,
+                        load_seconds: float = 300.0) -> None:
+    """Render every prompt the evaluation will render (the same tokenizer, formatter and items) in a child process
+    that is killed after `seconds` (jinja runs a template's loops in Python and C, where no timer in this process
+    could stop them); VerifyError when it takes longer or renders an oversized prompt."""
+    context = multiprocessing.get_context("spawn")  # a fresh interpreter: no fork of this process's threads
+    receive, send = context.Pipe(duplex=False)
+    child = context.Process(target=_render_all, args=(location, list(items), template, MAX_PROMPT_CHARS, send),
+                            daemon=True)
+    child.start()
+    send.close()
+    try:
+        if not receive.poll(load_seconds):
+            raise VerifyError(f"the tokenizer of {location} did not load within {load_seconds:g} s")
+        problem = receive.recv()
+        if problem == "loaded" and not receive.poll(seconds):
+            raise VerifyError(f"the chat template of {location} did not render the prompts within {seconds:g} s")
+        if problem == "loaded":
+            problem = receive.recv()
+    except EOFError:
+        raise VerifyError(f"the tokenizer or chat template of {location} cannot be used (its check process "
+                          "exited without an answer)") from None
+    finally:
+        child.kill()
+        child.join()
+        receive.close()
+    if problem:
+        raise VerifyError(f"the chat template of {location} {problem}")
