@@ -121,3 +121,27 @@ def test_item_records_without_their_sample_count_take_it_from_the_metrics_row(tm
         del row["global"]["samples"]  # as the first runs that wrote eval_items.jsonl recorded it
     (run / "eval_items.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     assert summarize_run(run).items[1]["sampled_accuracy"] == {"x0": 1.0, "x1": 0.5, "x2": 0.0}
+
+
+@pytest.mark.parametrize("content", ['{"round": 1, "global": {"uids": ["x0"], "greedy": ["1"]}}',
+                                     '{"round": 1, "global": {"greedy": [1]}}', "not json", '[1, 2]',
+                                     '{"round": 1, "global": {"uids": ["x0"], "sampled": [1], "samples": "4"}}'])
+def test_a_malformed_eval_items_file_is_a_one_line_report_error(tmp_path, capsys, content):
+    from pubswap_flwr.cli import main as pubswap
+
+    run = _run(tmp_path / "runs", "fedavg", 0, [4, 0], 0.5)
+    (run / "eval_items.jsonl").write_text(content + "\n")
+    assert pubswap(["report", str(run), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "eval_items.jsonl" in err and "Traceback" not in err
+
+
+def test_a_linked_eval_items_file_is_refused(tmp_path, capsys):
+    from pubswap_flwr.cli import main as pubswap
+
+    run = _run(tmp_path / "runs", "fedavg", 0, [4, 0], 0.5)
+    secret = tmp_path / "secret.jsonl"
+    (run / "eval_items.jsonl").rename(secret)
+    (run / "eval_items.jsonl").symlink_to(secret)
+    assert pubswap(["report", str(run), "--out", str(tmp_path / "out")]) == 2
+    assert "link" in capsys.readouterr().err
