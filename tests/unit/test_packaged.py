@@ -67,3 +67,14 @@ def test_adapters_name_the_packaged_base_portably():
     card = render_card(summary)
     assert "`smollm2-135m-instruct`" in card
     assert "base_model:" not in card  # not a Hub id: no hub metadata pointing nowhere
+
+
+def test_pubswap_keys_names_every_packaged_and_embedded_model(capsys):
+    from pubswap_flwr.cli import main as pubswap
+    from pubswap_flwr.policy.model import embedded_models
+    from pubswap_flwr.policy.packaged import PACKAGED
+
+    assert pubswap(["keys"]) == 0
+    line = next(text for text in capsys.readouterr().out.splitlines() if text.startswith("model.name "))
+    assert all(name in line for name in PACKAGED) and len(PACKAGED) >= 2
+    assert all(f"embedded:{name}" in line for name in embedded_models())
