@@ -1,6 +1,6 @@
 """LoRA adapter aggregation (weighted mean of every tensor, A and B separately, as the PubSwap paper does), robust
-variants (coordinate-wise median, trimmed mean, update-norm clipping, clipping relative to the round's median update
-norm) and parameter-space drift. Pure numpy."""
+variants (geometric median, coordinate-wise median, trimmed mean, update-norm clipping, clipping relative to the
+round's median update norm), when a round's aggregate may be called robust, and parameter-space drift. Pure numpy."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ import numpy as np
 log = logging.getLogger("pubswap_flwr")
 
 Adapter = dict[str, np.ndarray]
+ROBUST = ("geometric-median", "median", "trimmed-mean")  # rules that outvote b bad clients of n >= 2b + 1
+MIN_ROBUST_REPLIES = 3  # 2b + 1 for b = 1: of 2 replies no rule can tell which one is bad
 
 
 class AggregationError(ValueError):
@@ -71,6 +73,39 @@ def trimmed_mean(adapters: Sequence[Adapter], trim_fraction: float) -> Adapter:
     return out
 
 
+def geometric_median(adapters: Sequence[Adapter], weights: Sequence[float] | None = None, *, iterations: int = 200,
+                     tolerance: float = 1e-10) -> Adapter:
+    """The point minimising the (weighted) sum of L2 distances to the adapters, all tensors as one vector, by
+    Weiszfeld's iteration from the mean, in float64. Unlike a coordinate-wise rule it bounds what a minority moves it
+    in any direction: each point pulls with its weight whatever its distance (Pillutla et al.'s RFA), so b clients of
+    total weight below half move it at most a bounded multiple of the others' spread."""
+    keys = _check(adapters, weights)
+    w = np.ones(len(adapters)) if weights is None else np.asarray(weights, dtype=np.float64)
+    w = w / w.max() if np.isfinite(w.max()) and w.max() > 0 else w
+    w = w / w.sum()
+    points = np.stack([np.concatenate([a[k].astype(np.float64).ravel() for k in keys]) for a in adapters])
+    scale = max(float(np.abs(points).max()), 1e-30)
+    points = points / scale  # Weiszfeld is scale-equivariant; this keeps the squared distances finite
+    z = w @ points
+    floor = 1e-12  # smoothing: a point the estimate reaches does not divide by zero
+    for _ in range(iterations):
+        distances = np.maximum(np.sqrt(((points - z) ** 2).sum(axis=1)), floor)
+        beta = w / distances
+        nxt = beta @ points / beta.sum()
+        moved = float(np.sqrt(((nxt - z) ** 2).sum()))
+        z = nxt
+        if moved <= tolerance * max(1.0, float(np.sqrt((z ** 2).sum()))):
+            break
+    z = z * scale
+    out, at = {}, 0
+    for k in keys:
+        shape = adapters[0][k].shape
+        size = int(np.prod(shape))
+        out[k] = z[at:at + size].reshape(shape).astype(np.float32)
+        at += size
+    return out
+
+
 def update_norm(adapter: Adapter, reference: Adapter) -> float:
     return float(np.sqrt(sum(np.sum((adapter[k].astype(np.float64) - reference[k]) ** 2) for k in reference)))
 
@@ -95,17 +130,36 @@ def median_clip(adapters: Sequence[Adapter], reference: Adapter, factor: float
     """Each update (adapter − reference) scaled down to `factor` × the median of the updates' norms when it is
     longer, so no client moves the average more than `factor` times as far as the middle client does, whatever its
     magnitude. Like the coordinate median it outvotes b clients only when n >= 2b + 1 (the median of 2 norms is
-    their mean). Returns the adapters (the same objects where not clipped), the bound, and every update's norm."""
+    their mean). A median of 0 (most clients sent no change) clips nothing: scaling the rest to 0 would hand that
+    majority the round and name the others as the clipped ones. Returns the adapters (the same objects where not
+    clipped), the bound, and every update's norm."""
     norms = [update_norm(a, reference) for a in adapters]
     bound = factor * float(np.median(norms)) if norms else 0.0
+    if bound <= 0:
+        return list(adapters), bound, norms
     out = [a if norm <= bound else _scaled(a, reference, bound / norm) for a, norm in zip(adapters, norms)]
     return out, bound, norms
+
+
+def not_robust(method: str, replies: int, median_norm: float) -> str | None:
+    """Why a round's aggregate by `method` of `replies` updates with this median update norm cannot be called robust
+    (None: it outvotes b bad clients of n >= 2b + 1)."""
+    if method not in ROBUST:
+        return f"strategy.aggregation = {method!r} bounds no direction (median-clip bounds magnitude only)"
+    if replies < MIN_ROBUST_REPLIES:
+        return (f"{replies} replies: a robust rule outvotes b bad clients only when n >= 2b + 1 replied (3 for one), "
+                "so this round is aggregated as a mean")
+    if median_norm <= 0:
+        return ("the median update norm is 0: most clients sent no change, more than the b < n/2 a robust rule "
+                "holds against")
+    return None
 
 
 def aggregate(adapters: Sequence[Adapter], weights: Sequence[float], *, method: str = "mean",
               trim_fraction: float = 0.2, reference: Adapter | None = None, clip_norm: float = 0.0,
               noise_multiplier: float = 0.0, rng: np.random.Generator | None = None) -> Adapter:
-    """Combine client adapters with `method` ("mean" | "median" | "trimmed-mean"), clipping updates first.
+    """Combine client adapters with `method` ("mean" | "geometric-median" | "median" | "trimmed-mean"), clipping
+    updates first.
 
     With `noise_multiplier` > 0 this is central DP-FedAvg with fixed clipping (McMahan et al. 2018, as in
     Flower's DifferentialPrivacyServerSideFixedClipping): updates clipped to `clip_norm`, averaged with equal
@@ -129,6 +183,10 @@ def aggregate(adapters: Sequence[Adapter], weights: Sequence[float], *, method: 
         return coordinate_median(adapters)
     if method == "trimmed-mean":
         return trimmed_mean(adapters, trim_fraction)
+    if method == "geometric-median":  # clients count equally: its b-of-n claim counts clients, as the median's does
+        if len(adapters) < MIN_ROBUST_REPLIES:  # of 2 it would be the heavier one's adapter: take their mean
+            return weighted_mean(adapters, weights)
+        return geometric_median(adapters)
     raise AggregationError(f"unknown aggregation {method!r}")
 
 

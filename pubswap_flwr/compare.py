@@ -278,11 +278,21 @@ def _report_command(args: argparse.Namespace, runs: list[Path]) -> str:
     return " ".join(parts)
 
 
+def default_report_dir(first_run: Path) -> Path:
+    """Where `pubswap report` writes without --out: a sweep's own folder (results/<sweep>/, beside its
+    outcomes.json) for its runs, else a `report/` folder beside the runs (runs/report/: never the directory the
+    command runs from, which may be a checkout the next `flwr run` bundles)."""
+    runs_dir = first_run.resolve().parent
+    if (runs_dir.parent / "outcomes.json").is_file():
+        return runs_dir.parent
+    return runs_dir / "report"
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from .report import ReportExistsError, write_report
 
     runs = [Path(p) for p in args.runs]
-    out = Path(args.out) if args.out else (runs[0].parent.parent if len(runs) > 0 else Path("."))
+    out = Path(args.out) if args.out else default_report_dir(runs[0])
     try:
         report = write_report(out, runs, title=args.title, notes=args.notes, baseline=args.baseline,
                               command=_report_command(args, runs), force=args.force)
@@ -308,7 +318,8 @@ def register(sub) -> None:
     compare.set_defaults(func=cmd_compare)
     report = sub.add_parser("report", help="write report.md and plots from run directories' metrics.jsonl")
     report.add_argument("runs", nargs="+", help="run directories (named <arm>-s<seed>)")
-    report.add_argument("--out", help="where report.md and plots/ go (default: two levels above the first run)")
+    report.add_argument("--out", help="where report.md and plots/ go (default: a sweep's own folder for its runs, "
+                                      "else report/ beside the first run)")
     report.add_argument("--title", help="report title (default: the previous report's, else "
                                         "'pubswap-flwr comparison')")
     report.add_argument("--notes", help="text under the title (default: the previous report's notes)")

@@ -19,7 +19,7 @@ from .node_state import NodeIdentity, NodeState, NodeStore
 from .policy import Policy, cached_policy
 from .policy.threads import apply_threads
 from .policy.behaviour import accept_behaviour
-from .protocols.counters import ForeignCounts
+from .protocols.counters import ForeignCounts, UptakeCounts
 from .rollouts import Behaviour, Completion, RolloutGroup
 from .shared import derive_seed, policy_spec, resolve_data_path, task_universe
 from .tasks import ItemListStream, MixtureStream, TaskItem, load_items, node_mixes, parse_custom_tasks, parse_mix, \
@@ -52,6 +52,7 @@ class WorkReport:
     num_examples: int = 0
     foreign: ForeignCounts = ForeignCounts()  # train.foreign-correction: the foreign text trained on,
     fallbacks: collections.Counter = field(default_factory=collections.Counter)  # and why some of it had no IS
+    uptake: UptakeCounts = UptakeCounts()  # pubswap.measure-uptake: log-probs of the public step's responses
 
     def add(self, record: StepRecord) -> None:
         self.steps.append(record)
@@ -80,6 +81,7 @@ class Learner:
         self.store = NodeStore(identity.state_dir, identity.model_name)
         self.state = self._load()
         self.stream = self._build_stream()
+        self._by_question: dict[str, list[TaskItem]] | None = None  # own_items' index of self.stream
         self.sampled_shapes: collections.Counter[str] = collections.Counter()  # of this message's own samples
         # FedProx pulls towards the last global adapter; it is kept on disk because a round may span several
         # messages (PubSwap segments), each served by a fresh Learner
@@ -108,6 +110,7 @@ class Learner:
             self.store.restore_round_start()
             self.state = self._load()
             self.stream = self._build_stream()
+            self._by_question = None
             log.info("node %d: repeating round %d from its saved start", self.identity.index, round_number)
             return True
         self.save()
@@ -136,6 +139,17 @@ class Learner:
         if unknown:
             raise ValueError(f"node task mix names tasks outside tasks.mix: {unknown}")
         return MixtureStream(mix, self.universe.tasks, self.identity.index, exclude, cfg.tasks.data_seed)
+
+    def own_items(self, question: str) -> list[TaskItem]:
+        """This node's own training items (an organization data file) with this question text; none for a generated
+        task stream, whose items a peer's are checked against through provenance (protocols/sapo_verify.py)."""
+        if not isinstance(self.stream, ItemListStream):
+            return []
+        if self._by_question is None:
+            self._by_question = collections.defaultdict(list)
+            for item in self.stream.items:
+                self._by_question[item.question].append(item)
+        return list(self._by_question.get(question, ()))
 
     @property
     def task_names(self) -> list[str]:

@@ -11,7 +11,7 @@ from typing import Any
 from . import metrics_schema as schema
 from .exchange import ExchangeResult
 from .metrics_schema import WELL_FORMED_WARNING
-from .protocols.counters import FormatCounts, ForeignCounts
+from .protocols.counters import FormatCounts, ForeignCounts, UptakeCounts
 
 log = logging.getLogger("pubswap_flwr")
 
@@ -33,6 +33,7 @@ class RoundLog:
     train_totals: dict[int, tuple[float, float]] = field(default_factory=dict)  # node -> (reward sum, completions)
     formats: dict[int, FormatCounts] = field(default_factory=dict)  # node -> its own samples' answer format
     foreign: dict[int, ForeignCounts] = field(default_factory=dict)  # node -> foreign text (train.foreign-correction)
+    uptake: dict[int, UptakeCounts] = field(default_factory=dict)  # node -> pubswap.measure-uptake
 
     def client(self, node: int) -> dict:
         return self.clients.setdefault(node, {"bytes_sent": 0, "bytes_received": 0, "sample_s": 0.0,
@@ -75,6 +76,9 @@ class RoundLog:
             if report.foreign:  # train.foreign-correction; segments add up
                 self.foreign[node] = self.foreign.get(node, ForeignCounts()) + report.foreign
                 row.update(self.foreign[node].row())
+            if report.uptake:  # pubswap.measure-uptake; segments add up
+                self.uptake[node] = self.uptake.get(node, UptakeCounts()) + report.uptake
+                row.update(self.uptake[node].row())
             row[schema.CUMULATIVE_REWARD] = report.cumulative_reward
             row["num_examples"] = float(report.num_examples)
             row["total_steps"] = float(report.total_steps)

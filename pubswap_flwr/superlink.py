@@ -26,7 +26,9 @@ LOCAL_ADDRESSES = (":local:", ":local-in-memory:")  # flwr.cli.constant: a manag
 NO_INSTALL_ENV = "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"
 # variables whose value changes what a run reads or where it writes (the SuperLink's, not this shell's, apply)
 COMPARED_PREFIXES = ("PUBSWAP_", "HF_", "MLFLOW_", "WANDB_")
-OWN_SUPERLINK = ("export FLWR_HOME=$PWD/.flwr-home FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=39191 "
+# outside the checkout: Flower keeps its app store under FLWR_HOME, and a folder inside the checkout went into every
+# later app bundle (1.8 -> 5.2 -> 12 MB; the fourth run was refused)
+OWN_SUPERLINK = ("export FLWR_HOME=$HOME/.flwr-pubswap FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=39191 "
                  "FLWR_LOCAL_CONTROL_API_PORT=39193")
 _LISTEN = "0A"  # /proc/net/tcp state of a listening socket
 

@@ -1,9 +1,10 @@
 """SAPO (Swarm sAmpling Policy Optimization): rollout packets, the relay pool, and the I local + J external
 selection. Pure functions.
 
-A node trains on I of its own rollout groups and J external groups drawn uniformly from other nodes' packets,
-after the receiver re-scores every external completion with its own verifier and discards zero-advantage groups
-(all rewards equal: no learning signal).
+A node trains on I of its own rollout groups and J external groups drawn from other nodes' packets, after the
+receiver re-scores every external completion with its own verifier (dropping what it cannot verify) and discards
+zero-advantage groups (all rewards equal: no learning signal). The relay passes on at most a node's share per sender
+and the receiver draws J round robin over senders, so packet counts buy no sender more than its fair share.
 """
 
 from __future__ import annotations
@@ -56,6 +57,18 @@ def behaviours_from_wire(raw: Any, count: int, max_tokens: int = MAX_BEHAVIOUR_T
     return tuple(None if row is None else Behaviour.from_wire(row, max_tokens) for row in raw)
 
 
+def capped(packets: Sequence[Packet], most: int) -> tuple[list[Packet], dict[str, int]]:
+    """Each sender's first `most` packets (the order of `packets` kept) and, per sender, how many were cut."""
+    kept, seen, cut = [], {}, {}
+    for packet in packets:
+        seen[packet.sender] = seen.get(packet.sender, 0) + 1
+        if seen[packet.sender] <= most:
+            kept.append(packet)
+        else:
+            cut[packet.sender] = cut.get(packet.sender, 0) + 1
+    return kept, cut
+
+
 def relay(pool: Sequence[Packet], receiver: str) -> list[Packet]:
     """The packets `receiver` gets: everyone else's (a node never receives its own)."""
     return [p for p in pool if p.sender != receiver]
@@ -94,6 +107,10 @@ class ScoredPacket:
         return bool(self.rewards) and max(self.rewards) - min(self.rewards) > 1e-12
 
 
+class Unverifiable(ValueError):
+    """The receiver cannot check a peer's item itself (no provenance it can regenerate, no copy in its own data)."""
+
+
 @dataclass
 class Selection:
     chosen: list[ScoredPacket]
@@ -102,15 +119,17 @@ class Selection:
     rejected: int = 0  # could not be re-scored (reasons in `rejections`)
     shortfall: int = 0  # J minus what could be used
     rejections: list[str] = field(default_factory=list)
+    unverifiable: int = 0  # of `rejected`: items the receiver could not verify itself
 
 
 def select_external(packets: Sequence[Packet], j: int, rescore: Callable[[Packet], Sequence[float]],
                     rng: random.Random, sender_weight: Callable[[str], float] | None = None) -> Selection:
-    """Re-score every packet with the receiver's verifier, drop zero-advantage groups, draw J uniformly (or, with
-    `sender_weight`, in proportion to the sender's weight: reputation-weighted sampling).
+    """Re-score every packet with the receiver's verifier, drop zero-advantage groups, draw J round robin over
+    senders (`fair_draw`) in a uniformly random order (or, with `sender_weight`, one drawn in proportion to the
+    sender's weight: reputation orders the draw but buys no sender more than its fair share).
 
-    `rescore` raises ValueError for a packet it cannot score (unknown verifier, forged answer...); such packets
-    are rejected with the reason recorded.
+    `rescore` raises ValueError for a packet it cannot score (unknown verifier, forged answer, Unverifiable...);
+    such packets are rejected with the reason recorded.
     """
     selection = Selection(chosen=[], received=len(packets))
     usable: list[ScoredPacket] = []
@@ -119,6 +138,7 @@ def select_external(packets: Sequence[Packet], j: int, rescore: Callable[[Packet
             rewards = tuple(float(r) for r in rescore(packet))
         except ValueError as err:
             selection.rejected += 1
+            selection.unverifiable += isinstance(err, Unverifiable)
             selection.rejections.append(f"{packet.sender}/{packet.item.uid}: {err}")
             continue
         scored = ScoredPacket(packet, rewards)
@@ -128,11 +148,30 @@ def select_external(packets: Sequence[Packet], j: int, rescore: Callable[[Packet
         usable.append(scored)
     take = min(j, len(usable))
     if sender_weight is None:
-        selection.chosen = rng.sample(usable, take) if take else []
+        order = rng.sample(usable, len(usable))
     else:
-        selection.chosen = weighted_sample(usable, [sender_weight(s.packet.sender) for s in usable], take, rng)
+        order = weighted_sample(usable, [sender_weight(s.packet.sender) for s in usable], len(usable), rng)
+    selection.chosen = fair_draw(order, take, lambda s: s.packet.sender) if take else []
     selection.shortfall = j - take
     return selection
+
+
+def fair_draw(order: Sequence[Any], k: int, sender: Callable[[Any], str]) -> list[Any]:
+    """k items of `order`, round robin over senders (in the order each first appears): every sender's first item,
+    then every sender's second, ...; so a sender gets more than one over another only once that one has none left
+    (max-min fair), whatever its count."""
+    queues: dict[str, list[Any]] = {}
+    for item in order:
+        queues.setdefault(sender(item), []).append(item)
+    chosen: list[Any] = []
+    level = 0
+    k = min(k, len(order))
+    while len(chosen) < k:
+        for queue in queues.values():
+            if level < len(queue) and len(chosen) < k:
+                chosen.append(queue[level])
+        level += 1
+    return chosen
 
 
 def weighted_sample(items: Sequence[Any], weights: Sequence[float], k: int, rng: random.Random) -> list[Any]:

@@ -27,7 +27,7 @@ from ..tasks.splits import MAX_NODES
 from ..validate import Rejected, number
 from ..wire import (ADAPTER_KEY, CONFIG_KEY, METRICS_KEY, NODE_ROUND_KEY, NODE_ROUNDS_KEY, PAYLOAD_KEY,
                     adapter_from_record, adapter_record, metrics_record, payload_from_record, payload_record)
-from .counters import FormatCounts, ForeignCounts
+from .counters import FormatCounts, ForeignCounts, UptakeCounts
 
 if TYPE_CHECKING:
     from ..exchange import Exchange
@@ -162,6 +162,7 @@ class ClientReport:
     tasks: tuple[str, ...] = ()
     formats: FormatCounts = FormatCounts()  # this message's own samples, and how many kept the answer format
     foreign: ForeignCounts = ForeignCounts()  # train.foreign-correction: the foreign text it trained on
+    uptake: UptakeCounts = UptakeCounts()  # pubswap.measure-uptake
 
     @classmethod
     def of(cls, learner: Learner, report: WorkReport, started: float) -> "ClientReport":
@@ -174,7 +175,7 @@ class ClientReport:
             rollout_reward=report.mean_reward("rollout") if report.has("rollout") else None,
             model=learner.identity.model_name, tasks=tuple(learner.task_names),
             formats=FormatCounts.of_shapes(learner.sampled_shapes),
-            foreign=replace(report.foreign, fallbacks=sum(report.fallbacks.values())))
+            foreign=replace(report.foreign, fallbacks=sum(report.fallbacks.values())), uptake=report.uptake)
 
     def metrics(self) -> dict:
         out = {"node-index": self.node_index, "num-examples": self.num_examples,
@@ -187,6 +188,7 @@ class ClientReport:
         if self.rollout_reward is not None:
             out["rollout-reward"] = self.rollout_reward
         out.update(self.foreign.to_metrics())  # only with train.foreign-correction
+        out.update(self.uptake.to_metrics())  # only with pubswap.measure-uptake
         return out
 
     def payload(self) -> dict:
@@ -214,6 +216,7 @@ class ClientReport:
             train_completions=int(number(metrics, "train-completions", 0.0, low=0, high=1e12)),
             rollout_reward=optional["rollout-reward"],
             formats=FormatCounts.from_metrics(metrics), foreign=ForeignCounts.from_metrics(metrics),
+            uptake=UptakeCounts.from_metrics(metrics),
             model=text(payload.get("model", ""), "'model'"),
             tasks=tuple(text(t, "a task name", 256) for t in tasks))
 

@@ -132,7 +132,7 @@ def _adapter_keys_unused(cfg: "ExperimentConfig") -> None:
     if s.compression != "none":
         raise ConfigError(f"strategy.compression = {s.compression!r} compresses adapters; {mode} mode sends none, so "
                           "leave it at 'none'")
-    if s.aggregation != "mean":
+    if s.aggregation != type(s)().aggregation:
         raise ConfigError(f"strategy.aggregation applies to adapter averaging; {mode} mode averages nothing")
     if s.server_optimizer != "none":
         raise ConfigError(f"strategy.server-optimizer = {s.server_optimizer!r} moves the global adapter; {mode} mode "
@@ -171,6 +171,10 @@ class PubSwapConfig:
                                                       "public steps run")
     disagreement_high: float = opt(0.6, between(0, 1), "schedule = adaptive: disagreement at or above which the "
                                                        "budget runs")
+    measure_uptake: bool = opt(False, doc="each public step also measures, on the receiving client, the mean "
+                                          "per-token log-prob of the donors' responses and of its own kept ones, "
+                                          "before and after its update (two extra forward passes; metrics row: "
+                                          "clients' uptake_*)")
 
 
 def check_pubswap(cfg: "ExperimentConfig") -> None:
@@ -215,8 +219,14 @@ class SapoConfig:
                      "with sapo.sharing = fixed: groups each node shares per round")
     async_mode: bool = opt(False, doc="one message per round, training on the previous round's pool", key="async")
     verify_provenance: bool = opt(True, doc="regenerate reasoning-gym packets from their provenance and drop "
-                                            "forged ones")
-    reputation: bool = opt(False, doc="sample external groups in proportion to each sender's verification record")
+                                            "forged ones (off: such packets cannot be verified, see "
+                                            "accept-unverifiable)")
+    accept_unverifiable: bool = opt(False, doc="also train on peer items the receiver cannot verify itself, scored "
+                                               "against the sender's answer (off: only reasoning-gym items regenerated "
+                                               "from provenance, and items of the receiver's own data file with the "
+                                               "same question, scored against its own answer; others are dropped)")
+    reputation: bool = opt(False, doc="order the draw of external groups by each sender's verification record (no "
+                                      "sender gets more than its fair share of J either way)")
 
 
 def check_sapo(cfg: "ExperimentConfig") -> None:

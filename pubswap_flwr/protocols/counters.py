@@ -84,3 +84,55 @@ class ForeignCounts:
         return {schema.FOREIGN_WEIGHT_MEAN: self.weight_sum / self.tokens if self.tokens else 0.0,
                 schema.IS_CAPPED_FRACTION: self.capped / self.tokens if self.tokens else 0.0,
                 schema.FOREIGN_FALLBACKS: self.fallbacks}
+
+
+@dataclass(frozen=True)
+class UptakeCounts:
+    """pubswap.measure-uptake: whether a public step's update raised the receiver's log-probs of the responses it was
+    given, donors' (foreign) apart from its own: summed per-completion mean token log-probs before and after the
+    update, and how many completions of each kind. A swapped-in response that is learned gains like an own one."""
+
+    foreign: int = 0
+    foreign_before: float = 0.0
+    foreign_after: float = 0.0
+    own: int = 0
+    own_before: float = 0.0
+    own_after: float = 0.0
+
+    def __bool__(self) -> bool:
+        return bool(self.foreign or self.own)
+
+    def __add__(self, other: "UptakeCounts") -> "UptakeCounts":
+        return UptakeCounts(*(a + b for a, b in zip(self._values(), other._values())))
+
+    def _values(self) -> tuple:
+        return (self.foreign, self.foreign_before, self.foreign_after, self.own, self.own_before, self.own_after)
+
+    def to_metrics(self) -> dict[str, float]:
+        if not self:
+            return {}
+        keys = ("uptake-foreign", "uptake-foreign-before", "uptake-foreign-after", "uptake-own", "uptake-own-before",
+                "uptake-own-after")
+        return dict(zip(keys, self._values()))
+
+    @classmethod
+    def from_metrics(cls, metrics: Any) -> "UptakeCounts":
+        foreign = int(number(metrics, "uptake-foreign", 0.0, low=0, high=1e9))
+        own = int(number(metrics, "uptake-own", 0.0, low=0, high=1e9))
+        # a mean token log-prob is <= 0 and, over any vocabulary this project loads, above -50 (fp32 log-softmax)
+        low = -1e4 * max(foreign, own, 1)
+        return cls(foreign, number(metrics, "uptake-foreign-before", 0.0, low=low, high=0.0),
+                   number(metrics, "uptake-foreign-after", 0.0, low=low, high=0.0),
+                   own, number(metrics, "uptake-own-before", 0.0, low=low, high=0.0),
+                   number(metrics, "uptake-own-after", 0.0, low=low, high=0.0))
+
+    def row(self) -> dict[str, float]:
+        """Mean per-completion log-prob before and after the updates, per kind (only kinds that occurred)."""
+        out = {}
+        for kind, count, before, after in (("foreign", self.foreign, self.foreign_before, self.foreign_after),
+                                           ("own", self.own, self.own_before, self.own_after)):
+            if count:
+                out[f"uptake_{kind}_before"] = before / count
+                out[f"uptake_{kind}_after"] = after / count
+                out[f"uptake_{kind}_completions"] = count
+        return out

@@ -15,7 +15,7 @@ from typing import ClassVar
 import numpy as np
 from flwr.app import Message, RecordDict
 
-from ..aggregate import aggregate, mean_pairwise_l2, median_clip
+from ..aggregate import aggregate, mean_pairwise_l2, median_clip, not_robust, update_norm
 from ..compression import Codec, Quantized
 from ..config import ExperimentConfig
 from ..validate import Rejected, check_adapter, check_weight
@@ -108,6 +108,7 @@ def aggregate_adapters(ctx: RoundContext, cfg: ExperimentConfig, master: Adapter
         chosen = [a for a, _ in valid.values()]
         reference = master if base is None else base
         ctx.log.extra["parameter_drift"] = mean_pairwise_l2(chosen)
+        claim_robustness(ctx, s.aggregation, chosen, reference)
         if s.median_clip > 0 and s.dp_noise_multiplier == 0:  # DP's guarantee rests on its fixed clip alone
             chosen = clip_to_median(ctx, list(valid), chosen, reference, s.median_clip)
         master = aggregate(chosen, [w for _, w in valid.values()], method=s.aggregation,
@@ -145,12 +146,24 @@ def restore_averaging(cfg: ExperimentConfig, broadcast, optimizer: ServerOptimiz
     optimizer.restore(state, adapters, cfg.num_server_rounds)
 
 
+def claim_robustness(ctx: RoundContext, method: str, adapters: list[Adapter], reference: Adapter) -> None:
+    """The metrics row's `robust`: true when the round's aggregate outvotes b bad clients of n >= 2b + 1, else false
+    with `robust_reason` (a robust rule's refusal is also logged: too few replies, a majority of zero updates)."""
+    median = float(np.median([update_norm(a, reference) for a in adapters]))
+    reason = not_robust(method, len(adapters), median)
+    ctx.log.extra["robust"] = reason is None
+    if reason is not None:
+        ctx.log.extra["robust_reason"] = reason
+        if method != "mean":
+            log.warning("round %d: not robust: %s", ctx.number, reason)
+
+
 def clip_to_median(ctx: RoundContext, nodes: list[int], adapters: list[Adapter], reference: Adapter,
                    factor: float) -> list[Adapter]:
     """strategy.median-clip: updates longer than factor x the round's median update norm scaled down to it; the
-    metrics row lists the clipped clients with their norms (`median_clip`, only when any was clipped)."""
+    metrics row lists the clients actually scaled, with their norms (`median_clip`, only when any was)."""
     clipped, bound, norms = median_clip(adapters, reference, factor)
-    over = {node: norm for node, norm in zip(nodes, norms) if norm > bound}
+    over = {node: norm for node, norm, before, after in zip(nodes, norms, adapters, clipped) if after is not before}
     if over:
         ctx.log.extra["median_clip"] = {"bound": bound, "median": float(np.median(norms)), "clipped": over}
         for node, norm in over.items():

@@ -27,13 +27,14 @@ import numpy as np
 from flwr.app import RecordDict
 
 from ..config import ExperimentConfig
-from ..rollouts import Behaviour, Completion, RolloutGroup
+from ..rollouts import OWN, Behaviour, Completion, RolloutGroup
 from ..schedule import even_positions, fixed_positions, public_step_count
 from ..algorithms.pubswap_response_sets import Response, build_response_sets, most_likely
 from ..tasks import ScoringBudget
 from ..tasks.verifiers import completion_shape
 from ..validate import Limits
 from .base import Adapter, ClientWork, RoundContext, ServerProtocol, record_scoring
+from .counters import UptakeCounts
 from .fedavg import aggregate_adapters, averaging_state, restore_averaging
 from .optimizers import build as build_optimizer
 from .pubswap_messages import DonorChoice, Scored, Segment, SegmentReply, SwapEntry, check_behaviours
@@ -322,8 +323,28 @@ def public_update(work: ClientWork, response_sets: dict[str, tuple[SwapEntry, ..
     if not groups:
         return
     learner.log_fallbacks(work.report)
+    before = response_logprobs(learner, groups) if work.cfg.pubswap.measure_uptake else None
     learner.learn_step(groups, "public", work.report)
+    if before is not None:
+        work.report.uptake += uptake(groups, before, response_logprobs(learner, groups))
     learner.state.pending_public = {}
+
+
+def response_logprobs(learner, groups: list[RolloutGroup]) -> list[list[float]]:
+    """Each response's mean per-token log-prob under the node's current policy, tokenized as its update sees it."""
+    return [learner.policy.learner.mean_logprobs(group.prompt, group.completions) for group in groups]
+
+
+def uptake(groups: list[RolloutGroup], before: list[list[float]], after: list[list[float]]) -> UptakeCounts:
+    """pubswap.measure-uptake's counts: donors' responses (another client's source) apart from the node's own."""
+    sums = {"foreign": [0, 0.0, 0.0], "own": [0, 0.0, 0.0]}
+    for group, old, new in zip(groups, before, after):
+        for completion, a, b in zip(group.completions, old, new):
+            kind = sums["own" if completion.source == OWN else "foreign"]
+            kind[0] += 1
+            kind[1] += a
+            kind[2] += b
+    return UptakeCounts(*sums["foreign"], *sums["own"])
 
 
 def segment(work: ClientWork) -> RecordDict:

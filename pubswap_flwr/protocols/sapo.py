@@ -4,10 +4,11 @@ server, which relays them and never holds or averages weights.
 Sync (default), two exchanges per round: `query.rollouts` — each node samples B questions x L completions from its
 private stream and replies `sapo.share` of them as packets (question, answer, metadata, completions);
 `train.sapo` — each node receives the other nodes' packets, re-scores them with its own verifier (regenerating
-reasoning-gym items from their provenance, so forged answers are caught), drops zero-advantage groups and trains on
-I own + J external groups (algorithms/sapo_selection.py has the selection). `sapo.async = true`: one
-`train.sapo_async` message per round that carries the previous round's pool, so no node waits for a slow peer. Nodes
-evaluate their own models when asked (round 1 also measures their starting point).
+reasoning-gym items from their provenance, so forged answers are caught; items it cannot verify are dropped:
+sapo_verify.py), drops zero-advantage groups and trains on I own + J external groups drawn round robin over senders
+(algorithms/sapo_selection.py has the selection); the relay passes on at most a node's share per sender.
+`sapo.async = true`: one `train.sapo_async` message per round that carries the previous round's pool, so no node
+waits for a slow peer. Nodes evaluate their own models when asked (round 1 also measures their starting point).
 """
 
 from __future__ import annotations
@@ -27,16 +28,17 @@ from ..config import ExperimentConfig
 from ..learner import Learner, StepRecord, WorkReport
 from ..policy.behaviour import tokenizer_fingerprint
 from ..rollouts import Completion, RolloutGroup
-from ..algorithms.sapo_selection import Packet, Selection, fair_share, relay, reputation, select_external, select_local
+from ..algorithms.sapo_selection import (Packet, Selection, capped, fair_share, relay, reputation, select_external,
+                                         select_local)
 from ..shared import derive_seed
 from ..tasks import ScoringBudget, TaskItem, score_completion, training_reward
-from ..tasks.specs import generate_entry
-from ..tasks.splits import MAX_NODES, RANGE
+from ..tasks.splits import MAX_NODES
 from ..tasks.verifiers import VERIFIERS
 from ..validate import Limits, Rejected, check_packet
 from ..wire import DEFAULT_MAX_PAYLOAD_BYTES
 from .base import Adapter, ClientWork, RoundContext, ServerProtocol, records
 from .sapo_messages import SELECTION_KEYS, CollectRollouts, SapoAsyncRound, SapoReply, SapoTrain
+from .sapo_verify import verified_item
 
 log = logging.getLogger("pubswap_flwr")
 
@@ -58,6 +60,9 @@ class SapoProtocol(ServerProtocol):
         super().__init__(cfg, public)
         self.pool: list[Packet] = []  # async: the previous round's packets
         self.limits = Limits.of(cfg)
+        s = cfg.sapo
+        # what the config asks of a node each round: the relay passes on no more from any sender
+        self.share, self.share_key = (s.local, "sapo.local") if s.sharing == "local" else (s.share, "sapo.share")
 
     def describe(self) -> str:
         s = self.cfg.sapo
@@ -68,24 +73,26 @@ class SapoProtocol(ServerProtocol):
 
     def restore(self, state: dict, adapters: dict[str, Adapter] | None = None,
                 nodes: dict[int, int] | None = None) -> None:
-        """The async pool: one round's packets, each checked as a reply's packet is, at most a reply's worth
-        (Limits.max_packets) from each sender, and (given `nodes`) only from nodes the checkpoint knows."""
+        """The async pool: one round's packets, each checked as a reply's packet is, at most what a node shares in a
+        round (sapo.local, or sapo.share with fixed sharing) from each sender, and (given `nodes`) only from nodes
+        the checkpoint knows."""
         raw = state.get("sapo_pool", [])
         if not isinstance(raw, list):
             raise ValueError(f"sapo_pool must be a list, got {type(raw).__name__}")
         senders = None if nodes is None else {f"{index:05d}-{node}" for node, index in nodes.items()}
-        most = self.limits.max_packets * (len(senders) if senders is not None else MAX_NODES)
+        each = self.share
+        most = each * (len(senders) if senders is not None else MAX_NODES)
         if len(raw) > most:
-            raise ValueError(f"sapo_pool has {len(raw)} packets, more than {self.limits.max_packets} from each of "
-                             f"{most // self.limits.max_packets} senders")
+            raise ValueError(f"sapo_pool has {len(raw)} packets, more than {each} ({self.share_key}) from each of "
+                             f"{len(senders) if senders is not None else MAX_NODES} senders")
         pool, counts = [], Counter()
         for position, entry in enumerate(raw):
             sender = entry.get("sender") if isinstance(entry, dict) else None
             if not isinstance(sender, str) or (senders is not None and sender not in senders):
                 raise ValueError(f"sapo_pool packet {position}: sender {str(sender)[:40]!r} is not a node of the run")
             counts[sender] += 1
-            if counts[sender] > self.limits.max_packets:
-                raise ValueError(f"sapo_pool holds more than {self.limits.max_packets} packets of {sender}")
+            if counts[sender] > each:
+                raise ValueError(f"sapo_pool holds more than {each} packets ({self.share_key}) of {sender}")
             try:
                 packet = check_packet(entry, self.limits, self.cfg.sapo.completions)
             except Rejected as err:
@@ -110,7 +117,13 @@ class SapoProtocol(ServerProtocol):
                 ctx.log.client(node)["packets_rejected"] = len(reply.packet_rejections)
                 ctx.log.extra.setdefault("rejected_packets", {})[str(node)] = list(reply.packet_rejections[:10])
             label = ctx.exchange.label(node)
-            pool.extend(p.with_sender(label) for p in reply.packets or ())  # sender = who sent it
+            kept, cut = capped([p.with_sender(label) for p in reply.packets or ()], self.share)  # sender = who sent it
+            if cut:
+                ctx.log.client(node)["packets_over_cap"] = cut[label]
+                log.warning("round %d: node %d sent %d packets, more than the %d a node shares per round (%s): the "
+                            "last %d not relayed", ctx.number, node, len(kept) + cut[label], self.share,
+                            self.share_key, cut[label])
+            pool.extend(kept)
         return pool
 
     def _train_messages(self, ctx: RoundContext, kind: type[SapoTrain], nodes: list[int], pool: list[Packet],
@@ -203,31 +216,6 @@ def pending_groups(learner: Learner) -> list[RolloutGroup]:
     return out
 
 
-def verified_item(learner: Learner, item: TaskItem) -> TaskItem:
-    """A peer's reasoning-gym item checked against its provenance: the receiver regenerates it (only for task
-    specs in its own run, so a peer cannot make it build arbitrary generators) and scores with the regenerated
-    entry, so a forged answer or tampered metadata is caught. Items from organization files cannot be
-    regenerated and are scored as sent."""
-    if item.verifier != "rg" or not learner.cfg.sapo.verify_provenance:
-        return item
-    prov = item.provenance
-    spec = next((t for t in learner.universe.tasks if t.generator == prov.get("generator")
-                 and dict(t.config) == dict(prov.get("config") or {})), None)
-    if spec is None:
-        raise ValueError(f"provenance names a task this node does not run: {prov.get('generator')!r}")
-    seed, index = prov.get("seed"), prov.get("index")
-    if not isinstance(seed, int) or not isinstance(index, int) or seed < 0 or not 0 <= index < RANGE:
-        raise ValueError("provenance has no valid seed and index")
-    entry = generate_entry(spec.generator, spec.config, seed, index)
-    if entry["question"] != item.question:
-        raise ValueError("question does not match its provenance")
-    if (None if entry["answer"] is None else str(entry["answer"])) != item.answer:
-        raise ValueError("answer does not match its provenance (forged)")
-    return TaskItem(item.uid, spec.name, entry["question"], item.answer, "rg", entry["metadata"],
-                    {"generator": spec.generator, "config": dict(spec.config), "seed": seed, "index": index},
-                    item.family)
-
-
 def rescore(learner: Learner, packet: Packet, score=score_completion) -> list[float]:
     """Rewards of a peer's completions under this node's own verifier (`score`: under the sender's scoring
     budget in a round); ValueError when it cannot score them."""
@@ -306,7 +294,7 @@ def _train_reply(work: ClientWork, message: SapoTrain, packets: list[Packet] | N
                "scoring-skipped": sum(int(u["skipped"]) for u in usage)}
     counts = {"external-received": selection.received, "external-used": len(selection.chosen),
               "external-zero-advantage": selection.zero_advantage, "external-rejected": selection.rejected,
-              "external-shortfall": selection.shortfall}
+              "external-unverifiable": selection.unverifiable, "external-shortfall": selection.shortfall}
     evaluation, seconds = None, 0.0
     if message.evaluate:
         started = time.perf_counter()

@@ -19,7 +19,7 @@ log = logging.getLogger("pubswap_flwr")
 
 SCORING_KEYS = ("scoring-timeouts", "scoring-skipped")  # sent only when not 0
 SELECTION_KEYS = ("external-received", "external-used", "external-zero-advantage", "external-rejected",
-                  "external-shortfall")
+                  "external-unverifiable", "external-shortfall")
 
 
 @dataclass(frozen=True)

@@ -96,11 +96,12 @@ def test_one_sender_flooding_the_relay_cannot_crowd_out_the_others(tmp_path, mon
     row = read_metrics(tmp_path / "flood")[1]
     assert not row["dropped"] and len(row["clients"]) == 3
     flooder = next(n for n, c in row["clients"].items() if c["node_index"] == 0)
+    assert row["clients"][flooder]["packets_over_cap"] == 40 - 3  # a node shares sapo.share = 3 per round
     for node, c in row["clients"].items():
         if node != flooder:
-            cut = row["relay_cut"][node]
-            assert list(cut) == [f"00000-{flooder}"] and 0 < cut[f"00000-{flooder}"] < 40
-            assert c["external_received"] == 3 + 40 - cut[f"00000-{flooder}"]  # the other honest node's 3 all came
+            cut = row["relay_cut"][node]  # its 3 long packets are over its share of the bytes
+            assert list(cut) == [f"00000-{flooder}"] and 0 < cut[f"00000-{flooder}"] < 3
+            assert c["external_received"] == 3 + 3 - cut[f"00000-{flooder}"]  # the other honest node's 3 all came
 
 
 ITEM = {"uid": "gcd/1", "task": "gcd", "question": "q?", "answer": "1", "verifier": "exact"}

@@ -11,7 +11,9 @@ from pubswap_flwr.aggregate import (
     clip_update,
     coordinate_median,
     mean_pairwise_l2,
+    geometric_median,
     median_clip,
+    not_robust,
     trimmed_mean,
     update_norm,
     weighted_mean,
@@ -208,14 +210,32 @@ def test_median_clip_bounds_each_update_by_c_times_the_median_norm():
     assert out[2]["W"].dtype == np.float32
 
 
-def test_median_clip_of_two_is_their_mean_and_a_zero_median_clips_every_update_away():
+def test_median_clip_of_two_is_their_mean_and_a_zero_median_clips_nothing():
     ref = {"W": np.ones(2, dtype=np.float32)}
     a, b = {"W": np.array([1.0, 1.5], dtype=np.float32)}, {"W": np.array([1.0, 5.0], dtype=np.float32)}
     out, bound, _ = median_clip([a, b], ref, 2.0)
     assert bound == pytest.approx(2.0 * (0.5 + 4.0) / 2) and out == [a, b]  # two clients: no protection
     still = [{"W": np.ones(2, dtype=np.float32)}] * 2 + [b]
-    out, bound, _ = median_clip(still, ref, 3.0)
-    assert bound == 0.0 and np.array_equal(out[2]["W"], ref["W"])
+    out, bound, _ = median_clip(still, ref, 3.0)  # most sent no change: scaling b to 0 would hand them the round
+    assert bound == 0.0 and out[2] is b
+
+
+def test_geometric_median_outvotes_a_far_point_in_any_direction_and_takes_the_mean_of_two():
+    points = [{"W": np.array(p, dtype=np.float32)} for p in ([0.0, 0.0], [2.0, 0.0], [0.0, 2.0], [2.0, 2.0])]
+    np.testing.assert_allclose(geometric_median(points)["W"], [1.0, 1.0], atol=1e-6)  # symmetric: the centre
+    for far in ([1e6, 0.0], [-1e6, -1e6], [0.0, -3e4]):
+        moved = geometric_median(points[:3] + [{"W": np.array(far, dtype=np.float32)}])["W"]
+        assert np.linalg.norm(moved - np.array([2 / 3, 2 / 3])) < 2.0, (far, moved)  # within the honest spread
+    two = [points[1], points[2]]
+    np.testing.assert_allclose(aggregate(two, [3.0, 1.0], method="geometric-median")["W"], [1.5, 0.5])  # the mean
+    assert geometric_median(points)["W"].dtype == np.float32
+
+
+def test_a_round_is_robust_only_by_a_robust_rule_of_3_or_more_replies_with_a_nonzero_median():
+    assert not_robust("geometric-median", 3, 0.1) is None and not_robust("median", 4, 1.0) is None
+    assert "bounds no direction" in not_robust("mean", 10, 1.0)
+    assert not_robust("geometric-median", 2, 1.0).startswith("2 replies")
+    assert "median update norm is 0" in not_robust("trimmed-mean", 5, 0.0)
 
 
 # --- drift ------------------------------------------------------------------------------------------------------

@@ -136,7 +136,7 @@ def test_keys_lists_the_allowed_values_of_choice_keys(capsys):
     lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
     assert f"(one of: {' | '.join(MODES)})" in lines["strategy.mode"]
     assert "(one of: dapo | grpo)" in lines["train.loss-type"]
-    assert "(one of: mean | median | trimmed-mean)" in lines["strategy.aggregation"]
+    assert "(one of: geometric-median | mean | median | trimmed-mean)" in lines["strategy.aggregation"]
     assert "(one of: float32 | bfloat16 | float16)" in lines["model.dtype"]
     assert "one of" not in lines["train.local-steps"]
     choices = key_choices()

@@ -211,25 +211,33 @@ def test_pubswap_report_cli_force_baseline_and_kept_title(tmp_path, capsys):
     runs = [make_run(tmp_path, arm, seed, 0.2 + 0.1 * i) for i, arm in enumerate(("x", "y", "z"))
             for seed in (0, 1)]
     args = ["report"] + [str(r) for r in runs]
+    out = tmp_path / "runs" / "report"  # beside the runs, never the directory the command runs from
     assert pubswap(args + ["--title", "sweep t", "--notes", "kept notes"]) == 0
-    first = (tmp_path / "report.md").read_text()
+    first = (out / "report.md").read_text()
     assert f"by `pubswap report {tmp_path / 'runs'}/*`" in first
     assert "## Paired differences against x" in first
 
     assert pubswap(args) == 1
-    assert "exists" in capsys.readouterr().err and (tmp_path / "report.md").read_text() == first
+    assert "exists" in capsys.readouterr().err and (out / "report.md").read_text() == first
 
     assert pubswap(args + ["--force", "--baseline", "z"]) == 0
-    text = (tmp_path / "report.md").read_text()
+    text = (out / "report.md").read_text()
     assert text.startswith("# sweep t\n") and "kept notes" in text
     assert "## Paired differences against z" in text and "| x | sampled acc | -0.200 | -0.200 |" in text
     assert "--baseline z --force" in text
 
     # the arm order (and so colours and the default baseline) of the previous report survives a glob's order
     assert pubswap(["report"] + list(reversed(args[1:])) + ["--force"]) == 0
-    assert read_summary(tmp_path)["baseline"] == "z"
-    assert list(read_summary(tmp_path)["arms"]) == ["x", "y", "z"]
+    assert read_summary(out)["baseline"] == "z"
+    assert list(read_summary(out)["arms"]) == ["x", "y", "z"]
     assert pubswap(args + ["--force", "--baseline", "nope"]) == 2
+
+
+def test_pubswap_report_writes_into_a_sweeps_own_folder_for_its_runs(tmp_path):
+    runs = [make_run(tmp_path, "x", seed, 0.2) for seed in (0, 1)]
+    (tmp_path / "outcomes.json").write_text("[]")  # tmp_path is a sweep's folder (pubswap compare's --out)
+    assert pubswap(["report"] + [str(r) for r in runs]) == 0
+    assert (tmp_path / "report.md").is_file() and not (tmp_path / "runs" / "report").exists()
 
 
 def test_answer_format_section_counts_client_rounds_below_the_warning(tmp_path):

@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from pubswap_flwr.algorithms.sapo_selection import Packet, ScoredPacket, Selection, relay, select_external, select_local
+from pubswap_flwr.algorithms.sapo_selection import (Packet, ScoredPacket, Selection, capped, fair_draw, relay,
+                                                  select_external, select_local)
 from pubswap_flwr.tasks import TaskItem
 
 
@@ -163,3 +164,20 @@ def test_select_local_is_seeded():
     groups = list(range(30))
     assert select_local(groups, 5, random.Random(9)) == select_local(groups, 5, random.Random(9))
     assert len({tuple(select_local(groups, 5, random.Random(s))) for s in range(10)}) > 1
+
+
+# --- fairness across senders (#34) -------------------------------------------------------------------------------
+
+
+def test_capped_keeps_each_senders_first_packets_and_counts_the_rest():
+    pool = [packet("a", f"a{i}", "4") for i in range(5)] + [packet("b", "b0", "4")] + [packet("a", "a5", "4")]
+    kept, cut = capped(pool, 2)
+    assert [p.item.uid for p in kept] == ["a0", "a1", "b0"] and cut == {"a": 4}
+    assert capped(pool, 0) == ([], {"a": 6, "b": 1})
+
+
+def test_fair_draw_goes_round_robin_over_senders_in_order_of_first_appearance():
+    order = ["a1", "a2", "a3", "a4", "b1", "c1", "c2"]
+    assert fair_draw(order, 5, lambda x: x[0]) == ["a1", "b1", "c1", "a2", "c2"]
+    assert fair_draw(order, 7, lambda x: x[0]) == ["a1", "b1", "c1", "a2", "c2", "a3", "a4"]
+    assert fair_draw(order, 0, lambda x: x[0]) == [] and fair_draw([], 3, lambda x: x[0]) == []

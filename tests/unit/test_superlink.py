@@ -69,7 +69,7 @@ def test_a_superlink_of_another_checkouts_environment_is_warned_about(other_supe
     assert any(line.startswith("  - started without FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1") for line in lines)
     assert f"  - its FLWR_HOME is {tmp_path / 'home'}, not {tmp_path / 'mine'}" in lines
     assert f"  - PUBSWAP_OUTPUT_ROOT is '{checkout / 'runs'}' there, unset here" in lines
-    assert "export FLWR_HOME=$PWD/.flwr-home FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=39191 " \
+    assert "export FLWR_HOME=$HOME/.flwr-pubswap FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=39191 " \
            "FLWR_LOCAL_CONTROL_API_PORT=39193" in lines[-1]
 
 
