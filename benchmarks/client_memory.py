@@ -43,11 +43,14 @@ def _reset_peak() -> None:
     Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
 
 
-def _arm(chunked: bool, allocator: str, micro_batch: int, queue) -> None:
+def _arm(chunked: bool, allocator: str, micro_batch: int, model: str, queue) -> None:
     os.environ["PUBSWAP_ALLOCATOR"] = allocator
     import torch
 
+    import real_model
     from real_model import _groups, _items, _policy
+
+    real_model.MODEL = model
 
     from pubswap_flwr.policy import grpo_loss
     from pubswap_flwr.rollouts import RolloutGroup
@@ -78,9 +81,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--micro-batch", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=1, help="processes per arm (medians are printed)")
+    parser.add_argument("--model", default="smollm2-135m-instruct", help="model.name (embedded:tiny to try it)")
     args = parser.parse_args()
     context = multiprocessing.get_context("spawn")
-    print(f"One SmolLM2-135M client (generation.dtype auto, micro-batch {args.micro_batch}, 1 thread), MiB; "
+    print(f"One {args.model} client (generation.dtype auto, micro-batch {args.micro_batch}, 1 thread), MiB; "
           f"{args.repeats} process(es) per arm, medians:")
     keys = ["load peak", "after load", "sample peak", "update peak", "held after update", "update s"]
     print(f"  {'arm':<42}" + "".join(f"{k:>19}" for k in keys))
@@ -89,10 +93,12 @@ def main() -> None:
         runs = []
         for _ in range(args.repeats):
             queue = context.Queue()
-            proc = context.Process(target=_arm, args=(chunked, allocator, args.micro_batch, queue))
+            proc = context.Process(target=_arm, args=(chunked, allocator, args.micro_batch, args.model, queue))
             proc.start()
-            runs.append(queue.get())
             proc.join()
+            if proc.exitcode != 0 or queue.empty():
+                sys.exit(f"arm {label!r}: its process ended with exit code {proc.exitcode} and no result")
+            runs.append(queue.get())
         results[label] = {k: statistics.median(r[k] for r in runs) for k in keys}
         row = results[label]
         print(f"  {label:<42}" + "".join(f"{row[k]:>19.1f}" if k == "update s" else f"{row[k]:>19.0f}"
