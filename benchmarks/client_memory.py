@@ -28,6 +28,7 @@ ARMS = [  # (label, chunked log-probs, PUBSWAP_ALLOCATOR)
     ("chunked, allocator as is", True, "default"),
     ("plain, trim", False, "trim"),
     ("chunked, trim", True, "trim"),
+    ("plain, trim + mmap threshold", False, ""),
     ("chunked, trim + mmap threshold (default)", True, ""),
 ]
 
@@ -77,11 +78,46 @@ def _arm(chunked: bool, allocator: str, micro_batch: int, model: str, queue) -> 
     queue.put(out)
 
 
+def _update_times(model: str, micro_batch: int, repeats: int, queue) -> None:
+    """One process, the same sampled batch: updates with the plain and the chunked log-probs interleaved, each from
+    the same adapter and a fresh optimizer, so both see the same machine load (like for like)."""
+    import torch
+
+    import real_model
+    from real_model import _groups, _items, _policy
+
+    from pubswap_flwr.policy import grpo_loss
+    from pubswap_flwr.rollouts import RolloutGroup
+
+    real_model.MODEL = model
+    torch.set_num_threads(1)
+    policy = _policy(dtype="auto", micro_batch=micro_batch)
+    items = _items(4)
+    torch.manual_seed(0)
+    groups = [RolloutGroup(g.prompt, g.completions, [float(i % 2) for i in range(len(g.completions))])
+              for g in _groups(policy, items, policy.sample(items, 8))]
+    start = policy.adapter()
+    times, losses = {"plain": [], "chunked": []}, {"plain": [], "chunked": []}
+    default = grpo_loss.CHUNK_ABOVE
+    for _ in range(repeats):
+        for mode in ("plain", "chunked"):
+            grpo_loss.CHUNK_ABOVE = 1 << 62 if mode == "plain" else default
+            policy.load_adapter(start)
+            policy.learner.reset_optimizer()
+            began = time.perf_counter()
+            stats = policy.update(groups)
+            times[mode].append(time.perf_counter() - began)
+            losses[mode].append((stats.loss, stats.grad_norm))
+    queue.put((times, losses))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--micro-batch", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=1, help="processes per arm (medians are printed)")
     parser.add_argument("--model", default="smollm2-135m-instruct", help="model.name (embedded:tiny to try it)")
+    parser.add_argument("--time-repeats", type=int, default=3,
+                        help="interleaved plain / chunked updates in one process for the time ratio (0: skip)")
     args = parser.parse_args()
     context = multiprocessing.get_context("spawn")
     print(f"One {args.model} client (generation.dtype auto, micro-batch {args.micro_batch}, 1 thread), MiB; "
@@ -112,6 +148,18 @@ def main() -> None:
               f" MiB ({row['held after update'] / base['held after update']:.2f}x), update time "
               f"{row['update s'] / base['update s']:.2f}x")
     print("  goal: round peak <= 2560 MiB, held <= 1536 MiB")
+    if args.time_repeats:
+        queue = context.Queue()
+        proc = context.Process(target=_update_times, args=(args.model, args.micro_batch, args.time_repeats, queue))
+        proc.start()
+        proc.join()
+        if proc.exitcode != 0 or queue.empty():
+            sys.exit(f"the timing process ended with exit code {proc.exitcode} and no result")
+        times, losses = queue.get()
+        plain, chunked = statistics.median(times["plain"]), statistics.median(times["chunked"])
+        print(f"Update time, one process, plain and chunked interleaved x {args.time_repeats} (same batch, adapter and "
+              f"optimizer state): plain {plain:.1f} s, chunked {chunked:.1f} s, ratio chunked / plain "
+              f"{chunked / plain:.2f}; loss and grad norm plain {losses['plain'][0]}, chunked {losses['chunked'][0]}")
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ def per_token_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
     return torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
 
-CHUNK_ELEMENTS = 1 << 22  # logits (rows x positions x vocabulary) computed at once in the chunked path: 16 MB fp32
+CHUNK_ELEMENTS = 1 << 24  # logits (rows x positions x vocabulary) computed at once in the chunked path: 64 MB fp32
 CHUNK_ABOVE = 1 << 24  # completions whose logits would hold more elements than this (64 MB fp32) take the chunked path
 
 
