@@ -57,8 +57,7 @@ def _arm(chunked: bool, allocator: str, micro_batch: int, model: str, queue) -> 
     from pubswap_flwr.rollouts import RolloutGroup
 
     torch.set_num_threads(1)
-    if not chunked:
-        grpo_loss.CHUNK_ABOVE = 1 << 62
+    grpo_loss.CHUNK_ABOVE = grpo_loss.CHUNKED_ABOVE if chunked else 1 << 62
     out = {}
     _reset_peak()
     policy = _policy(dtype="auto", micro_batch=micro_batch)
@@ -98,10 +97,9 @@ def _update_times(model: str, micro_batch: int, repeats: int, queue) -> None:
               for g in _groups(policy, items, policy.sample(items, 8))]
     start = policy.adapter()
     times, losses = {"plain": [], "chunked": []}, {"plain": [], "chunked": []}
-    default = grpo_loss.CHUNK_ABOVE
     for _ in range(repeats):
         for mode in ("plain", "chunked"):
-            grpo_loss.CHUNK_ABOVE = 1 << 62 if mode == "plain" else default
+            grpo_loss.CHUNK_ABOVE = 1 << 62 if mode == "plain" else grpo_loss.CHUNKED_ABOVE
             policy.load_adapter(start)
             policy.learner.reset_optimizer()
             began = time.perf_counter()
