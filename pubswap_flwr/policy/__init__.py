@@ -10,6 +10,7 @@ import torch
 
 from ..rollouts import RolloutGroup
 from ..tasks import PromptFormatter, TaskItem
+from . import memory
 from .grpo import GRPOLearner, GRPOSettings, UpdateStats
 from .lora import (LoraSettings, LowPrecisionSampling, MergedSampling, adapter_state, attach_lora, from_wire,
                    load_adapter_state, to_wire)
@@ -46,11 +47,15 @@ class Policy:
 
     def __init__(self, spec: PolicySpec):
         self.spec = spec
+        memory.limit_retention()  # before the model's tensors are allocated
         self.location = resolve_model(spec.model_name)
         self.device = resolve_device(spec.device)
         self.tokenizer = load_tokenizer(self.location)
         # peft creates the LoRA layers on the device of the layer they wrap, so the base model moves first
         self.model = attach_lora(load_causal_lm(self.location, spec.dtype, self.device), spec.lora)
+        # peft draws LoRA A from the global generator: the same adapter in every process until reset() (a benchmark
+        # that never resets saw different gradient norms from identical tokens)
+        initial_adapter(self.model, LORA_INIT_SEED)
         self.model.eval()
         self.sampling_dtype = sampling_precision(spec.generation.dtype, spec.dtype, self.model, self.device)
         if self.sampling_dtype == _DTYPES[spec.dtype]:
@@ -60,6 +65,7 @@ class Policy:
             self.sampler = LowPrecisionSampling(self.model, self.sampling_dtype)
             self.sampling_model = self.sampler.copy
         self.learner = GRPOLearner(self.model, self.tokenizer, spec.grpo, spec.generation)
+        memory.release()  # loading's temporaries (GGUF de-quantization, state dicts) back to the system
         self.formatter = PromptFormatter(self.tokenizer, spec.template)
 
     # -- adapter ---------------------------------------------------------------------------------------------
@@ -87,9 +93,12 @@ class Policy:
     # -- learning --------------------------------------------------------------------------------------------
     def update(self, groups: Sequence[RolloutGroup], proximal_reference: dict[str, torch.Tensor] | None = None,
                proximal_mu: float | None = None) -> UpdateStats:
-        return self.learner.update(groups, proximal_reference, proximal_mu)
+        stats = self.learner.update(groups, proximal_reference, proximal_mu)
+        memory.release()  # the update's activations, freed, would otherwise stay with the process until the next one
+        return stats
 
 
+LORA_INIT_SEED = 0  # the adapter a Policy starts with, before any reset(seed)
 AUTO_LOW_PRECISION_PARAMETERS = 50_000_000  # below this, sampling is bound by per-step overheads, not weight reads
 
 

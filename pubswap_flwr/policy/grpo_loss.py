@@ -38,13 +38,25 @@ def per_token_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
     return torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
 
-def completion_logps(model, batch: Batch, rows: slice, temperature: float = 1.0) -> torch.Tensor:
+CHUNK_ELEMENTS = 1 << 24  # logits (rows x positions x vocabulary) computed at once in the chunked path: 64 MB fp32
+CHUNKED_ABOVE = 1 << 24  # completions whose logits would hold more elements than this (64 MB fp32) take the chunked path
+# off (1 << 62) until the real-fedavg sweep that started before it has finished, so that sweep runs one code path
+CHUNK_ABOVE = 1 << 62
+
+
+def completion_logps(model, batch: Batch, rows: slice, temperature: float = 1.0,
+                     chunk_above: int | None = None) -> torch.Tensor:
     """`per_token_logps` of rows `rows`' completions, each distinct prompt run once (B, C).
 
     A group's K completions share one prompt; running it once and letting the K completions attend to its keys and
     values (copied per row, so gradients from every completion flow back through the one prompt pass) leaves out
     (K - 1) / K of the prompt tokens' forward and backward, which are most of the tokens when prompts are longer than
-    completions. Positions count from each row's first real token, as in sampling."""
+    completions. Positions count from each row's first real token, as in sampling.
+
+    When the completions' logits would hold more than `chunk_above` elements (a real vocabulary: SmolLM2's 49,152 x
+    16 rows x 64 tokens is 50M, 200 MB in fp32 and several live copies through log-softmax and autograd), the
+    decoder's hidden states go through the (frozen) LM head a few positions at a time, each chunk recomputed in the
+    backward pass instead of kept (`chunked_target_logps`): the same values, without the full-vocabulary tensors."""
     from transformers import DynamicCache
 
     prompt_ids, prompt_mask = batch.prompt_ids[rows], batch.prompt_mask[rows]
@@ -57,17 +69,72 @@ def completion_logps(model, batch: Batch, rows: slice, temperature: float = 1.0)
     unique_mask = prompt_mask[first]
     positions = (unique_mask.long().cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache(config=model.config)
-    head = model(input_ids=prompt_ids[first], attention_mask=unique_mask, position_ids=positions, cache=cache,
-                 use_cache=True, logits_to_keep=1).logits[:, -1:, :]
-    if len(first) < len(prompt_ids):
-        cache.batch_select_indices(owner)
     width = completion_ids.shape[1]
     tail_positions = positions[owner, -1:] + 1 + torch.arange(width, device=positions.device)
-    body = model(input_ids=completion_ids, attention_mask=torch.cat([prompt_mask, completion_mask], dim=1),
-                 position_ids=tail_positions, cache=cache, use_cache=True, logits_to_keep=width).logits
-    logits = torch.cat([head[owner], body[:, :-1, :]], dim=1).float() / temperature
+    full_mask = torch.cat([prompt_mask, completion_mask], dim=1)
+    head = _plain_lm_head(model)
+    limit = CHUNK_ABOVE if chunk_above is None else chunk_above
+    if head is not None and len(prompt_ids) * width * head.weight.shape[0] > limit:
+        decoder = model.get_base_model().get_decoder()
+        last = decoder(input_ids=prompt_ids[first], attention_mask=unique_mask, position_ids=positions, cache=cache,
+                       use_cache=True).last_hidden_state[:, -1:, :]
+        if len(first) < len(prompt_ids):
+            cache.batch_select_indices(owner)
+        body = decoder(input_ids=completion_ids, attention_mask=full_mask, position_ids=tail_positions, cache=cache,
+                       use_cache=True).last_hidden_state
+        hidden = torch.cat([last[owner], body[:, :-1, :]], dim=1)
+        return chunked_target_logps(hidden, head, completion_ids, temperature)
+    last_logits = model(input_ids=prompt_ids[first], attention_mask=unique_mask, position_ids=positions, cache=cache,
+                        use_cache=True, logits_to_keep=1).logits[:, -1:, :]
+    if len(first) < len(prompt_ids):
+        cache.batch_select_indices(owner)
+    body = model(input_ids=completion_ids, attention_mask=full_mask, position_ids=tail_positions, cache=cache,
+                 use_cache=True, logits_to_keep=width).logits
+    logits = torch.cat([last_logits[owner], body[:, :-1, :]], dim=1).float() / temperature
     # log-softmax at the target only: logit - logsumexp, without materialising the whole (B, C, V) log-softmax
     return logits.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+def _plain_lm_head(model) -> torch.nn.Module | None:
+    """The LM head when logits are exactly `head(decoder hidden states)` and the head is frozen (no LoRA, no logit
+    scaling or soft-capping: Llama, Qwen2 and the embedded models), else None (the plain path)."""
+    get_base = getattr(model, "get_base_model", None)
+    if get_base is None:
+        return None
+    base = get_base()
+    head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+    if not isinstance(head, torch.nn.Linear) or head.bias is not None or head.weight.requires_grad:
+        return None
+    if getattr(base.config, "final_logit_softcapping", None) or hasattr(base, "logit_scale") \
+            or getattr(base.config, "logit_scale", None) not in (None, 1, 1.0):
+        return None
+    if not hasattr(base, "get_decoder"):
+        return None
+    return head
+
+
+def _target_logps(hidden: torch.Tensor, head: torch.nn.Module, targets: torch.Tensor,
+                  temperature: float) -> torch.Tensor:
+    logits = head(hidden).float() / temperature
+    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+def chunked_target_logps(hidden: torch.Tensor, head: torch.nn.Module, targets: torch.Tensor, temperature: float,
+                         chunk_elements: int = CHUNK_ELEMENTS) -> torch.Tensor:
+    """log softmax(head(hidden) / T)[targets] (B, C), computed a few positions at a time; under autograd each chunk
+    is checkpointed, so its full-vocabulary logits live only while that chunk is computed (forward or backward)."""
+    from torch.utils.checkpoint import checkpoint
+
+    rows, width = targets.shape
+    step = max(1, chunk_elements // max(1, rows * head.weight.shape[0]))
+    parts = []
+    for start in range(0, width, step):
+        part = (hidden[:, start:start + step], head, targets[:, start:start + step], temperature)
+        if torch.is_grad_enabled() and hidden.requires_grad:
+            parts.append(checkpoint(_target_logps, *part, use_reentrant=False))
+        else:
+            parts.append(_target_logps(*part))
+    return torch.cat(parts, dim=1)
 
 
 def clipped_token_loss(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Tensor,

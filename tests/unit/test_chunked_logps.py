@@ -1,0 +1,74 @@
+"""The chunked log-prob path (a real vocabulary's logits through the frozen LM head a few positions at a time, each
+chunk recomputed in the backward pass) gives the plain path's values and LoRA gradients."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pubswap_flwr.policy.grpo import build_batch
+from pubswap_flwr.policy.grpo_loss import _plain_lm_head, chunked_target_logps, completion_logps
+from pubswap_flwr.policy.sampling import GenerationSettings
+from tests.unit.test_grpo_oracle import _groups
+
+
+def _logps_and_grads(policy, batch, chunk_above: int, weights: torch.Tensor):
+    model = policy.model
+    model.zero_grad(set_to_none=True)
+    logps = completion_logps(model, batch, slice(0, batch.rewards.shape[0]), temperature=0.7,
+                             chunk_above=chunk_above)
+    (logps * weights * batch.completion_mask).sum().backward()
+    grads = {k: p.grad.clone() for k, p in model.named_parameters() if p.requires_grad}
+    return logps.detach(), grads
+
+
+def test_chunked_log_probs_and_gradients_equal_the_plain_ones(tiny_policy):
+    model = tiny_policy.model
+    with torch.no_grad():  # a non-trivial adapter, so gradients reach both A and B
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(0.05 * torch.randn_like(p))
+    assert _plain_lm_head(model) is not None  # the embedded model's head is plain and frozen
+    batch = build_batch(tiny_policy.tokenizer, _groups(tiny_policy.tokenizer), GenerationSettings(max_new_tokens=16))
+    weights = torch.randn(batch.completion_ids.shape, generator=torch.Generator().manual_seed(3))
+    model.train()
+    plain, plain_grads = _logps_and_grads(tiny_policy, batch, chunk_above=1 << 62, weights=weights)
+    chunked, chunked_grads = _logps_and_grads(tiny_policy, batch, chunk_above=0, weights=weights)
+    mask = batch.completion_mask.bool()
+    assert torch.allclose(chunked[mask], plain[mask], atol=1e-5, rtol=0)
+    assert plain_grads.keys() == chunked_grads.keys() and len(plain_grads) > 0
+    for key in plain_grads:
+        assert torch.allclose(chunked_grads[key], plain_grads[key], atol=1e-5, rtol=1e-4), key
+
+
+def test_chunks_cover_every_position_once_whatever_the_chunk_size():
+    torch.manual_seed(0)
+    head = torch.nn.Linear(8, 50, bias=False).requires_grad_(False)
+    hidden = torch.randn(3, 7, 8)
+    targets = torch.randint(0, 50, (3, 7))
+    reference = torch.log_softmax(head(hidden) / 0.5, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    for elements in (1, 150, 151, 10_000):  # one position a chunk, exactly one row-set, uneven, all at once
+        got = chunked_target_logps(hidden, head, targets, 0.5, chunk_elements=elements)
+        assert got.shape == (3, 7) and torch.allclose(got, reference, atol=1e-6)
+
+
+def test_a_trainable_or_biased_head_keeps_the_plain_path():
+    class Wrapper(torch.nn.Module):
+        def __init__(self, head):
+            super().__init__()
+            self.head = head
+            self.config = type("Config", (), {})()
+
+        def get_base_model(self):
+            return self
+
+        def get_output_embeddings(self):
+            return self.head
+
+        def get_decoder(self):
+            return None
+
+    assert _plain_lm_head(Wrapper(torch.nn.Linear(4, 9, bias=False).requires_grad_(False))) is not None
+    assert _plain_lm_head(Wrapper(torch.nn.Linear(4, 9, bias=False))) is None  # trainable
+    assert _plain_lm_head(Wrapper(torch.nn.Linear(4, 9, bias=True).requires_grad_(False))) is None
+    assert _plain_lm_head(torch.nn.Linear(4, 9)) is None  # not a PEFT model
