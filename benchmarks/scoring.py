@@ -22,9 +22,9 @@ import time
 from pubswap_flwr.tasks import TaskItem, score_completion
 from pubswap_flwr.tasks.isolation import IsolatedScorer, set_default_isolated_scorer
 from pubswap_flwr.tasks.math_answers import MathChecker, set_default_checker
+from pubswap_flwr.tasks.reasoning_gym_scoring import scored_in_worker
 from pubswap_flwr.tasks.specs import PRESETS, TaskSpec
 from pubswap_flwr.tasks.splits import rg_item
-from pubswap_flwr.tasks.reasoning_gym_scoring import scored_in_worker
 from pubswap_flwr.tasks.verifiers import VERIFIERS, Score
 
 OLD_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)

@@ -17,10 +17,27 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-# some of these are here for modules that import them from config (flatten, load_toml, parse_overrides, ...)
-from .config_keys import (INT64_MAX, MAX_COMPLETIONS_PER_BATCH, PLAIN_COMPONENT, Check, ConfigError, _check,
-                          below_half, below_one, between, fraction, flatten, is_plain_component, load_toml,
-                          number_list, off_or_between, one_of, opt, parse_overrides)
+from .config_keys import (
+    INT64_MAX,
+    MAX_COMPLETIONS_PER_BATCH,
+    PLAIN_COMPONENT,
+    ConfigError,
+    _check,
+    below_half,
+    below_one,
+    between,
+    fraction,
+    is_plain_component,
+    number_list,
+    off_or_between,
+    one_of,
+    opt,
+)
+
+# re-exported for modules that import them from config
+from .config_keys import flatten as flatten
+from .config_keys import load_toml as load_toml
+from .config_keys import parse_overrides as parse_overrides
 from .protocols import catalog, optimizers
 
 MODES = catalog.modes()

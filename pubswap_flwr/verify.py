@@ -19,8 +19,16 @@ from pathlib import Path
 from typing import Any
 
 from .untrusted import one_line
-from .verify_inputs import (VerifyError, adapter_base, adapter_folder, check_chat_template, is_local_folder,
-                            read_config, read_rows, read_weights)
+from .verify_inputs import (
+    VerifyError,
+    adapter_base,
+    adapter_folder,
+    check_chat_template,
+    is_local_folder,
+    read_config,
+    read_rows,
+    read_weights,
+)
 
 SEED_OFFSET = 1000  # default verification data seed: the run's tasks.data-seed + this
 BATCH_SIZE = 32  # sequences sampled at once: SmolLM2 at the runs' eval.batch-size 256 held ~13 GB (its KV cache)

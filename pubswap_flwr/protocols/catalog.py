@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from ..config_keys import (MAX_COMPLETIONS_PER_BATCH, ConfigError, between, fraction, one_of, opt)
+from ..config_keys import MAX_COMPLETIONS_PER_BATCH, ConfigError, between, fraction, one_of, opt
 
 if TYPE_CHECKING:
     from ..config import ExperimentConfig

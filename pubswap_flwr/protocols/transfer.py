@@ -13,8 +13,8 @@ import numpy as np
 import torch
 from flwr.app import ConfigRecord, RecordDict
 
-from ..compression import Broadcast, Codec, CodecError, Quantized, apply_delta, fingerprint
 from ..checkpoint import MAX_KNOWN_NODES
+from ..compression import Broadcast, Codec, CodecError, Quantized, apply_delta, fingerprint
 from ..config import ExperimentConfig
 from ..node_state import GLOBAL_FILE, RESIDUAL_FILE
 from ..policy import from_wire, to_wire

@@ -7,10 +7,10 @@ import statistics
 from pathlib import Path
 
 from ..metrics_schema import WELL_FORMED_WARNING
-from .formatting import (code_span, escape_markdown as md, fmt_ci, fmt_number, fmt_rounds, fmt_spread, fmt_value,
-                         interval_json, spread_json)
-from .plots import MARKER_NAMES, ArmStyle, colour_name
+from .formatting import code_span, fmt_ci, fmt_number, fmt_rounds, fmt_spread, fmt_value, interval_json, spread_json
+from .formatting import escape_markdown as md
 from .item_intervals import ITEM_METRICS, learning_item_interval, paired_item_interval
+from .plots import MARKER_NAMES, ArmStyle, colour_name
 from .statistics import CONFIDENCE, NAN, PAIRED, PairedDifference, finite, mean_ci, paired_differences
 from .summaries import RunSummary
 

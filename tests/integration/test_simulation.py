@@ -3,9 +3,9 @@ mid-round, PubSwap with both swap rules, and a heterogeneous SAPO swarm."""
 
 from __future__ import annotations
 
-import pytest
-
 import json
+
+import pytest
 
 from pubswap_flwr.metrics import read_metrics
 from pubswap_flwr.simulation import simulate

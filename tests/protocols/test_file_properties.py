@@ -12,7 +12,8 @@ import json
 import tempfile
 from pathlib import Path
 
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from pubswap_flwr.cli import main as pubswap
 from tests.unit.test_report_files import make_run
@@ -131,8 +132,8 @@ def test_report_answers_or_prints_one_line_whatever_a_file_holds(name, how):
                              "runs/fedavg-s0/adapters/final/adapter_config.json",
                              "runs/fedavg-s0/adapters/final/adapter_model.safetensors"]), how=damage())
 def test_publish_publishes_or_raises_its_error_whatever_a_file_holds(name, how):
-    from safetensors.numpy import save_file
     import numpy as np
+    from safetensors.numpy import save_file
 
     script = _script()
     fifos: list = []

@@ -6,11 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from pubswap_flwr.policy import from_wire, to_wire
-from pubswap_flwr.policy.sampling import GenerationSettings
+from pubswap_flwr.policy import from_wire, initial_adapter, to_wire
 from pubswap_flwr.policy.grpo import build_batch, group_advantages, per_token_logps
-from pubswap_flwr.policy import initial_adapter
 from pubswap_flwr.policy.model import ModelError, resolve_device, resolve_model
+from pubswap_flwr.policy.sampling import GenerationSettings
 from pubswap_flwr.rollouts import Completion, RolloutGroup
 from pubswap_flwr.tasks import TaskItem
 
