@@ -95,7 +95,6 @@ def adversarial_corpus() -> list[tuple[TaskItem, str, int]]:
 def ordinary_corpus() -> list[tuple[TaskItem, str, int]]:
     corpus: list[tuple[TaskItem, str, int]] = []
     for name in list(PRESETS) + SYMPY:
-        generator = PRESETS[name].generator if name in PRESETS else name
         for index in range(4):
             item = rg_item("bench", PRESETS.get(name, TaskSpec(name, name, {})), 4321, index, f"bench/{name}/{index}")
             corpus.append((item, tagged(item.answer), 4096))
