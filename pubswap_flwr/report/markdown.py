@@ -263,8 +263,8 @@ def learning_lines(arms: Arms, summary: dict) -> list[str]:
              "before RL) and of the last evaluated round, mean over seeds, and their difference seed by seed with its "
              f"{CONFIDENCE:.0%} confidence interval (paired t over seeds; over seeds × items where the column says "
              "so). *lenient*: the tagged answer, else the last number or "
-             "word; *strict*: a right answer in the tags (the training reward); *well-formed*: one `<answer>...</answer>` and "
-             "nothing after it.", "",
+             "word; *strict*: a right answer in the tags (the training reward); *well-formed*: one "
+             "`<answer>...</answer>` and nothing after it.", "",
              "| arm | metric | round 0 | last | last − round 0 [95% CI] | CI covers |", "|---|---|---|---|---|---|"]
     summary["learning"] = {}
     for arm, found in pairs.items():

@@ -1,5 +1,5 @@
-"""Property tests of the run-file boundary (issue #34, item 6), each a quick hypothesis run in the fast tier: one file of
-a run directory (config.json, metrics.jsonl, status.json, provenance.json, outcomes.json, an adapter's config or
+"""Property tests of the run-file boundary (issue #34, item 6), each a quick hypothesis run in the fast tier: one file
+of a run directory (config.json, metrics.jsonl, status.json, provenance.json, outcomes.json, an adapter's config or
 weights) replaced by random bytes, a truncated copy, the same JSON with a value of another type, a link or a FIFO.
 Whatever comes, `pubswap verify` and `pubswap report` answer (exit code 0) or print their one-line error (exit code
 2), and publish_results publishes or raises its PublishError, never another exception."""
