@@ -183,8 +183,9 @@ def main() -> None:
             print(f"  {name}: {phases(runs / run)}")
     print(f"\nround time (s), {args.rounds} rounds, 2 nodes, {segments(config)} messages per node per round; "
           f"median over rounds 2..{args.rounds}. A PubSwap node receives {down / 1e6:.3f} MB and sends "
-          f"{up / 1e6:.3f} MB per round, the adapter's {tensors} tensors packed in one array; the floor's first message "
-          f"and last reply carry as many random bytes, in one array (floor + bytes) or in {tensors} (floor + tensors):")
+          f"{up / 1e6:.3f} MB per round, the adapter's {tensors} tensors packed in one array; the floor's first "
+          f"message and last reply carry as many random bytes, in one array (floor + bytes) or in {tensors} "
+          "(floor + tensors):")
     print(f"  {'setting':<17}{'load':>6}{'round 1':>9}{'median':>9}{'x simulated':>13}{'above floor':>13}   rounds")
     medians = {name: statistics.median(values[1:]) for name, values in times.items()}
     for name, values in times.items():

@@ -22,9 +22,9 @@ import time
 from pubswap_flwr.tasks import TaskItem, score_completion
 from pubswap_flwr.tasks.isolation import IsolatedScorer, set_default_isolated_scorer
 from pubswap_flwr.tasks.math_answers import MathChecker, set_default_checker
+from pubswap_flwr.tasks.reasoning_gym_scoring import scored_in_worker
 from pubswap_flwr.tasks.specs import PRESETS, TaskSpec
 from pubswap_flwr.tasks.splits import rg_item
-from pubswap_flwr.tasks.reasoning_gym_scoring import scored_in_worker
 from pubswap_flwr.tasks.verifiers import VERIFIERS, Score
 
 OLD_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
@@ -95,7 +95,6 @@ def adversarial_corpus() -> list[tuple[TaskItem, str, int]]:
 def ordinary_corpus() -> list[tuple[TaskItem, str, int]]:
     corpus: list[tuple[TaskItem, str, int]] = []
     for name in list(PRESETS) + SYMPY:
-        generator = PRESETS[name].generator if name in PRESETS else name
         for index in range(4):
             item = rg_item("bench", PRESETS.get(name, TaskSpec(name, name, {})), 4321, index, f"bench/{name}/{index}")
             corpus.append((item, tagged(item.answer), 4096))

@@ -17,10 +17,27 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-# some of these are here for modules that import them from config (flatten, load_toml, parse_overrides, ...)
-from .config_keys import (INT64_MAX, MAX_COMPLETIONS_PER_BATCH, PLAIN_COMPONENT, Check, ConfigError, _check,
-                          below_half, below_one, between, fraction, flatten, is_plain_component, load_toml,
-                          number_list, off_or_between, one_of, opt, parse_overrides)
+from .config_keys import (
+    INT64_MAX,
+    MAX_COMPLETIONS_PER_BATCH,
+    PLAIN_COMPONENT,
+    ConfigError,
+    _check,
+    below_half,
+    below_one,
+    between,
+    fraction,
+    is_plain_component,
+    number_list,
+    off_or_between,
+    one_of,
+    opt,
+)
+
+# re-exported for modules that import them from config
+from .config_keys import flatten as flatten
+from .config_keys import load_toml as load_toml
+from .config_keys import parse_overrides as parse_overrides
 from .protocols import catalog, optimizers
 
 MODES = catalog.modes()
@@ -84,9 +101,10 @@ class GenerationConfig:
 @dataclass(frozen=True)
 class TrainConfig:
     learning_rate: float = opt(2e-3, between(0, MAX_LEARNING_RATE, above=True))
-    node_learning_rates: str = opt("", number_list(0, MAX_LEARNING_RATE), "simulation: comma-separated learning rates assigned to "
-                                   "partitions round robin, as model.node-models (a swarm of different models needs "
-                                   "each one's own); empty = learning-rate on every node")
+    node_learning_rates: str = opt("", number_list(0, MAX_LEARNING_RATE),
+                                   "simulation: comma-separated learning rates assigned to partitions round robin, as "
+                                   "model.node-models (a swarm of different models needs each one's own); empty = "
+                                   "learning-rate on every node")
     local_steps: int = opt(15, between(1, 10_000), "tau: GRPO steps per client per round")
     prompts_per_step: int = opt(8, between(1, 4096), "times completions-per-prompt at most 65536 completions per step")
     completions_per_prompt: int = opt(8, between(2, 1024), "K (GRPO group size)")
@@ -106,8 +124,9 @@ class TrainConfig:
                                                       "generation.max-new-tokens without EOS leave the loss")
     foreign_correction: str = opt("none", one_of("none", "weight", "is"),
                                   "loss weight of foreign completions (other clients' / nodes' text): none (ratio 1, "
-                                  "as in both papers); weight: train.foreign-weight; is: per-token truncated importance "
-                                  "weight min(pi_self / mu_donor, train.is-cap) from the donor's sampling log-probs "
+                                  "as in both papers); weight: train.foreign-weight; is: per-token truncated "
+                                  "importance weight min(pi_self / mu_donor, train.is-cap) from the donor's sampling "
+                                  "log-probs "
                                   "(sent with its responses; same tokenizer only, else train.foreign-weight)")
     foreign_weight: float = opt(0.5, between(0, 1), "weight of foreign tokens with foreign-correction weight, and "
                                                     "the fallback of is")
@@ -130,8 +149,8 @@ class TasksConfig:
     partial_credit: bool = opt(False, doc="train on the verifiers' graded rewards (reasoning-gym pays a wrong answer "
                                           "that contains the right one len(right)/len(answer), and spell_backward a "
                                           "right prefix followed by junk); false: reward 1 when correct, else 0 (the "
-                                          "default since graded rewards let a node's answers rot, docs/results/README.md; "
-                                          "held-out metrics are unchanged)")
+                                          "default since graded rewards let a node's answers rot, "
+                                          "docs/results/README.md; held-out metrics are unchanged)")
 
 
 @dataclass(frozen=True)
@@ -371,7 +390,8 @@ def key_table() -> dict[str, tuple[str, str, Any]]:
     for spec in fields(ExperimentConfig):
         if spec.name in SECTIONS:
             for sub in fields(SECTIONS[spec.name]):
-                table[f"{spec.name}.{sub.metadata.get('key') or sub.name.replace('_', '-')}"] = (spec.name, sub.name, sub)
+                key = f"{spec.name}.{sub.metadata.get('key') or sub.name.replace('_', '-')}"
+                table[key] = (spec.name, sub.name, sub)
         else:
             table[spec.name.replace("_", "-")] = ("", spec.name, spec)
     return table

@@ -1,5 +1,5 @@
-"""Held-out evaluation of a policy: greedy pass@1, and sampled pass@1 (at generation.temperature) and mean reward averaged over n samples
-per item, each with its standard error over items, per task and overall.
+"""Held-out evaluation of a policy: greedy pass@1, and sampled pass@1 (at generation.temperature) and mean reward
+averaged over n samples per item, each with its standard error over items, per task and overall.
 
 At this model scale RL moves sampled behaviour first (greedy accuracy can even dip while sampled reward
 rises; tests/integration/test_learning.py), so both are reported. One sample per item leaves a standard error of

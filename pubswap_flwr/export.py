@@ -161,8 +161,8 @@ def render_card(summary: dict[str, Any], *, merged: bool = False, has_tokenizer:
     elif shipped_base:
         lines += [f"The base model's files are in `{BASE_DIR}/` beside the adapter, and `adapter_config.json` names "
                   "that folder by the absolute path it was exported to, so plain transformers + peft load it:", "",
-                  "```python", "from peft import AutoPeftModelForCausalLM", "from transformers import AutoTokenizer", "",
-                  'model = AutoPeftModelForCausalLM.from_pretrained("PATH/TO/THIS/FOLDER")',
+                  "```python", "from peft import AutoPeftModelForCausalLM", "from transformers import AutoTokenizer",
+                  "", 'model = AutoPeftModelForCausalLM.from_pretrained("PATH/TO/THIS/FOLDER")',
                   'tokenizer = AutoTokenizer.from_pretrained("PATH/TO/THIS/FOLDER")', "```", "",
                   f"Moved or copied elsewhere, load the base from its `{BASE_DIR}/` yourself (or export again):", "",
                   "```python", "from peft import PeftModel", "from transformers import AutoModelForCausalLM", "",

@@ -17,13 +17,22 @@ import torch
 from .config import ExperimentConfig
 from .node_state import NodeIdentity, NodeState, NodeStore
 from .policy import Policy, cached_policy
-from .policy.threads import apply_threads
 from .policy.behaviour import accept_behaviour
+from .policy.threads import apply_threads
 from .protocols.counters import ForeignCounts, UptakeCounts
 from .rollouts import Behaviour, Completion, RolloutGroup
 from .shared import derive_seed, policy_spec, resolve_data_path, task_universe
-from .tasks import ItemListStream, MixtureStream, TaskItem, load_items, node_mixes, parse_custom_tasks, parse_mix, \
-    score_completion, training_reward
+from .tasks import (
+    ItemListStream,
+    MixtureStream,
+    TaskItem,
+    load_items,
+    node_mixes,
+    parse_custom_tasks,
+    parse_mix,
+    score_completion,
+    training_reward,
+)
 from .tasks.items import max_question_chars
 from .tasks.verifiers import completion_shape
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.numpy import load_file as load_numpy, save_file as save_numpy
+from safetensors.numpy import load_file as load_numpy
+from safetensors.numpy import save_file as save_numpy
 from safetensors.torch import load_file, save_file
 
 from .config import MAX_LEARNING_RATE, PLAIN_COMPONENT, ExperimentConfig, is_plain_component

@@ -11,7 +11,7 @@ from typing import Any
 from . import metrics_schema as schema
 from .exchange import ExchangeResult
 from .metrics_schema import WELL_FORMED_WARNING
-from .protocols.counters import FormatCounts, ForeignCounts, UptakeCounts
+from .protocols.counters import ForeignCounts, FormatCounts, UptakeCounts
 
 log = logging.getLogger("pubswap_flwr")
 

@@ -15,8 +15,8 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from .protocols import register_client_handlers
 from .inprocess import InProcessGrid, server_context
+from .protocols import register_client_handlers
 from .server import run
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,5 @@
-"""Experiment trackers for `output.report-to`: every metrics row under the names metrics.jsonl uses, clients by index."""
+"""Experiment trackers for `output.report-to`: every metrics row under the names metrics.jsonl uses, clients by
+index."""
 
 from __future__ import annotations
 

@@ -13,13 +13,12 @@ from typing import Any
 
 import numpy as np
 
+from .algorithms.sapo_selection import Packet, behaviours_from_wire
 from .compression import Codec, CodecError, Quantized
 from .config import ExperimentConfig
 from .metrics_schema import ITEM_RESULTS
 from .rollouts import MAX_BEHAVIOUR_TOKENS, Behaviour
-from .algorithms.sapo_selection import Packet, behaviours_from_wire
-from .tasks import TaskItem
-from .tasks import items
+from .tasks import TaskItem, items
 from .tasks.verifiers import VERIFIERS
 
 Adapter = dict[str, np.ndarray]

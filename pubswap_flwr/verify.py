@@ -19,8 +19,16 @@ from pathlib import Path
 from typing import Any
 
 from .untrusted import one_line
-from .verify_inputs import (VerifyError, adapter_base, adapter_folder, check_chat_template, is_local_folder,
-                            read_config, read_rows, read_weights)
+from .verify_inputs import (
+    VerifyError,
+    adapter_base,
+    adapter_folder,
+    check_chat_template,
+    is_local_folder,
+    read_config,
+    read_rows,
+    read_weights,
+)
 
 SEED_OFFSET = 1000  # default verification data seed: the run's tasks.data-seed + this
 BATCH_SIZE = 32  # sequences sampled at once: SmolLM2 at the runs' eval.batch-size 256 held ~13 GB (its KV cache)
@@ -153,7 +161,8 @@ def _against(cfg, other_dir: Path) -> tuple[Path, dict[str, tuple[Path, str, Any
     other = read_config(other_dir)
     if (other.tasks.mix, other.eval.items_per_task) != (cfg.tasks.mix, cfg.eval.items_per_task):
         raise VerifyError(f"{other_dir} evaluates other tasks ({other.tasks.mix!r}, {other.eval.items_per_task} "
-                          f"per task) than the run ({cfg.tasks.mix!r}, {cfg.eval.items_per_task}): no paired comparison")
+                          f"per task) than the run ({cfg.tasks.mix!r}, {cfg.eval.items_per_task}): no paired "
+                          "comparison")
     return other_dir, {label: (folder, adapter_base(folder, other, other_dir), read_weights(folder, other_dir))
                        for label, folder in final_adapters(other_dir)}
 

@@ -5,9 +5,9 @@
 A pretrained instruct model of this size rarely puts its answer in `<answer></answer>` tags (SmolLM2-135M: never, in
 zero-shot; docs/results/zero-shot-smollm2), so every reward is 0 and GRPO learns nothing. The warm-up teaches the
 format and nothing else it did not find itself:
-1. sample `--samples` completions per item (at `--temperature`, the runs' prompt template) for `--items` generated items per task,
-   from a seed range no run uses (`source_items`; reasoning-gym repeats question texts across seeds, so every run's
-   held-out set leaves these questions out: `supervised_questions`, shared.task_universe);
+1. sample `--samples` completions per item (at `--temperature`, the runs' prompt template) for `--items` generated items
+   per task, from a seed range no run uses (`source_items`; reasoning-gym repeats question texts across seeds, so every
+   run's held-out set leaves these questions out: `supervised_questions`, shared.task_universe);
 2. keep, per item, the first completion whose lenient answer (tasks.lenient_answer: the last number or word) is
    correct, cut just after that answer and followed by a new line and `<answer>X</answer>` (a completion already
    tagged and correct is kept as it is): the model's own working and its own right answer, now in the tags;
@@ -75,7 +75,8 @@ def distilled_target(text: str, item: TaskItem) -> str | None:
     return f"{text[:end].rstrip()}\n<answer>{answer}</answer>"
 
 
-def collect_targets(policy: Policy, items: list[TaskItem], samples: int, batch_items: int) -> list[tuple[TaskItem, str]]:
+def collect_targets(policy: Policy, items: list[TaskItem], samples: int,
+                    batch_items: int) -> list[tuple[TaskItem, str]]:
     targets = []
     for start in range(0, len(items), batch_items):
         chunk = items[start:start + batch_items]

@@ -11,7 +11,6 @@ import json
 from typing import Any
 
 import numpy as np
-
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 ADAPTER_KEY = "adapter"

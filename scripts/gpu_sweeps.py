@@ -1,9 +1,10 @@
-"""Run several sweeps' (arm, seed) runs at once on one machine (a single GPU: every run's clients on it), each run
+r"""Run several sweeps' (arm, seed) runs at once on one machine (a single GPU: every run's clients on it), each run
 in its own process without Ray (`pubswap simulate --engine inprocess`: the nodes of a run served one after another,
 the runs side by side), writing each run where `pubswap compare` would, so `pubswap report` and
 `scripts/publish_results.py` read them as they read a sweep run by `pubswap compare`.
 
-    python scripts/gpu_sweeps.py configs/real-pubswap.toml configs/real-sapo.toml configs/real-sapo-hetero.toml --out results --parallel 8
+    python scripts/gpu_sweeps.py configs/real-pubswap.toml configs/real-sapo.toml configs/real-sapo-hetero.toml \
+        --out results --parallel 8
     python scripts/gpu_sweeps.py configs/real-pubswap.toml --out /tmp/dry --parallel 2 --dry-size   # CPU check
 
 --dry-size shrinks every run (embedded tiny model, 2 rounds, a few steps and held-out items) to check the whole

@@ -1,9 +1,8 @@
 """Flower floor ClientApp: replies to every `train.segment` at once with an empty record (or `reply-bytes` bytes)."""
 
+from floor_payload import payload
 from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
-
-from floor_payload import payload
 
 app = ClientApp()
 

@@ -11,10 +11,9 @@ import json
 import time
 from pathlib import Path
 
+from floor_payload import payload
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
-
-from floor_payload import payload
 
 PULL_INTERVAL = 0.1  # as pubswap_flwr.exchange.PULL_INTERVAL
 

@@ -20,14 +20,28 @@ directories, atomic writes), plan (organizations' specs checked and resolved), c
 (pubswap_flwr/warm/).
 """
 
-from .certificates import (CERT_FILES, build_certificates, certificate_names, check_address_in_certificate,
-                           make_certs, san_entries)
+from .certificates import (
+    CERT_FILES,
+    build_certificates,
+    certificate_names,
+    check_address_in_certificate,
+    make_certs,
+    san_entries,
+)
 from .cli import register
 from .commands import SUPERNODE_ENV, deployment_commands
 from .files import DeployError
 from .keys import check_org_name, make_org_key
-from .plan import DEFAULT_CONNECTION, DEFAULT_NODE_PORT, PROJECT, DeploymentPlan, Org, node_config, parse_superlink, \
-    plan_deployment
+from .plan import (
+    DEFAULT_CONNECTION,
+    DEFAULT_NODE_PORT,
+    PROJECT,
+    DeploymentPlan,
+    Org,
+    node_config,
+    parse_superlink,
+    plan_deployment,
+)
 
 __all__ = ["CERT_FILES", "DEFAULT_CONNECTION", "DEFAULT_NODE_PORT", "DeployError", "DeploymentPlan", "Org", "PROJECT",
            "SUPERNODE_ENV", "build_certificates", "certificate_names", "check_address_in_certificate",

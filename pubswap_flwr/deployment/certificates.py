@@ -81,9 +81,9 @@ def check_address_in_certificate(host: str, cert_path: Path) -> None:
     names = certificate_names(cert_path)
     if not any(_matches(host, name) for name in names):
         raise DeployError(f"--superlink host {host!r} is not in {cert_path.name}'s subjectAltName "
-                          f"({', '.join(names) or 'none'}): TLS clients would refuse the connection; use one of those names, or "
-                          f"reissue the certificates with `pubswap deploy certs --out {cert_path.parent} --host {host} "
-                          "--force` and hand out the new ca.crt")
+                          f"({', '.join(names) or 'none'}): TLS clients would refuse the connection; use one of "
+                          f"those names, or reissue the certificates with `pubswap deploy certs --out "
+                          f"{cert_path.parent} --host {host} --force` and hand out the new ca.crt")
 
 
 def _name(common_name: str) -> x509.Name:

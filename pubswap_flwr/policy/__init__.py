@@ -12,8 +12,16 @@ from ..rollouts import RolloutGroup
 from ..tasks import PromptFormatter, TaskItem
 from . import memory
 from .grpo import GRPOLearner, GRPOSettings, UpdateStats
-from .lora import (LoraSettings, LowPrecisionSampling, MergedSampling, adapter_state, attach_lora, from_wire,
-                   load_adapter_state, to_wire)
+from .lora import (
+    LoraSettings,
+    LowPrecisionSampling,
+    MergedSampling,
+    adapter_state,
+    attach_lora,
+    from_wire,
+    load_adapter_state,
+    to_wire,
+)
 from .model import _DTYPES, ModelError, load_causal_lm, load_tokenizer, resolve_device, resolve_model
 from .sampling import GenerationSettings, Sample, generate
 

@@ -21,7 +21,8 @@ def tokenizer_fingerprint(tokenizer) -> str:
     return _FINGERPRINTS[key]
 
 
-def accept_behaviour(tokenizer, text: str, behaviour: Behaviour | None, max_tokens: int) -> tuple[Behaviour | None, str]:
+def accept_behaviour(tokenizer, text: str, behaviour: Behaviour | None,
+                     max_tokens: int) -> tuple[Behaviour | None, str]:
     """(the behaviour, "") when this receiver can use it, else (None, why not). The ids must decode to `text`
     because the reward was verified on the text: ids that say something else would train on unverified tokens."""
     if behaviour is None:

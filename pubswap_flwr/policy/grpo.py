@@ -33,9 +33,20 @@ from typing import Sequence
 import torch
 
 from ..rollouts import RolloutGroup
-from .grpo_batch import Batch, build_batch, encode_completion, tag_token_mask
-from .grpo_loss import (FOREIGN_CORRECTIONS, LOSS_TYPES, MicroBatchLoss, completion_logps, foreign_token_weights,
-                        logprob_gap, micro_batch_loss, per_token_logps, proximal_term)
+from .grpo_batch import Batch, build_batch, tag_token_mask
+from .grpo_loss import (
+    FOREIGN_CORRECTIONS,
+    LOSS_TYPES,
+    MicroBatchLoss,
+    completion_logps,
+    micro_batch_loss,
+    proximal_term,
+)
+
+# re-exported for tests and benchmarks that import them from grpo
+from .grpo_loss import foreign_token_weights as foreign_token_weights
+from .grpo_loss import logprob_gap as logprob_gap
+from .grpo_loss import per_token_logps as per_token_logps
 from .sampling import GenerationSettings
 
 SCALE_REWARDS = ("group", "batch", "none")

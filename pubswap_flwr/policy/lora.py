@@ -54,7 +54,8 @@ def load_adapter_state(model, state: dict[str, torch.Tensor]) -> None:
         raise ValueError(f"adapter keys do not match the model: missing {missing[:3]}, unexpected {extra[:3]}")
     for key, tensor in state.items():
         if tuple(tensor.shape) != tuple(current[key].shape):
-            raise ValueError(f"adapter tensor {key} has shape {tuple(tensor.shape)}, expected {tuple(current[key].shape)}")
+            raise ValueError(f"adapter tensor {key} has shape {tuple(tensor.shape)}, "
+                             f"expected {tuple(current[key].shape)}")
     result = set_peft_model_state_dict(model, {k: v.to(torch.float32) for k, v in state.items()})
     if result.unexpected_keys:
         raise ValueError(f"peft did not accept adapter keys: {result.unexpected_keys[:3]}")

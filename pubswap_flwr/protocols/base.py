@@ -25,9 +25,20 @@ from ..logs import route_logs_to_flower
 from ..node_state import NodeIdentity
 from ..tasks.splits import MAX_NODES
 from ..validate import Rejected, number
-from ..wire import (ADAPTER_KEY, CONFIG_KEY, METRICS_KEY, NODE_ROUND_KEY, NODE_ROUNDS_KEY, PAYLOAD_KEY,
-                    adapter_from_record, adapter_record, metrics_record, payload_from_record, payload_record)
-from .counters import FormatCounts, ForeignCounts, UptakeCounts
+from ..wire import (
+    ADAPTER_KEY,
+    CONFIG_KEY,
+    METRICS_KEY,
+    NODE_ROUND_KEY,
+    NODE_ROUNDS_KEY,
+    PAYLOAD_KEY,
+    adapter_from_record,
+    adapter_record,
+    metrics_record,
+    payload_from_record,
+    payload_record,
+)
+from .counters import ForeignCounts, FormatCounts, UptakeCounts
 
 if TYPE_CHECKING:
     from ..exchange import Exchange

@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from ..config_keys import (MAX_COMPLETIONS_PER_BATCH, ConfigError, between, fraction, one_of, opt)
+from ..config_keys import MAX_COMPLETIONS_PER_BATCH, ConfigError, between, fraction, one_of, opt
 
 if TYPE_CHECKING:
     from ..config import ExperimentConfig
@@ -210,9 +210,9 @@ class SapoConfig:
     local: int = opt(4, between(0, 256, why="a reply carries at most 256 packets"),
                      "I: local rollout groups trained per round")
     external: int = opt(4, between(0, 4096), "J: external rollout groups trained per round")
-    sharing: str = opt("local", one_of("local", "fixed"), "local: a node samples B = I questions per round and shares "
-                                                          "those I groups (the paper); fixed: it samples sapo.questions "
-                                                          "and shares sapo.share of them whatever I is")
+    sharing: str = opt("local", one_of("local", "fixed"),
+                       "local: a node samples B = I questions per round and shares those I groups (the paper); fixed: "
+                       "it samples sapo.questions and shares sapo.share of them whatever I is")
     questions: int = opt(8, between(1, 4096), "B with sapo.sharing = fixed: questions sampled per node per round")
     completions: int = opt(8, between(2, 1024), "L: completions per question")
     share: int = opt(8, between(0, 256, why="a reply carries at most 256 packets"),

@@ -20,11 +20,34 @@ from ..compression import Codec, Quantized
 from ..config import ExperimentConfig
 from ..validate import Rejected, check_adapter, check_weight
 from ..wire import CONFIG_KEY
-from .base import (Adapter, ClientReport, ClientWork, Header, Instruction, RoundContext, ServerProtocol, adapter_of,
-                   log, read_reply, records, reply_records)
-from .optimizers import ServerOptimizer, build as build_optimizer, norm
-from .transfer import (Downlink, adapter_to_send, broadcast_of, checked_upload, downlink_checkpoint, global_for,
-                       put_quantized, restore_downlink, start_round, take_global)
+from .base import (
+    Adapter,
+    ClientReport,
+    ClientWork,
+    Header,
+    Instruction,
+    RoundContext,
+    ServerProtocol,
+    adapter_of,
+    log,
+    read_reply,
+    records,
+    reply_records,
+)
+from .optimizers import ServerOptimizer, norm
+from .optimizers import build as build_optimizer
+from .transfer import (
+    Downlink,
+    adapter_to_send,
+    broadcast_of,
+    checked_upload,
+    downlink_checkpoint,
+    global_for,
+    put_quantized,
+    restore_downlink,
+    start_round,
+    take_global,
+)
 
 
 # -- messages ------------------------------------------------------------------------------------------------------

@@ -26,10 +26,10 @@ from itertools import combinations
 import numpy as np
 from flwr.app import RecordDict
 
+from ..algorithms.pubswap_response_sets import Response, build_response_sets, most_likely
 from ..config import ExperimentConfig
 from ..rollouts import OWN, Behaviour, Completion, RolloutGroup
 from ..schedule import even_positions, fixed_positions, public_step_count
-from ..algorithms.pubswap_response_sets import Response, build_response_sets, most_likely
 from ..tasks import ScoringBudget
 from ..tasks.verifiers import completion_shape
 from ..validate import Limits
@@ -37,8 +37,8 @@ from .base import Adapter, ClientWork, RoundContext, ServerProtocol, record_scor
 from .counters import UptakeCounts
 from .fedavg import aggregate_adapters, averaging_state, restore_averaging
 from .optimizers import build as build_optimizer
-from .pubswap_messages import (DonorChoice, Scored, Segment, SegmentReply, SwapEntry, check_behaviours,
-                               fit_behaviours)
+from .pubswap_messages import DonorChoice, Scored, Segment, SegmentReply, SwapEntry, fit_behaviours
+from .pubswap_messages import check_behaviours as check_behaviours  # re-exported for tests that import it from here
 from .transfer import adapter_to_send, broadcast_of, global_for, start_round, take_global
 
 log = logging.getLogger("pubswap_flwr")

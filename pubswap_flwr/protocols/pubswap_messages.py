@@ -4,7 +4,6 @@ adapter), as Flower records."""
 
 from __future__ import annotations
 
-from functools import partial
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar

@@ -24,19 +24,27 @@ from typing import Sequence
 from flwr.app import Message, RecordDict
 
 from .. import metrics_schema as schema
+from ..algorithms.sapo_selection import (
+    Packet,
+    Selection,
+    capped,
+    fair_share,
+    relay,
+    reputation,
+    select_external,
+    select_local,
+)
 from ..config import ExperimentConfig
 from ..learner import Learner, StepRecord, WorkReport
 from ..policy.behaviour import tokenizer_fingerprint
 from ..rollouts import Completion, RolloutGroup
-from ..algorithms.sapo_selection import (Packet, Selection, capped, fair_share, relay, reputation, select_external,
-                                         select_local)
 from ..shared import derive_seed
 from ..tasks import ScoringBudget, TaskItem, score_completion, training_reward
 from ..tasks.splits import MAX_NODES
 from ..tasks.verifiers import VERIFIERS
 from ..validate import Limits, Rejected, check_packet
 from ..wire import DEFAULT_MAX_PAYLOAD_BYTES
-from .base import Adapter, ClientWork, RoundContext, ServerProtocol, records
+from .base import Adapter, ClientWork, RoundContext, ServerProtocol
 from .sapo_messages import SELECTION_KEYS, CollectRollouts, SapoAsyncRound, SapoReply, SapoTrain
 from .sapo_verify import verified_item
 

@@ -1,4 +1,5 @@
-"""Adapters on the wire under strategy.compression: the server's quantized downlink and the nodes' error-feedback uplink.
+"""Adapters on the wire under strategy.compression: the server's quantized downlink and the nodes' error-feedback
+uplink.
 
 Downlink: a node that confirmed the previous global gets the new one as a quantized delta against it (`Downlink`
 names both by SHA-256, and the node checks them); any other node gets it whole in fp16. Uplink: the node sends
@@ -13,8 +14,8 @@ import numpy as np
 import torch
 from flwr.app import ConfigRecord, RecordDict
 
-from ..compression import Broadcast, Codec, CodecError, Quantized, apply_delta, fingerprint
 from ..checkpoint import MAX_KNOWN_NODES
+from ..compression import Broadcast, Codec, CodecError, Quantized, apply_delta, fingerprint
 from ..config import ExperimentConfig
 from ..node_state import GLOBAL_FILE, RESIDUAL_FILE
 from ..policy import from_wire, to_wire
@@ -117,7 +118,8 @@ def global_for(broadcast: Broadcast | None, master: Adapter, node: int) -> tuple
     return broadcast.current, Downlink(broadcast.current_sha)
 
 
-def receive_global(work: ClientWork, whole: Adapter | None, downlink: Downlink, codec: Codec) -> dict[str, torch.Tensor]:
+def receive_global(work: ClientWork, whole: Adapter | None, downlink: Downlink,
+                   codec: Codec) -> dict[str, torch.Tensor]:
     """The global adapter of a compressed message, decoded against the global this node holds and checked against
     the server's SHA-256; kept in the state dir as the base of the next deltas both ways."""
     store = work.learner.store

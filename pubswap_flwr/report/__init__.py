@@ -22,8 +22,16 @@ from .curves import PICKS, band, paired_band
 from .formatting import fmt_ci, fmt_spread
 from .markdown import format_lines, learning_lines, provenance_lines
 from .plots import PLOT_NAMES, ArmStyle, arm_colours, arm_styles, write_plots
-from .statistics import (CONFIDENCE, PAIRED, Interval, PairedDifference, mean_ci, paired_differences, t_quantile,
-                         t_two_sided_cdf)
+from .statistics import (
+    CONFIDENCE,
+    PAIRED,
+    Interval,
+    PairedDifference,
+    mean_ci,
+    paired_differences,
+    t_quantile,
+    t_two_sided_cdf,
+)
 from .summaries import RunSummary, arm_and_seed, format_health, group, summarize_run
 from .writer import DEFAULT_TITLE, REPORT_FILE, SUMMARY_FILE, ReportExistsError, read_summary, write_report
 

@@ -7,10 +7,10 @@ import statistics
 from pathlib import Path
 
 from ..metrics_schema import WELL_FORMED_WARNING
-from .formatting import (code_span, escape_markdown as md, fmt_ci, fmt_number, fmt_rounds, fmt_spread, fmt_value,
-                         interval_json, spread_json)
-from .plots import MARKER_NAMES, ArmStyle, colour_name
+from .formatting import code_span, fmt_ci, fmt_number, fmt_rounds, fmt_spread, fmt_value, interval_json, spread_json
+from .formatting import escape_markdown as md
 from .item_intervals import ITEM_METRICS, learning_item_interval, paired_item_interval
+from .plots import MARKER_NAMES, ArmStyle, colour_name
 from .statistics import CONFIDENCE, NAN, PAIRED, PairedDifference, finite, mean_ci, paired_differences
 from .summaries import RunSummary
 
@@ -263,8 +263,8 @@ def learning_lines(arms: Arms, summary: dict) -> list[str]:
              "before RL) and of the last evaluated round, mean over seeds, and their difference seed by seed with its "
              f"{CONFIDENCE:.0%} confidence interval (paired t over seeds; over seeds × items where the column says "
              "so). *lenient*: the tagged answer, else the last number or "
-             "word; *strict*: a right answer in the tags (the training reward); *well-formed*: one `<answer>...</answer>` and "
-             "nothing after it.", "",
+             "word; *strict*: a right answer in the tags (the training reward); *well-formed*: one "
+             "`<answer>...</answer>` and nothing after it.", "",
              "| arm | metric | round 0 | last | last − round 0 [95% CI] | CI covers |", "|---|---|---|---|---|---|"]
     summary["learning"] = {}
     for arm, found in pairs.items():

@@ -7,7 +7,8 @@ import statistics
 
 from ..metrics_schema import CONSTANT_ACCURACY, SHORTCUT_TASKS
 from ..tasks.shortcuts import SHORTCUT_SHARE
-from .formatting import code_span, escape_markdown as md, fmt_value
+from .formatting import code_span, fmt_value
+from .formatting import escape_markdown as md
 from .summaries import RunSummary
 
 Arms = dict[str, list[RunSummary]]

@@ -6,11 +6,21 @@ import json
 from pathlib import Path
 
 from ..metrics import json_safe
-from ..untrusted import (UntrustedFileError, check_no_links, is_present, parse_json, read_bytes,
-                         write_replacing)
+from ..untrusted import UntrustedFileError, check_no_links, is_present, parse_json, read_bytes, write_replacing
 from .formatting import code_span
-from .markdown import (arms_table_lines, failure_lines, format_lines, heading_lines, learning_lines, paired_lines,
-                       per_run_lines, per_task_lines, plot_lines, provenance_lines, self_reported_lines)
+from .markdown import (
+    arms_table_lines,
+    failure_lines,
+    format_lines,
+    heading_lines,
+    learning_lines,
+    paired_lines,
+    per_run_lines,
+    per_task_lines,
+    plot_lines,
+    provenance_lines,
+    self_reported_lines,
+)
 from .plots import arm_styles, remove_stale_plots, write_plots
 from .shortcut_lines import shortcut_lines
 from .statistics import CONFIDENCE

@@ -6,9 +6,18 @@ from .items import TaskItem
 from .prompts import PromptFormatter, user_message
 from .specs import DEFAULT_MIX, PRESETS, TaskError, TaskSpec, parse_custom_tasks, parse_mix
 from .splits import HeldOutSet, ItemListStream, MixtureStream, PublicSet, StreamCursor, node_mixes
-from .verifiers import (Score, extract_answer, is_correct, lenient_answer, lenient_score, score_completion,
-                        training_reward)
+from .verifiers import (
+    Score,
+    extract_answer,
+    is_correct,
+    lenient_answer,
+    lenient_score,
+    score_completion,
+    training_reward,
+)
 from .workers import ScoringTimeout
+
+# isort: split
 from . import adapters, choice, math_answers  # noqa: F401,E402 - registers the math/mc verifiers and dataset formats
 
 __all__ = [

@@ -27,6 +27,7 @@ def setup(args) -> _worker_loop.Handler:
     from pubswap_flwr.tasks.items import TaskItem
     from pubswap_flwr.tasks.verifiers import VERIFIERS
 
+    # isort: split
     import reasoning_gym  # noqa: F401 - imported now so that the first request does not pay for it
     import sympy  # noqa: F401
 

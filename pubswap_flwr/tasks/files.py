@@ -16,8 +16,7 @@ import math
 from pathlib import Path
 from typing import Any, Callable
 
-from .items import MAX_ANSWER_CHARS, MIN_QUESTION_CHARS, QUESTION_CHARS_PER_PROMPT_TOKEN, TaskItem, \
-    max_question_chars
+from .items import MAX_ANSWER_CHARS, MIN_QUESTION_CHARS, QUESTION_CHARS_PER_PROMPT_TOKEN, TaskItem, max_question_chars
 from .specs import TaskError
 from .verifiers import check_verifier
 

@@ -17,10 +17,10 @@ Either way the caller gets a `ScoringTimeout` within the hard bound, from any th
 into reward 0 with a reason starting "scoring timeout: " (`Score.timed_out`). Nothing is cached, so a timeout is
 never remembered as a failure. Time spent starting a worker (about 1 s of imports) is not charged to a completion.
 
-What runs where (`reasoning_gym_scoring.scored_in_worker`), decided by measurement (`benchmarks/scoring.py`, 2 CPU cores): a
-pipe round trip with the item as JSON costs about 0.1-0.3 ms, while the cheap scorers take about 5 us, so sending
-every completion to the worker would make ordinary scoring about 20 times slower (gcd: 0.004 ms in the caller, 0.09
-ms through the worker). Batching completions per worker call would cut that but not remove it, and would make one
+What runs where (`reasoning_gym_scoring.scored_in_worker`), decided by measurement (`benchmarks/scoring.py`, 2 CPU
+cores): a pipe round trip with the item as JSON costs about 0.1-0.3 ms, while the cheap scorers take about 5 us, so
+sending every completion to the worker would make ordinary scoring about 20 times slower (gcd: 0.004 ms in the caller,
+0.09 ms through the worker). Batching completions per worker call would cut that but not remove it, and would make one
 slow completion's kill cost its batch. So only scorers that can blow up go to the worker: every reasoning-gym
 generator except an allowlist whose scoring was read and is cheap, linear-time Python on text bounded by `max_chars`
 (`reasoning_gym_scoring.INLINE_RG_GENERATORS`: the preset tasks and the literal-based safe replacements). Unknown or new

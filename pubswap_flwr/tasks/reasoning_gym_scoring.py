@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ast
 import json
-import math
 import re
 from typing import Any, Callable
 

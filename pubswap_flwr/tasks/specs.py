@@ -59,7 +59,9 @@ PRESETS: dict[str, TaskSpec] = {
         ),
         TaskSpec("spell_backward", "spell_backward", {"min_word_len": 3, "max_word_len": 5}),
         TaskSpec("chain_sum", "chain_sum", {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 2}),
-        TaskSpec("base_conversion", "base_conversion", {"min_base": 2, "max_base": 10, "min_value": 0, "max_value": 255}),
+        TaskSpec(
+            "base_conversion", "base_conversion", {"min_base": 2, "max_base": 10, "min_value": 0, "max_value": 255}
+        ),
         TaskSpec("products", "products", {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}),
     ]
 }

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import AbstractSet as Set, Iterable, Sequence
+from typing import AbstractSet as Set
+from typing import Iterable, Sequence
 
 from .items import TaskItem
 from .specs import TaskSpec, generate_entry

@@ -4,7 +4,8 @@ Flower 1.42 starts a fresh `flwr-clientapp` process for every message (docs/depl
 imports torch and loads the model each time. With `deploy.warm-worker = true` (the default) the ClientApp of a
 deployed node forwards each message to its worker instead and returns the worker's reply:
 
-    flwr-clientapp (one per message) ──unix socket, owner-only──▶ worker (one per node, python -m pubswap_flwr.warm.worker)
+    flwr-clientapp (one per message) ──unix socket, owner-only──▶ worker (one per node)
+                                                                   ├─ python -m pubswap_flwr.warm.worker
                                                                    └─ the same protocol handlers as the per-message path
 
 - `framing.py`: the bytes on the socket (length-prefixed frames: JSON headers, Flower's protobuf for the message

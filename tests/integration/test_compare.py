@@ -58,7 +58,8 @@ def test_sweep_report_matches_metrics_and_names_failed_arms(tmp_path, capsys):
     code = pubswap(["compare", str(sweep), "--out", str(tmp_path / "results")])
     err = capsys.readouterr().err
     assert code == 1  # two arms failed
-    assert "FAILED typo seed 7: arm 'typo': unknown config key 'train.local-step' (did you mean 'train.local-steps'?)" in err
+    assert ("FAILED typo seed 7: arm 'typo': unknown config key 'train.local-step' "
+            "(did you mean 'train.local-steps'?)") in err
     assert "FAILED broken seed 7" in err and "does-not-exist" in err
     out = tmp_path / "results" / "mini"
     report = (out / "report.md").read_text()

@@ -3,9 +3,9 @@ mid-round, PubSwap with both swap rules, and a heterogeneous SAPO swarm."""
 
 from __future__ import annotations
 
-import pytest
-
 import json
+
+import pytest
 
 from pubswap_flwr.metrics import read_metrics
 from pubswap_flwr.simulation import simulate
@@ -49,7 +49,8 @@ def test_pubswap_swaps_public_responses_and_records_them(tmp_path, rule):
     assert all(s["clients"] == 3 and len(s["prompts"]) == 4 for s in steps)
     swapped = sum(sum(s["responses_swapped"].values()) for s in steps)
     assert swapped > 0
-    assert rows[2]["swap"]["responses_swapped"] == sum(sum(s["responses_swapped"].values()) for s in rows[2]["public_steps"])
+    assert rows[2]["swap"]["responses_swapped"] == sum(sum(s["responses_swapped"].values())
+                                                       for s in rows[2]["public_steps"])
     for s in steps:
         assert 0 <= s["swapped_pair_fraction"] <= 1 and 0 <= s["policy_disagreement"] <= 1
         assert set(s["public_reward_before_swap"]) == set(s["responses_swapped"])
@@ -85,8 +86,8 @@ def test_sapo_heterogeneous_swarm_trains_on_external_groups_without_sharing_weig
 
 def test_sapo_async_trains_on_the_previous_rounds_pool(tmp_path):
     simulate({**TINY, "strategy.mode": "sapo", "sapo.async": True, "num-server-rounds": 3, "sapo.local": 2,
-              "sapo.external": 2, "sapo.questions": 3, "sapo.completions": 4, "sapo.share": 3, "sapo.sharing": "fixed", "eval.every": 0,
-              "output.dir": str(tmp_path), "run-name": "async"}, 3)
+              "sapo.external": 2, "sapo.questions": 3, "sapo.completions": 4, "sapo.share": 3, "sapo.sharing": "fixed",
+              "eval.every": 0, "output.dir": str(tmp_path), "run-name": "async"}, 3)
     rows = read_metrics(tmp_path / "async")
     assert [r["round"] for r in rows] == [0, 1, 2, 3]
     first = rows[1]["clients"].values()

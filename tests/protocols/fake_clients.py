@@ -10,19 +10,18 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
-
 from flwr.app import Error, Message, RecordDict
 from flwr.common.serde import message_from_proto, message_to_proto
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
+from pubswap_flwr.algorithms.sapo_selection import Packet
 from pubswap_flwr.inprocess import CLIENT_APP_RAISED_EXCEPTION, InProcessGrid
 from pubswap_flwr.protocols.base import ClientReport
 from pubswap_flwr.protocols.fedavg import AdapterReply, LocalRound
 from pubswap_flwr.protocols.pubswap import Segment, SegmentReply
 from pubswap_flwr.protocols.sapo import CollectRollouts, SapoAsyncRound, SapoReply, SapoTrain
-from pubswap_flwr.algorithms.sapo_selection import Packet
 from pubswap_flwr.tasks import TaskItem
 
 Tamper = Callable[[int, Message, RecordDict], RecordDict]

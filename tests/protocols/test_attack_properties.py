@@ -16,7 +16,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from pubswap_flwr import checkpoint
 from pubswap_flwr.checkpoint import CheckpointError, ServerCheckpoint

@@ -24,7 +24,14 @@ from pubswap_flwr.compression import Codec
 from pubswap_flwr.config import ConfigError, ExperimentConfig
 from pubswap_flwr.rollouts import Behaviour
 from pubswap_flwr.shared import task_universe
-from pubswap_flwr.wire import ADAPTER_KEY, PAYLOAD_KEY, QUANTIZED_KEY, adapter_from_record, payload_from_record, payload_record
+from pubswap_flwr.wire import (
+    ADAPTER_KEY,
+    PAYLOAD_KEY,
+    QUANTIZED_KEY,
+    adapter_from_record,
+    payload_from_record,
+    payload_record,
+)
 from tests.protocols.fake_clients import FakeClientsGrid, serve_rounds
 
 ADAPTER = {"m.lora_A.weight": np.full((2, 4), 0.5, dtype=np.float32),

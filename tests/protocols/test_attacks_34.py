@@ -16,7 +16,8 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from pubswap_flwr.algorithms.sapo_selection import Packet, select_external
 from pubswap_flwr.config import ExperimentConfig

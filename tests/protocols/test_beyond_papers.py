@@ -12,15 +12,22 @@ import pytest
 from flwr.app import Message
 from flwr.supercore.task_identity import TaskIdentity
 
+from pubswap_flwr.algorithms.pubswap_response_sets import Response, balanced_choice, build_response_sets, most_likely
+from pubswap_flwr.algorithms.sapo_selection import Packet
 from pubswap_flwr.config import ConfigError, ExperimentConfig
 from pubswap_flwr.learner import Learner, WorkReport
 from pubswap_flwr.protocols.base import ClientReport, Header
-from pubswap_flwr.protocols.pubswap import (DonorChoice, PubSwapProtocol, Segment, SegmentReply, SwapEntry,
-                                            check_behaviours, likeliest)
+from pubswap_flwr.protocols.pubswap import (
+    DonorChoice,
+    PubSwapProtocol,
+    Segment,
+    SegmentReply,
+    SwapEntry,
+    check_behaviours,
+    likeliest,
+)
 from pubswap_flwr.rollouts import Behaviour
-from pubswap_flwr.algorithms.sapo_selection import Packet
 from pubswap_flwr.schedule import even_positions, fixed_positions, public_step_count
-from pubswap_flwr.algorithms.pubswap_response_sets import Response, balanced_choice, build_response_sets, most_likely
 from pubswap_flwr.tasks import TaskItem
 from pubswap_flwr.validate import Limits, Rejected, check_packet
 

@@ -14,11 +14,11 @@ from flwr.app import ConfigRecord, MetricRecord
 from safetensors.numpy import load_file
 
 from pubswap_flwr.aggregate import weighted_mean
+from pubswap_flwr.algorithms.sapo_selection import Packet, fair_share
 from pubswap_flwr.config import ExperimentConfig
 from pubswap_flwr.metrics import read_metrics
 from pubswap_flwr.node_state import NodeIdentity
 from pubswap_flwr.runner import mean_eval
-from pubswap_flwr.algorithms.sapo_selection import Packet, fair_share
 from pubswap_flwr.simulation import simulate_in_process
 from pubswap_flwr.tasks import ScoringBudget, TaskItem
 from pubswap_flwr.validate import Limits, Rejected, check_packet, check_public_responses

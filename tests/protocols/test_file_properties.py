@@ -1,5 +1,5 @@
-"""Property tests of the run-file boundary (issue #34, item 6), each a quick hypothesis run in the fast tier: one file of
-a run directory (config.json, metrics.jsonl, status.json, provenance.json, outcomes.json, an adapter's config or
+"""Property tests of the run-file boundary (issue #34, item 6), each a quick hypothesis run in the fast tier: one file
+of a run directory (config.json, metrics.jsonl, status.json, provenance.json, outcomes.json, an adapter's config or
 weights) replaced by random bytes, a truncated copy, the same JSON with a value of another type, a link or a FIFO.
 Whatever comes, `pubswap verify` and `pubswap report` answer (exit code 0) or print their one-line error (exit code
 2), and publish_results publishes or raises its PublishError, never another exception."""
@@ -12,7 +12,8 @@ import json
 import tempfile
 from pathlib import Path
 
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from pubswap_flwr.cli import main as pubswap
 from tests.unit.test_report_files import make_run
@@ -131,8 +132,8 @@ def test_report_answers_or_prints_one_line_whatever_a_file_holds(name, how):
                              "runs/fedavg-s0/adapters/final/adapter_config.json",
                              "runs/fedavg-s0/adapters/final/adapter_model.safetensors"]), how=damage())
 def test_publish_publishes_or_raises_its_error_whatever_a_file_holds(name, how):
-    from safetensors.numpy import save_file
     import numpy as np
+    from safetensors.numpy import save_file
 
     script = _script()
     fifos: list = []

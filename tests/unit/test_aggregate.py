@@ -10,8 +10,8 @@ from pubswap_flwr.aggregate import (
     aggregate,
     clip_update,
     coordinate_median,
-    mean_pairwise_l2,
     geometric_median,
+    mean_pairwise_l2,
     median_clip,
     not_robust,
     trimmed_mean,
@@ -61,7 +61,8 @@ def test_single_adapter_mean_is_itself():
 
 def test_fp16_transport_error_is_bounded_and_output_is_fp32():
     rng = np.random.default_rng(0)
-    clients = [{"A": rng.normal(0, 0.05, (8, 64)).astype(np.float32), "B": rng.normal(0, 0.05, (64, 8)).astype(np.float32)}
+    clients = [{"A": rng.normal(0, 0.05, (8, 64)).astype(np.float32),
+                "B": rng.normal(0, 0.05, (64, 8)).astype(np.float32)}
                for _ in range(4)]
     weights = [10, 20, 30, 40]
     exact = weighted_mean(clients, weights)

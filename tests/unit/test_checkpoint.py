@@ -222,7 +222,8 @@ def test_every_checkpoint_corrupt_names_each_file(tmp_path):
 def _runner(protocol, model_adapter=None):
     from pubswap_flwr.runner import Runner
 
-    evaluator = None if model_adapter is None else SimpleNamespace(policy=SimpleNamespace(adapter=lambda: model_adapter))
+    evaluator = (None if model_adapter is None
+                 else SimpleNamespace(policy=SimpleNamespace(adapter=lambda: model_adapter)))
     runner = Runner(protocol.cfg, recorder=None, protocol=protocol, evaluator=evaluator)
     runner.exchange = SimpleNamespace(node_index={}, accepted_round={})
     return runner

@@ -5,8 +5,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pubswap_flwr.compression import (MAX_SCALE, Broadcast, Codec, CodecError, Quantized, apply_delta, dequantize,
-                                      fingerprint, pack_int4, quantize, unpack_int4)
+from pubswap_flwr.compression import (
+    MAX_SCALE,
+    Broadcast,
+    Codec,
+    CodecError,
+    Quantized,
+    apply_delta,
+    dequantize,
+    fingerprint,
+    pack_int4,
+    quantize,
+    unpack_int4,
+)
 from pubswap_flwr.validate import Rejected, check_compressed
 
 SHAPES = {"a.lora_A": (16, 37), "b.lora_B": (23, 16), "c.lora_A": (5,), "d.lora_B": (1, 1)}  # odd sizes on purpose

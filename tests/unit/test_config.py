@@ -304,7 +304,8 @@ def test_numeric_conversions():
 
 
 def test_unknown_key_suggests_the_close_key():
-    with pytest.raises(ConfigError, match=r"unknown config key 'train.local_steps' \(did you mean 'train.local-steps'\?\)"):
+    with pytest.raises(ConfigError,
+                       match=r"unknown config key 'train.local_steps' \(did you mean 'train.local-steps'\?\)"):
         build(**{"train.local_steps": 3})
     with pytest.raises(ConfigError, match=r"did you mean 'strategy.mode'"):
         build(**{"strategy.mdoe": "sapo"})

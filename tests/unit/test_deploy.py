@@ -235,8 +235,8 @@ def deploy_dir(tmp_path) -> Path:
 
 def _commands(deploy_dir: Path, **kwargs) -> str:
     orgs = [deployment.Org("org-a", str(SAMPLES / "org-a.jsonl"), str(deploy_dir.parent / "state-a")),
-            deployment.Org("org-b", str(SAMPLES / "org-b.jsonl"), str(deploy_dir.parent / "state-b"), model="embedded:tiny",
-                       task_mix="gcd:1")]
+            deployment.Org("org-b", str(SAMPLES / "org-b.jsonl"), str(deploy_dir.parent / "state-b"),
+                           model="embedded:tiny", task_mix="gcd:1")]
     return deployment.deployment_commands(deploy_dir, "127.0.0.1:8000", orgs, **kwargs)
 
 
@@ -295,7 +295,8 @@ def test_supernodes_start_with_a_short_superexec_poll_interval_that_flower_reads
         env = dict(w.split("=", 1) for w in words[:words.index("flower-supernode")])
         assert env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] == deployment.SUPERNODE_ENV["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"]
     # the name and value are Flower 1.42's: flower-superexec (which inherits the SuperNode's environment) reads them
-    monkeypatch.setenv("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", deployment.SUPERNODE_ENV["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"])
+    monkeypatch.setenv("FLWR_SUPEREXEC_TASK_POLL_INTERVAL",
+                       deployment.SUPERNODE_ENV["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"])
     assert _get_task_poll_interval() == 0.2
     monkeypatch.delenv("FLWR_SUPEREXEC_TASK_POLL_INTERVAL")
     assert _get_task_poll_interval() == 1.0  # Flower's default

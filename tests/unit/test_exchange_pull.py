@@ -9,7 +9,6 @@ from types import SimpleNamespace
 
 import pytest
 from flwr.app import ConfigRecord, Error, Message, RecordDict
-
 from flwr.supercore.task_identity import TaskIdentity
 
 from pubswap_flwr.exchange import PULL_INTERVAL, Exchange

@@ -13,8 +13,15 @@ import torch
 
 from pubswap_flwr.config import ConfigError, ExperimentConfig
 from pubswap_flwr.policy.behaviour import accept_behaviour, tokenizer_fingerprint
-from pubswap_flwr.policy.grpo import (GRPOLearner, GRPOSettings, build_batch, foreign_token_weights,
-                                      group_advantages, micro_batch_loss, per_token_logps)
+from pubswap_flwr.policy.grpo import (
+    GRPOLearner,
+    GRPOSettings,
+    build_batch,
+    foreign_token_weights,
+    group_advantages,
+    micro_batch_loss,
+    per_token_logps,
+)
 from pubswap_flwr.policy.sampling import GenerationSettings
 from pubswap_flwr.rollouts import Behaviour, Completion, RolloutGroup
 from pubswap_flwr.shared import policy_spec

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pubswap_flwr.config import ExperimentConfig
-from pubswap_flwr.policy.grpo import (GRPOLearner, GRPOSettings, build_batch, group_advantages, micro_batch_loss)
+from pubswap_flwr.policy.grpo import GRPOLearner, GRPOSettings, build_batch, group_advantages, micro_batch_loss
 from pubswap_flwr.policy.sampling import GenerationSettings
 from pubswap_flwr.rollouts import Completion, RolloutGroup
 from pubswap_flwr.shared import policy_spec

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pubswap_flwr.policy.sampling import GenerationSettings
 from pubswap_flwr.policy.grpo import GRPOSettings, build_batch, group_advantages, micro_batch_loss
+from pubswap_flwr.policy.sampling import GenerationSettings
 from pubswap_flwr.rollouts import Completion, RolloutGroup
 
 trl = pytest.importorskip("trl")

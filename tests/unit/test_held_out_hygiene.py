@@ -33,7 +33,8 @@ def test_the_old_warm_up_source_did_share_questions_with_the_real_held_out_set()
     assert len(plain.questions & supervised_questions(("smollm2-135m-warm",))) > 0
 
 
-@pytest.mark.parametrize("overrides", [{}, {"strategy.mode": "pubswap", "pubswap.tau-swap": 2}, {"strategy.mode": "sapo"},
+@pytest.mark.parametrize("overrides", [{}, {"strategy.mode": "pubswap", "pubswap.tau-swap": 2},
+                                       {"strategy.mode": "sapo"},
                                        {"tasks.mix": "basic_arithmetic:1,gcd:1,chain_sum:1,products:1"}])
 def test_no_held_out_question_is_in_any_training_source_of_the_real_config(overrides):
     cfg = ExperimentConfig.from_flat({**load_toml(ROOT / "configs" / "real.toml"), **overrides})

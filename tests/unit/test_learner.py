@@ -39,7 +39,8 @@ def test_rollouts_train_on_graded_or_binary_rewards_and_count_answer_shapes(tmp_
     reward where that is 1; the learner counts the shapes of the completions it sampled."""
     rewards = {}
     for partial in (True, False):
-        cfg = CFG.with_overrides({"tasks.partial-credit": partial, "tasks.mix": "spell_backward:1", "tasks.per-node": 0})
+        cfg = CFG.with_overrides({"tasks.partial-credit": partial, "tasks.mix": "spell_backward:1",
+                                  "tasks.per-node": 0})
         learner = Learner(cfg, NodeIdentity(0, tmp_path / str(partial), "embedded:tiny"))
         items = learner.stream.take(4, learner.state.cursor)
         groups, _seconds = learner.rollout(items, 8)

@@ -40,10 +40,12 @@ def test_learning_rates_go_to_partitions_round_robin_and_node_config_overrides_t
     from pubswap_flwr.shared import policy_spec
 
     cfg = CFG.with_overrides({"train.node-learning-rates": "2e-4, 2e-3", "train.learning-rate": 1e-3})
-    simulated = [NodeIdentity.from_flower(cfg, {"partition-id": i, "num-partitions": 4}, i, "/r", "r") for i in range(4)]
+    simulated = [NodeIdentity.from_flower(cfg, {"partition-id": i, "num-partitions": 4}, i, "/r", "r")
+                 for i in range(4)]
     assert [(n.model_name, n.learning_rate) for n in simulated] == [
         ("embedded:tiny", 2e-4), ("embedded:tiny-b", 2e-3), ("embedded:tiny", 2e-4), ("embedded:tiny-b", 2e-3)]
-    assert NodeIdentity.from_flower(cfg, {"partition-id": 0, "learning-rate": "5e-4"}, 1, None, "r").learning_rate == 5e-4
+    deployed = NodeIdentity.from_flower(cfg, {"partition-id": 0, "learning-rate": "5e-4"}, 1, None, "r")
+    assert deployed.learning_rate == 5e-4
     assert NodeIdentity.from_flower(CFG, {"partition-id": 0}, 1, None, "r").learning_rate is None
     with pytest.raises(ValueError, match="node learning-rate = 'fast': must be a number"):
         NodeIdentity.from_flower(CFG, {"learning-rate": "fast"}, 1, None, "r")

@@ -27,7 +27,8 @@ ROWS = [
     {"round": 0, "node_eval": {"a": _eval(0.3, {"gcd": 0.4, "bits": 0.2}), "b": _eval(0.3, {"gcd": 0.4, "bits": 0.2})}},
     {"round": 1, "clients": {"a": {"node_index": 0, "tasks": ["gcd"], "well_formed": 1.0, "rollout_reward": 0.5},
                              "b": {"node_index": 1, "tasks": ["bits"], "well_formed": 0.4, "rollout_reward": 0.3}}},
-    {"round": 2, "node_eval": {"a": _eval(0.35, {"gcd": 0.6, "bits": 0.1}), "b": _eval(0.02, {"gcd": 0.0, "bits": 0.04})},
+    {"round": 2, "node_eval": {"a": _eval(0.35, {"gcd": 0.6, "bits": 0.1}),
+                               "b": _eval(0.02, {"gcd": 0.0, "bits": 0.04})},
      "clients": {"a": {"node_index": 0, "tasks": ["gcd"], "well_formed": 0.9, "rollout_reward": 0.6},
                  "b": {"node_index": 1, "tasks": ["bits"], "well_formed": 0.1, "rollout_reward": 0.2}}},
 ]

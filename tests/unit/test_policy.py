@@ -6,11 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from pubswap_flwr.policy import from_wire, to_wire
-from pubswap_flwr.policy.sampling import GenerationSettings
+from pubswap_flwr.policy import from_wire, initial_adapter, to_wire
 from pubswap_flwr.policy.grpo import build_batch, group_advantages, per_token_logps
-from pubswap_flwr.policy import initial_adapter
 from pubswap_flwr.policy.model import ModelError, resolve_device, resolve_model
+from pubswap_flwr.policy.sampling import GenerationSettings
 from pubswap_flwr.rollouts import Completion, RolloutGroup
 from pubswap_flwr.tasks import TaskItem
 
@@ -70,7 +69,8 @@ def test_merged_sampling_restores_base_weights_exactly(tiny_policy):
 
 
 def test_sampling_returns_ids_text_and_logprobs_consistent_with_scoring(tiny_policy):
-    items = [TaskItem("a", "t", "Calculate 4 + 7.", "11", "exact"), TaskItem("b", "t", "Spell lamp backward", "pmal", "exact")]
+    items = [TaskItem("a", "t", "Calculate 4 + 7.", "11", "exact"),
+             TaskItem("b", "t", "Spell lamp backward", "pmal", "exact")]
     torch.manual_seed(3)
     out = tiny_policy.sample(items, 3)
     tok = tiny_policy.tokenizer
@@ -94,7 +94,8 @@ def test_foreign_text_is_retokenized_with_eos_and_truncated(tiny_policy):
     tok = tiny_policy.tokenizer
     long_text = "<answer>" + "x" * 200 + "</answer>"
     group = RolloutGroup("<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n",
-                         [Completion("<answer>5</answer>", source="peer"), Completion(long_text, source="peer")], [1, 0])
+                         [Completion("<answer>5</answer>", source="peer"), Completion(long_text, source="peer")],
+                         [1, 0])
     batch = build_batch(tok, [group], GenerationSettings(max_new_tokens=8))
     ids = tok("<answer>5</answer>", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
     assert batch.completion_ids[0, : len(ids)].tolist() == ids[:8]

@@ -76,7 +76,8 @@ def test_report_names_the_code_and_warns_when_runs_differ(tmp_path):
     text = write_report(tmp_path / "old", runs).read_text()
     assert "no record (made before provenance.json): a-s0" in text
     summary = json.loads((tmp_path / "old" / "summary.json").read_text())
-    assert summary["provenance"]["a-s0"] == [] and summary["provenance"]["b-s1"] == ["bbbbbbb+changes (pubswap-flwr 0.1.0)"]
+    assert summary["provenance"]["a-s0"] == []
+    assert summary["provenance"]["b-s1"] == ["bbbbbbb+changes (pubswap-flwr 0.1.0)"]
 
 
 def test_change_since_round_0_is_paired_per_seed(tmp_path):

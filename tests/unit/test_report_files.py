@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from pubswap_flwr.report import plots as report_plots
 from pubswap_flwr.cli import main as pubswap
 from pubswap_flwr.report import ReportExistsError, arm_colours, read_summary, write_report
+from pubswap_flwr.report import plots as report_plots
 
 TASKS = ("gcd", "count_bits")
 

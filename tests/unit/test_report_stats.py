@@ -8,8 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from pubswap_flwr.report import (PairedDifference, RunSummary, fmt_ci, mean_ci, paired_band, paired_differences,
-                                 t_quantile, t_two_sided_cdf)
+from pubswap_flwr.report import (
+    PairedDifference,
+    RunSummary,
+    fmt_ci,
+    mean_ci,
+    paired_band,
+    paired_differences,
+    t_quantile,
+    t_two_sided_cdf,
+)
 
 # 0.975 quantiles of Student's t (scipy.stats.t.ppf(0.975, df), to 15 digits)
 T975 = {1: 12.706204736174707, 2: 4.302652729911275, 3: 3.182446305284263, 4: 2.7764451051977987,

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pubswap_flwr.policy import LoraSettings, Policy, PolicySpec, sampling_precision
-from pubswap_flwr.policy.grpo import logprob_gap, per_token_logps
+from pubswap_flwr.policy.grpo import logprob_gap
 from pubswap_flwr.policy.sampling import GenerationSettings, generate, process_logits
 from pubswap_flwr.tasks import HeldOutSet, parse_mix
 

@@ -6,8 +6,16 @@ import random
 
 import pytest
 
-from pubswap_flwr.algorithms.sapo_selection import (Packet, ScoredPacket, Selection, capped, fair_draw, relay,
-                                                  select_external, select_local)
+from pubswap_flwr.algorithms.sapo_selection import (
+    Packet,
+    ScoredPacket,
+    Selection,
+    capped,
+    fair_draw,
+    relay,
+    select_external,
+    select_local,
+)
 from pubswap_flwr.tasks import TaskItem
 
 

@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 from pubswap_flwr.tasks import Score, ScoringTimeout, TaskItem, score_completion
 from pubswap_flwr.tasks.isolation import IsolatedScorer, set_default_isolated_scorer
 from pubswap_flwr.tasks.math_answers import MathChecker, MathTimeout, set_default_checker
+from pubswap_flwr.tasks.reasoning_gym_scoring import INLINE_RG_GENERATORS, SAFE_RG_SCORERS, scored_in_worker
 from pubswap_flwr.tasks.specs import PRESETS, TaskSpec
 from pubswap_flwr.tasks.splits import rg_item
-from pubswap_flwr.tasks.reasoning_gym_scoring import INLINE_RG_GENERATORS, SAFE_RG_SCORERS, scored_in_worker
 from pubswap_flwr.tasks.verifiers import TIMEOUT_REASON_PREFIX, VERIFIERS
 
 LIMIT_S = 1.0

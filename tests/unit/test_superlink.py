@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from pubswap_flwr import cli, superlink
-from pubswap_flwr.cli import FlowerRunError, main as pubswap
+from pubswap_flwr.cli import FlowerRunError
+from pubswap_flwr.cli import main as pubswap
 
 ROOT = Path(__file__).resolve().parents[2]
 LISTENER = """import socket, sys, time

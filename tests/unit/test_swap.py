@@ -209,7 +209,8 @@ def test_none_rule_keeps_every_clients_own_responses_even_when_failing():
 
 
 def test_build_unknown_rule_raises():
-    with pytest.raises(ValueError, match="unknown swap rule 'mixed'; expected one of \\['balanced', 'none', 'random'\\]"):
+    with pytest.raises(ValueError,
+                       match="unknown swap rule 'mixed'; expected one of \\['balanced', 'none', 'random'\\]"):
         build_response_sets(responses("a", [1]), "mixed", T, 1, random.Random(0))
 
 

@@ -29,8 +29,8 @@ def test_shipped_sweeps_are_valid(name, arms, nodes, seeds):
     assert config["seed"] == 1 and config["run-name"] == f"{arms[0]}-s1" and config["output.dir"] == "/tmp/out/runs"
 
 
-@pytest.mark.parametrize("name", ["compare-sapo.toml", "compare-sapo-long.toml", "compare-control-sapo-strong-weak.toml",
-                                  "compare-control-sapo-skills.toml"])
+@pytest.mark.parametrize("name", ["compare-sapo.toml", "compare-sapo-long.toml",
+                                  "compare-control-sapo-strong-weak.toml", "compare-control-sapo-skills.toml"])
 def test_sapo_sweep_ratios_sum_to_eight(name):
     sweep = load_sweep(CONFIGS / name)
     for arm in sweep.arms:
@@ -84,7 +84,8 @@ def test_outcomes_of_an_only_invocation_keep_the_other_runs_in_sweep_order(tmp_p
     merged = merged_outcomes(path, sweep, now)
     assert [(o["arm"], o["seed"], o["status"], o.get("reused")) for o in merged] == [
         ("fedavg", 0, "completed", True), ("pubswap-balanced", 0, "completed", None),
-        ("fedavg", 1, "completed", None), ("pubswap-none", 1, "failed", None), ("pubswap-balanced", 1, "completed", None),
+        ("fedavg", 1, "completed", None), ("pubswap-none", 1, "failed", None),
+        ("pubswap-balanced", 1, "completed", None),
         ("fedavg", 2, "completed", None), ("pubswap-balanced", 2, "completed", None)]
     path.write_text("{not json")
     assert merged_outcomes(path, sweep, now) == [now[1], now[0]]

@@ -24,8 +24,16 @@ from pubswap_flwr.tasks import (
     parse_mix,
 )
 from pubswap_flwr.tasks.specs import generate_entry, known_task_names
-from pubswap_flwr.tasks.splits import DATA_SEED_STRIDE, MAX_TASKS, RANGE, SPLIT_BASE, question_key, rg_item, stream_seed, \
-    unique_items
+from pubswap_flwr.tasks.splits import (
+    DATA_SEED_STRIDE,
+    MAX_TASKS,
+    RANGE,
+    SPLIT_BASE,
+    question_key,
+    rg_item,
+    stream_seed,
+    unique_items,
+)
 
 # --- parse_mix ----------------------------------------------------------------------------------------------------
 

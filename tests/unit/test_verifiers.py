@@ -14,11 +14,10 @@ import types
 import pytest
 
 import pubswap_flwr
-from pubswap_flwr.tasks import TaskItem, extract_answer, is_correct, score_completion
-from pubswap_flwr.tasks import reasoning_gym_scoring, verifiers
+from pubswap_flwr.tasks import TaskItem, extract_answer, is_correct, reasoning_gym_scoring, score_completion, verifiers
+from pubswap_flwr.tasks.reasoning_gym_scoring import SAFE_RG_SCORERS, _int_expression, is_plain_math
 from pubswap_flwr.tasks.specs import PRESETS, TaskSpec, generator_dataset
 from pubswap_flwr.tasks.splits import rg_item
-from pubswap_flwr.tasks.reasoning_gym_scoring import SAFE_RG_SCORERS, _int_expression, is_plain_math
 from pubswap_flwr.tasks.verifiers import DEFAULT_MAX_COMPLETION_CHARS, VERIFIERS, Score, parse_number, register_verifier
 
 
