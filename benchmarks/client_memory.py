@@ -46,9 +46,8 @@ def _reset_peak() -> None:
 
 def _arm(chunked: bool, allocator: str, micro_batch: int, model: str, queue) -> None:
     os.environ["PUBSWAP_ALLOCATOR"] = allocator
-    import torch
-
     import real_model
+    import torch
     from real_model import _groups, _items, _policy
 
     real_model.MODEL = model
@@ -80,9 +79,8 @@ def _arm(chunked: bool, allocator: str, micro_batch: int, model: str, queue) -> 
 def _update_times(model: str, micro_batch: int, repeats: int, queue) -> None:
     """One process, the same sampled batch: updates with the plain and the chunked log-probs interleaved, each from
     the same adapter and a fresh optimizer, so both see the same machine load (like for like)."""
-    import torch
-
     import real_model
+    import torch
     from real_model import _groups, _items, _policy
 
     from pubswap_flwr.policy import grpo_loss
@@ -142,8 +140,9 @@ def main() -> None:
         row = results[label]
         peak = max(row["load peak"], row["sample peak"], row["update peak"])
         base_peak = max(base["load peak"], base["sample peak"], base["update peak"])
-        print(f"  {label}: round peak {peak:.0f} MiB ({peak / base_peak:.2f}x plain), held {row['held after update']:.0f}"
-              f" MiB ({row['held after update'] / base['held after update']:.2f}x), update time "
+        held = row["held after update"]
+        print(f"  {label}: round peak {peak:.0f} MiB ({peak / base_peak:.2f}x plain), held {held:.0f}"
+              f" MiB ({held / base['held after update']:.2f}x), update time "
               f"{row['update s'] / base['update s']:.2f}x")
     print("  goal: round peak <= 2560 MiB, held <= 1536 MiB")
     if args.time_repeats:

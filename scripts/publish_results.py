@@ -180,7 +180,7 @@ def _stage(docs: Path, name: str, files: dict[Path, bytes], runs: list[str]) -> 
             (staging / rel).write_bytes(data)
         for run in runs:
             summarize_run(staging / "runs" / run)
-    except (UntrustedFileError, MetricsError) as err:
+    except ValueError as err:  # UntrustedFileError, MetricsError, an empty metrics.jsonl, a malformed eval_items.jsonl
         shutil.rmtree(staging)
         raise PublishError(str(err).replace(str(staging), str(docs / name))) from None
     except BaseException:

@@ -39,7 +39,7 @@ def per_token_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
 
 
 CHUNK_ELEMENTS = 1 << 24  # logits (rows x positions x vocabulary) computed at once in the chunked path: 64 MB fp32
-CHUNKED_ABOVE = 1 << 24  # completions whose logits would hold more elements than this (64 MB fp32) take the chunked path
+CHUNKED_ABOVE = 1 << 24  # completions whose logits would hold more elements (64 MB fp32) take the chunked path
 # off (1 << 62) until the real-fedavg sweep that started before it has finished, so that sweep runs one code path
 CHUNK_ABOVE = 1 << 62
 

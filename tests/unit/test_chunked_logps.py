@@ -3,7 +3,6 @@ chunk recomputed in the backward pass) gives the plain path's values and LoRA gr
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from pubswap_flwr.policy.grpo import build_batch
