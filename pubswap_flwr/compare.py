@@ -169,7 +169,13 @@ def run_one(config: dict[str, Any], nodes: int, cpus_per_client: int, timeout_s:
     return code, "\n".join(tail)
 
 
-def run_sweep(sweep: Sweep, out: Path, only: list[str] | None = None, dry_run: bool = False) -> list[RunOutcome]:
+NOT_RUN = "not-run"  # a run --report-only found unmade: neither a failure nor a result, listed as pending
+
+
+def run_sweep(sweep: Sweep, out: Path, only: list[str] | None = None, dry_run: bool = False,
+              report_only: bool = False) -> list[RunOutcome]:
+    """Run the sweep's (arm, seed) runs that are not complete yet; `report_only` runs none and records each of them
+    as NOT_RUN (a sweep stopped early: its completed runs can be reported and published, paired by seed)."""
     outcomes: list[RunOutcome] = []
     # A seed at a time (every arm of seed 0, then seed 1, ...): a sweep stopped early still holds paired arms.
     for seed in sweep.seeds:
@@ -189,6 +195,12 @@ def run_sweep(sweep: Sweep, out: Path, only: list[str] | None = None, dry_run: b
                 continue
             if dry_run:
                 log.info("%s seed %d: would run %s", arm.name, seed, sweep.config_for(arm, seed, out))
+                continue
+            if report_only:  # a run that ended badly stays a failure; one never started or cut off is pending
+                ended = status.get("status") in ("failed", "stopped")
+                outcomes.append(RunOutcome(arm.name, seed, run_dir, "failed" if ended else NOT_RUN,
+                                           f"{status['status']}: {status.get('detail', '')}" if ended
+                                           else "not run yet (--report-only)"))
                 continue
             if run_dir.exists():  # an interrupted or failed attempt: start that run over
                 _clear(run_dir)
@@ -243,7 +255,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         return 2
     out = Path(args.out) / sweep.name
     out.mkdir(parents=True, exist_ok=True)
-    outcomes = run_sweep(sweep, out, args.only, args.dry_run)
+    outcomes = run_sweep(sweep, out, args.only, args.dry_run, args.report_only)
     if args.dry_run:
         return 0
     entries = [{"arm": o.arm, "seed": o.seed, "status": o.status, "detail": o.detail, "seconds": round(o.seconds, 1),
@@ -253,11 +265,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
     completed = [out / "runs" / sweep.run_name(arm.name, seed) for arm in sweep.arms for seed in sweep.seeds
                  if run_status(out / "runs" / sweep.run_name(arm.name, seed)).get("status") == "completed"]
     report = write_report(out, completed,
-                          failures={(o.arm, o.seed): o.detail for o in outcomes if o.status != "completed"},
+                          failures={(o.arm, o.seed): o.detail for o in outcomes
+                                    if o.status not in ("completed", NOT_RUN)},
+                          pending=[(o.arm, o.seed) for o in outcomes if o.status == NOT_RUN],
                           title=sweep.name, notes=sweep.notes, command=" ".join(["pubswap"] + sys.argv[1:]),
                           force=True, arm_order=[arm.name for arm in sweep.arms])  # its own sweep's report
     print(f"report: {report}")
-    failed = [o for o in outcomes if o.status != "completed"]
+    failed = [o for o in outcomes if o.status not in ("completed", NOT_RUN)]
+    pending = [o for o in outcomes if o.status == NOT_RUN]
+    if pending:
+        print(f"{len(pending)} run(s) not made yet: " + ", ".join(sweep.run_name(o.arm, o.seed) for o in pending))
     for o in failed:
         print(f"FAILED {o.arm} seed {o.seed}: {o.detail}", file=sys.stderr)
     return 1 if failed else 0
@@ -313,6 +330,9 @@ def register(sub) -> None:
     compare.add_argument("--out", default="results", help="results root (default: results/<sweep name>)")
     compare.add_argument("--only", nargs="*", help="run only these arms")
     compare.add_argument("--dry-run", action="store_true", help="print what would run")
+    compare.add_argument("--report-only", action="store_true",
+                         help="run nothing: write outcomes.json and the report from the runs already complete, "
+                              "listing the others as not run yet (a sweep stopped early, to publish what it has)")
     compare.add_argument("--ray-address", metavar="HOST:PORT",
                          help="run every arm on this running Ray cluster (its head node's `ray start --head --port`; "
                               "overrides the sweep file's ray-address)")

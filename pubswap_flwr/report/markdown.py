@@ -308,6 +308,15 @@ def format_lines(arms: Arms, summary: dict) -> list[str]:
     return lines
 
 
+def pending_lines(pending: list[tuple[str, int]]) -> list[str]:
+    """A partial sweep's warning: which runs it does not have yet (pairs and intervals cover only the others)."""
+    if not pending:
+        return []
+    names = ", ".join(f"{md(arm)} seed {seed}" for arm, seed in pending)
+    return [f"**Partial sweep: {len(pending)} run(s) not made yet** ({names}). Every figure below is of the runs "
+            "made so far; an arm with fewer seeds than the sweep declares has wider or no intervals.", ""]
+
+
 def failure_lines(failures: dict[tuple[str, int], str]) -> list[str]:
     """'Failed runs': each failed arm and seed with the last line of what it reported."""
     if not failures:

@@ -15,6 +15,7 @@ from .markdown import (
     heading_lines,
     learning_lines,
     paired_lines,
+    pending_lines,
     per_run_lines,
     per_task_lines,
     plot_lines,
@@ -88,7 +89,7 @@ def _shown(run_dir: Path, out: Path) -> str:
 def write_report(out: Path, run_dirs: list[Path], *, failures: dict[tuple[str, int], str] | None = None,
                  title: str | None = None, notes: str | None = None, command: str = "",
                  made_by: str | None = None, baseline: str | None = None, force: bool = False,
-                 arm_order: list[str] | None = None) -> Path:
+                 arm_order: list[str] | None = None, pending: list[tuple[str, int]] | None = None) -> Path:
     """report.md + summary.json + plots/ under `out`, from the runs' metrics.jsonl.
 
     Raises ReportExistsError when out/report.md exists and `force` is not given. `title`, `notes`, `made_by`
@@ -96,7 +97,8 @@ def write_report(out: Path, run_dirs: list[Path], *, failures: dict[tuple[str, i
     previous summary.json recorded, then to the default title, no notes, `command` and the first arm. The arms (their
     colours and markers) follow `arm_order` (the sweep file's, given by `pubswap compare` and publish_results.py; the
     default baseline is then its first arm), then the previous summary's order, then the order the runs are given
-    in."""
+    in. `pending`: the (arm, seed) runs of a sweep not made yet (stopped early), listed under the title and at the
+    end so that nobody reads a partial sweep as a whole one."""
     out = Path(out)
     report = out / REPORT_FILE
     if report.exists() and not force:
@@ -114,9 +116,12 @@ def write_report(out: Path, run_dirs: list[Path], *, failures: dict[tuple[str, i
 
     code_lines, made_with = provenance_lines(runs)
     lines = heading_lines(title, notes, command, made_by, runs, code_lines)
+    lines += pending_lines(pending or [])
     summary: dict = {"title": title, "notes": notes, "made_by": made_by, "command": command, "confidence": CONFIDENCE,
                      "baseline": baseline, "arms": {}, "paired": {}, "runs": {},
                      "failures": {f"{a}-s{s}": d for (a, s), d in failures.items()}, "provenance": made_with}
+    if pending:  # only then: summaries of whole sweeps stay byte for byte what they were
+        summary["pending"] = [f"{a}-s{s}" for a, s in pending]
     lines += arms_table_lines(arms, failures, summary)
     lines += paired_lines(arms, baseline, summary)
     lines += per_run_lines(arms, runs, summary)

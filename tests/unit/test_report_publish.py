@@ -75,3 +75,56 @@ def test_publish_then_regenerate(tmp_path):
     assert "## Paired differences against fedavg" in again
 
     assert script.publish(sweep, results, docs=docs, force=True) == published
+
+
+def test_sweep_stopped_early_is_reported_and_published_as_partial(tmp_path, capsys):
+    """`pubswap compare --report-only` runs nothing: the completed runs are reported, the others listed as not run
+    (not as failures), and publish_results publishes the completed ones with the same warning."""
+    from pubswap_flwr.cli import main as pubswap
+
+    script = _script()
+    sweep, results = _finished_sweep(tmp_path)
+    (results / "mini-sweep" / "outcomes.json").unlink()  # the sweep was stopped: it never wrote its outcomes
+    for run in ("fedprox-s1", "fedavg-s1"):  # seed 1 not made (fedavg-s1 interrupted: status "running")
+        (results / "mini-sweep" / "runs" / run / "status.json").write_text(json.dumps({"status": "running"}))
+    (results / "mini-sweep" / "runs" / "fedprox-s1" / "status.json").unlink()
+
+    assert pubswap(["compare", str(sweep), "--out", str(results), "--report-only"]) == 0
+    captured = capsys.readouterr()
+    assert "2 run(s) not made yet: fedavg-s1, fedprox-s1" in captured.out
+    assert "FAILED" not in captured.err
+    outcomes = json.loads((results / "mini-sweep" / "outcomes.json").read_text())
+    assert [(o["arm"], o["seed"], o["status"]) for o in outcomes] == [
+        ("fedavg", 0, "completed"), ("fedprox", 0, "completed"), ("fedavg", 1, "not-run"), ("fedprox", 1, "not-run")]
+    assert (results / "mini-sweep" / "runs" / "fedavg-s1").is_dir()  # --report-only clears no interrupted run
+    report = (results / "mini-sweep" / "report.md").read_text()
+    warning = "**Partial sweep: 2 run(s) not made yet** (fedavg seed 1, fedprox seed 1)."
+    assert warning in report and "## Failed runs" not in report
+    summary = json.loads((results / "mini-sweep" / "summary.json").read_text())
+    assert summary["pending"] == ["fedavg-s1", "fedprox-s1"] and summary["failures"] == {}
+
+    published = script.publish(sweep, results, docs=tmp_path / "docs")
+    assert sorted(p.name for p in (published / "runs").iterdir()) == ["fedavg-s0", "fedprox-s0"]
+    text = (published / "report.md").read_text()
+    assert warning in text and "## Failed runs" not in text
+    assert json.loads((published / "summary.json").read_text())["pending"] == ["fedavg-s1", "fedprox-s1"]
+
+
+def test_whole_sweep_summary_has_no_pending_key(tmp_path):
+    script = _script()
+    sweep, results = _finished_sweep(tmp_path)
+    published = script.publish(sweep, results, docs=tmp_path / "docs")
+    assert "pending" not in json.loads((published / "summary.json").read_text())
+    assert "Partial sweep" not in (published / "report.md").read_text()
+
+
+def test_report_only_keeps_a_failed_run_a_failure(tmp_path, capsys):
+    from pubswap_flwr.cli import main as pubswap
+
+    sweep, results = _finished_sweep(tmp_path)
+    (results / "mini-sweep" / "runs" / "fedprox-s1" / "status.json").write_text(
+        json.dumps({"status": "failed", "detail": "RuntimeError: out of memory"}))
+    assert pubswap(["compare", str(sweep), "--out", str(results), "--report-only"]) == 1
+    assert "FAILED fedprox seed 1: failed: RuntimeError: out of memory" in capsys.readouterr().err
+    outcomes = json.loads((results / "mini-sweep" / "outcomes.json").read_text())
+    assert [o["status"] for o in outcomes] == ["completed", "completed", "completed", "failed"]
