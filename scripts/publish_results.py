@@ -22,7 +22,9 @@ all linear layers: 155,648 parameters) 0.32 MB, i.e. 3.7 MB for a 4-arm x 3-seed
 compare-sapo (4 arms x 3 seeds x 8 nodes); on SmolLM2-135M (r 8, all linear: 2.5M parameters) 4.9 MB each, i.e.
 29 MB for real-pubswap's 6 runs but 176 MB for real-sapo's 9 runs x 4 nodes. The script prints the total.
 --no-adapters leaves them out (the report does not need them; `pubswap verify` does); --adapter-seeds 0 copies
-only seed 0's (every arm's, so each arm stays verifiable) and says so in the report's command.
+only seed 0's (every arm's, so each arm stays verifiable) and says so in the report's command; --adapter-nodes 0 1
+copies only those partitions' node adapters of a SAPO run (e.g. one node of each model in a mixed swarm: 9.8 MB a
+SmolLM2 run instead of 19.6), and the report's command says so too.
 """
 
 from __future__ import annotations
@@ -133,9 +135,10 @@ def adapter_files(src: Path, rel: Path, root: Path) -> dict[Path, bytes]:
     return files
 
 
-def run_files(src: Path, name: str, with_adapters: bool) -> dict[Path, bytes]:
+def run_files(src: Path, name: str, with_adapters: bool, nodes: set[int] | None = None) -> dict[Path, bytes]:
     """Everything published of one run, read and checked: its small files and (`with_adapters`) its final
-    adapter(s) (verify.final_adapters: global, or each SAPO node's) at the same paths."""
+    adapter(s) (verify.final_adapters: global, or each SAPO node's, only partitions in `nodes` when given) at the
+    same paths."""
     run, rel = src / "runs" / name, Path("runs") / name
     files = {rel / f: _read(run / f, src) for f in RUN_FILES}
     files.update({rel / f: _read(run / f, src) for f in OPTIONAL_FILES if is_present(run / f)})
@@ -153,7 +156,9 @@ def run_files(src: Path, name: str, with_adapters: bool) -> dict[Path, bytes]:
             found = []
         except VerifyError as err:
             raise PublishError(str(err)) from None
-        for _, folder in found:
+        for label, folder in found:
+            if nodes is not None and label != "global" and int(label.split()[1]) not in nodes:
+                continue
             files.update(adapter_files(folder, rel / folder.relative_to(run), src))
     return files
 
@@ -192,9 +197,10 @@ def _stage(docs: Path, name: str, files: dict[Path, bytes], runs: list[str]) -> 
 
 
 def publish(sweep_file: Path, results: Path, docs: Path = DOCS, force: bool = False, adapters: bool = True,
-            adapter_seeds: set[int] | None = None) -> Path:
+            adapter_seeds: set[int] | None = None, adapter_nodes: set[int] | None = None) -> Path:
     """Copy a finished sweep's completed runs to docs/results/<sweep> and write its report. `adapters`: copy the
-    runs' final adapters as fp16 too; `adapter_seeds`: only those of these seeds (None: every seed). Everything is
+    runs' final adapters as fp16 too; `adapter_seeds`: only those of these seeds (None: every seed);
+    `adapter_nodes`: of a SAPO run, only these partitions' adapters (None: every node's). Everything is
     read and checked before anything is written, and a publication it replaces stays until the new one is whole;
     PublishError names what was wrong."""
     sweep = _sweep(sweep_file)
@@ -214,7 +220,7 @@ def publish(sweep_file: Path, results: Path, docs: Path = DOCS, force: bool = Fa
     adapter_bytes, without = 0, []
     for name in completed:
         copied = adapters and (adapter_seeds is None or seed_of[name] in adapter_seeds)
-        found = run_files(src, name, copied)
+        found = run_files(src, name, copied, adapter_nodes)
         written = sum(len(data) for rel, data in found.items() if len(rel.parts) > 3)  # under adapters/ or nodes/
         adapter_bytes += written
         if copied and not written:
@@ -231,7 +237,9 @@ def publish(sweep_file: Path, results: Path, docs: Path = DOCS, force: bool = Fa
                 f"python scripts/publish_results.py configs/{sweep_file.name} {results}"
                 + (" --force" if force else "") + (" --no-adapters" if not adapters else "")
                 + (f" --adapter-seeds {' '.join(map(str, sorted(adapter_seeds)))}"
-                   if adapters and adapter_seeds is not None else ""))
+                   if adapters and adapter_seeds is not None else "")
+                + (f" --adapter-nodes {' '.join(map(str, sorted(adapter_nodes)))}"
+                   if adapters and adapter_nodes is not None else ""))
     except BaseException:  # the old publication comes back whole
         shutil.rmtree(dst)
         if backup is not None:
@@ -242,6 +250,7 @@ def publish(sweep_file: Path, results: Path, docs: Path = DOCS, force: bool = Fa
     if adapters:
         print(f"final adapters: {adapter_bytes / 1e6:.1f} MB (fp16)"
               + (f" of seeds {sorted(adapter_seeds)}" if adapter_seeds is not None else "")
+              + (f", SAPO nodes {sorted(adapter_nodes)}" if adapter_nodes is not None else "")
               + (f"; none kept by {len(without)} run(s): {', '.join(without[:5])}" if without else ""))
     return dst
 
@@ -275,6 +284,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="leave the runs' final adapters out (pubswap verify needs them; see above for the bytes)")
     parser.add_argument("--adapter-seeds", type=int, nargs="+", metavar="SEED",
                         help="copy only these seeds' adapters (a SAPO sweep keeps one per node and run)")
+    parser.add_argument("--adapter-nodes", type=int, nargs="+", metavar="PARTITION",
+                        help="of SAPO runs, copy only these partitions' node adapters")
     args = parser.parse_args(argv)
     try:
         _run(parser, args)
@@ -291,10 +302,12 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     elif args.results is None:
         parser.error("give the sweep's results folder (or --regenerate)")
     else:
-        if args.no_adapters and args.adapter_seeds:
-            parser.error("--adapter-seeds chooses which adapters to copy: it cannot go with --no-adapters")
+        if args.no_adapters and (args.adapter_seeds or args.adapter_nodes):
+            parser.error("--adapter-seeds and --adapter-nodes choose which adapters to copy: they cannot go with "
+                         "--no-adapters")
         print(publish(args.sweep, args.results, force=args.force, adapters=not args.no_adapters,
-                      adapter_seeds=set(args.adapter_seeds) if args.adapter_seeds else None))
+                      adapter_seeds=set(args.adapter_seeds) if args.adapter_seeds else None,
+                      adapter_nodes=set(args.adapter_nodes) if args.adapter_nodes else None))
 
 
 if __name__ == "__main__":

@@ -155,6 +155,33 @@ def test_publish_copies_only_the_chosen_seeds_adapters_readable_by_anyone(fedavg
         _script().main(["configs/x.toml", "results", "--no-adapters", "--adapter-seeds", "0"])
 
 
+
+def test_publish_copies_only_the_chosen_sapo_nodes_adapters(fedavg_run, tmp_path, capsys):
+    """--adapter-nodes: of a SAPO run (an adapter per node), only the chosen partitions' adapters are published,
+    and verify finds exactly those."""
+    import shutil
+
+    from tests.unit.test_report_publish import _script
+
+    run = tmp_path / "results" / "mini" / "runs" / "sapo-s0"
+    shutil.copytree(fedavg_run, run)
+    for partition in (0, 1, 2):  # a SAPO run's layout: every node's own final adapter, no global one
+        shutil.copytree(run / "adapters" / "final", run / "nodes" / f"partition-{partition}" / "adapter")
+    shutil.rmtree(run / "adapters")
+    (tmp_path / "mini.toml").write_text('name = "mini"\nnodes = 3\nseeds = [0]\n[arms.sapo]\n'
+                                        'strategy.mode = "sapo"\n')
+    (run.parent.parent / "outcomes.json").write_text(json.dumps(
+        [{"arm": "sapo", "seed": 0, "status": "completed", "detail": "", "run_dir": str(run)}]))
+    published = _script().publish(tmp_path / "mini.toml", tmp_path / "results", docs=tmp_path / "docs",
+                                  adapter_nodes={0, 2})
+    assert "final adapters: 0.6 MB (fp16), SAPO nodes [0, 2]" in capsys.readouterr().out
+    copied = published / "runs" / "sapo-s0"
+    assert [label for label, _ in final_adapters(copied)] == ["node 0", "node 2"]
+    assert not (copied / "nodes" / "partition-1").exists()
+    assert "--adapter-nodes 0 2`" in (published / "report.md").read_text()
+    with pytest.raises(SystemExit):
+        _script().main(["configs/x.toml", "results", "--no-adapters", "--adapter-nodes", "0"])
+
 def test_verify_flags_a_constant_answer_adapter_on_gcd(fedavg_run, capsys, monkeypatch):
     """An adapter that answers "1" to every question (what real-pubswap's FedAvg adapters learned on gcd): verify
     prints gcd's best constant answer beside its accuracy and flags the collapse."""
