@@ -398,7 +398,7 @@ def key_table() -> dict[str, tuple[str, str, Any]]:
 
 
 def describe() -> list[tuple[str, Any, str]]:
-    """(key, default, doc) for every key, in declaration order (README/pyproject generation and `pubswap keys`)."""
+    """(key, default, doc) for every key, in declaration order (docs/pyproject generation and `pubswap keys`)."""
     defaults = ExperimentConfig().to_flat()
     return [(key, defaults[key], spec.metadata.get("doc", "")) for key, (_s, _a, spec) in key_table().items()]
 

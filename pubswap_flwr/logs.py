@@ -31,7 +31,8 @@ def _quiet_third_parties() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
     # transformers configures its own logger on first use from this variable (also read by Ray workers).
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    # Ray's tip about a future default for accelerator variables; README's GPU section describes today's behaviour.
+    # Ray's tip about a future default for accelerator variables; docs/guide.md's Models section (GPUs) describes
+    # today's behaviour.
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"ray(\.|$)")
 
 

@@ -86,7 +86,8 @@ def task_universe(cfg: ExperimentConfig) -> TaskUniverse:
 def supervised_questions(model_names: tuple[str, ...]) -> frozenset[str]:
     """The question keys any of these models was fine-tuned on before RL: a packaged warm-up's source items
     (warmup.supervised_questions). The embedded models' supervised pool left out tasks.data-seed 0's held-out and
-    public questions when it was built (tiny.py), so their runs are clean at data seed 0 only (README, Models)."""
+    public questions when it was built (tiny.py), so their runs are clean at data seed 0 only (docs/guide.md,
+    Models)."""
     from .policy.packaged import PACKAGED
     from .warmup import supervised_questions as warmup_questions
 
