@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import importlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from ..config_keys import MAX_COMPLETIONS_PER_BATCH, ConfigError, between, fraction, one_of, opt
@@ -46,6 +46,10 @@ class Protocol:
     section: tuple[str, type] | None = None  # (section name, its dataclass)
     validate: Callable[["ExperimentConfig"], None] | None = None
     averages_adapters: bool = True
+    # run name -> {"config": flat overrides with its strategy.mode, "flow": the message types a round sends}
+    smoke_runs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # run name -> {"config": flat overrides with its strategy.mode, "nodes": how many}
+    golden_runs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 CATALOG: dict[str, Protocol] = {}  # strategy.mode -> its family's declaration, in registration order
@@ -67,6 +71,8 @@ def register(protocol: Protocol) -> Protocol:
         _check_path(path)
     if protocol.section is not None and protocol.section[0] in sections():
         raise ValueError(f"protocol {protocol.family!r}: section {protocol.section[0]!r} is already declared")
+    _check_runs(protocol, "smoke", protocol.smoke_runs, smoke_runs(), ("config", "flow"))
+    _check_runs(protocol, "golden", protocol.golden_runs, golden_runs(), ("config", "nodes"))
     for mode in protocol.modes:
         CATALOG[mode] = protocol
     return protocol
@@ -76,6 +82,24 @@ def _check_path(path: str) -> None:
     module, sep, name = path.partition(":")
     if not (module and sep and name.isidentifier()):
         raise ValueError(f"{path!r} is not a dotted path 'module:name'")
+
+
+def _check_runs(protocol: Protocol, kind: str, runs: Mapping[str, Mapping[str, Any]], declared: Mapping[str, Any],
+                fields: tuple[str, str]) -> None:
+    for name, run in runs.items():
+        where = f"protocol {protocol.family!r}: {kind} run {name!r}"
+        if not MODE_NAME.fullmatch(name) or name in declared:
+            raise ValueError(f"{where} is malformed or already declared")
+        if not isinstance(run, Mapping) or sorted(run) != sorted(fields):
+            raise ValueError(f"{where} must be a mapping of exactly {' and '.join(fields)}")
+        if run["config"].get("strategy.mode") not in protocol.modes:
+            raise ValueError(f"{where}: its config's strategy.mode must be one of {sorted(protocol.modes)}")
+        if kind == "smoke":
+            flow = run["flow"]
+            if not isinstance(flow, tuple) or not flow or not set(flow) <= set(protocol.handlers):
+                raise ValueError(f"{where}: its flow must be a non-empty tuple of {sorted(protocol.handlers)}")
+        elif not isinstance(run["nodes"], int) or run["nodes"] < 1:
+            raise ValueError(f"{where}: nodes must be a positive int")
 
 
 def load(path: str) -> Any:
@@ -113,6 +137,17 @@ def owner(message_type: str) -> Protocol:
     raise ValueError(f"no protocol sends message type {message_type!r}")
 
 
+def smoke_runs() -> dict[str, Mapping[str, Any]]:
+    """Every family's smoke runs, name -> {"config", "flow"}, in declaration order (tests/protocols run them)."""
+    return {name: run for p in families() for name, run in p.smoke_runs.items()}
+
+
+def golden_runs() -> dict[str, Mapping[str, Any]]:
+    """Every family's golden runs, name -> {"config", "nodes"}, in declaration order (tests/golden/runs.py adds
+    the server optimizers' own)."""
+    return {name: run for p in families() for name, run in p.golden_runs.items()}
+
+
 def sections() -> dict[str, type]:
     """The protocols' own config sections, name -> dataclass, in declaration order."""
     return dict(p.section for p in families() if p.section is not None)
@@ -140,8 +175,16 @@ def _adapter_keys_unused(cfg: "ExperimentConfig") -> None:
 
 
 # -- the protocols -------------------------------------------------------------------------------------------------
+# Each family's smoke runs (2-round in-process runs of 3 nodes, tests/protocols) and golden runs (tests/golden, over
+# the common settings in tests/golden/runs.py) are config overrides; a smoke run's flow is the message types one
+# round sends, in order, each to every node.
 register(Protocol("fedavg", modes={"fedavg": ".fedavg:FedAvgProtocol", "fedprox": ".fedavg:FedProxProtocol"},
-                  handlers={"train.local_round": ".fedavg:local_round"}))
+                  handlers={"train.local_round": ".fedavg:local_round"},
+                  smoke_runs={"fedavg": {"config": {"strategy.mode": "fedavg"}, "flow": ("train.local_round",)},
+                              "fedprox": {"config": {"strategy.mode": "fedprox"}, "flow": ("train.local_round",)}},
+                  golden_runs={"fedavg": {"config": {"strategy.mode": "fedavg"}, "nodes": 3},
+                               "fedprox": {"config": {"strategy.mode": "fedprox", "strategy.proximal-mu": 0.05},
+                                           "nodes": 3}}))
 
 
 @dataclass(frozen=True)
@@ -200,9 +243,19 @@ def check_pubswap(cfg: "ExperimentConfig") -> None:
                           "step")
 
 
+_PUBSWAP_GOLDEN = {"strategy.mode": "pubswap", "pubswap.tau-swap": 1, "pubswap.public-prompts": 2}
 register(Protocol("pubswap", modes={"pubswap": ".pubswap:PubSwapProtocol"},
                   handlers={"train.segment": ".pubswap:segment"}, section=("pubswap", PubSwapConfig),
-                  validate=check_pubswap))
+                  validate=check_pubswap,
+                  # tau = 2, tau_swap = 1: public steps 1 and 2, so 3 segments
+                  smoke_runs={"pubswap": {"config": {"strategy.mode": "pubswap", "train.local-steps": 2,
+                                                     "pubswap.tau-swap": 1, "pubswap.public-prompts": 2},
+                                          "flow": ("train.segment",) * 3}},
+                  golden_runs={"pubswap-balanced": {"config": {**_PUBSWAP_GOLDEN, "pubswap.swap": "balanced"},
+                                                    "nodes": 3},
+                               "pubswap-random": {"config": {**_PUBSWAP_GOLDEN, "pubswap.swap": "random",
+                                                             "pubswap.base": "fedprox"}, "nodes": 3},
+                               "pubswap-none": {"config": {**_PUBSWAP_GOLDEN, "pubswap.swap": "none"}, "nodes": 3}}))
 
 
 @dataclass(frozen=True)
@@ -243,7 +296,21 @@ def check_sapo(cfg: "ExperimentConfig") -> None:
                           f"{MAX_COMPLETIONS_PER_BATCH} completions per round")
 
 
+_SAPO_SMOKE = {"strategy.mode": "sapo", "sapo.questions": 3, "sapo.completions": 4, "sapo.local": 2,
+               "sapo.external": 2, "sapo.share": 3}
+_SAPO_GOLDEN = {**_SAPO_SMOKE, "sapo.sharing": "fixed"}  # the behaviour these runs were recorded with (before #13)
 register(Protocol("sapo", modes={"sapo": ".sapo:SapoProtocol"},
                   handlers={"query.rollouts": ".sapo:collect_rollouts", "train.sapo": ".sapo:sapo_train",
                             "train.sapo_async": ".sapo:sapo_async_round"},
-                  section=("sapo", SapoConfig), validate=check_sapo, averages_adapters=False))
+                  section=("sapo", SapoConfig), validate=check_sapo, averages_adapters=False,
+                  smoke_runs={"sapo": {"config": _SAPO_SMOKE, "flow": ("query.rollouts", "train.sapo")},
+                              "sapo-async": {"config": {**_SAPO_SMOKE, "sapo.async": True},
+                                             "flow": ("train.sapo_async",)}},
+                  golden_runs={"sapo-sync": {"config": _SAPO_GOLDEN, "nodes": 3},
+                               "sapo-async": {"config": {**_SAPO_GOLDEN, "sapo.async": True, "num-server-rounds": 3},
+                                              "nodes": 3},
+                               "sapo-two-models": {"config": {**_SAPO_GOLDEN,
+                                                              "model.node-models": "embedded:tiny,embedded:tiny-b"},
+                                                   "nodes": 4},
+                               "sapo-paper-sharing": {"config": {**_SAPO_GOLDEN, "sapo.sharing": "local",
+                                                                 "eval.samples": 3}, "nodes": 3}}))

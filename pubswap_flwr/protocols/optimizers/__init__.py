@@ -29,6 +29,11 @@ def names() -> tuple[str, ...]:
     return ("none", *sorted(n for n in OPTIMIZERS if n != "none"))
 
 
+def golden_runs() -> dict[str, dict]:
+    """Every optimizer's golden runs (tests/golden), name -> {"config", "nodes"}, in `names()` order."""
+    return {run: spec for name in names() for run, spec in OPTIMIZERS[name].golden_runs.items()}
+
+
 def described() -> str:
     """Each optimizer with its one-line doc (`strategy.server-optimizer`'s doc)."""
     return "; ".join(f"{name}: {OPTIMIZERS[name].doc}" for name in names())
@@ -38,4 +43,5 @@ def build(settings: "StrategyConfig") -> ServerOptimizer:
     return OPTIMIZERS[settings.server_optimizer](settings)
 
 
-__all__ = ["OPTIMIZERS", "STATE_KEY", "Adapter", "ServerOptimizer", "build", "described", "names", "norm", "register"]
+__all__ = ["OPTIMIZERS", "STATE_KEY", "Adapter", "ServerOptimizer", "build", "described", "golden_runs", "names",
+           "norm", "register"]
