@@ -7,17 +7,34 @@ A protocol family declares itself with `register(Protocol(...))` at the end of t
 - `section`: its own run-config section, a frozen dataclass of `opt` fields (keys `<section>.<key>`), if any;
 - `validate(cfg)`: its cross-key checks, run for a config of one of its modes (ConfigError naming the keys);
 - `averages_adapters`: False for a protocol whose server keeps no global adapter (sapo): the strategy keys acting on
-  adapters must then stay at their defaults (checked here for every such protocol).
+  adapters must then stay at their defaults (checked here for every such protocol);
+- `smoke_runs`: name -> {"config": flat overrides naming the run's strategy.mode, "flow": the message types one
+  round sends, in order, each to every node}: a 2-round in-process run of 3 nodes (tests/protocols/test_rounds.py)
+  and the modes the property tests serve (test_properties.py, test_attack_properties.py);
+- `golden_runs`: name -> {"config": flat overrides naming its strategy.mode, "nodes": how many}: the runs whose
+  metrics tests/golden/<name>.json records (over tests/golden/runs.py's COMMON settings; tests/unit/test_golden.py
+  repeats them). A server optimizer declares its golden runs in its class (protocols/optimizers).
+Both are plain dicts and tuples, checked here for form (a run's mode one of the family's, a flow of its own message
+types); tests/unit/test_catalog.py checks each mode has them.
 Dotted paths (`module:name`, a module relative to this package when it starts with '.') are imported when first
 used, so importing the catalog (config.py does, and so does the ClientApp's routing in a deployed node's
-per-message process) loads neither torch nor Flower. Everything else derives from it: config.MODES and the protocol
-sections of ExperimentConfig, the ClientApp's routing (nodeapp.py, protocols.register_client_handlers), the choices
-`pubswap keys` lists, and the tests' lists of modes (tests/unit/test_catalog.py checks they agree).
+per-message process) loads neither torch nor Flower (an import contract in pyproject.toml, `lint-imports`).
+Everything else derives from it: config.MODES and the protocol sections of ExperimentConfig, the ClientApp's routing
+(nodeapp.py, protocols.register_client_handlers), the choices `pubswap keys` lists, and the tests' lists of modes,
+runs and flows (test_rounds, test_properties, test_attack_properties, tests/golden/runs.py, test_catalog).
 
-To add a mode: write protocols/<mode>.py like fedavg.py (the smallest) and declare it here; then its tests, its
-golden run (tests/golden/runs.py) and its row in docs/protocols.md. A mode sending another family's messages
-(FedProx is FedAvg with mu) is one more entry in that family's `modes`. A server optimizer (fedavgm, fedadam) is
-not a mode: it is a module in protocols/optimizers/, which registers itself.
+To add a mode, touch these files:
+1. protocols/<mode>.py like fedavg.py (the smallest): its messages, server class and client handlers;
+2. this file: its `register(Protocol(...))` with modes, handlers, section and validate if any, smoke_runs (with
+   flows covering every message type) and golden_runs;
+3. tests/golden/<run>.json for each golden run, recorded with `python -m tests.golden.runs write <run>`;
+4. docs/protocols.md: its row in "Messages per round", naming its message types;
+5. its own tests of what the shared ones do not cover (e.g. tests/protocols/test_<mode>.py);
+and, for a new family only, its checkpoint state in tests/protocols/test_attack_properties.py (PROTOCOL).
+tests/unit/test_catalog.py fails, naming the mode, when any of 2-4 is missing. A mode sending another family's
+messages (FedProx is FedAvg with mu) is one more entry in that family's `modes` (and its smoke and golden runs). A
+server optimizer (fedavgm, fedadam) is not a mode: it is a module in protocols/optimizers/, which registers itself
+and declares its golden run there.
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@ and FedAdam for whole models). `strategy.server-optimizer` names one; `strategy.
 family's shared keys (`server-momentum`, `server-beta1`, `server-beta2`, `server-tau`) set it.
 
 Every module in this folder registers its optimizer with `@register("<name>")` (base.py) and is imported here, so
-the config's choices and the protocols find it without a list to extend: adding an optimizer is its module, its
-tests, its golden run and its docs. Importing this package loads numpy only (config.py imports it).
+the config's choices and the protocols find it without a list to extend: adding an optimizer is its module (its
+class declares its golden run in `golden_runs`), its tests, its recorded tests/golden/<name>.json and
+its docs. Importing this package loads numpy only (config.py imports it).
 """
 
 from __future__ import annotations
