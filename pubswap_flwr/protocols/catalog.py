@@ -7,24 +7,41 @@ A protocol family declares itself with `register(Protocol(...))` at the end of t
 - `section`: its own run-config section, a frozen dataclass of `opt` fields (keys `<section>.<key>`), if any;
 - `validate(cfg)`: its cross-key checks, run for a config of one of its modes (ConfigError naming the keys);
 - `averages_adapters`: False for a protocol whose server keeps no global adapter (sapo): the strategy keys acting on
-  adapters must then stay at their defaults (checked here for every such protocol).
+  adapters must then stay at their defaults (checked here for every such protocol);
+- `smoke_runs`: name -> {"config": flat overrides naming the run's strategy.mode, "flow": the message types one
+  round sends, in order, each to every node}: a 2-round in-process run of 3 nodes (tests/protocols/test_rounds.py)
+  and the modes the property tests serve (test_properties.py, test_attack_properties.py);
+- `golden_runs`: name -> {"config": flat overrides naming its strategy.mode, "nodes": how many}: the runs whose
+  metrics tests/golden/<name>.json records (over tests/golden/runs.py's COMMON settings; tests/unit/test_golden.py
+  repeats them). A server optimizer declares its golden runs in its class (protocols/optimizers).
+Both are plain dicts and tuples, checked here for form (a run's mode one of the family's, a flow of its own message
+types); tests/unit/test_catalog.py checks each mode has them.
 Dotted paths (`module:name`, a module relative to this package when it starts with '.') are imported when first
 used, so importing the catalog (config.py does, and so does the ClientApp's routing in a deployed node's
-per-message process) loads neither torch nor Flower. Everything else derives from it: config.MODES and the protocol
-sections of ExperimentConfig, the ClientApp's routing (nodeapp.py, protocols.register_client_handlers), the choices
-`pubswap keys` lists, and the tests' lists of modes (tests/unit/test_catalog.py checks they agree).
+per-message process) loads neither torch nor Flower (an import contract in pyproject.toml, `lint-imports`).
+Everything else derives from it: config.MODES and the protocol sections of ExperimentConfig, the ClientApp's routing
+(nodeapp.py, protocols.register_client_handlers), the choices `pubswap keys` lists, and the tests' lists of modes,
+runs and flows (test_rounds, test_properties, test_attack_properties, tests/golden/runs.py, test_catalog).
 
-To add a mode: write protocols/<mode>.py like fedavg.py (the smallest) and declare it here; then its tests, its
-golden run (tests/golden/runs.py) and its row in docs/protocols.md. A mode sending another family's messages
-(FedProx is FedAvg with mu) is one more entry in that family's `modes`. A server optimizer (fedavgm, fedadam) is
-not a mode: it is a module in protocols/optimizers/, which registers itself.
+To add a mode, touch these files:
+1. protocols/<mode>.py like fedavg.py (the smallest): its messages, server class and client handlers;
+2. this file: its `register(Protocol(...))` with modes, handlers, section and validate if any, smoke_runs (with
+   flows covering every message type) and golden_runs;
+3. tests/golden/<run>.json for each golden run, recorded with `python -m tests.golden.runs write <run>`;
+4. docs/protocols.md: its row in "Messages per round", naming its message types;
+5. its own tests of what the shared ones do not cover (e.g. tests/protocols/test_<mode>.py);
+and, for a new family only, its checkpoint state in tests/protocols/test_attack_properties.py (PROTOCOL).
+tests/unit/test_catalog.py fails, naming the mode, when any of 2-4 is missing. A mode sending another family's
+messages (FedProx is FedAvg with mu) is one more entry in that family's `modes` (and its smoke and golden runs). A
+server optimizer (fedavgm, fedadam) is not a mode: it is a module in protocols/optimizers/, which registers itself
+and declares its golden run there.
 """
 
 from __future__ import annotations
 
 import importlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from ..config_keys import MAX_COMPLETIONS_PER_BATCH, ConfigError, between, fraction, one_of, opt
@@ -46,6 +63,10 @@ class Protocol:
     section: tuple[str, type] | None = None  # (section name, its dataclass)
     validate: Callable[["ExperimentConfig"], None] | None = None
     averages_adapters: bool = True
+    # run name -> {"config": flat overrides with its strategy.mode, "flow": the message types a round sends}
+    smoke_runs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # run name -> {"config": flat overrides with its strategy.mode, "nodes": how many}
+    golden_runs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 CATALOG: dict[str, Protocol] = {}  # strategy.mode -> its family's declaration, in registration order
@@ -67,6 +88,8 @@ def register(protocol: Protocol) -> Protocol:
         _check_path(path)
     if protocol.section is not None and protocol.section[0] in sections():
         raise ValueError(f"protocol {protocol.family!r}: section {protocol.section[0]!r} is already declared")
+    _check_runs(protocol, "smoke", protocol.smoke_runs, smoke_runs(), ("config", "flow"))
+    _check_runs(protocol, "golden", protocol.golden_runs, golden_runs(), ("config", "nodes"))
     for mode in protocol.modes:
         CATALOG[mode] = protocol
     return protocol
@@ -76,6 +99,24 @@ def _check_path(path: str) -> None:
     module, sep, name = path.partition(":")
     if not (module and sep and name.isidentifier()):
         raise ValueError(f"{path!r} is not a dotted path 'module:name'")
+
+
+def _check_runs(protocol: Protocol, kind: str, runs: Mapping[str, Mapping[str, Any]], declared: Mapping[str, Any],
+                fields: tuple[str, str]) -> None:
+    for name, run in runs.items():
+        where = f"protocol {protocol.family!r}: {kind} run {name!r}"
+        if not MODE_NAME.fullmatch(name) or name in declared:
+            raise ValueError(f"{where} is malformed or already declared")
+        if not isinstance(run, Mapping) or sorted(run) != sorted(fields):
+            raise ValueError(f"{where} must be a mapping of exactly {' and '.join(fields)}")
+        if run["config"].get("strategy.mode") not in protocol.modes:
+            raise ValueError(f"{where}: its config's strategy.mode must be one of {sorted(protocol.modes)}")
+        if kind == "smoke":
+            flow = run["flow"]
+            if not isinstance(flow, tuple) or not flow or not set(flow) <= set(protocol.handlers):
+                raise ValueError(f"{where}: its flow must be a non-empty tuple of {sorted(protocol.handlers)}")
+        elif not isinstance(run["nodes"], int) or run["nodes"] < 1:
+            raise ValueError(f"{where}: nodes must be a positive int")
 
 
 def load(path: str) -> Any:
@@ -113,6 +154,17 @@ def owner(message_type: str) -> Protocol:
     raise ValueError(f"no protocol sends message type {message_type!r}")
 
 
+def smoke_runs() -> dict[str, Mapping[str, Any]]:
+    """Every family's smoke runs, name -> {"config", "flow"}, in declaration order (tests/protocols run them)."""
+    return {name: run for p in families() for name, run in p.smoke_runs.items()}
+
+
+def golden_runs() -> dict[str, Mapping[str, Any]]:
+    """Every family's golden runs, name -> {"config", "nodes"}, in declaration order (tests/golden/runs.py adds
+    the server optimizers' own)."""
+    return {name: run for p in families() for name, run in p.golden_runs.items()}
+
+
 def sections() -> dict[str, type]:
     """The protocols' own config sections, name -> dataclass, in declaration order."""
     return dict(p.section for p in families() if p.section is not None)
@@ -140,8 +192,16 @@ def _adapter_keys_unused(cfg: "ExperimentConfig") -> None:
 
 
 # -- the protocols -------------------------------------------------------------------------------------------------
+# Each family's smoke runs (2-round in-process runs of 3 nodes, tests/protocols) and golden runs (tests/golden, over
+# the common settings in tests/golden/runs.py) are config overrides; a smoke run's flow is the message types one
+# round sends, in order, each to every node.
 register(Protocol("fedavg", modes={"fedavg": ".fedavg:FedAvgProtocol", "fedprox": ".fedavg:FedProxProtocol"},
-                  handlers={"train.local_round": ".fedavg:local_round"}))
+                  handlers={"train.local_round": ".fedavg:local_round"},
+                  smoke_runs={"fedavg": {"config": {"strategy.mode": "fedavg"}, "flow": ("train.local_round",)},
+                              "fedprox": {"config": {"strategy.mode": "fedprox"}, "flow": ("train.local_round",)}},
+                  golden_runs={"fedavg": {"config": {"strategy.mode": "fedavg"}, "nodes": 3},
+                               "fedprox": {"config": {"strategy.mode": "fedprox", "strategy.proximal-mu": 0.05},
+                                           "nodes": 3}}))
 
 
 @dataclass(frozen=True)
@@ -200,9 +260,19 @@ def check_pubswap(cfg: "ExperimentConfig") -> None:
                           "step")
 
 
+_PUBSWAP_GOLDEN = {"strategy.mode": "pubswap", "pubswap.tau-swap": 1, "pubswap.public-prompts": 2}
 register(Protocol("pubswap", modes={"pubswap": ".pubswap:PubSwapProtocol"},
                   handlers={"train.segment": ".pubswap:segment"}, section=("pubswap", PubSwapConfig),
-                  validate=check_pubswap))
+                  validate=check_pubswap,
+                  # tau = 2, tau_swap = 1: public steps 1 and 2, so 3 segments
+                  smoke_runs={"pubswap": {"config": {"strategy.mode": "pubswap", "train.local-steps": 2,
+                                                     "pubswap.tau-swap": 1, "pubswap.public-prompts": 2},
+                                          "flow": ("train.segment",) * 3}},
+                  golden_runs={"pubswap-balanced": {"config": {**_PUBSWAP_GOLDEN, "pubswap.swap": "balanced"},
+                                                    "nodes": 3},
+                               "pubswap-random": {"config": {**_PUBSWAP_GOLDEN, "pubswap.swap": "random",
+                                                             "pubswap.base": "fedprox"}, "nodes": 3},
+                               "pubswap-none": {"config": {**_PUBSWAP_GOLDEN, "pubswap.swap": "none"}, "nodes": 3}}))
 
 
 @dataclass(frozen=True)
@@ -243,7 +313,21 @@ def check_sapo(cfg: "ExperimentConfig") -> None:
                           f"{MAX_COMPLETIONS_PER_BATCH} completions per round")
 
 
+_SAPO_SMOKE = {"strategy.mode": "sapo", "sapo.questions": 3, "sapo.completions": 4, "sapo.local": 2,
+               "sapo.external": 2, "sapo.share": 3}
+_SAPO_GOLDEN = {**_SAPO_SMOKE, "sapo.sharing": "fixed"}  # the behaviour these runs were recorded with (before #13)
 register(Protocol("sapo", modes={"sapo": ".sapo:SapoProtocol"},
                   handlers={"query.rollouts": ".sapo:collect_rollouts", "train.sapo": ".sapo:sapo_train",
                             "train.sapo_async": ".sapo:sapo_async_round"},
-                  section=("sapo", SapoConfig), validate=check_sapo, averages_adapters=False))
+                  section=("sapo", SapoConfig), validate=check_sapo, averages_adapters=False,
+                  smoke_runs={"sapo": {"config": _SAPO_SMOKE, "flow": ("query.rollouts", "train.sapo")},
+                              "sapo-async": {"config": {**_SAPO_SMOKE, "sapo.async": True},
+                                             "flow": ("train.sapo_async",)}},
+                  golden_runs={"sapo-sync": {"config": _SAPO_GOLDEN, "nodes": 3},
+                               "sapo-async": {"config": {**_SAPO_GOLDEN, "sapo.async": True, "num-server-rounds": 3},
+                                              "nodes": 3},
+                               "sapo-two-models": {"config": {**_SAPO_GOLDEN,
+                                                              "model.node-models": "embedded:tiny,embedded:tiny-b"},
+                                                   "nodes": 4},
+                               "sapo-paper-sharing": {"config": {**_SAPO_GOLDEN, "sapo.sharing": "local",
+                                                                 "eval.samples": 3}, "nodes": 3}}))

@@ -11,33 +11,23 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from pubswap_flwr.protocols import optimizers  # light: numpy only
+from pubswap_flwr.protocols import catalog, optimizers  # light: numpy only
 
 GOLDEN_DIR = Path(__file__).resolve().parent
 
-# eval.samples = 1, sapo.sharing = "fixed" and graded rewards were the behaviour these runs were recorded with
-# (before #13)
+# every golden run's settings under its own overrides; eval.samples = 1 and graded rewards were the behaviour these
+# runs were recorded with (before #13)
 COMMON = {"seed": 3, "num-server-rounds": 2, "train.local-steps": 2, "train.prompts-per-step": 2,
           "train.completions-per-prompt": 4, "eval.items-per-task": 6, "eval.samples": 1, "tasks.partial-credit": True,
           "model.threads": 1}
-SAPO = {"strategy.mode": "sapo", "sapo.questions": 3, "sapo.completions": 4, "sapo.local": 2, "sapo.external": 2,
-        "sapo.share": 3, "sapo.sharing": "fixed"}
-PUBSWAP = {"strategy.mode": "pubswap", "pubswap.tau-swap": 1, "pubswap.public-prompts": 2}
-
+# each mode's golden runs are declared in its catalog entry (pubswap_flwr/protocols/catalog.py), each server
+# optimizer's in its class (pubswap_flwr/protocols/optimizers)
+DECLARED = {**catalog.golden_runs(), **optimizers.golden_runs()}
 # name -> (run config, nodes)
-RUNS: dict[str, tuple[dict[str, Any], int]] = {
-    "fedavg": ({**COMMON}, 3),
-    "fedprox": ({**COMMON, "strategy.mode": "fedprox", "strategy.proximal-mu": 0.05}, 3),
-    "pubswap-balanced": ({**COMMON, **PUBSWAP, "pubswap.swap": "balanced"}, 3),
-    "pubswap-random": ({**COMMON, **PUBSWAP, "pubswap.swap": "random", "pubswap.base": "fedprox"}, 3),
-    "sapo-sync": ({**COMMON, **SAPO}, 3),
-    "sapo-async": ({**COMMON, **SAPO, "sapo.async": True, "num-server-rounds": 3}, 3),
-    "sapo-two-models": ({**COMMON, **SAPO, "model.node-models": "embedded:tiny,embedded:tiny-b"}, 4),
-    "sapo-paper-sharing": ({**COMMON, **SAPO, "sapo.sharing": "local", "eval.samples": 3}, 3),
-    "pubswap-none": ({**COMMON, **PUBSWAP, "pubswap.swap": "none"}, 3),
-}
-# every server optimizer (pubswap_flwr/protocols/optimizers) has one: FedAvg with it, at its defaults
-RUNS.update({name: ({**COMMON, "strategy.server-optimizer": name}, 3) for name in optimizers.names() if name != "none"})
+RUNS: dict[str, tuple[dict[str, Any], int]] = {name: ({**COMMON, **run["config"]}, run["nodes"])
+                                               for name, run in DECLARED.items()}
+SAPO = dict(DECLARED["sapo-sync"]["config"])  # SAPO's and PubSwap's golden settings (the beyond-papers runs use them)
+PUBSWAP = dict(DECLARED["pubswap-balanced"]["config"])  # pubswap.swap = "balanced" is the default
 
 VARYING_ROW_KEYS = {"time", "bytes"}
 VARYING_CLIENT_KEYS = {"bytes_sent", "bytes_received", "sample_s", "update_s", "handler_s"}

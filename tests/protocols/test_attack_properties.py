@@ -23,6 +23,7 @@ from pubswap_flwr import checkpoint
 from pubswap_flwr.checkpoint import CheckpointError, ServerCheckpoint
 from pubswap_flwr.compression import Codec, Quantized
 from pubswap_flwr.config import ExperimentConfig
+from pubswap_flwr.protocols import catalog
 from pubswap_flwr.rollouts import Behaviour
 from pubswap_flwr.shared import task_universe
 from pubswap_flwr.wire import ADAPTER_KEY, PAYLOAD_KEY, QUANTIZED_KEY, payload_from_record, payload_record
@@ -32,8 +33,10 @@ from tests.protocols.test_attacks import ADAPTER, ATTACKER, PACKET, STEP, _hones
 QUICK = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 # -- adapters of any dtype, shape and magnitude -------------------------------------------------------------------
-MODES = {"fedavg": {}, "pubswap": {"strategy.mode": "pubswap", "train.local-steps": 1, "pubswap.tau-swap": 1,
-                                   "pubswap.public-prompts": 1, "train.completions-per-prompt": 2}}
+# every smoke run of the catalog whose mode averages adapters, one local step of two completions per prompt
+MODES = {name: {**run["config"], "train.local-steps": 1, "train.completions-per-prompt": 2}
+         for name, run in catalog.smoke_runs().items()
+         if catalog.protocol(run["config"]["strategy.mode"]).averages_adapters}
 magnitudes = st.one_of(st.floats(allow_nan=True, allow_infinity=True),
                        st.sampled_from([6e4, 65504.0, 65519.0, -65504.0, 1e300, -1e300, 3.4e38, 1e-40, 5.96e-8]))
 
@@ -221,15 +224,17 @@ def test_any_frames_from_a_peer_are_answered_or_dropped_in_time_and_never_stop_t
 
 
 # -- checkpoint state.json mutations: every key, every type --------------------------------------------------------
-FLATS = {
-    "fedavg": ExperimentConfig.from_flat({"run-name": "x", "num-server-rounds": 3}).to_flat(),
-    "pubswap": ExperimentConfig.from_flat({"run-name": "x", "num-server-rounds": 3, "strategy.mode": "pubswap",
-                                           "strategy.compression": "int8"}).to_flat(),
-    "sapo": ExperimentConfig.from_flat({"run-name": "x", "num-server-rounds": 3, "strategy.mode": "sapo",
-                                        "sapo.async": True}).to_flat(),
-}
+# one checkpoint per protocol family (its first mode); these settings put more of a family's state into state.json
+CHECKPOINT_SETTINGS = {"pubswap": {"strategy.compression": "int8"}, "sapo": {"sapo.async": True}}
+FAMILIES = {p.family: p for p in catalog.families()}
+FLATS = {family: ExperimentConfig.from_flat({"run-name": "x", "num-server-rounds": 3,
+                                             "strategy.mode": next(iter(p.modes)),
+                                             **CHECKPOINT_SETTINGS.get(family, {})}).to_flat()
+         for family, p in FAMILIES.items()}
+# each family's protocol state and extra adapters in its checkpoint (a new family adds its own here)
 PROTOCOL = {"fedavg": {}, "pubswap": {"public_cursor": 8, "last_disagreement": 0.5, "downlink_holders": [7, 8]},
             "sapo": {"sapo_pool": [PACKET]}}
+EXTRA_ADAPTERS = {"pubswap": {"downlink": ADAPTER}}
 RAW = "__raw__"  # replaced by raw JSON text no Python value dumps to
 raw_texts = st.sampled_from(["9" * 5000, "-" + "9" * 4400, "NaN", "Infinity", "-Infinity", "1e999",
                              "[" * 5000 + "]" * 5000, '{"a":' * 3000 + "1" + "}" * 3000, '"\\ud800"'])
@@ -261,7 +266,7 @@ def _base(mode: str) -> Path:
         for number in (1, 2):
             checkpoint.save(run, ServerCheckpoint(
                 number, FLATS[mode], 0.5 * number, {7: 0, 8: 1}, {0: number, 1: number}, PROTOCOL[mode],
-                None if mode == "sapo" else ADAPTER, {"downlink": ADAPTER} if mode == "pubswap" else {}))
+                ADAPTER if FAMILIES[mode].averages_adapters else None, EXTRA_ADAPTERS.get(mode, {})))
         _BASE[mode] = run
     return _BASE[mode]
 
@@ -278,6 +283,11 @@ def _restores(loaded: ServerCheckpoint) -> None:
     runner = Runner(cfg, recorder=None, protocol=protocol, evaluator=evaluator)
     runner.exchange = SimpleNamespace(node_index={}, accepted_round={})
     assert runner._restore(loaded) == loaded.round
+
+
+def test_every_protocol_family_has_a_checkpoint_state_to_mutate():
+    missing = sorted(set(FAMILIES) - set(PROTOCOL))
+    assert not missing, f"protocol families without their checkpoint state in PROTOCOL: {missing}"
 
 
 @pytest.mark.parametrize("mode", list(FLATS))

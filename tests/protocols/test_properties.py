@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from pubswap_flwr.config import ExperimentConfig
 from pubswap_flwr.exchange import Exchange
 from pubswap_flwr.metrics import RunRecorder, read_metrics
-from pubswap_flwr.protocols import protocol_class
+from pubswap_flwr.protocols import catalog, protocol_class
 from pubswap_flwr.protocols.base import RoundContext
 from pubswap_flwr.roundlog import RoundLog
 from pubswap_flwr.runner import Runner
@@ -28,13 +28,9 @@ from tests.protocols.fake_clients import FakeClientsGrid
 
 ADAPTER = {"m.lora_A.weight": np.full((2, 4), 0.5, dtype=np.float32),
            "m.lora_B.weight": np.zeros((4, 2), dtype=np.float32)}
-MODES = {
-    "fedavg": {},
-    "pubswap": {"strategy.mode": "pubswap", "train.local-steps": 2, "pubswap.tau-swap": 1, "pubswap.public-prompts": 2,
-                "train.completions-per-prompt": 4},
-    "sapo": {"strategy.mode": "sapo", "sapo.completions": 4},
-    "sapo-async": {"strategy.mode": "sapo", "sapo.async": True, "sapo.completions": 4},
-}
+# every smoke run of the catalog, on the settings the fake clients answer for
+BASE = {"seed": 1, "strategy.min-clients": 2, "train.local-steps": 2, "train.completions-per-prompt": 4}
+MODES = {name: {**BASE, **run["config"]} for name, run in catalog.smoke_runs().items()}
 METRIC_KEYS = ["node-index", "num-examples", "cumulative-reward", "total-steps", "t-start", "t-end",
                "sample-seconds", "train-reward", "train-completions", "external-used", "eval-seconds",
                "scoring-timeouts"]
@@ -110,7 +106,7 @@ def apply(mutation, content: RecordDict) -> RecordDict:
 
 
 def _round(mode: str, mutation) -> tuple[dict, dict]:
-    cfg = ExperimentConfig.from_flat({"seed": 1, "strategy.min-clients": 2, **MODES[mode]})
+    cfg = ExperimentConfig.from_flat(MODES[mode])
     protocol = protocol_class(cfg.strategy.mode)(cfg, task_universe(cfg).public)
     if protocol.holds_global_adapter:
         protocol.master = {k: v.copy() for k, v in ADAPTER.items()}

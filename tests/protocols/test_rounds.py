@@ -9,29 +9,17 @@ from collections import Counter
 import pytest
 
 from pubswap_flwr.metrics import read_metrics
+from pubswap_flwr.protocols import catalog
 from pubswap_flwr.simulation import simulate_in_process
 from tests.golden.runs import comparable
 
 TINY = {"seed": 5, "train.prompts-per-step": 2, "train.completions-per-prompt": 4, "eval.items-per-task": 3,
         "eval.samples": 1, "eval.sampled": False,
         "train.local-steps": 2}
-SAPO = {"strategy.mode": "sapo", "sapo.questions": 3, "sapo.completions": 4, "sapo.local": 2, "sapo.external": 2,
-        "sapo.share": 3}
-MODES = {
-    "fedavg": {},
-    "fedprox": {"strategy.mode": "fedprox"},
-    "pubswap": {"strategy.mode": "pubswap", "pubswap.tau-swap": 1, "pubswap.public-prompts": 2},
-    "sapo": SAPO,
-    "sapo-async": {**SAPO, "sapo.async": True},
-}
-# message types per round, in order, for 3 nodes
-FLOWS = {
-    "fedavg": ["train.local_round"] * 3,
-    "fedprox": ["train.local_round"] * 3,
-    "pubswap": ["train.segment"] * 9,  # tau = 2, tau_swap = 1: public steps 1 and 2, so 3 segments
-    "sapo": ["query.rollouts"] * 3 + ["train.sapo"] * 3,
-    "sapo-async": ["train.sapo_async"] * 3,
-}
+NODES = 3
+# each mode's smoke runs, as its catalog entry declares them: name -> {"config": overrides, "flow": message types}
+SMOKE = catalog.smoke_runs()
+SAPO = SMOKE["sapo"]["config"]
 
 
 def _partition(context) -> int:
@@ -50,18 +38,19 @@ def _record(seen: list):
     return deliver
 
 
-@pytest.mark.parametrize("mode", [m for m in MODES if m != "fedprox"])  # fedprox sends fedavg's messages
-def test_each_round_sends_the_modes_message_types(tmp_path, mode):
+@pytest.mark.parametrize("name", list(SMOKE))
+def test_each_round_sends_the_modes_message_types(tmp_path, name):
     seen: list = []
-    simulate_in_process({**TINY, **MODES[mode], "num-server-rounds": 2, "output.dir": str(tmp_path),
-                         "run-name": mode}, 3, deliver=_record(seen))
-    for number in (1, 2):
-        assert [t for r, t, _ in seen if r == number] == FLOWS[mode]
-    rows = read_metrics(tmp_path / mode)
+    simulate_in_process({**TINY, **SMOKE[name]["config"], "num-server-rounds": 2, "output.dir": str(tmp_path),
+                         "run-name": name}, NODES, deliver=_record(seen))
+    for number in (1, 2):  # each message type of the flow goes to every node before the next one is sent
+        assert [t for r, t, _ in seen if r == number] == [t for t in SMOKE[name]["flow"] for _ in range(NODES)]
+    rows = read_metrics(tmp_path / name)
     assert [r["round"] for r in rows] == [0, 1, 2]
-    assert all(len(r["clients"]) == 3 and not r["dropped"] for r in rows[1:])
+    assert all(len(r["clients"]) == NODES and not r["dropped"] for r in rows[1:])
     weights = sum(r["bytes"]["array_records"] for r in rows[1:])
-    assert (weights == 0) == mode.startswith("sapo")  # no weights ever cross the network in sapo
+    averages = catalog.protocol(SMOKE[name]["config"]["strategy.mode"]).averages_adapters
+    assert (weights == 0) == (not averages)  # no weights ever cross the network in a mode that averages none
 
 
 def _raise_in_round_one(message_type: str, partition: int):
@@ -75,7 +64,7 @@ def _raise_in_round_one(message_type: str, partition: int):
 @pytest.mark.parametrize("mode,message_type", [("pubswap", "train.segment"), ("sapo", "query.rollouts"),
                                                ("sapo", "train.sapo")])  # fedavg: tests/integration, hostile tests
 def test_a_client_raising_is_dropped_and_the_round_goes_on(tmp_path, mode, message_type):
-    simulate_in_process({**TINY, **MODES[mode], "num-server-rounds": 2, "output.dir": str(tmp_path),
+    simulate_in_process({**TINY, **SMOKE[mode]["config"], "num-server-rounds": 2, "output.dir": str(tmp_path),
                          "run-name": "drop"}, 3, client_hook=_raise_in_round_one(message_type, 1))
     rows = read_metrics(tmp_path / "drop")
     (reason,) = rows[1]["dropped"].values()
@@ -116,7 +105,7 @@ def _die_in_round_three(msg, context, call):
 
 @pytest.mark.parametrize("mode", ["pubswap", "sapo-async"])
 def test_a_run_resumed_after_the_server_died_mid_round_repeats_the_uninterrupted_metrics(tmp_path, mode):
-    config = {**TINY, **MODES[mode], "num-server-rounds": 3, "eval.every": 0, "output.dir": str(tmp_path)}
+    config = {**TINY, **SMOKE[mode]["config"], "num-server-rounds": 3, "eval.every": 0, "output.dir": str(tmp_path)}
     simulate_in_process({**config, "run-name": "full"}, 2)
     with pytest.raises(ServerDied):
         simulate_in_process({**config, "run-name": "cut"}, 2, deliver=_die_in_round_three)
@@ -128,7 +117,7 @@ def test_a_run_resumed_after_the_server_died_mid_round_repeats_the_uninterrupted
     assert comparable(full) == comparable(cut)
     assert json.loads((tmp_path / "cut" / "status.json").read_text())["status"] == "completed"
     types = Counter(r["mode"] for r in cut)
-    assert types == Counter({MODES[mode].get("strategy.mode", "fedavg"): 4})
+    assert types == Counter({SMOKE[mode]["config"]["strategy.mode"]: 4})
 
 
 def _count_shared(counts: dict):

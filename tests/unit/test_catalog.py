@@ -1,10 +1,13 @@
 """The catalog of protocols is the one list of modes and message types: config.MODES, `pubswap keys`, the ClientApp's
 routing (light and in-process) and every protocol module agree with it, and importing it loads neither torch nor
-Flower."""
+Flower. Every mode has what the tests derive from its entry (a smoke run with its flow, a golden run and its recorded
+file), a row in docs/protocols.md and its place in `pubswap keys`; every server optimizer has its golden run."""
 
 from __future__ import annotations
 
+import importlib
 import inspect
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,9 +16,10 @@ import pytest
 
 from pubswap_flwr import cli, nodeapp
 from pubswap_flwr.config import MODES, SECTIONS, ExperimentConfig, key_choices, key_table
-from pubswap_flwr.protocols import catalog, client_handlers, protocol_class, register_client_handlers
+from pubswap_flwr.protocols import catalog, client_handlers, optimizers, protocol_class, register_client_handlers
 
 PROJECT = Path(__file__).resolve().parents[2]
+GOLDEN_DIR = PROJECT / "tests" / "golden"  # tests/golden/runs.py's, not imported: it needs runs this file checks
 
 
 def _routed(app) -> list[str]:
@@ -55,10 +59,16 @@ def test_every_declared_path_names_a_server_class_or_a_handler_of_that_protocol(
 
 
 def test_every_instruction_type_is_routed():
-    from pubswap_flwr.protocols import base, fedavg, pubswap, sapo  # noqa: F401 - their Instruction subclasses
+    from pubswap_flwr.protocols import base
 
+    for path in _declared_paths():  # every protocol module: their Instruction subclasses
+        importlib.import_module(path.partition(":")[0], catalog.__package__)
     sent = {c.message_type for c in _subclasses(base.Instruction) if "message_type" in vars(c)}
     assert sent == set(catalog.message_types())
+
+
+def _declared_paths() -> list[str]:
+    return [path for p in catalog.families() for path in [*p.modes.values(), *p.handlers.values()]]
 
 
 def _subclasses(cls: type) -> list[type]:
@@ -82,10 +92,23 @@ def test_a_protocols_section_is_a_config_section_with_its_keys():
     (catalog.Protocol("x", modes={"x": ".x:X"}, handlers={"query.gen-x": ".x:f"}), "is not train.<action>"),
     (catalog.Protocol("x", modes={"x": "x.X"}, handlers={}), "is not a dotted path"),
     (catalog.Protocol("x", modes={"x": ".x:X"}, handlers={}, section=("sapo", object)), "section 'sapo' is already"),
+    (catalog.Protocol("x", modes={"x": ".x:X"}, handlers={"train.x": ".x:f"},
+                      smoke_runs={"x": {"config": {"strategy.mode": "x"}}}),
+     "smoke run 'x' must be a mapping of exactly config and flow"),
+    (catalog.Protocol("x", modes={"x": ".x:X"}, handlers={"train.x": ".x:f"},
+                      smoke_runs={"x": {"config": {"strategy.mode": "fedavg"}, "flow": ("train.x",)}}),
+     "smoke run 'x': its config's strategy.mode must be one of ['x']"),
+    (catalog.Protocol("x", modes={"x": ".x:X"}, handlers={"train.x": ".x:f"},
+                      smoke_runs={"x": {"config": {"strategy.mode": "x"}, "flow": ("train.local_round",)}}),
+     "smoke run 'x': its flow must be a non-empty tuple of ['train.x']"),
+    (catalog.Protocol("x", modes={"x": ".x:X"}, handlers={}, smoke_runs={"fedavg": {}}),
+     "smoke run 'fedavg' is malformed or already declared"),
+    (catalog.Protocol("x", modes={"x": ".x:X"}, handlers={},
+                      golden_runs={"x": {"config": {"strategy.mode": "x"}, "nodes": 0}}), "nodes must be a positive"),
 ])
 def test_a_clashing_or_malformed_declaration_is_refused_and_leaves_the_catalog_as_it_was(declaration, problem):
     before = dict(catalog.CATALOG)
-    with pytest.raises(ValueError, match=problem.replace("(", r"\(").replace(".", r"\.")):
+    with pytest.raises(ValueError, match=re.escape(problem)):
         catalog.register(declaration)
     assert catalog.CATALOG == before
 
@@ -100,3 +123,89 @@ def test_importing_the_catalog_and_the_config_loads_neither_torch_nor_flower_nor
             "print(sorted(m for m in ('torch', 'flwr', 'pubswap_flwr.protocols.base') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=PROJECT)
     assert done.stdout.strip() == "[]"
+
+
+# -- what each mode must have: the tests derive their lists from the catalog, so a mode without these goes untested
+def _runs_of(mode: str, runs: dict) -> list[str]:
+    return [name for name, run in runs.items() if run["config"]["strategy.mode"] == mode]
+
+
+@pytest.mark.parametrize("mode", catalog.modes())
+def test_every_mode_has_a_smoke_run_with_its_flow(mode):
+    runs = _runs_of(mode, catalog.smoke_runs())
+    assert runs, f"mode {mode!r} has no smoke run: declare one in its catalog entry's smoke_runs"
+    for name in runs:
+        assert catalog.smoke_runs()[name]["flow"], f"mode {mode!r}: smoke run {name!r} declares no flow"
+
+
+@pytest.mark.parametrize("family", [p.family for p in catalog.families()])
+def test_every_message_type_of_a_family_is_in_a_smoke_runs_flow(family):
+    declared = next(p for p in catalog.families() if p.family == family)
+    flown = {t for run in declared.smoke_runs.values() for t in run["flow"]}
+    missing = [t for t in declared.handlers if t not in flown]
+    assert not missing, f"protocol {family!r}: message types {missing} are in no smoke run's flow"
+
+
+@pytest.mark.parametrize("mode", catalog.modes())
+def test_every_mode_has_a_golden_run_and_its_recorded_file(mode):
+    runs = _runs_of(mode, catalog.golden_runs())
+    assert runs, f"mode {mode!r} has no golden run: declare one in its catalog entry's golden_runs"
+    for name in runs:
+        assert (GOLDEN_DIR / f"{name}.json").is_file(), \
+            f"mode {mode!r}: golden run {name!r} has no file tests/golden/{name}.json (record it: python -m " \
+            f"tests.golden.runs write {name})"
+
+
+@pytest.mark.parametrize("optimizer", [n for n in optimizers.names() if n != "none"])
+def test_every_server_optimizer_has_a_golden_run_and_its_recorded_file(optimizer):
+    runs = [name for name, run in optimizers.OPTIMIZERS[optimizer].golden_runs.items()
+            if run["config"].get("strategy.server-optimizer") == optimizer]
+    assert runs, f"server optimizer {optimizer!r} has no golden run: declare one in its class's golden_runs"
+    for name in runs:
+        assert (GOLDEN_DIR / f"{name}.json").is_file(), \
+            f"server optimizer {optimizer!r}: golden run {name!r} has no file tests/golden/{name}.json"
+
+
+def test_every_golden_file_is_a_declared_golden_run():
+    from tests.golden.runs import DECLARED
+
+    recorded = sorted(path.stem for path in GOLDEN_DIR.glob("*.json"))
+    assert not set(recorded) - set(DECLARED), f"golden files no run declares: {sorted(set(recorded) - set(DECLARED))}"
+    assert len(DECLARED) == len(catalog.golden_runs()) + len(optimizers.golden_runs())  # no name declared twice
+
+
+def _documented_modes() -> dict[str, str]:
+    """Mode -> its row of the table in docs/protocols.md's "Messages per round" (first cell: modes joined by '/',
+    a variant in parentheses)."""
+    text = (PROJECT / "docs" / "protocols.md").read_text()
+    section = text.split("## Messages per round", 1)[1].split("\n## ", 1)[0]
+    rows: dict[str, str] = {}
+    for line in section.splitlines():
+        if line.startswith("|") and not line.startswith("|---"):
+            first = re.sub(r"\(.*?\)", "", line.split("|")[1])
+            for name in first.split("/"):
+                rows[name.strip()] = rows.get(name.strip(), "") + line
+    return rows
+
+
+@pytest.mark.parametrize("mode", catalog.modes())
+def test_every_mode_has_a_row_in_docs_protocols_naming_its_message_types(mode):
+    rows = _documented_modes()
+    assert mode in rows, f"mode {mode!r} has no row in docs/protocols.md's table 'Messages per round'"
+    flows = {t for name in _runs_of(mode, catalog.smoke_runs()) for t in catalog.smoke_runs()[name]["flow"]}
+    missing = sorted(t for t in flows if f"`{t}`" not in rows[mode])
+    assert not missing, f"mode {mode!r}: its rows in docs/protocols.md do not name message types {missing}"
+
+
+@pytest.mark.parametrize("mode", catalog.modes())
+def test_every_mode_and_its_section_are_listed_by_pubswap_keys(mode, capsys):
+    assert cli.main(["keys"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    line = next(line for line in lines if line.split()[0] == "strategy.mode")
+    choices = re.search(r"\(one of: ([^)]*)\)", line).group(1).split(" | ")
+    assert mode in choices, f"mode {mode!r} is not among strategy.mode's choices in `pubswap keys`: {line}"
+    section = catalog.protocol(mode).section
+    if section is not None:
+        listed = {line.split()[0] for line in lines if line.startswith(f"{section[0]}.")}
+        assert listed == {key for key in key_table() if key.startswith(f"{section[0]}.")} != set(), \
+            f"mode {mode!r}: `pubswap keys` does not list its section {section[0]!r}"

@@ -1,5 +1,7 @@
-"""The lint gate (issue #38 item 4): `.ci/run` lints with ruff after setup and before the test command, a lint error
-fails CI with its own message, and the project's ruff rules catch unsorted and unused imports."""
+"""The lint gate (issue #38 item 4): `.ci/run` lints with ruff after setup, then checks the import contracts
+(lint-imports), both before the test command; a lint error or a broken contract fails CI with its own message, the
+project's ruff rules catch unsorted and unused imports, and its import contracts hold today and catch a light module
+importing torch."""
 
 from __future__ import annotations
 
@@ -23,6 +25,11 @@ case "$2" in
     pytest) exit "${PYTEST_RC:-0}" ;;
 esac
 """
+# stands in for .venv/bin/lint-imports
+FAKE_LINT_IMPORTS = """#!/usr/bin/env bash
+echo "lint-imports $*" >> "$CALLS"
+exit "${IMPORTS_RC:-0}"
+"""
 
 
 def test_ci_runs_ruff_after_setup_and_before_the_readme_test_command():
@@ -30,12 +37,15 @@ def test_ci_runs_ruff_after_setup_and_before_the_readme_test_command():
     commands = [line for line in lines if line and not line.startswith("#")]
     setup = next(i for i, line in enumerate(commands) if line.startswith("bash scripts/setup.sh"))
     lint = next(i for i, line in enumerate(commands) if ".venv/bin/python -m ruff check ." in line)
+    contracts = next(i for i, line in enumerate(commands) if ".venv/bin/lint-imports --no-cache" in line)
     test = next(i for i, line in enumerate(commands) if line.startswith(TEST_COMMAND))
-    assert setup < lint < test
-    assert "ruff==0.17.6" in (ROOT / "pyproject.toml").read_text()  # setup.sh installs the test extras
+    assert setup < lint < contracts < test
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert "ruff==0.17.6" in pyproject and "import-linter==2.17" in pyproject  # setup.sh installs the test extras
 
 
-def _run_ci(tmp_path: Path, ruff_rc: int, pytest_rc: int) -> tuple[subprocess.CompletedProcess, list[str]]:
+def _run_ci(tmp_path: Path, ruff_rc: int, pytest_rc: int,
+            imports_rc: int = 0) -> tuple[subprocess.CompletedProcess, list[str]]:
     (tmp_path / ".ci").mkdir()
     shutil.copy(CI_RUN, tmp_path / ".ci" / "run")
     (tmp_path / "scripts").mkdir()
@@ -44,8 +54,12 @@ def _run_ci(tmp_path: Path, ruff_rc: int, pytest_rc: int) -> tuple[subprocess.Co
     python.parent.mkdir(parents=True)
     python.write_text(FAKE_PYTHON)
     python.chmod(0o755)
+    lint_imports = python.parent / "lint-imports"
+    lint_imports.write_text(FAKE_LINT_IMPORTS)
+    lint_imports.chmod(0o755)
     calls = tmp_path / "calls.log"
-    env = {**os.environ, "CALLS": str(calls), "RUFF_RC": str(ruff_rc), "PYTEST_RC": str(pytest_rc)}
+    env = {**os.environ, "CALLS": str(calls), "RUFF_RC": str(ruff_rc), "PYTEST_RC": str(pytest_rc),
+           "IMPORTS_RC": str(imports_rc)}
     result = subprocess.run(["bash", str(tmp_path / ".ci" / "run")], env=env, capture_output=True, text=True,
                             timeout=60)
     return result, calls.read_text().splitlines()
@@ -55,7 +69,7 @@ def _run_ci(tmp_path: Path, ruff_rc: int, pytest_rc: int) -> tuple[subprocess.Co
 def test_ci_lints_then_tests(tmp_path, ruff_rc, pytest_rc, expected_rc):
     result, calls = _run_ci(tmp_path, ruff_rc, pytest_rc)
     assert result.returncode == expected_rc
-    assert calls[0] == "setup" and calls[1] == "python -m ruff check ."
+    assert calls[:3] == ["setup", "python -m ruff check .", "lint-imports --no-cache"]
     assert calls[-1] == "python -m pytest"
     assert ("collected no tests" in result.stderr) == (pytest_rc == 5)
 
@@ -65,6 +79,32 @@ def test_a_lint_error_fails_ci_before_the_tests(tmp_path):
     assert result.returncode == 1
     assert "CI failure: ruff check . found lint errors" in result.stderr
     assert "python -m pytest" not in calls
+
+
+def test_a_broken_import_contract_fails_ci_before_the_tests(tmp_path):
+    result, calls = _run_ci(tmp_path, ruff_rc=0, pytest_rc=0, imports_rc=1)
+    assert result.returncode == 1
+    assert "CI failure: lint-imports found a broken import contract" in result.stderr
+    assert calls == ["setup", "python -m ruff check .", "lint-imports --no-cache"]
+
+
+def _lint_imports(root: Path) -> subprocess.CompletedProcess:
+    """lint-imports with the project's contracts on the package copy under `root`."""
+    lint_imports = Path(sys.executable).parent / "lint-imports"  # the test extras' console script
+    command = [str(lint_imports), "--no-cache", "--config", str(ROOT / "pyproject.toml")]
+    return subprocess.run(command, cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_the_import_contracts_hold_today_and_catch_torch_in_a_light_module(tmp_path):
+    shutil.copytree(ROOT / "pubswap_flwr", tmp_path / "pubswap_flwr", ignore=shutil.ignore_patterns("__pycache__"))
+    kept = _lint_imports(tmp_path)
+    assert kept.returncode == 0 and "0 broken" in kept.stdout, kept.stdout + kept.stderr
+    config_keys = tmp_path / "pubswap_flwr" / "config_keys.py"
+    config_keys.write_text(config_keys.read_text() + "\n\ndef _heavy():\n    import torch\n\n    return torch\n")
+    broken = _lint_imports(tmp_path)
+    assert broken.returncode == 1
+    assert "pubswap_flwr.config_keys -> torch" in broken.stdout and "1 broken" in broken.stdout, broken.stdout
 
 
 def _ruff(tmp_path: Path, source: str) -> subprocess.CompletedProcess:

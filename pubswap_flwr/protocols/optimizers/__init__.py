@@ -4,8 +4,9 @@ and FedAdam for whole models). `strategy.server-optimizer` names one; `strategy.
 family's shared keys (`server-momentum`, `server-beta1`, `server-beta2`, `server-tau`) set it.
 
 Every module in this folder registers its optimizer with `@register("<name>")` (base.py) and is imported here, so
-the config's choices and the protocols find it without a list to extend: adding an optimizer is its module, its
-tests, its golden run and its docs. Importing this package loads numpy only (config.py imports it).
+the config's choices and the protocols find it without a list to extend: adding an optimizer is its module (its
+class declares its golden run in `golden_runs`), its tests, its recorded tests/golden/<name>.json and
+its docs. Importing this package loads numpy only (config.py imports it).
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ def names() -> tuple[str, ...]:
     return ("none", *sorted(n for n in OPTIMIZERS if n != "none"))
 
 
+def golden_runs() -> dict[str, dict]:
+    """Every optimizer's golden runs (tests/golden), name -> {"config", "nodes"}, in `names()` order."""
+    return {run: spec for name in names() for run, spec in OPTIMIZERS[name].golden_runs.items()}
+
+
 def described() -> str:
     """Each optimizer with its one-line doc (`strategy.server-optimizer`'s doc)."""
     return "; ".join(f"{name}: {OPTIMIZERS[name].doc}" for name in names())
@@ -38,4 +44,5 @@ def build(settings: "StrategyConfig") -> ServerOptimizer:
     return OPTIMIZERS[settings.server_optimizer](settings)
 
 
-__all__ = ["OPTIMIZERS", "STATE_KEY", "Adapter", "ServerOptimizer", "build", "described", "names", "norm", "register"]
+__all__ = ["OPTIMIZERS", "STATE_KEY", "Adapter", "ServerOptimizer", "build", "described", "golden_runs", "names",
+           "norm", "register"]

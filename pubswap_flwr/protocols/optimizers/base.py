@@ -44,6 +44,8 @@ class ServerOptimizer:
     doc: ClassVar[str] = ""  # one line for `strategy.server-optimizer`'s doc
     default_lr: ClassVar[float] = 1.0  # eta when strategy.server-lr = 0
     array_names: ClassVar[tuple[str, ...]] = ()
+    # its golden runs (tests/golden): run name -> {"config": flat overrides naming it, "nodes": how many}
+    golden_runs: ClassVar[dict[str, dict[str, Any]]] = {}
 
     def __init__(self, settings: "StrategyConfig"):
         self.settings = settings

@@ -38,6 +38,8 @@ def adam_step(current: Adapter, aggregate: Adapter, m: Adapter | None, v: Adapte
 
 @register("fedadam")
 class FedAdam(ServerOptimizer):
+    golden_runs = {"fedadam": {"config": {"strategy.mode": "fedavg", "strategy.server-optimizer": "fedadam"},
+                               "nodes": 3}}  # FedAvg with it, at its defaults
     doc = ("Adam on the round's update: global += eta m / (sqrt(v) + server-tau), moments decaying by server-beta1 and "
            "server-beta2, bias-corrected (Reddi et al. 2021; eta defaults to 0.003)")
     default_lr = 0.003

@@ -30,6 +30,8 @@ def momentum_step(current: Adapter, aggregate: Adapter, velocity: Adapter | None
 
 @register("fedavgm")
 class FedAvgM(ServerOptimizer):
+    golden_runs = {"fedavgm": {"config": {"strategy.mode": "fedavg", "strategy.server-optimizer": "fedavgm"},
+                               "nodes": 3}}  # FedAvg with it, at its defaults
     doc = ("server momentum: v = server-momentum x v + update, global += eta v (Hsu et al. 2019; eta defaults to 1 - "
            "server-momentum, FedAvg's long-run step)")
     array_names = ("velocity",)
