@@ -15,22 +15,23 @@ also warns when the local SuperLink that will run the app was started from anoth
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from . import logs, preflight, superlink
 from .config import describe, key_choices
-from .metrics import final_adapters, mark_stopped
+from .follow import LogStream, finished_row, follow, status_file_ended
+from .metrics import final_adapters, mark_failed, mark_stopped
 
 FLWR_ENV = {"FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
-FINISHED = "finished:"
 FLOWER_STOPPED = "finished:stopped"  # `flwr ls` status of a run that `flwr stop` ended
+FLOWER_FAILED = "finished:failed"  # a run Flower ended as failed (its ServerApp raised, or it lost its nodes)
 
 
 class FlowerRunError(RuntimeError):
@@ -80,26 +81,24 @@ def submit(app: str | Path, overrides: list[str], federation_config: str, env: d
     return str(reply["run-id"])
 
 
-def wait(run_id: str, env: dict[str, str], connection: str | None = None, poll: float = 2.0,
-         timeout: float | None = None) -> dict:
-    """Poll `flwr ls --run-id` until the run finishes; returns its row (status, status-details, elapsed...)."""
-    deadline = None if timeout is None else time.time() + timeout
-    while True:
-        done = _flwr(["ls"] + ([connection] if connection else []) + ["--run-id", run_id, "--format", "json"], env)
-        try:
-            rows = json.loads(done.stdout[done.stdout.index("{"):]).get("runs", [])
-        except (ValueError, json.JSONDecodeError):
-            rows = []
-        if rows and str(rows[0].get("status", "")).startswith(FINISHED):
-            return rows[0]
-        if deadline is not None and time.time() > deadline:
-            raise FlowerRunError(f"run {run_id} did not finish within {timeout:.0f} s")
-        time.sleep(poll)
+def wait(run_id: str, env: dict[str, str], connection: str | None = None, poll: float | None = None,
+         timeout: float | None = None, ended: Callable[[], bool] = lambda: False) -> dict:
+    """Ask `flwr ls --run-id` until the run finishes; returns its row (status, status-details, elapsed...). Asked on
+    follow.py's back-off (every `poll` seconds when given), and at once when `ended` (cheap) says the run ended."""
+    def ask() -> dict | None:
+        args = ["ls"] + ([connection] if connection else []) + ["--run-id", run_id, "--format", "json"]
+        return finished_row(_flwr(args, env).stdout)
+
+    try:
+        return follow(ask, ended=ended, gaps=None if poll is None else itertools.repeat(poll), timeout=timeout)
+    except TimeoutError as err:
+        raise FlowerRunError(f"run {run_id} {err}") from err
 
 
-def stream_logs(run_id: str, env: dict[str, str], connection: str | None = None) -> subprocess.Popen:
-    return subprocess.Popen([flwr_executable(), "log", run_id] + ([connection] if connection else []) + ["--stream"],
-                            env=env)
+def stream_logs(run_id: str, env: dict[str, str], connection: str | None = None) -> LogStream:
+    """`flwr log RUN --stream` onto stdout, without the noise lines of every run (follow.NOISE)."""
+    return LogStream([flwr_executable(), "log", run_id] + ([connection] if connection else []) + ["--stream"], env,
+                     sys.stdout)
 
 
 def cmd_keys(_: argparse.Namespace) -> int:
@@ -178,23 +177,38 @@ def cmd_run(args: argparse.Namespace) -> int:
         run_id = submit(args.app, config_files, federation, env, args.connection)
     print(f"run {run_id} submitted (stop it with `flwr stop {run_id}" +
           (f" {args.connection}" if args.connection else "") + "`)", flush=True)
-    logs_process = stream_logs(run_id, env, args.connection) if not args.quiet else None
+    log_stream = stream_logs(run_id, env, args.connection) if not args.quiet else None
+    status_ended = status_file_ended(cfg.run_dir(run_id)) if not args.connection else (lambda: False)
     try:
-        row = wait(run_id, env, args.connection)
+        row = wait(run_id, env, args.connection,
+                   ended=lambda: status_ended() or (log_stream is not None and log_stream.ended()))
     finally:
-        if logs_process is not None:
-            logs_process.terminate()
-            logs_process.wait(timeout=10)
+        if log_stream is not None:
+            log_stream.close()
     status = row.get("status")
-    if status == FLOWER_STOPPED and not args.connection and \
-            mark_stopped(cfg.run_dir(run_id), "`flwr stop` (recorded by pubswap run: the run's process ended "
-                                              "without recording it)"):
-        print(f"run {run_id}: {cfg.run_dir(run_id) / 'status.json'} now says stopped")
+    if not args.connection:
+        record_flower_outcome(cfg.run_dir(run_id), run_id, row)
     print(f"run {run_id}: {status} ({row.get('elapsed', 0):.0f} s) {row.get('status-details', '')}")
     if status == "finished:completed" and not args.connection:
         run_dir = cfg.run_dir(run_id)
         print(final_adapters(run_dir, (run_dir / "adapters" / "final").is_dir()))
     return 0 if status == "finished:completed" else 1
+
+
+def record_flower_outcome(run_dir: Path, run_id: str, row: dict) -> None:
+    """A run Flower ended as stopped or failed whose own process could not record it (killed, or told to exit
+    without the reason): its status.json says so now."""
+    status = row.get("status")
+    if status == FLOWER_STOPPED:
+        changed = mark_stopped(run_dir, "`flwr stop` (recorded by pubswap run: the run's process ended without "
+                                        "recording it)")
+    elif status == FLOWER_FAILED:
+        changed = mark_failed(run_dir, f"Flower ended the run as failed: {row.get('status-details') or 'no details'}"
+                                       " (recorded by pubswap run)")
+    else:
+        return
+    if changed:
+        print(f"run {run_id}: {run_dir / 'status.json'} now says {status.split(':', 1)[1]}")
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:

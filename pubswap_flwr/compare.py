@@ -36,6 +36,7 @@ from typing import Any
 
 from .config import ConfigError, ExperimentConfig, flatten, load_toml
 from .metrics import STATUS_FILE
+from .places import outside_checkout, resolve_output
 from .untrusted import one_line
 
 log = logging.getLogger("pubswap_flwr.compare")
@@ -253,7 +254,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     except ValueError as err:  # SweepError, or a bad --ray-address
         print(f"error: {err}", file=sys.stderr)
         return 2
-    out = Path(args.out) / sweep.name
+    out = resolve_output(args.out) / sweep.name
     out.mkdir(parents=True, exist_ok=True)
     outcomes = run_sweep(sweep, out, args.only, args.dry_run, args.report_only)
     if args.dry_run:
@@ -299,11 +300,12 @@ def _report_command(args: argparse.Namespace, runs: list[Path]) -> str:
 def default_report_dir(first_run: Path) -> Path:
     """Where `pubswap report` writes without --out: a sweep's own folder (results/<sweep>/, beside its
     outcomes.json) for its runs, else a `report/` folder beside the runs (runs/report/: never the directory the
-    command runs from, which may be a checkout the next `flwr run` bundles)."""
+    command runs from); for runs inside the project's checkout (docs/results/...), the same path under the user
+    data directory's reports/ instead, since the next `flwr run` bundles the checkout."""
     runs_dir = first_run.resolve().parent
     if (runs_dir.parent / "outcomes.json").is_file():
-        return runs_dir.parent
-    return runs_dir / "report"
+        return outside_checkout(runs_dir.parent)
+    return outside_checkout(runs_dir / "report")
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -327,7 +329,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 def register(sub) -> None:
     compare = sub.add_parser("compare", help="run a sweep of arms x seeds and write the report")
     compare.add_argument("sweep", help="sweep TOML file (see configs/compare-*.toml)")
-    compare.add_argument("--out", default="results", help="results root (default: results/<sweep name>)")
+    compare.add_argument("--out", default="results", help="results root (default: results/<sweep name>; a relative "
+                                                          "path resolves as output.dir does, places.py)")
     compare.add_argument("--only", nargs="*", help="run only these arms")
     compare.add_argument("--dry-run", action="store_true", help="print what would run")
     compare.add_argument("--report-only", action="store_true",

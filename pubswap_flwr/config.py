@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import difflib
 import math
-import os
 import re
 from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
@@ -38,13 +37,13 @@ from .config_keys import (
 from .config_keys import flatten as flatten
 from .config_keys import load_toml as load_toml
 from .config_keys import parse_overrides as parse_overrides
+from .places import OUTPUT_ROOT_ENV, resolve_output
 from .protocols import catalog, optimizers
 
 MODES = catalog.modes()
 MAX_LEARNING_RATE = 10  # train.learning-rate, each train.node-learning-rates entry, node-config learning-rate
 AGGREGATORS = ("geometric-median", "mean", "median", "trimmed-mean")
 REPORT_TO = ("none", "tensorboard", "wandb", "mlflow")  # pubswap_flwr/trackers.py
-OUTPUT_ROOT_ENV = "PUBSWAP_OUTPUT_ROOT"
 
 
 def _run_name(key: str, value: Any) -> None:
@@ -220,7 +219,8 @@ class StrategyConfig:
 
 @dataclass(frozen=True)
 class OutputConfig:
-    dir: str = opt("runs", doc=f"run outputs root; relative paths resolve against ${OUTPUT_ROOT_ENV} or the cwd")
+    dir: str = opt("runs", doc=f"run outputs root; relative paths resolve against ${OUTPUT_ROOT_ENV}, else the cwd "
+                              "(~/.local/share/pubswap when the cwd is inside this project's checkout: places.py)")
     save_every: int = opt(1, between(0, 1_000_000), "save the global adapter every N rounds (the final one always)")
     report_to: str = opt("none", one_of(*REPORT_TO), "also log every metrics row to an experiment tracker (HF/TRL's "
                                                       "report_to; install the extra of the same name)")
@@ -343,11 +343,8 @@ class ExperimentConfig:
     # -- derived ---------------------------------------------------------------------------------------------
     def run_dir(self, run_id: int | str) -> Path:
         """Absolute run directory (Flower never changes directory, so relative paths are resolved here)."""
-        root = Path(self.output.dir).expanduser()
-        if not root.is_absolute():
-            root = Path(os.environ.get(OUTPUT_ROOT_ENV) or os.getcwd()) / root
         name = self.run_name or f"{self.strategy.mode}-s{self.seed}-{run_id}"
-        return root.resolve() / name
+        return resolve_output(self.output.dir) / name
 
 
 # every section, name -> dataclass, in field order: the core ones and the protocols' own

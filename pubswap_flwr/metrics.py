@@ -162,6 +162,19 @@ def mark_stopped(run_dir: Path, detail: str) -> bool:
     return True
 
 
+def mark_failed(run_dir: Path, detail: str) -> bool:
+    """Record that Flower ended the run as failed (e.g. its nodes' heartbeats were lost): the run's process, told to
+    exit, recorded `stopped` on its way out (it cannot tell a failure from `flwr stop`), or nothing (`running`).
+    Either becomes `failed`, keeping the elapsed time and what the process had recorded; an outcome the run recorded
+    itself (completed, failed) stays. Returns whether it changed anything."""
+    status = read_status(run_dir)
+    if status.get("status") not in ("running", STOPPED):
+        return False
+    recorded = f" (the run's process had recorded: {status['status']}, {status.get('detail') or 'no detail'})"
+    write_status(Path(run_dir), "failed", detail + recorded, float(status.get("elapsed_s") or 0.0))
+    return True
+
+
 class MetricsError(ValueError):
     """A metrics.jsonl row the readers cannot use; the message names the file, line and field."""
 

@@ -15,8 +15,9 @@ import argparse
 import json
 import math
 import sys
+import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Callable
 
 from .untrusted import one_line
 from .verify_inputs import (
@@ -35,6 +36,31 @@ BATCH_SIZE = 32  # sequences sampled at once: SmolLM2 at the runs' eval.batch-si
 COMPARED = ("greedy_accuracy", "sampled_accuracy", "sampled_reward", "greedy_lenient_accuracy",
             "sampled_lenient_accuracy")
 TEMPLATE_SECONDS = 60.0  # rendering every prompt with a local base model's chat template (milliseconds normally)
+PROGRESS_SECONDS = 10.0  # at most one progress line this often (a real model's evaluation takes minutes)
+
+
+class Progress:
+    """What verify starts, one line each, and how far each evaluation pass got, at most every PROGRESS_SECONDS;
+    on stderr (stdout holds the result)."""
+
+    def __init__(self, stream: IO[str] | None = None, clock: Callable[[], float] = time.monotonic,
+                 every: float = PROGRESS_SECONDS):
+        self.stream, self.clock, self.every = stream, clock, every
+        self.started = self.last = clock()
+        self.what = ""
+
+    def _print(self, text: str) -> None:
+        print(f"verify [{self.clock() - self.started:.0f} s]: {text}", file=self.stream or sys.stderr, flush=True)
+
+    def start(self, what: str) -> None:
+        self.what = what
+        self.last = self.clock()
+        self._print(what)
+
+    def __call__(self, evaluation_pass: str, done: int, total: int) -> None:
+        if self.clock() - self.last >= self.every:
+            self.last = self.clock()
+            self._print(f"{self.what}: {evaluation_pass} pass {done}/{total} items")
 
 
 class NoAdapterError(VerifyError):
@@ -73,8 +99,9 @@ class _Evaluator:
     """One Policy per base model for the whole verification (a SmolLM2 policy holds about a gigabyte; SAPO runs have
     an adapter per node), each checked adapter loaded into it in turn."""
 
-    def __init__(self, cfg, batch_size: int):
+    def __init__(self, cfg, batch_size: int, progress: Progress | None = None):
         self.cfg, self.batch_size, self.policies = cfg, batch_size, {}
+        self.progress = progress or Progress()
 
     def __call__(self, base: str, folder: Path, weights, items, samples: int | None) -> dict:
         import torch
@@ -87,6 +114,7 @@ class _Evaluator:
         cfg = self.cfg
         if base not in self.policies:
             self.policies.clear()  # one base model in memory at a time
+            self.progress.start(f"loading base model {base}")
             try:
                 self.policies[base] = Policy(policy_spec(cfg, model_name=base))
             except (ModelError, OSError) as err:
@@ -97,14 +125,17 @@ class _Evaluator:
         except ValueError as err:  # keys or shapes that are not the model's
             raise VerifyError(f"{folder / 'adapter_model.safetensors'}: {str(err)[:300]}") from None
         torch.manual_seed(cfg.seed)
-        return evaluate(policy, items, sampled=cfg.eval.sampled, samples=samples or cfg.eval.samples,
-                        batch_size=self.batch_size, seed=cfg.seed,
-                        max_chars=cfg.generation.max_completion_chars, lenient=cfg.eval.lenient)
+        count = samples or cfg.eval.samples
+        self.progress.start(f"scoring {folder} on {len(items)} items (greedy" +
+                            (f", then {count} samples each)" if cfg.eval.sampled else ")"))
+        return evaluate(policy, items, sampled=cfg.eval.sampled, samples=count, batch_size=self.batch_size,
+                        seed=cfg.seed, max_chars=cfg.generation.max_completion_chars, lenient=cfg.eval.lenient,
+                        progress=self.progress)
 
 
 def verify(run_dir: Path, data_seed: int | None = None, items_per_task: int | None = None,
            samples: int | None = None, against: Path | None = None,
-           batch_size: int = BATCH_SIZE) -> list[dict[str, Any]]:
+           batch_size: int = BATCH_SIZE, progress: Progress | None = None) -> list[dict[str, Any]]:
     from .policy.threads import apply_threads
     from .shared import task_universe
     from .tasks.specs import TaskError
@@ -132,8 +163,11 @@ def verify(run_dir: Path, data_seed: int | None = None, items_per_task: int | No
         raise VerifyError(f"{run_dir / 'config.json'}: its tasks cannot be drawn: {str(err)[:300]}") from None
     overlap = sum(1 for i in items if question_key(i.question) in run_items)
     other = _against(cfg, Path(against)) if against is not None else None
-    apply_threads(cfg.model.threads)  # 0: the CPUs this process was given, as training sizes its threads
-    evaluate = _Evaluator(cfg, batch_size)
+    progress = progress or Progress()
+    threads = apply_threads(cfg.model.threads)  # 0: the CPUs this process was given, as training sizes its threads
+    progress.start(f"{len(found)} adapter(s) of {run_dir}, {len(items)} fresh items, torch threads "
+                   f"{threads.threads} ({threads.reason})")
+    evaluate = _Evaluator(cfg, batch_size, progress)
     results = []
     for label, folder, base, weights, (round_number, theirs) in found:
         if is_local_folder(base):

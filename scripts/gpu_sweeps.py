@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from pubswap_flwr.compare import load_sweep, run_status
+from pubswap_flwr.places import resolve_output
 from pubswap_flwr.report import write_report
 
 DRY = {"model.name": "embedded:tiny", "model.node-models": "", "num-server-rounds": 2, "train.local-steps": 2,
@@ -42,12 +43,14 @@ def run(config: dict, nodes: int, log_path: Path, env: dict) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("sweeps", nargs="+", type=Path)
-    parser.add_argument("--out", type=Path, default=Path("results"))
+    parser.add_argument("--out", type=Path, default=Path("results"),
+                        help="results root (a relative path resolves as output.dir does: never into the checkout)")
     parser.add_argument("--parallel", type=int, default=4, help="runs at once")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads per run (model.threads)")
     parser.add_argument("--dry-size", action="store_true", help="tiny runs on the embedded model (a CPU check)")
     parser.add_argument("--model", help="model.name for every run")
     args = parser.parse_args()
+    args.out = resolve_output(args.out)
     jobs = []
     sweeps = [load_sweep(path) for path in args.sweeps]
     for sweep in sweeps:

@@ -85,7 +85,7 @@ class LocalFlower:
     def run(self, overrides: list[str], nodes: int = 2, timeout: float = 900) -> dict:
         """Submit `flwr run <project>` with run-config overrides (one -c each) and wait; returns the `flwr ls` row."""
         run_id = submit(PROJECT, overrides, f"num-supernodes={nodes} client-resources-num-cpus=1", self.env)
-        row = wait(run_id, self.env, timeout=timeout)
+        row = wait(run_id, self.env, poll=2.0, timeout=timeout)  # tests: fast, not the back-off
         row["run-id"] = run_id
         return row
 

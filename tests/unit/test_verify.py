@@ -220,3 +220,38 @@ def test_against_refuses_a_run_of_other_tasks(fedavg_run, tmp_path):
     simulate_in_process({**SMALL, "tasks.mix": "gcd:1", "output.dir": str(tmp_path), "run-name": "h"}, 2)
     with pytest.raises(VerifyError, match="evaluates other tasks"):
         verify(fedavg_run, items_per_task=2, against=tmp_path / "h")
+
+
+def test_verify_says_what_it_starts_and_how_far_each_pass_got(fedavg_run):
+    import io
+
+    from pubswap_flwr.verify import Progress
+
+    stream = io.StringIO()
+    verify(fedavg_run, batch_size=4, progress=Progress(stream, every=0.0))  # every batch, to see each line
+    lines = [line.split("]: ", 1)[1] for line in stream.getvalue().splitlines()]
+    folder = fedavg_run / "adapters" / "final"
+    assert lines[0] == f"1 adapter(s) of {fedavg_run}, 8 fresh items, torch threads 1 (model.threads = 1)"
+    assert lines[1] == "loading base model embedded:tiny"
+    assert lines[2] == f"scoring {folder} on 8 items (greedy, then 2 samples each)"
+    what = f"scoring {folder} on 8 items (greedy, then 2 samples each)"
+    # greedy: 4 items a batch; sampled: 4 sequences a batch are 2 items of 2 samples
+    assert lines[3:] == [f"{what}: greedy pass {n}/8 items" for n in (4, 8)] + \
+        [f"{what}: sampled pass {n}/8 items" for n in (2, 4, 6, 8)]
+
+
+def test_progress_lines_come_at_most_every_ten_seconds():
+    import io
+
+    from pubswap_flwr.verify import Progress
+
+    now = [0.0]
+    stream = io.StringIO()
+    progress = Progress(stream, clock=lambda: now[0])
+    progress.start("scoring x")
+    for done in range(1, 11):  # a batch every 3 s
+        now[0] += 3.0
+        progress("greedy", done, 10)
+    assert stream.getvalue().splitlines() == ["verify [0 s]: scoring x",
+                                              "verify [12 s]: scoring x: greedy pass 4/10 items",
+                                              "verify [24 s]: scoring x: greedy pass 8/10 items"]
