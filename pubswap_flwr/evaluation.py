@@ -143,7 +143,8 @@ def evaluate(policy: Policy, items: Sequence[TaskItem], *, sampled: bool = True,
     if samples < 1:
         raise ValueError(f"samples per item must be >= 1, got {samples}")
     out: dict = {"per_task": {}, "items": len(items)}
-    rewards, extra, answers = _scores(policy, items, True, 1, batch_size, max_chars, lenient, rewards)
+    user_rewards = rewards  # the name is the per-task reward lists below
+    rewards, extra, answers = _scores(policy, items, True, 1, batch_size, max_chars, lenient, user_rewards)
     _summary(rewards, "greedy", out, with_se=False)
     if lenient:
         _lenient_summary(extra, "greedy", out, with_se=False)
@@ -155,7 +156,7 @@ def evaluate(policy: Policy, items: Sequence[TaskItem], *, sampled: bool = True,
         torch.manual_seed(seed)
         try:
             rewards, extra, answers = _scores(policy, items, False, samples, batch_size, max_chars, lenient,
-                                               rewards)
+                                               user_rewards)
             _summary(rewards, "sampled", out, with_se=True)
             if lenient:
                 _lenient_summary(extra, "sampled", out, with_se=True)

@@ -117,7 +117,7 @@ def test_the_app_bundle_carries_the_example_reward():
 # --- a run --------------------------------------------------------------------------------------------------------
 
 RUN = {"seed": 5, "num-server-rounds": 1, "train.local-steps": 1, "train.prompts-per-step": 2,
-       "train.completions-per-prompt": 4, "eval.items-per-task": 4, "eval.samples": 1, "eval.sampled": False,
+       "train.completions-per-prompt": 4, "eval.items-per-task": 4, "eval.samples": 2,
        "tasks.mix": "gcd:1,chain_sum:1", "tasks.per-node": 0, "tasks.partial-credit": True, "model.threads": 1,
        "tasks.rewards": f"gcd={FIXTURES}:half_for_any_answer,examples.my_reward:reward", "run-name": "own-reward"}
 
@@ -141,6 +141,8 @@ def test_a_run_evaluates_and_trains_with_the_users_reward(reward_run):
         gcd, chain_sum = result["per_task"]["gcd"], result["per_task"]["chain_sum"]
         # half_for_any_answer pays 0.5 for every tagged answer (the tiny model tags all four) and never 1
         assert (gcd["greedy_reward"], gcd["greedy_accuracy"]) == (0.5, 0.0)
+        assert gcd["sampled_accuracy"] == 0.0 and 0 < gcd["sampled_reward"] <= 0.5  # 0.5 per tagged sample
+        assert gcd["sampled_reward"] * 16 == pytest.approx(round(gcd["sampled_reward"] * 16))
         # examples.my_reward (every other task) pays near misses partial credit: no multiple of 1/4 over 4 items,
         # which the built-in chain_sum verifier's 0/1 would give
         assert chain_sum["greedy_reward"] * 4 != pytest.approx(round(chain_sum["greedy_reward"] * 4))
@@ -183,7 +185,15 @@ def test_pubswap_ask_answers_greedily_as_transformers_and_peft_do(reward_run, ca
 
 
 def test_verify_imports_a_runs_reward_only_when_told(reward_run):
-    from pubswap_flwr.verify import run_rewards
+    from pubswap_flwr.verify import render, run_rewards, verify
+
+    [without] = verify(reward_run, items_per_task=2, samples=1)
+    assert "NOTE: the run used user rewards" in render([without])
+    [imported] = verify(reward_run, items_per_task=2, samples=1, import_rewards=True)
+    assert "NOTE: scored with the run's user rewards" in render([imported])
+    mine, builtin = imported["verify"]["per_task"]["gcd"], without["verify"]["per_task"]["gcd"]
+    assert (mine["greedy_reward"], mine["greedy_accuracy"]) == (0.5, 0.0)  # half_for_any_answer, imported
+    assert builtin["greedy_reward"] == builtin["greedy_accuracy"]  # the built-in gcd verifier pays 0 or 1
 
     cfg = ExperimentConfig.from_flat(json.loads((reward_run / "config.json").read_text())["config"])
     table, note = run_rewards(cfg, import_rewards=False)
