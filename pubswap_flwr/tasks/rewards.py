@@ -131,6 +131,7 @@ def _import(module: str):
     return importlib.import_module(module)
 
 
+@lru_cache(maxsize=64)
 def import_root(ref: RewardRef) -> str:
     """The sys.path folder the caller imported `ref`'s module from, for the scoring worker to import it from too."""
     module = sys.modules.get(ref.module) or _import(ref.module)

@@ -53,6 +53,21 @@ def test_names_that_do_not_import_stop_the_run_at_start_up(name, message):
         preflight.check({"tasks.rewards": f"gcd={name}"}, run_dir=False)
 
 
+def test_a_reward_beside_the_package_imports_without_the_checkout_on_the_path(monkeypatch):
+    """The `pubswap` command (and Flower's processes) may not have the checkout on sys.path: examples/ is found in
+    the app's folder, beside pubswap_flwr/."""
+    import sys
+
+    from pubswap_flwr.tasks.rewards import PACKAGE_ROOT, load_reward
+
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(PACKAGE_ROOT))])
+    for name in ("examples", "examples.my_reward"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    function = load_reward(RewardRef("examples.my_reward", "reward"))
+    assert function("30", GCD) == pytest.approx(0.75)
+    assert sys.path[-1] == str(PACKAGE_ROOT)
+
+
 def test_reading_a_config_never_imports_the_reward():
     """from_flat checks syntax only (verify reads untrusted run directories with it)."""
     cfg = ExperimentConfig.from_flat({"tasks.rewards": "examples.no_such_module:reward"})
