@@ -68,6 +68,15 @@ def test_a_reward_beside_the_package_imports_without_the_checkout_on_the_path(mo
     assert sys.path[-1] == str(PACKAGE_ROOT)
 
 
+def test_the_server_refuses_a_bad_reward_before_any_round(tmp_path):
+    from pubswap_flwr.simulation import simulate_in_process
+
+    with pytest.raises(ConfigError, match="tasks.rewards: module 'examples.my_reward' has no attribute 'missing'"):
+        simulate_in_process({"tasks.rewards": "examples.my_reward:missing", "output.dir": str(tmp_path),
+                             "run-name": "bad"}, 2)
+    assert not (tmp_path / "bad").exists()
+
+
 def test_reading_a_config_never_imports_the_reward():
     """from_flat checks syntax only (verify reads untrusted run directories with it)."""
     cfg = ExperimentConfig.from_flat({"tasks.rewards": "examples.no_such_module:reward"})
