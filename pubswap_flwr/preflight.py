@@ -102,6 +102,7 @@ def check_rewards(cfg: ExperimentConfig) -> None:
     """Import every tasks.rewards function (ConfigError naming the key and what was wrong), and warn about a task
     named there that none of the run's mixes lists (it may still be a task of a node's data file)."""
     from .tasks.rewards import REWARDS_KEY, RewardError, load_reward, parse_rewards
+    from .tasks.specs import mix_task_names
 
     table = parse_rewards(cfg.tasks.rewards)
     try:
@@ -109,9 +110,8 @@ def check_rewards(cfg: ExperimentConfig) -> None:
             load_reward(ref)
     except RewardError as err:
         raise ConfigError(str(err)) from None
-    mixes = ",".join([cfg.tasks.mix, cfg.tasks.node_mixes.replace(";", ","), cfg.pubswap.public_mix])
-    listed = {part.strip().rsplit(":", 1)[0] if part.strip().startswith("rg:") and part.count(":") > 1
-              else part.strip().split(":")[0] for part in mixes.split(",") if part.strip()}
+    listed = set(mix_task_names(",".join([cfg.tasks.mix, cfg.tasks.node_mixes.replace(";", ","),
+                                          cfg.pubswap.public_mix])))
     for task, _ref in table.per_task:
         if task not in listed:
             log.warning("%s names task %r, which no task mix of the run lists; it applies only to items of that task "

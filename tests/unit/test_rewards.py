@@ -77,6 +77,17 @@ def test_the_server_refuses_a_bad_reward_before_any_round(tmp_path):
     assert not (tmp_path / "bad").exists()
 
 
+def test_a_task_no_mix_lists_is_a_warning_only(caplog):
+    flat = {"tasks.mix": "gcd:1,rg:countdown", "pubswap.public-mix": "rg:basic_arithmetic:2",
+            "tasks.rewards": "gcd=examples.my_reward:reward,rg:countdown=examples.my_reward:reward,"
+                             "rg:basic_arithmetic=examples.my_reward:reward,org=examples.my_reward:reward"}
+    with caplog.at_level("WARNING", logger="pubswap_flwr.preflight"):
+        preflight.check(flat, run_dir=False)
+    assert [r.getMessage() for r in caplog.records] == [
+        "tasks.rewards names task 'org', which no task mix of the run lists; it applies only to items of that task "
+        "(a node's data file)"]
+
+
 def test_reading_a_config_never_imports_the_reward():
     """from_flat checks syntax only (verify reads untrusted run directories with it)."""
     cfg = ExperimentConfig.from_flat({"tasks.rewards": "examples.no_such_module:reward"})
