@@ -5,6 +5,7 @@
     pubswap simulate [-c CONFIG] --nodes N    one run in-process through Flower's simulation engine
     pubswap compare SWEEP.toml                arms x seeds, then report.md and plots
     pubswap report RUN_DIR...                 the report again, from metrics.jsonl alone
+    pubswap ask RUN "question"                a run's trained adapter answers one question, prompted as in training
 
 `run` and `simulate` take the same `-c` values, applied in order: TOML files and key=value pairs. Both check the
 config and the run directory before starting Flower or Ray; a problem is one line on stderr and exit code 2. `run`
@@ -305,6 +306,9 @@ def main(argv: list[str] | None = None) -> int:
 
     register_export(sub)
     register_verify(sub)
+    from .ask import register as register_ask  # `pubswap ask RUN "question"`
+
+    register_ask(sub)
     args = parser.parse_args(argv)
     if args.command in ("compare", "report"):
         logs.setup()

@@ -53,6 +53,17 @@ def _run_name(key: str, value: Any) -> None:
         raise ConfigError(f"{key} {value!r} is not {PLAIN_COMPONENT}")
 
 
+def _reward_names(key: str, value: Any) -> None:
+    """tasks.rewards' syntax only: reading a config (also one from a run directory verify was given) never imports
+    the functions it names (tasks/rewards.py)."""
+    from .tasks.rewards import RewardError, parse_rewards
+
+    try:
+        parse_rewards(value, key)
+    except RewardError as err:
+        raise ConfigError(str(err)) from None
+
+
 device_name = _check(lambda v: re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", v) is not None,
                      "auto, cpu, cuda, cuda:N or mps")
 
@@ -150,6 +161,13 @@ class TasksConfig:
                                           "right prefix followed by junk); false: reward 1 when correct, else 0 (the "
                                           "default since graded rewards let a node's answers rot, "
                                           "docs/results/README.md; held-out metrics are unchanged)")
+    rewards: str = opt("", _reward_names,
+                       "your own reward functions instead of the items' verifiers (TRL's reward_funcs): "
+                       "module:function for every task (examples.my_reward:reward), or task=module:function,... per "
+                       "task (one bare module:function may cover the tasks not listed); the function gets the "
+                       "answer inside the <answer> tags and the item, returns a float in [0, 1], and runs in the "
+                       "isolated scoring worker under the built-ins' time limit; imported at start-up, a bad name "
+                       "stops the run (docs/own-reward.md)")
 
 
 @dataclass(frozen=True)

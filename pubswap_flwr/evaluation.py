@@ -17,6 +17,7 @@ import torch
 from .metrics_schema import ITEM_RESULTS
 from .policy import Policy
 from .tasks import TaskItem, lenient_answer, lenient_score, score_completion
+from .tasks.rewards import RewardTable
 from .tasks.shortcuts import check_task
 from .tasks.verifiers import completion_shape
 
@@ -27,7 +28,8 @@ Scores = tuple[dict[str, list[list[float]]], dict[str, list[list[float]]], dict[
 
 
 def _scores(policy: Policy, items: Sequence[TaskItem], greedy: bool, samples: int, batch_size: int,
-            max_chars: int, lenient: bool = False, progress: Progress | None = None) -> Scores:
+            max_chars: int, lenient: bool = False, progress: Progress | None = None,
+            user_rewards: RewardTable | None = None) -> Scores:
     """(task -> per item, the rewards of its samples (one when greedy); with `lenient`, task -> per item, each
     sample's lenient correctness (1/0) followed by whether it is well-formed (1/0), else {}; task -> every sample's
     answer (the tagged one, else the last number or word: tasks.lenient_answer), for the shortcut check)."""
@@ -35,18 +37,20 @@ def _scores(policy: Policy, items: Sequence[TaskItem], greedy: bool, samples: in
     extra: dict[str, list[list[float]]] = {}
     answers: dict[str, list[str | None]] = {}
     per_call = max(1, batch_size // samples)
+    table = user_rewards or RewardTable()
     for start in range(0, len(items), per_call):
         chunk = items[start:start + per_call]
         out = policy.sample(chunk, 1 if greedy else samples, greedy=greedy, with_logprobs=False)
         for item, row in zip(chunk, out):
+            reward = table.for_task(item.task)
             rewards.setdefault(item.task, []).append(
-                [score_completion(s.text, item, max_chars=max_chars).reward for s in row])
+                [score_completion(s.text, item, max_chars=max_chars, reward=reward).reward for s in row])
             answers.setdefault(item.task, []).extend(
                 lenient_answer(s.text, item.answer) if isinstance(s.text, str) and len(s.text) <= max_chars else None
                 for s in row)
             if lenient:
                 extra.setdefault(item.task, []).append(
-                    [float(lenient_score(s.text, item, max_chars=max_chars).reward >= 1.0) for s in row]
+                    [float(lenient_score(s.text, item, max_chars=max_chars, reward=reward).reward >= 1.0) for s in row]
                     + [float(completion_shape(s.text) == "well-formed") for s in row])
         if progress is not None:
             progress("greedy" if greedy else "sampled", start + len(chunk), len(items))
@@ -132,20 +136,23 @@ def _item_results(items: Sequence[TaskItem], rewards: dict[str, list[list[float]
 
 def evaluate(policy: Policy, items: Sequence[TaskItem], *, sampled: bool = True, samples: int = 1,
              batch_size: int = 256, seed: int = 0, max_chars: int = 4096, lenient: bool = False,
-             progress: Progress | None = None) -> dict:
+             progress: Progress | None = None, rewards: RewardTable | None = None) -> dict:
     """{"greedy_accuracy", "greedy_reward", ["sampled_accuracy", "sampled_reward" and their "_se", "samples"],
     "per_task": {...}, "items", ITEM_RESULTS}: sampled metrics average `samples` samples per item (at the policy's
     temperature); the standard errors are over items (the overall one treats items as independent draws of the task
     mix). With `lenient` (eval.lenient), also the lenient accuracy and the well-formed share of the same samples
     (`_lenient_summary`). Every task also gets its shortcut figures (`_shortcut_summary`). ITEM_RESULTS holds each
     item's uid and correct counts (greedy 0/1, sampled 0..samples) for item-level intervals; the run writes it to
-    eval_items.jsonl, never into the metrics row. `progress(pass, items done, items)` is called after each batch."""
+    eval_items.jsonl, never into the metrics row. `progress(pass, items done, items)` is called after each batch.
+    `rewards` (tasks.rewards) scores its tasks instead of their items' verifiers, as in training."""
     if not items:
         raise ValueError("no held-out items to evaluate")
     if samples < 1:
         raise ValueError(f"samples per item must be >= 1, got {samples}")
     out: dict = {"per_task": {}, "items": len(items)}
-    rewards, extra, answers = _scores(policy, items, True, 1, batch_size, max_chars, lenient, progress)
+    user_rewards = rewards  # the name is the per-task reward lists below
+    rewards, extra, answers = _scores(policy, items, True, 1, batch_size, max_chars, lenient, progress,
+                                      user_rewards)
     _summary(rewards, "greedy", out, with_se=False)
     if lenient:
         _lenient_summary(extra, "greedy", out, with_se=False)
@@ -157,7 +164,7 @@ def evaluate(policy: Policy, items: Sequence[TaskItem], *, sampled: bool = True,
         torch.manual_seed(seed)
         try:
             rewards, extra, answers = _scores(policy, items, False, samples, batch_size, max_chars, lenient,
-                                              progress)
+                                              progress, user_rewards)
             _summary(rewards, "sampled", out, with_se=True)
             if lenient:
                 _lenient_summary(extra, "sampled", out, with_se=True)

@@ -34,6 +34,7 @@ from .tasks import (
     training_reward,
 )
 from .tasks.items import max_question_chars
+from .tasks.rewards import check_rewards, parse_rewards
 from .tasks.verifiers import completion_shape
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,8 @@ class Learner:
         self.cfg = cfg
         self.identity = identity
         self.universe = task_universe(cfg)
+        self.rewards = parse_rewards(cfg.tasks.rewards)  # tasks.rewards: user reward functions by task
+        check_rewards(self.rewards)  # a node that cannot import one fails here, before it trains
         apply_threads(cfg.model.threads, identity.cpus)
         self.policy: Policy = cached_policy(policy_spec(cfg, identity.model_name, proximal_mu, identity.learning_rate))
         self.uses_proximal = proximal_mu > 0
@@ -201,7 +204,8 @@ class Learner:
                                                                                       tuple(s.logprobs))
                                       if len(s.logprobs) == len(s.token_ids) else None) for s in row]
             self.sampled_shapes.update(completion_shape(s.text) for s in row)
-            rewards = [training_reward(score_completion(s.text, item, max_chars=limit).reward, partial)
+            reward = self.rewards.for_task(item.task)
+            rewards = [training_reward(score_completion(s.text, item, max_chars=limit, reward=reward).reward, partial)
                        for s in row]
             groups.append(RolloutGroup(prompt, completions, rewards, item.uid, item.task))
         return groups, time.perf_counter() - started

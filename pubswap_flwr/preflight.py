@@ -7,6 +7,7 @@ config fails in a moment with one line instead of after the simulation engine st
 
 from __future__ import annotations
 
+import logging
 import re
 import tomllib
 from dataclasses import dataclass
@@ -17,6 +18,8 @@ from . import checkpoint, trackers
 from .checkpoint import CheckpointError
 from .config import ConfigError, ExperimentConfig, flatten, load_toml, parse_overrides
 from .metrics import RunExistsError, read_status, refuse_existing_run
+
+log = logging.getLogger(__name__)
 
 # What a preflight check raises for a problem the user can fix; anything else is a bug and keeps its traceback.
 # FileNotFoundError: a -c file that does not exist, or resume = true without a checkpoint.
@@ -95,12 +98,33 @@ def already_finished(cfg: ExperimentConfig, run_dir: Path, saved: checkpoint.Ser
             "resume = true has nothing to run and changed nothing; raise num-server-rounds to train it further")
 
 
+def check_rewards(cfg: ExperimentConfig) -> None:
+    """Import every tasks.rewards function (ConfigError naming the key and what was wrong), and warn about a task
+    named there that none of the run's mixes lists (it may still be a task of a node's data file)."""
+    from .tasks.rewards import REWARDS_KEY, RewardError, load_reward, parse_rewards
+    from .tasks.specs import mix_task_names
+
+    table = parse_rewards(cfg.tasks.rewards)
+    try:
+        for ref in table.refs():
+            load_reward(ref)
+    except RewardError as err:
+        raise ConfigError(str(err)) from None
+    listed = set(mix_task_names(",".join([cfg.tasks.mix, cfg.tasks.node_mixes.replace(";", ","),
+                                          cfg.pubswap.public_mix])))
+    for task, _ref in table.per_task:
+        if task not in listed:
+            log.warning("%s names task %r, which no task mix of the run lists; it applies only to items of that task "
+                        "(a node's data file)", REWARDS_KEY, task)
+
+
 def check(flat: Mapping[str, Any], run_id: int | str | None = None, *, run_dir: bool = True) -> Checked:
     """The config built from Flower's flat run config, and its run directory checked. Without a `run_id` (before
     Flower assigned one) the directory is only checked when `run-name` names it; `run_dir=False` checks the config
     alone (a remote SuperLink's run directory is on its machine)."""
     cfg = ExperimentConfig.from_flat(flat)
     trackers.check(cfg.output.report_to)  # the server's tracker package is installed (nodes never track)
+    check_rewards(cfg)
     if not run_dir or (run_id is None and not cfg.run_name):
         return Checked(cfg, None)
     path = cfg.run_dir(run_id if run_id is not None else "")

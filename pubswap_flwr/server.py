@@ -23,6 +23,7 @@ from .policy.threads import apply_threads
 from .protocols import run_protocol
 from .runner import Runner
 from .shared import derive_seed, policy_spec, task_universe
+from .tasks.rewards import parse_rewards
 
 log = logging.getLogger("pubswap_flwr")
 
@@ -49,7 +50,8 @@ class GlobalEvaluator:
         self._load(master)
         e = self.cfg.eval
         return evaluate(self.policy, self.items, sampled=e.sampled, samples=e.samples, batch_size=e.batch_size,
-                        seed=self.cfg.seed, max_chars=self.cfg.generation.max_completion_chars, lenient=e.lenient)
+                        seed=self.cfg.seed, max_chars=self.cfg.generation.max_completion_chars, lenient=e.lenient,
+                        rewards=parse_rewards(self.cfg.tasks.rewards))
 
     def save(self, master: dict[str, np.ndarray], directory: Path, tokenizer: bool = False) -> None:
         """adapter_config.json (portable base-model reference) + adapter_model.safetensors, loadable with

@@ -99,8 +99,8 @@ class _Evaluator:
     """One Policy per base model for the whole verification (a SmolLM2 policy holds about a gigabyte; SAPO runs have
     an adapter per node), each checked adapter loaded into it in turn."""
 
-    def __init__(self, cfg, batch_size: int, progress: Progress | None = None):
-        self.cfg, self.batch_size, self.policies = cfg, batch_size, {}
+    def __init__(self, cfg, batch_size: int, progress: Progress | None = None, rewards=None):
+        self.cfg, self.batch_size, self.policies, self.rewards = cfg, batch_size, {}, rewards
         self.progress = progress or Progress()
 
     def __call__(self, base: str, folder: Path, weights, items, samples: int | None) -> dict:
@@ -130,12 +130,34 @@ class _Evaluator:
                             (f", then {count} samples each)" if cfg.eval.sampled else ")"))
         return evaluate(policy, items, sampled=cfg.eval.sampled, samples=count, batch_size=self.batch_size,
                         seed=cfg.seed, max_chars=cfg.generation.max_completion_chars, lenient=cfg.eval.lenient,
-                        progress=self.progress)
+                        progress=self.progress, rewards=self.rewards)
+
+
+def run_rewards(cfg, import_rewards: bool):
+    """(the RewardTable verify scores with, a note for the report or None). A run's tasks.rewards names code that
+    verify imports only when told to (`import_rewards`): config.json is untrusted input; without the flag the
+    built-in verifiers score its tasks and the note says so."""
+    from .tasks.rewards import RewardError, RewardTable, check_rewards, parse_rewards
+
+    table = parse_rewards(cfg.tasks.rewards)
+    if table.empty:
+        return RewardTable(), None
+    if not import_rewards:
+        return RewardTable(), (f"the run used user rewards (tasks.rewards = {cfg.tasks.rewards!r}); they are not "
+                               "imported (pass --import-rewards to import and use them), so the tasks they scored "
+                               "are scored here by their items' built-in verifiers and may differ from the run's "
+                               "numbers")
+    try:
+        check_rewards(table)
+    except RewardError as err:
+        raise VerifyError(f"--import-rewards: {err}") from None
+    return table, f"scored with the run's user rewards (tasks.rewards = {cfg.tasks.rewards!r}), imported"
 
 
 def verify(run_dir: Path, data_seed: int | None = None, items_per_task: int | None = None,
            samples: int | None = None, against: Path | None = None,
-           batch_size: int = BATCH_SIZE, progress: Progress | None = None) -> list[dict[str, Any]]:
+           batch_size: int = BATCH_SIZE, progress: Progress | None = None,
+           import_rewards: bool = False) -> list[dict[str, Any]]:
     from .policy.threads import apply_threads
     from .shared import task_universe
     from .tasks.specs import TaskError
@@ -167,14 +189,16 @@ def verify(run_dir: Path, data_seed: int | None = None, items_per_task: int | No
     threads = apply_threads(cfg.model.threads)  # 0: the CPUs this process was given, as training sizes its threads
     progress.start(f"{len(found)} adapter(s) of {run_dir}, {len(items)} fresh items, torch threads "
                    f"{threads.threads} ({threads.reason})")
-    evaluate = _Evaluator(cfg, batch_size, progress)
+    rewards, rewards_note = run_rewards(cfg, import_rewards)
+    evaluate = _Evaluator(cfg, batch_size, progress, rewards)
     results = []
     for label, folder, base, weights, (round_number, theirs) in found:
         if is_local_folder(base):
             check_chat_template(base, items, cfg.tasks.template, TEMPLATE_SECONDS)
         mine = evaluate(base, folder, weights, items, samples)
         result = {"adapter": label, "folder": str(folder), "base": base, "run_round": round_number,
-                  "run": theirs, "verify": mine, "data_seed": seed, "items": len(items), "shared_questions": overlap}
+                  "run": theirs, "verify": mine, "data_seed": seed, "items": len(items), "shared_questions": overlap,
+                  "rewards_note": rewards_note}
         if other is not None:
             other_dir, adapters = other
             if label not in adapters:
@@ -251,6 +275,8 @@ def render(results: list[dict]) -> str:
                   f"{r['run_round']} vs {r['items']} fresh items (tasks.data-seed {r['data_seed']}; "
                   f"{r['shared_questions']} questions also in the run's held-out set)",
                   f"  {'metric':<26}{'run':>18}{'verify':>18}{'difference':>14}"]
+        if r.get("rewards_note"):
+            lines.insert(len(lines) - 1, f"  NOTE: {r['rewards_note']}")
         for key in COMPARED:
             if key not in r["verify"] and key not in r["run"]:
                 continue
@@ -273,7 +299,8 @@ def render(results: list[dict]) -> str:
 def cmd_verify(args: argparse.Namespace) -> int:
     try:
         results = verify(Path(args.run), args.data_seed, args.items_per_task, args.samples,
-                         Path(args.against) if args.against else None, args.batch_size)
+                         Path(args.against) if args.against else None, args.batch_size,
+                         import_rewards=args.import_rewards)
     except VerifyError as err:
         print(f"pubswap verify: {one_line(err)}", file=sys.stderr)
         return 2
@@ -296,5 +323,9 @@ def register(sub) -> None:
     parser.add_argument("--batch-size", type=int, default=BATCH_SIZE,
                         help="sequences sampled at once (default %(default)s; memory grows with it: a SmolLM2 KV cache "
                              "of 256 sequences holds about 10 GB)")
+    parser.add_argument("--import-rewards", action="store_true",
+                        help="import and score with the user reward functions the run's tasks.rewards names (code "
+                             "named by the run directory: only for runs you trust); without it those tasks are scored "
+                             "by their built-in verifiers and the output says so")
     parser.add_argument("--json", help="also write the results as JSON to this file")
     parser.set_defaults(func=cmd_verify)

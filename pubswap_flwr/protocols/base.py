@@ -335,7 +335,8 @@ class ClientWork:
         e = self.cfg.eval
         return evaluate(self.learner.policy, self.learner.universe.held_out.items, sampled=e.sampled,
                         samples=e.samples, batch_size=e.batch_size, seed=self.cfg.seed,
-                        max_chars=self.cfg.generation.max_completion_chars, lenient=e.lenient)
+                        max_chars=self.cfg.generation.max_completion_chars, lenient=e.lenient,
+                        rewards=self.learner.rewards)
 
     def client_report(self) -> ClientReport:
         return ClientReport.of(self.learner, self.report, self.started)

@@ -31,6 +31,7 @@ from ..config import ExperimentConfig
 from ..rollouts import OWN, Behaviour, Completion, RolloutGroup
 from ..schedule import even_positions, fixed_positions, public_step_count
 from ..tasks import ScoringBudget
+from ..tasks.rewards import parse_rewards
 from ..tasks.verifiers import completion_shape
 from ..validate import Limits
 from .base import Adapter, ClientWork, RoundContext, ServerProtocol, record_scoring
@@ -135,7 +136,8 @@ class PubSwapProtocol(ServerProtocol):
         master = self.master
         t = self.cfg.train
         expected = {node: 0.0 for node in active}  # completions the server asks each client to train on
-        budget = ScoringBudget(self.limits.score_seconds, self.limits.sender_scoring_seconds)
+        budget = ScoringBudget(self.limits.score_seconds, self.limits.sender_scoring_seconds,
+                               rewards=parse_rewards(self.cfg.tasks.rewards))  # the run's own rewards
         master, codec = start_round(self.broadcast, master)  # compression: replies decoded against what was sent
         for segment in range(len(positions) + 1):
             is_final = segment == len(positions)

@@ -189,9 +189,10 @@ class SegmentReply:
                      reference: Adapter | None, score=score_completion,
                      partial_credit: bool = True, codec: Codec | None = None,
                      with_behaviour: bool = False) -> "SegmentReply":
-        """Decode and check a client's reply, scoring its responses with the server's verifier (`score`, under
-        the client's scoring budget in a round; graded or 0/1 rewards as `tasks.partial-credit` says); with
-        `with_behaviour`, also its responses' sampling log-probs (checked; a missing one is passed on as None)."""
+        """Decode and check a client's reply, scoring its responses with the server's verifier or the run's
+        tasks.rewards function for the item's task (`score`: the client's scoring budget in a round, which applies
+        them; graded or 0/1 rewards as `tasks.partial-credit` says); with `with_behaviour`, also its responses'
+        sampling log-probs (checked; a missing one is passed on as None)."""
         _, payload, report = read_reply(message)
         scored: Scored = {}
         behaviour: dict[str, list[Behaviour | None]] = {}

@@ -224,9 +224,10 @@ def pending_groups(learner: Learner) -> list[RolloutGroup]:
     return out
 
 
-def rescore(learner: Learner, packet: Packet, score=score_completion) -> list[float]:
-    """Rewards of a peer's completions under this node's own verifier (`score`: under the sender's scoring
-    budget in a round); ValueError when it cannot score them."""
+def rescore(learner: Learner, packet: Packet, score=None) -> list[float]:
+    """Rewards of a peer's completions under this node's own verifier, or its own tasks.rewards function for the
+    item's task (never one a peer could name); `score`: under the sender's scoring budget in a round (the budget
+    applies the same rewards), else score_completion. ValueError when it cannot score them."""
     item = verified_item(learner, packet.item)
     if item.verifier not in VERIFIERS:
         raise ValueError(f"unknown verifier {item.verifier!r}")
@@ -236,6 +237,7 @@ def rescore(learner: Learner, packet: Packet, score=score_completion) -> list[fl
         raise ValueError("packet has no completions")
     if len(packet.completions) > learner.cfg.sapo.completions * 4:
         raise ValueError(f"packet has {len(packet.completions)} completions")
+    score = score or partial(score_completion, reward=learner.rewards.for_task(item.task))
     scores = [score(text, item, max_chars=learner.cfg.generation.max_completion_chars) for text in packet.completions]
     return [training_reward(s.reward, learner.cfg.tasks.partial_credit) for s in scores]
 
@@ -251,7 +253,7 @@ def train_on_pool(learner: Learner, pool: Sequence[Packet], round_number: int, r
     weight = None
     if scfg.reputation:
         weight = lambda sender: reputation(*learner.state.peers.get(sender, (0, 0)))  # noqa: E731
-    budget = budget or ScoringBudget(Limits.score_seconds, Limits.sender_scoring_seconds)
+    budget = budget or ScoringBudget(Limits.score_seconds, Limits.sender_scoring_seconds, rewards=learner.rewards)
 
     def scored(packet: Packet) -> list[float]:
         """One peer packet's rewards; any failure rejects that packet only (select_external records ValueErrors)."""
@@ -295,7 +297,7 @@ def external_completions(learner: Learner, packet: Packet, report: WorkReport) -
 
 def _train_reply(work: ClientWork, message: SapoTrain, packets: list[Packet] | None,
                  eval_initial: dict | None) -> RecordDict:
-    budget = ScoringBudget(Limits.score_seconds, Limits.sender_scoring_seconds)
+    budget = ScoringBudget(Limits.score_seconds, Limits.sender_scoring_seconds, rewards=work.learner.rewards)
     selection = train_on_pool(work.learner, message.pool, message.header.server_round, work.report, budget)
     usage = budget.summary().values()
     scoring = {"scoring-timeouts": sum(int(u["timeouts"]) for u in usage),

@@ -4,7 +4,9 @@ Run as a script by `isolation.IsolatedScorer` (never imported by the package); t
 memory cap are `_worker_loop.py`'s, shared with the math worker. It imports this package's verifiers (the same code
 that scores in the caller's process: the safe reasoning-gym replacements, the sympy guard), so rewards are the same
 as in-process scoring. Each request is {"id", "verifier", "answer", "item", "timeout_s"} with `item` a
-`TaskItem.to_dict()`; the reply is {"id", "reward": float} or {"id", "error", "type", "message"} where error is
+`TaskItem.to_dict()`, and for a user reward (tasks.rewards) also "reward": {"module", "function", "root"}: the
+function is imported by that name from `root` (the folder the caller imported it from) and run instead of the
+verifier; the reply is {"id", "reward": float} or {"id", "error", "type", "message"} where error is
 "timeout" or "exception" (`type` names the exception the scorer raised, so the caller's reason reads as it would
 in-process). Some reasoning-gym scorers use a bare `except:` that would turn the timer's exception into reward 0;
 the loop answers "timeout" for any request during which the timer fired.
@@ -31,10 +33,29 @@ def setup(args) -> _worker_loop.Handler:
     import reasoning_gym  # noqa: F401 - imported now so that the first request does not pay for it
     import sympy  # noqa: F401
 
+    user_rewards: dict[tuple[str, str, str], object] = {}
+
+    def user_reward(spec: dict):
+        """A tasks.rewards function, imported by name from the folder the caller found it in (kept for reuse)."""
+        import importlib
+
+        module, function, root = str(spec["module"]), str(spec["function"]), str(spec["root"])
+        if (module, function, root) not in user_rewards:
+            if root not in sys.path:
+                sys.path.insert(0, root)
+            found = getattr(importlib.import_module(module), function)
+            if not callable(found):
+                raise TypeError(f"{module}:{function} is not callable")
+            user_rewards[(module, function, root)] = found
+        return user_rewards[(module, function, root)]
+
     def job(request: dict):
-        scorer = VERIFIERS[str(request["verifier"])]
+        spec = request.get("reward")
+        scorer = VERIFIERS[str(request["verifier"])] if spec is None else None
         answer = str(request["answer"])
         item = TaskItem.from_dict(request["item"])
+        if scorer is None:  # imported inside the timed computation: a slow or failing import is the reward's
+            return lambda: {"reward": float(user_reward(spec)(answer, item))}
         return lambda: {"reward": float(scorer(answer, item))}
 
     return _worker_loop.Handler(

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from typing import Callable, Hashable
 
 from .items import TaskItem
+from .rewards import RewardTable
 from .verifiers import DEFAULT_MAX_COMPLETION_CHARS, Score, score_completion
 
 BUDGET_EXHAUSTED_REASON = "scoring budget exhausted"
@@ -46,7 +47,7 @@ class ScoringBudget:
 
     def __init__(self, seconds_per_completion: float, seconds_per_sender: float, *,
                  clock: Callable[[], float] = time.monotonic,
-                 scorer: Callable[..., Score] | None = None):
+                 scorer: Callable[..., Score] | None = None, rewards: RewardTable | None = None):
         if not seconds_per_completion > 0:
             raise ValueError(f"seconds_per_completion must be positive, got {seconds_per_completion}")
         if not seconds_per_sender > 0:
@@ -55,6 +56,7 @@ class ScoringBudget:
         self.seconds_per_sender = float(seconds_per_sender)
         self._clock = clock
         self._scorer = scorer  # score_completion unless given (tests)
+        self._rewards = rewards or RewardTable()  # tasks.rewards: user reward functions by task
         self._usage: dict[Hashable, SenderUsage] = {}
 
     def _of(self, sender: Hashable) -> SenderUsage:
@@ -86,13 +88,16 @@ class ScoringBudget:
 
     def score(self, sender: Hashable, completion: str, item: TaskItem, *,
               max_chars: int = DEFAULT_MAX_COMPLETION_CHARS) -> Score:
-        """`score_completion` under `sender`'s budget: reward 0 with BUDGET_EXHAUSTED_REASON, unscored, once it is
-        spent; otherwise scored with `timeout_for(sender)` and the time charged to `sender`."""
+        """`score_completion` (with the user reward of the item's task, if any) under `sender`'s budget: reward 0
+        with BUDGET_EXHAUSTED_REASON, unscored, once it is spent; otherwise scored with `timeout_for(sender)` and
+        the time charged to `sender`."""
         if self.exhausted(sender):
             return self.skip(sender)
         scorer = self._scorer or score_completion
+        reward = self._rewards.for_task(item.task)
         start = self._clock()
-        score = scorer(completion, item, max_chars=max_chars, timeout_s=self.timeout_for(sender))
+        score = scorer(completion, item, max_chars=max_chars, timeout_s=self.timeout_for(sender),
+                       **({"reward": reward} if reward is not None else {}))
         self.charge(sender, self._clock() - start, timed_out=score.timed_out)
         return score
 

@@ -31,6 +31,10 @@ Measured medians against the old direct call: scorers in the caller 1.15x (about
 isolated sympy scorers, 0.5-8 ms of work each, 1.2x; math unchanged. On the adversarial corpus every completion
 finished within its limit (2.02 s worst with timeout_s=2).
 
+User rewards (`tasks.rewards`, rewards.py) always run in this worker: the worker imports the function by its
+"module:function" name (never pickled code), from the folder the caller imported it from, and keeps it for later
+requests; an endless loop in it costs its completion reward 0 with a "scoring timeout: " reason, as for a built-in.
+
 Checks are serialized per scorer (a lock): one worker per process; a thread waiting for the lock is not charged for
 the wait by the time limit, which bounds the scorer's own time.
 """
@@ -41,6 +45,7 @@ import os
 from pathlib import Path
 
 from .items import TaskItem
+from .rewards import RewardRef, import_root
 from .workers import LazyDefault, ScoringTimeout, WorkerClient
 
 WORKER_SCRIPT = Path(__file__).with_name("_score_worker.py")
@@ -97,12 +102,23 @@ class IsolatedScorer(WorkerClient):
         worker is killed), RemoteScorerError when the scorer raised, RuntimeError when the worker cannot start or
         dies during the check.
         """
-        label = _label(item)
+        return self._score({"verifier": item.verifier, "answer": answer, "item": item.to_dict()}, _label(item),
+                           timeout_s)
+
+    def score_reward(self, reward: RewardRef, answer: str, item: TaskItem, timeout_s: float) -> float:
+        """The reward the user function `reward` (tasks.rewards) gives `answer`, computed in the worker, which
+        imports it by name from the folder this process found it in; raises as `score` does (an import failure in
+        the worker is a RemoteScorerError)."""
+        spec = {"module": reward.module, "function": reward.function, "root": import_root(reward)}
+        return self._score({"verifier": item.verifier, "reward": spec, "answer": answer, "item": item.to_dict()},
+                           f"reward {reward.name}", timeout_s)
+
+    def _score(self, request: dict, label: str, timeout_s: float) -> float:
         if timeout_s <= 0:
             self.timeouts += 1
             raise ScoringTimeout(f"{label}: no time left in the scoring budget")
         with self._lock:
-            reply = self._request({"verifier": item.verifier, "answer": answer, "item": item.to_dict()}, timeout_s)
+            reply = self._request(request, timeout_s)
             if reply is None:
                 self.timeouts += 1
                 raise ScoringTimeout(f"{label} hit the {timeout_s + self.grace_s:g} s hard timeout; worker killed")

@@ -121,6 +121,12 @@ def parse_mix(text: str, custom: Mapping[str, TaskSpec] | None = None, *, key: s
     return specs
 
 
+def mix_task_names(text: str) -> list[str]:
+    """The task names a "name:weight,..." mix lists, unchecked ("rg:countdown:2" -> "rg:countdown")."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    return [(_split_rg(p) if p.startswith("rg:") else p.partition(":"))[0].strip() for p in parts]
+
+
 def _split_rg(part: str) -> tuple[str, str, str]:
     body = part[3:]
     generator, sep, weight = body.partition(":")

@@ -25,6 +25,7 @@ from typing import Callable
 from .isolation import RemoteScorerError, default_isolated_scorer
 from .items import TaskItem
 from .reasoning_gym_scoring import MAX_LITERAL_CHARS, score_reasoning_gym, scored_in_worker
+from .rewards import RewardRef
 from .specs import TaskError
 from .workers import ScoringTimeout
 
@@ -173,7 +174,8 @@ def check_verifier(name: str, where: str = "verifier") -> None:
 
 
 def score_completion(
-    completion: str, item: TaskItem, *, max_chars: int = DEFAULT_MAX_COMPLETION_CHARS, timeout_s: float | None = None
+    completion: str, item: TaskItem, *, max_chars: int = DEFAULT_MAX_COMPLETION_CHARS, timeout_s: float | None = None,
+    reward: RewardRef | None = None,
 ) -> Score:
     """Reward of `completion` for `item`; never raises for bad model text.
 
@@ -181,13 +183,16 @@ def score_completion(
     `timeout_s` plus the isolated scorer's grace (its worker killed if need be), the math check likewise; running out
     gives reward 0 with a "scoring timeout: " reason (`Score.timed_out`), and so does `timeout_s <= 0` without
     scoring. Scorers run in the caller are linear-time string code and are not interrupted. A non-finite `timeout_s`
-    is a ValueError (a caller's mistake, not model text)."""
+    is a ValueError (a caller's mistake, not model text).
+
+    `reward` (a tasks.rewards function: `RewardTable.for_task(item.task)`) scores the answer instead of the item's
+    verifier, always in the isolated worker under the same limits; its failures are reward 0 with a reason too."""
     if not isinstance(completion, str):
         return Score(0.0, f"completion is {type(completion).__name__}, not text")
     if len(completion) > max_chars:
         return Score(0.0, f"completion has {len(completion)} chars, over the {max_chars} limit")
     scorer = VERIFIERS.get(item.verifier)
-    if scorer is None:
+    if scorer is None and reward is None:
         return Score(0.0, f"unknown verifier {item.verifier!r}")
     answer = extract_answer(completion)
     if answer is None:
@@ -197,38 +202,43 @@ def score_completion(
         raise ValueError(f"timeout_s must be a finite number of seconds, got {timeout_s}")
     if limit <= 0:
         return Score(0.0, f"{TIMEOUT_REASON_PREFIX}no time left to score")
+    name = item.verifier if reward is None else f"reward {reward.name}"
     try:
-        if scored_in_worker(item):
-            reward = float(default_isolated_scorer().score(answer, item, limit))
+        if reward is not None:
+            value = float(default_isolated_scorer().score_reward(reward, answer, item, limit))
+        elif scored_in_worker(item):
+            value = float(default_isolated_scorer().score(answer, item, limit))
         else:
             token = _DEADLINE.set(time.monotonic() + limit)
             try:
-                reward = float(scorer(answer, item))
+                value = float(scorer(answer, item))
             finally:
                 _DEADLINE.reset(token)
     except ScoringTimeout as err:
-        log.warning("scorer %s timed out on item %s: %s", item.verifier, item.uid, err)
+        log.warning("scorer %s timed out on item %s: %s", name, item.uid, err)
         return Score(0.0, f"{TIMEOUT_REASON_PREFIX}{type(err).__name__}: {err}")
     except RemoteScorerError as err:  # raised by the scorer in the worker: the same reason as in-process
-        log.warning("scorer %s failed on item %s: %s: %s", item.verifier, item.uid, err.type_name, err)
+        log.warning("scorer %s failed on item %s: %s: %s", name, item.uid, err.type_name, err)
         return Score(0.0, f"scorer error: {err.type_name}: {err}")
     except Exception as err:  # noqa: BLE001 - third-party scorer code: any failure is reward 0, logged with reason
-        log.warning("scorer %s failed on item %s: %s: %s", item.verifier, item.uid, type(err).__name__, err)
+        log.warning("scorer %s failed on item %s: %s: %s", name, item.uid, type(err).__name__, err)
         return Score(0.0, f"scorer error: {type(err).__name__}: {err}")
-    if not math.isfinite(reward):
-        return Score(0.0, f"scorer returned {reward}")
-    return Score(min(1.0, max(0.0, float(reward))))
+    if not math.isfinite(value):
+        return Score(0.0, f"scorer returned {value}")
+    return Score(min(1.0, max(0.0, float(value))))
 
 
-def lenient_score(completion: str, item: TaskItem, *, max_chars: int = DEFAULT_MAX_COMPLETION_CHARS) -> Score:
+def lenient_score(completion: str, item: TaskItem, *, max_chars: int = DEFAULT_MAX_COMPLETION_CHARS,
+                  reward: RewardRef | None = None) -> Score:
     """`score_completion` of the `lenient_answer` (for evaluation only: how often the answer is right whatever the
     format)."""
     if not isinstance(completion, str) or len(completion) > max_chars:
-        return score_completion(completion, item, max_chars=max_chars)
+        return score_completion(completion, item, max_chars=max_chars, reward=reward)
     answer = lenient_answer(completion, item.answer)
     if answer is None:
         return Score(0.0, "no answer in completion")
-    return score_completion(f"{ANSWER_OPEN}{answer}{ANSWER_CLOSE}", item, max_chars=max_chars + len(answer) + 17)
+    return score_completion(f"{ANSWER_OPEN}{answer}{ANSWER_CLOSE}", item, max_chars=max_chars + len(answer) + 17,
+                            reward=reward)
 
 
 def training_reward(reward: float, partial_credit: bool) -> float:

@@ -118,3 +118,16 @@ def test_math_sample_preset_runs_on_the_sample_file(flower, tmp_path):
     assert set(rows[1]["eval"]["per_task"]) == {"deepmath"}
     assert all(c["tasks"] == ["math"] for c in rows[1]["clients"].values())
     assert rows[1]["aggregated"] is True
+
+
+def test_a_user_reward_named_in_the_config_scores_from_the_app_bundle(flower, tmp_path):
+    """tasks.rewards names modules of the checkout; `flwr run` bundles them, and the server and the nodes import
+    them from the installed bundle (the scoring worker by name): gcd's held-out reward is the fixture's 0.5 per tagged
+    answer, which no built-in verifier pays."""
+    rewards = "gcd=tests.unit.reward_fixtures:half_for_any_answer,examples.my_reward:reward"
+    row = flower.run([f"num-server-rounds=1 train.local-steps=1 eval.items-per-task=4 eval.samples=1 seed=3 "
+                      f"tasks.per-node=0 tasks.partial-credit=true output.dir='{tmp_path}' run-name='reward'",
+                      f"tasks.mix='gcd:1,chain_sum:1' tasks.rewards='{rewards}'"])
+    assert row["status"] == "finished:completed", row
+    evals = [r["eval"]["per_task"]["gcd"] for r in read_metrics(tmp_path / "reward")]
+    assert [(e["greedy_reward"], e["greedy_accuracy"]) for e in evals] == [(0.5, 0.0), (0.5, 0.0)]

@@ -1,0 +1,1 @@
+"""Examples of user code a run can name in its config (tasks.rewards = "examples.my_reward:reward")."""

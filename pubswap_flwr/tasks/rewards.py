@@ -1,0 +1,150 @@
+"""User reward functions named in the run config (`tasks.rewards`): parsed, imported by name, and looked up per task.
+
+A reward is a plain function `reward(answer: str, item: TaskItem) -> float` in [0, 1] (TRL's `reward_funcs`, one
+completion at a time), named as "module:function". `tasks.rewards` is either one name for every task
+("examples.my_reward:reward"), or comma-separated `task=module:function` entries, optionally with one bare name for
+the tasks not listed ("gcd=examples.my_reward:reward,examples.other:score"). A task with a reward is scored by it
+instead of its item's verifier everywhere the run scores: training rollouts, the server's re-verification of public
+responses (pubswap), SAPO receivers' re-scoring and held-out evaluation.
+
+Parsing (`parse_rewards`) checks syntax only and never imports: it runs wherever a config is read, also on a run
+directory `pubswap verify` was given. Importing (`load_reward`, `check_rewards`) happens at start-up in the processes
+that run the config (preflight on the server, the learner on each node) so a bad name fails before any training.
+The scoring itself runs in the isolated scoring worker (isolation.py), which imports the function by the same name
+from the folder the caller found it in (`import_root`), under the same soft and hard time limits as the built-ins.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import sys
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Callable
+
+from .specs import TaskError
+
+REWARDS_KEY = "tasks.rewards"
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+_FUNCTION = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the checkout (or the installed app bundle): examples/ is here
+
+
+class RewardError(TaskError):
+    """A reward name cannot be used: bad syntax, a module that does not import, a missing or non-callable function."""
+
+
+@dataclass(frozen=True)
+class RewardRef:
+    """A user reward function named "module:function"."""
+
+    module: str
+    function: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.module}:{self.function}"
+
+
+@dataclass(frozen=True)
+class RewardTable:
+    """Which tasks a user reward scores: `per_task` entries first, else `default` (None: the item's own verifier)."""
+
+    per_task: tuple[tuple[str, RewardRef], ...] = ()
+    default: RewardRef | None = None
+
+    @property
+    def empty(self) -> bool:
+        return not self.per_task and self.default is None
+
+    def for_task(self, task: str) -> RewardRef | None:
+        for name, ref in self.per_task:
+            if name == task:
+                return ref
+        return self.default
+
+    def refs(self) -> list[RewardRef]:
+        """Every reward named, each once, in the order written."""
+        named = [ref for _task, ref in self.per_task] + ([self.default] if self.default else [])
+        return list(dict.fromkeys(named))
+
+
+def parse_reward_name(text: str, key: str = REWARDS_KEY) -> RewardRef:
+    """"package.module:function" as a RewardRef; RewardError naming `key` and what is wrong (syntax only)."""
+    module, colon, function = text.strip().partition(":")
+    if not colon:
+        raise RewardError(f"{key}: {text.strip()!r} is not module:function (no ':'), e.g. examples.my_reward:reward")
+    if not _MODULE.fullmatch(module.strip()):
+        raise RewardError(f"{key}: {module.strip()!r} in {text.strip()!r} is not a dotted Python module name")
+    if not _FUNCTION.fullmatch(function.strip()):
+        raise RewardError(f"{key}: {function.strip()!r} in {text.strip()!r} is not a Python function name")
+    return RewardRef(module.strip(), function.strip())
+
+
+@lru_cache(maxsize=64)
+def parse_rewards(text: str, key: str = REWARDS_KEY) -> RewardTable:
+    """`tasks.rewards` as a RewardTable (module docstring for the syntax); '' is the empty table. Never imports."""
+    per_task: list[tuple[str, RewardRef]] = []
+    default: RewardRef | None = None
+    for part in [p.strip() for p in text.split(",") if p.strip()]:
+        task, equals, name = part.partition("=")
+        if not equals:
+            if default is not None:
+                raise RewardError(f"{key}: two rewards without a task ({default.name!r} and {part!r}); name the task "
+                                  "of all but one as task=module:function")
+            default = parse_reward_name(part, key)
+            continue
+        task = task.strip()
+        if not task:
+            raise RewardError(f"{key}: {part!r} names no task before '='")
+        if any(task == seen for seen, _ref in per_task):
+            raise RewardError(f"{key}: task {task!r} is listed twice")
+        per_task.append((task, parse_reward_name(name, key)))
+    return RewardTable(tuple(per_task), default)
+
+
+def load_reward(ref: RewardRef, key: str = REWARDS_KEY) -> Callable:
+    """The function `ref` names, imported (Python's path, then the app's folder, PACKAGE_ROOT); RewardError naming
+    `key` when the module does not import or the attribute is missing or not callable."""
+    try:
+        module = _import(ref.module)
+    except ImportError as err:
+        raise RewardError(f"{key}: module {ref.module!r} of {ref.name!r} cannot be imported: {err}") from None
+    if not hasattr(module, ref.function):
+        raise RewardError(f"{key}: module {ref.module!r} has no attribute {ref.function!r} (from {ref.name!r})")
+    function = getattr(module, ref.function)
+    if not callable(function):
+        raise RewardError(f"{key}: {ref.name!r} is a {type(function).__name__}, not a callable")
+    return function
+
+
+def _import(module: str):
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as err:
+        missing_itself = bool(err.name) and (module == err.name or module.startswith(f"{err.name}."))
+        if not missing_itself or str(PACKAGE_ROOT) in sys.path:
+            raise  # the module was found but imports something missing, or the app's folder was searched already
+    sys.path.append(str(PACKAGE_ROOT))  # the app's folder, where Flower's bundle puts examples/ beside the package
+    return importlib.import_module(module)
+
+
+@lru_cache(maxsize=64)
+def import_root(ref: RewardRef) -> str:
+    """The sys.path folder the caller imported `ref`'s module from, for the scoring worker to import it from too."""
+    module = sys.modules.get(ref.module) or _import(ref.module)
+    origin = getattr(module, "__file__", None)
+    if not origin:
+        return str(PACKAGE_ROOT)
+    path = Path(origin).resolve().parent  # a.b.c in ROOT/a/b/c.py, or a.b in ROOT/a/b/__init__.py
+    for _ in range(ref.module.count(".") + (Path(origin).name == "__init__.py")):
+        path = path.parent
+    return str(path)
+
+
+def check_rewards(table: RewardTable, key: str = REWARDS_KEY) -> None:
+    """Import every reward `table` names (RewardError on the first that cannot be used)."""
+    for ref in table.refs():
+        load_reward(ref, key)
