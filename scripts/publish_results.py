@@ -21,10 +21,11 @@ costs 2 bytes per LoRA parameter plus ~8 KB of JSON and card: on the embedded ti
 all linear layers: 155,648 parameters) 0.32 MB, i.e. 3.7 MB for a 4-arm x 3-seed fedavg/pubswap sweep and 30 MB for
 compare-sapo (4 arms x 3 seeds x 8 nodes); on SmolLM2-135M (r 8, all linear: 2.5M parameters) 4.9 MB each, i.e.
 29 MB for real-pubswap's 6 runs but 176 MB for real-sapo's 9 runs x 4 nodes. The script prints the total.
---no-adapters leaves them out (the report does not need them; `pubswap verify` does); --adapter-seeds 0 copies
-only seed 0's (every arm's, so each arm stays verifiable) and says so in the report's command; --adapter-nodes 0 1
-copies only those partitions' node adapters of a SAPO run (e.g. one node of each model in a mixed swarm: 9.8 MB a
-SmolLM2 run instead of 19.6), and the report's command says so too.
+So that published adapters stop growing the repository, the command copies by default only the sweep's first
+seed's adapters (every arm's, so each arm stays verifiable) and, of a SAPO run, only the first node of each model
+(partition 0, or partitions 0..k-1 with k models in model.node-models round robin): a real-model SAPO sweep's 176 MB
+becomes 20 MB. --adapter-seeds and --adapter-nodes choose others, --all-adapters copies every one, --no-adapters
+none (the report does not need them; `pubswap verify` does). The report's command names the choice it made.
 """
 
 from __future__ import annotations
@@ -283,9 +284,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-adapters", action="store_true",
                         help="leave the runs' final adapters out (pubswap verify needs them; see above for the bytes)")
     parser.add_argument("--adapter-seeds", type=int, nargs="+", metavar="SEED",
-                        help="copy only these seeds' adapters (a SAPO sweep keeps one per node and run)")
+                        help="copy only these seeds' adapters (default: the sweep's first seed)")
     parser.add_argument("--adapter-nodes", type=int, nargs="+", metavar="PARTITION",
-                        help="of SAPO runs, copy only these partitions' node adapters")
+                        help="of SAPO runs, copy only these partitions' node adapters (default: the first node of "
+                             "each model)")
+    parser.add_argument("--all-adapters", action="store_true",
+                        help="copy every seed's and every node's adapters (default: the first seed's, and of SAPO "
+                             "runs the first node of each model)")
     args = parser.parse_args(argv)
     try:
         _run(parser, args)
@@ -302,12 +307,26 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     elif args.results is None:
         parser.error("give the sweep's results folder (or --regenerate)")
     else:
-        if args.no_adapters and (args.adapter_seeds or args.adapter_nodes):
+        if (args.no_adapters or args.all_adapters) and (args.adapter_seeds or args.adapter_nodes):
             parser.error("--adapter-seeds and --adapter-nodes choose which adapters to copy: they cannot go with "
-                         "--no-adapters")
+                         "--no-adapters or --all-adapters")
+        if args.no_adapters and args.all_adapters:
+            parser.error("--no-adapters and --all-adapters contradict each other")
+        seeds, nodes = args.adapter_seeds, args.adapter_nodes
+        if not args.all_adapters and not args.no_adapters:
+            sweep = _sweep(args.sweep)
+            seeds = seeds or [sweep.seeds[0]]
+            nodes = nodes or sorted(first_node_of_each_model(sweep))
         print(publish(args.sweep, args.results, force=args.force, adapters=not args.no_adapters,
-                      adapter_seeds=set(args.adapter_seeds) if args.adapter_seeds else None,
-                      adapter_nodes=set(args.adapter_nodes) if args.adapter_nodes else None))
+                      adapter_seeds=set(seeds) if seeds else None, adapter_nodes=set(nodes) if nodes else None))
+
+
+def first_node_of_each_model(sweep) -> set[int]:
+    """The partitions that run each of the sweep's models first (model.node-models is assigned round robin, so
+    partitions 0..k-1 for k models; one model: partition 0), over every arm."""
+    models = max((len([m for m in str(sweep.config_for(arm, sweep.seeds[0], Path("results")).get(
+        "model.node-models", "")).split(",") if m.strip()]) for arm in sweep.arms), default=0)
+    return set(range(min(max(models, 1), sweep.nodes)))
 
 
 if __name__ == "__main__":

@@ -255,3 +255,26 @@ def test_progress_lines_come_at_most_every_ten_seconds():
     assert stream.getvalue().splitlines() == ["verify [0 s]: scoring x",
                                               "verify [12 s]: scoring x: greedy pass 4/10 items",
                                               "verify [24 s]: scoring x: greedy pass 8/10 items"]
+
+
+def test_publish_command_copies_the_first_seed_and_one_node_per_model_by_default(tmp_path):
+    """The command's defaults keep the repository from growing: the sweep's first seed's adapters, and of a SAPO
+    sweep with two models round robin partitions 0 and 1; --all-adapters and explicit choices override them."""
+    from tests.unit.test_report_publish import _script
+
+    script = _script()
+    sweep_file = tmp_path / "swarm.toml"
+    sweep_file.write_text('name = "swarm"\nnodes = 4\nseeds = [3, 4]\n[config]\nstrategy.mode = "sapo"\n'
+                          'model.node-models = "embedded:tiny,embedded:tiny-b"\n[arms.a]\nsapo.external = 4\n')
+    assert script.first_node_of_each_model(script._sweep(sweep_file)) == {0, 1}
+    seen = {}
+    script.publish = lambda *args, **kwargs: seen.update(kwargs) or "published"
+    script.main([str(sweep_file), str(tmp_path / "results")])
+    assert (seen["adapter_seeds"], seen["adapter_nodes"], seen["adapters"]) == ({3}, {0, 1}, True)
+    script.main([str(sweep_file), str(tmp_path / "results"), "--all-adapters"])
+    assert (seen["adapter_seeds"], seen["adapter_nodes"]) == (None, None)
+    script.main([str(sweep_file), str(tmp_path / "results"), "--adapter-seeds", "4", "--adapter-nodes", "2"])
+    assert (seen["adapter_seeds"], seen["adapter_nodes"]) == ({4}, {2})
+    for bad in (["--all-adapters", "--adapter-seeds", "3"], ["--all-adapters", "--no-adapters"]):
+        with pytest.raises(SystemExit):
+            script.main([str(sweep_file), str(tmp_path / "results"), *bad])
