@@ -72,11 +72,13 @@ def constant_figures(items) -> dict:
 
 def add_constants(out: Path) -> None:
     """Fill the constant-answer column into an existing table from its own items (data seed, items per task)."""
-    from pubswap_flwr.tasks import HeldOutSet, parse_mix
+    from pubswap_flwr.tasks import HeldOutSet, parse_custom_tasks, parse_mix
 
     result = json.loads(out.read_text())
     names = list(result["tasks"])
-    held_out = HeldOutSet.build(parse_mix(",".join(f"{t}:1" for t in names)), per_task=result["settings"]["items"],
+    custom = parse_custom_tasks(result["settings"].get("custom", ""))
+    held_out = HeldOutSet.build(parse_mix(",".join(f"{t}:1" for t in names), custom),
+                                per_task=result["settings"]["items"],
                                 data_seed=result["settings"]["data_seed"])
     for name in names:
         result["tasks"][name].update(constant_figures([i for i in held_out.items if i.task == name]))
@@ -91,6 +93,8 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--template", default="plain", help="tasks.template: auto, plain, math")
     parser.add_argument("--tasks", default=",".join(PRESET_TASKS))
+    parser.add_argument("--custom", default="", help="tasks.custom: a JSON object {name: {generator, config}} of "
+                                                     "tasks --tasks may name beside the presets (harder variants)")
     parser.add_argument("--items", type=int, default=200)
     parser.add_argument("--samples", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=64)
@@ -108,11 +112,12 @@ def main() -> None:
     from pubswap_flwr.policy import LoraSettings, Policy, PolicySpec
     from pubswap_flwr.policy.sampling import GenerationSettings
     from pubswap_flwr.policy.threads import apply_threads
-    from pubswap_flwr.tasks import HeldOutSet, parse_mix
+    from pubswap_flwr.tasks import HeldOutSet, parse_custom_tasks, parse_mix
 
     apply_threads()
     settings = {"model": args.model, "template": args.template, "items": args.items, "samples": args.samples,
-                "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "data_seed": DATA_SEED}
+                "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "data_seed": DATA_SEED,
+                **({"custom": args.custom} if args.custom else {})}
     result = json.loads(args.out.read_text()) if args.out.is_file() else {}
     if result and result.get("settings") != settings:
         sys.exit(f"{args.out} holds a table made with other settings ({result.get('settings')}); use another --out")
@@ -124,7 +129,7 @@ def main() -> None:
                                generation=GenerationSettings(max_new_tokens=args.max_new_tokens,
                                                              temperature=args.temperature, max_prompt_tokens=512)))
     names = [t for t in args.tasks.split(",") if t]
-    specs = parse_mix(",".join(f"{t}:1" for t in names))
+    specs = parse_mix(",".join(f"{t}:1" for t in names), parse_custom_tasks(args.custom))
     held_out = HeldOutSet.build(specs, per_task=args.items, data_seed=DATA_SEED)
     started = time.perf_counter() - result.get("seconds", 0.0)
     for name in names:
