@@ -195,6 +195,38 @@ def test_the_page_names_every_import_contract_of_pyproject():
     assert len(contracts) >= 5 and not unnamed, f"docs/architecture.md does not name import contracts {unnamed}"
 
 
+def _module_of(span: str) -> str | None:
+    """The dotted module a path the page names stands for (`protocols/base.py` -> pubswap_flwr.protocols.base)."""
+    if not _is_path(span) or PLACEHOLDER.search(span):
+        return None
+    name = span.rstrip("/").removesuffix(".py").removeprefix("pubswap_flwr/")
+    return f"pubswap_flwr.{name.replace('/', '.')}"
+
+
+def _contract_row(text: str, name: str) -> str:
+    """The last cell of the page's table row whose cell is the contract's name."""
+    for line in text.splitlines():
+        cells = [cell.strip() for cell in line.split("|")]
+        if line.startswith("|") and _spaced(name) in (_spaced(c) for c in cells):
+            return cells[-2]
+    raise AssertionError(f"docs/architecture.md has no table row naming contract {name!r}")
+
+
+LAYERS_CONTRACTS = [c for c in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+                    if c["type"] == "layers"]
+
+
+@pytest.mark.parametrize("contract", LAYERS_CONTRACTS, ids=lambda c: c["name"][:40])
+def test_the_page_lists_every_module_of_each_layers_contract_in_its_order(contract):
+    layers = [[m.strip() for m in re.split(r"[:|]", layer)] for layer in contract["layers"]]
+    layer_of = {module: i for i, layer in enumerate(layers) for module in layer}
+    row = _contract_row(PAGE.read_text(), contract["name"])
+    named = list(dict.fromkeys(m for m in map(_module_of, _code_spans(row)) if m in layer_of))
+    assert sorted(set(layer_of) - set(named)) == [], "docs/architecture.md's row of this contract leaves modules out"
+    order = [layer_of[m] for m in named]
+    assert order == sorted(order), f"docs/architecture.md lists this contract's modules out of order: {named}"
+
+
 # -- the "add a mode" recipe against the catalog's docstring and test_catalog -----------------------------------------
 def test_the_add_a_mode_recipe_touches_exactly_the_files_the_catalog_docstring_lists():
     listed = _catalog_docstring_files()
