@@ -55,10 +55,10 @@ def honest_reply(index: int, message: Message) -> RecordDict:
         return SegmentReply(report(index), responses, adapter).to_record()
     packets = (Packet("", ITEM, ("<answer>6</answer>", "<answer>5</answer>")),)
     if kind == CollectRollouts.message_type:
-        return SapoReply(report(index), packets).to_record()
+        return SapoReply(report(index), packets=packets).to_record()
     if kind in (SapoTrain.message_type, SapoAsyncRound.message_type):
         shared = packets if kind == SapoAsyncRound.message_type else None
-        return SapoReply(report(index), shared, selection=SELECTION).to_record()
+        return SapoReply(report(index), packets=shared, selection=SELECTION).to_record()
     raise ValueError(f"no fake reply for {kind}")
 
 
