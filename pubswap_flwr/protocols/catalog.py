@@ -333,3 +333,8 @@ register(Protocol("sapo", modes={"sapo": ".sapo:SapoProtocol"},
                                                    "nodes": 4},
                                "sapo-paper-sharing": {"config": {**_SAPO_GOLDEN, "sapo.sharing": "local",
                                                                  "eval.samples": 3}, "nodes": 3}}))
+# the baseline of federating at all: nodes train alone, the server keeps and averages no adapter (issue #38 item 6)
+register(Protocol("local", modes={"local": ".local:LocalProtocol"}, handlers={"train.alone": ".local:train_alone"},
+                  averages_adapters=False,
+                  smoke_runs={"local": {"config": {"strategy.mode": "local"}, "flow": ("train.alone",)}},
+                  golden_runs={"local": {"config": {"strategy.mode": "local"}, "nodes": 3}}))
