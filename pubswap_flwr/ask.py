@@ -50,7 +50,7 @@ def find_adapter(run_dir: Path, adapter: Path | None, node: int | None) -> tuple
 
     label, folder = final_adapters(run_dir)[0]
     if label != "global":
-        raise VerifyError(f"{run_dir} keeps one adapter per node (sapo): choose one with --node N")
+        raise VerifyError(f"{run_dir} keeps one adapter per node (sapo, local): choose one with --node N")
     return folder, run_dir
 
 
@@ -127,7 +127,8 @@ def register(sub) -> None:
     parser.add_argument("run", help="a run directory (its config.json names the base model and the prompt format)")
     parser.add_argument("question")
     parser.add_argument("--adapter", metavar="DIR", help="this adapter folder instead of the run's final adapter")
-    parser.add_argument("--node", type=int, help="a sapo run: this node's own adapter (nodes/partition-N/adapter)")
+    parser.add_argument("--node", type=int,
+                        help="a sapo or local run: this node's own adapter (nodes/partition-N/adapter)")
     parser.add_argument("--greedy", action="store_true", help="one greedy answer (the default)")
     parser.add_argument("--samples", type=int, default=0, help="N sampled answers at the temperature instead")
     parser.add_argument("--temperature", type=float, help="sampling temperature (default: the run's)")

@@ -194,8 +194,8 @@ def adapter_folder(path: str | Path) -> Path:
     if (final / ADAPTER_CONFIG).is_file():
         return final
     if (path / "nodes").is_dir() and not (path / "adapters").is_dir():
-        raise ExportError(f"{path} has no global adapter (a sapo run keeps one model per node): export a node's, "
-                          f"e.g. {path / 'nodes' / 'partition-0' / 'adapter'}")
+        raise ExportError(f"{path} has no global adapter (a sapo or local run keeps one model per node): export a "
+                          f"node's, e.g. {path / 'nodes' / 'partition-0' / 'adapter'}")
     raise ExportError(f"{path} is neither an adapter folder (no {ADAPTER_CONFIG}) nor a run directory with "
                       f"adapters/final/{ADAPTER_CONFIG}")
 

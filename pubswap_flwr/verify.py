@@ -68,7 +68,8 @@ class NoAdapterError(VerifyError):
 
 
 def final_adapters(run_dir: Path) -> list[tuple[str, Path]]:
-    """[(label, adapter folder)]: the global adapter (adapters/final), or every SAPO node's own (node-N)."""
+    """[(label, adapter folder)]: the global adapter (adapters/final), or every node's own in sapo and local runs
+    (node-N)."""
     global_dir = run_dir / "adapters" / "final"
     if adapter_folder(global_dir, run_dir):  # a link or a config that is no regular file is refused, not skipped
         return [("global", global_dir)]
@@ -77,8 +78,8 @@ def final_adapters(run_dir: Path) -> list[tuple[str, Path]]:
                    key=lambda p: int(p.parent.name.split("-")[1]))
     if nodes:
         return [(f"node {p.parent.name.split('-')[1]}", p) for p in nodes]
-    raise NoAdapterError(f"{run_dir} has no final adapter (adapters/final/, or nodes/partition-N/adapter/ for sapo); "
-                      "a sweep published before adapters were kept cannot be verified")
+    raise NoAdapterError(f"{run_dir} has no final adapter (adapters/final/, or nodes/partition-N/adapter/ for sapo "
+                         "and local); a sweep published before adapters were kept cannot be verified")
 
 
 def own_results(rows: list[dict], label: str) -> tuple[int, dict]:

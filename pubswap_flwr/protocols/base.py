@@ -1,5 +1,6 @@
 """What every protocol shares: the instruction header and the client report every reply carries (typed, with
-`to_record` / `from_record`), the server-side protocol base class, and the client-side serving of a handler.
+`to_record` / `from_record`), the server-side protocol base class, and the client-side serving of a handler; and
+what the modes whose nodes keep their own adapters share: a node's evaluation of its own adapter and its reply.
 
 Records: an instruction holds a ConfigRecord `config` (scalars), optionally an fp16 ArrayRecord `adapter` and a
 JSON ConfigRecord `payload` (structured text). A reply holds a MetricRecord `metrics` (numbers), a JSON `payload`
@@ -24,7 +25,7 @@ from ..learner import Learner, WorkReport
 from ..logs import route_logs_to_flower
 from ..node_state import NodeIdentity
 from ..tasks.splits import MAX_NODES
-from ..validate import Rejected, number
+from ..validate import Rejected, check_eval, number
 from ..wire import (
     ADAPTER_KEY,
     CONFIG_KEY,
@@ -343,6 +344,79 @@ class ClientWork:
 
 
 ClientHandler = Callable[[ClientWork], RecordDict]
+
+
+# -- modes whose nodes keep their own adapters (sapo, local): self-evaluation ------------------------------------
+def evaluate_own_adapter(work: ClientWork, evaluate: bool, save: bool) -> tuple[dict | None, float]:
+    """A node that keeps its own adapter: its held-out results when asked (`evaluate`), with the seconds they took,
+    and at the run's end (`save`) the adapter saved portable in its state dir (tokenizer, card, base-model
+    reference)."""
+    evaluation, seconds = None, 0.0
+    if evaluate:
+        started = time.perf_counter()
+        evaluation = work.evaluate()
+        seconds = time.perf_counter() - started
+    if save:
+        from ..export import run_summary, save_adapter, write_card
+
+        folder = work.learner.state_dir / "adapter"
+        save_adapter(work.learner.policy, folder)
+        write_card(folder, run_summary(work.cfg, work.header.server_round, {"eval": evaluation or {}},
+                                       node=work.learner.state_dir.name, spec=work.learner.policy.spec))
+    return evaluation, seconds
+
+
+@dataclass(frozen=True)
+class OwnAdapterReply:
+    """The reply of a node that keeps its own adapter: its report and, when asked, its self-reported held-out
+    results of that adapter: `eval_initial` (round 1: its starting point) and `eval` (taking `eval_seconds`)."""
+
+    report: ClientReport
+    eval_initial: dict | None = None
+    eval: dict | None = None
+    eval_seconds: float = 0.0
+
+    def to_record(self, payload: dict | None = None, metrics: dict | None = None) -> RecordDict:
+        """The reply's records; a subclass adds its own `payload` and `metrics` entries."""
+        payload, metrics = dict(payload or {}), dict(metrics or {})
+        if self.eval_initial is not None:
+            payload["eval-initial"] = self.eval_initial
+        if self.eval is not None:
+            payload["eval"] = self.eval
+            metrics["eval-seconds"] = self.eval_seconds
+        return reply_records(self.report, payload=payload, metrics=metrics)
+
+    @classmethod
+    def from_message(cls, message: Message) -> "OwnAdapterReply":
+        metrics, payload, report = read_reply(message)
+        return cls(report, **own_evaluations(metrics, payload, report))
+
+    def record(self, ctx: RoundContext, node: int) -> None:
+        """Into the round's log: the node's results (the metrics row's node_eval, their mean its eval, labelled
+        self-reported; round 1's starting points make round 0's row) and the seconds they took."""
+        if self.eval_initial is not None:
+            ctx.log.initial_evals[str(node)] = self.eval_initial
+        if self.eval is not None:
+            ctx.log.node_evals[str(node)] = self.eval
+        ctx.log.eval_seconds += self.eval_seconds
+
+
+def own_evaluations(metrics: Any, payload: dict, report: ClientReport) -> dict:
+    """A reply's OwnAdapterReply fields besides the report; a self-reported evaluation that fails validation is
+    ignored with a warning, a malformed eval-seconds rejects the reply."""
+    return {"eval_initial": _optional_eval(payload.get("eval-initial"), report, "initial evaluation"),
+            "eval": _optional_eval(payload.get("eval"), report, "evaluation"),
+            "eval_seconds": number(metrics, "eval-seconds", 0.0, low=0, high=MAX_SECONDS)}
+
+
+def _optional_eval(value: Any, report: ClientReport, what: str) -> dict | None:
+    if not value:
+        return None
+    try:
+        return check_eval(value)
+    except Rejected as err:
+        log.warning("ignored node %d's %s: %s", report.node_index, what, err)
+        return None
 
 
 class NodeStateError(RuntimeError):

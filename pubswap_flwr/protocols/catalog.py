@@ -30,9 +30,10 @@ To add a mode, touch these files:
 3. tests/golden/<run>.json for each golden run, recorded with `python -m tests.golden.runs write <run>`;
 4. docs/protocols.md: its row in "Messages per round", naming its message types;
 5. its own tests of what the shared ones do not cover (e.g. tests/protocols/test_<mode>.py);
-and, for a new family only, its checkpoint state in tests/protocols/test_attack_properties.py (PROTOCOL); for a
-mode with its own section, its keys with their defaults in pyproject.toml's [tool.flwr.app.config]
-(tests/unit/test_config.py fails without them).
+and, for a new family whose server keeps state, that state in tests/protocols/test_attack_properties.py
+(PROTOCOL), and for one whose server drops a reply of the client report alone, its fake reply in
+tests/protocols/fake_clients.py; for a mode with its own section, its keys with their defaults in pyproject.toml's
+[tool.flwr.app.config] (tests/unit/test_config.py fails without them).
 tests/unit/test_catalog.py fails, naming the mode, when any of 2-4 is missing. A mode sending another family's
 messages (FedProx is FedAvg with mu) is one more entry in that family's `modes` (and its smoke and golden runs). A
 server optimizer (fedavgm, fedadam) is not a mode: it is a module in protocols/optimizers/, which registers itself
@@ -333,3 +334,8 @@ register(Protocol("sapo", modes={"sapo": ".sapo:SapoProtocol"},
                                                    "nodes": 4},
                                "sapo-paper-sharing": {"config": {**_SAPO_GOLDEN, "sapo.sharing": "local",
                                                                  "eval.samples": 3}, "nodes": 3}}))
+# the baseline of federating at all: nodes train alone, the server keeps and averages no adapter (issue #38 item 6)
+register(Protocol("local", modes={"local": ".local:LocalProtocol"}, handlers={"train.alone": ".local:train_alone"},
+                  averages_adapters=False,
+                  smoke_runs={"local": {"config": {"strategy.mode": "local"}, "flow": ("train.alone",)}},
+                  golden_runs={"local": {"config": {"strategy.mode": "local"}, "nodes": 3}}))

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import logging
 import random
-import time
 from collections import Counter
 from functools import partial
 from typing import Sequence
@@ -44,7 +43,7 @@ from ..tasks.splits import MAX_NODES
 from ..tasks.verifiers import VERIFIERS
 from ..validate import Limits, Rejected, check_packet
 from ..wire import DEFAULT_MAX_PAYLOAD_BYTES
-from .base import Adapter, ClientWork, RoundContext, ServerProtocol
+from .base import Adapter, ClientWork, RoundContext, ServerProtocol, evaluate_own_adapter
 from .sapo_messages import SELECTION_KEYS, CollectRollouts, SapoAsyncRound, SapoReply, SapoTrain
 from .sapo_verify import verified_item
 
@@ -117,8 +116,6 @@ class SapoProtocol(ServerProtocol):
         pool = []
         for node in ctx.exchange.ordered(replies):
             reply = replies[node]
-            if reply.eval_initial is not None:
-                ctx.log.initial_evals[str(node)] = reply.eval_initial
             for reason in reply.packet_rejections:
                 log.warning("round %d: dropped a packet from node %d: %s", ctx.number, node, reason)
             if reply.packet_rejections:
@@ -157,6 +154,7 @@ class SapoProtocol(ServerProtocol):
                                        self._decode(packets=True, trained=True))
             ctx.log.absorb(result)
             self.pool = self._pool(ctx, result.replies)
+            exchanges = [result]
         else:
             shared = ctx.exchange.send([CollectRollouts(ctx.header(round_start=True), first).to_message(n)
                                         for n in nodes], self._decode(packets=True, trained=False))
@@ -166,6 +164,10 @@ class SapoProtocol(ServerProtocol):
             result = ctx.exchange.send(self._train_messages(ctx, SapoTrain, active, pool, False, False),
                                        self._decode(packets=False, trained=True))
             ctx.log.absorb(result)
+            exchanges = [shared, result]
+        for exchanged in exchanges:  # the nodes' own evaluations: round 1's starting points, and when asked
+            for node in ctx.exchange.ordered(exchanged.replies):
+                exchanged.replies[node].record(ctx, node)
         for node in ctx.exchange.ordered(result.replies):  # by node index: means over nodes in one order
             reply = result.replies[node]
             row = ctx.log.client(node)
@@ -175,9 +177,6 @@ class SapoProtocol(ServerProtocol):
                 row["external_rejections"] = list(reply.rejections)
             for key, count in reply.scoring.items():
                 row[key.replace("-", "_")] = count
-            if reply.eval is not None:
-                ctx.log.node_evals[str(node)] = reply.eval
-            ctx.log.eval_seconds += reply.eval_seconds
 
 
 # -- client: the node's SAPO learning ---------------------------------------------------------------------------
@@ -305,28 +304,18 @@ def _train_reply(work: ClientWork, message: SapoTrain, packets: list[Packet] | N
     counts = {"external-received": selection.received, "external-used": len(selection.chosen),
               "external-zero-advantage": selection.zero_advantage, "external-rejected": selection.rejected,
               "external-unverifiable": selection.unverifiable, "external-shortfall": selection.shortfall}
-    evaluation, seconds = None, 0.0
-    if message.evaluate:
-        started = time.perf_counter()
-        evaluation = work.evaluate()
-        seconds = time.perf_counter() - started
-    if message.save_adapter:  # this node's model, portable: tokenizer, card, base-model reference
-        from ..export import run_summary, save_adapter, write_card
-
-        folder = work.learner.state_dir / "adapter"
-        save_adapter(work.learner.policy, folder)
-        write_card(folder, run_summary(work.cfg, message.header.server_round, {"eval": evaluation or {}},
-                                       node=work.learner.state_dir.name, spec=work.learner.policy.spec))
-    return SapoReply(work.client_report(), None if packets is None else tuple(packets), (), eval_initial, counts,
-                     tuple(selection.rejections), evaluation, seconds,
-                     {k: v for k, v in scoring.items() if v}).to_record()
+    evaluation, seconds = evaluate_own_adapter(work, message.evaluate, message.save_adapter)
+    return SapoReply(work.client_report(), eval_initial, evaluation, seconds,
+                     packets=None if packets is None else tuple(packets), selection=counts,
+                     rejections=tuple(selection.rejections),
+                     scoring={k: v for k, v in scoring.items() if v}).to_record()
 
 
 def collect_rollouts(work: ClientWork) -> RecordDict:
     message = CollectRollouts.from_record(work.message.content)
     eval_initial = work.evaluate() if message.evaluate_initial else None
     packets = generate_rollouts(work.learner, message.header.server_round, work.report)
-    return SapoReply(work.client_report(), tuple(packets), (), eval_initial).to_record()
+    return SapoReply(work.client_report(), eval_initial, packets=tuple(packets)).to_record()
 
 
 def sapo_train(work: ClientWork) -> RecordDict:

@@ -4,18 +4,24 @@ selection counts, rejections, an optional evaluation), as Flower records."""
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from flwr.app import Message, RecordDict
 
 from ..algorithms.sapo_selection import Packet
-from ..validate import Limits, Rejected, check_eval, check_packets
+from ..validate import Limits, check_packets
 from ..wire import CONFIG_KEY
-from .base import MAX_SECONDS, ClientReport, Header, Instruction, number, payload_of, read_reply, records, reply_records
-
-log = logging.getLogger("pubswap_flwr")
+from .base import (
+    Header,
+    Instruction,
+    OwnAdapterReply,
+    number,
+    own_evaluations,
+    payload_of,
+    read_reply,
+    records,
+)
 
 SCORING_KEYS = ("scoring-timeouts", "scoring-skipped")  # sent only when not 0
 SELECTION_KEYS = ("external-received", "external-used", "external-zero-advantage", "external-rejected",
@@ -75,38 +81,28 @@ class SapoAsyncRound(SapoTrain):
     message_type: ClassVar[str] = "train.sapo_async"
 
 
-@dataclass(frozen=True)
-class SapoReply:
+@dataclass(frozen=True, kw_only=True)
+class SapoReply(OwnAdapterReply):
     """Packets the node shares (rollouts, async), and what its training did (train, async): the external groups
     it received, used, found without signal or rejected, and its held-out results when asked."""
 
-    report: ClientReport
     packets: tuple[Packet, ...] | None = None
     packet_rejections: tuple[str, ...] = ()  # server side: why packets of this reply were dropped
-    eval_initial: dict | None = None
     selection: dict[str, int] = field(default_factory=dict)
     rejections: tuple[str, ...] = ()  # the node's reasons for dropping peers' packets
-    eval: dict | None = None
-    eval_seconds: float = 0.0
     scoring: dict[str, int] = field(default_factory=dict)  # peers' answers whose scoring timed out / was skipped
 
-    def to_record(self) -> RecordDict:
+    def to_record(self) -> RecordDict:  # type: ignore[override]
         payload: dict[str, Any] = {}
-        metrics: dict[str, Any] = {**self.selection, **self.scoring}
         if self.packets is not None:
             payload["packets"] = [p.to_wire() for p in self.packets]
-        if self.eval_initial is not None:
-            payload["eval-initial"] = self.eval_initial
         if self.selection:
             payload["rejections"] = list(self.rejections[:20])
-        if self.eval is not None:
-            payload["eval"] = self.eval
-            metrics["eval-seconds"] = self.eval_seconds
-        return reply_records(self.report, payload=payload, metrics=metrics)
+        return super().to_record(payload, {**self.selection, **self.scoring})
 
     @classmethod
-    def from_message(cls, message: Message, limits: Limits, max_completions: int, *, packets: bool,
-                     trained: bool) -> "SapoReply":
+    def from_message(cls, message: Message, limits: Limits, max_completions: int, *,  # type: ignore[override]
+                     packets: bool, trained: bool) -> "SapoReply":
         """Decode a node's reply. Packets that fail validation are dropped one by one (reasons kept); a node's
         self-reported evaluation that fails validation is ignored with a warning."""
         metrics, payload, report = read_reply(message)
@@ -116,17 +112,6 @@ class SapoReply:
         rejections = payload.get("rejections", [])
         rejections = tuple(str(r)[:300] for r in rejections[:5]) if isinstance(rejections, list) else ()
         scoring = {key: int(number(metrics, key, low=0, high=1e9)) for key in SCORING_KEYS if key in metrics}
-        return cls(report, None if shared is None else tuple(shared), tuple(reasons),
-                   _optional_eval(payload.get("eval-initial"), report, "initial evaluation"),
-                   selection, rejections, _optional_eval(payload.get("eval"), report, "evaluation"),
-                   number(metrics, "eval-seconds", 0.0, low=0, high=MAX_SECONDS), scoring)
-
-
-def _optional_eval(value: Any, report: ClientReport, what: str) -> dict | None:
-    if not value:
-        return None
-    try:
-        return check_eval(value)
-    except Rejected as err:
-        log.warning("ignored node %d's %s: %s", report.node_index, what, err)
-        return None
+        return cls(report, **own_evaluations(metrics, payload, report),
+                   packets=None if shared is None else tuple(shared), packet_rejections=tuple(reasons),
+                   selection=selection, rejections=rejections, scoring=scoring)

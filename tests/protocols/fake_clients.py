@@ -1,6 +1,7 @@
 """Model-free honest clients behind a Grid, for driving a protocol's server side directly: each answers every
-instruction with a well-formed reply of its message type, and `tamper(node, message, content)` may rewrite a reply's
-records before the server sees them (property tests feed it arbitrary mutations)."""
+instruction with a well-formed reply of its message type (a mode without one here gets the bare report), and
+`tamper(node, message, content)` may rewrite a reply's records before the server sees them (property tests feed it
+arbitrary mutations)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from pubswap_flwr.algorithms.sapo_selection import Packet
 from pubswap_flwr.inprocess import CLIENT_APP_RAISED_EXCEPTION, InProcessGrid
-from pubswap_flwr.protocols.base import ClientReport
+from pubswap_flwr.protocols.base import ClientReport, reply_records
 from pubswap_flwr.protocols.fedavg import AdapterReply, LocalRound
 from pubswap_flwr.protocols.pubswap import Segment, SegmentReply
 from pubswap_flwr.protocols.sapo import CollectRollouts, SapoAsyncRound, SapoReply, SapoTrain
@@ -55,11 +56,13 @@ def honest_reply(index: int, message: Message) -> RecordDict:
         return SegmentReply(report(index), responses, adapter).to_record()
     packets = (Packet("", ITEM, ("<answer>6</answer>", "<answer>5</answer>")),)
     if kind == CollectRollouts.message_type:
-        return SapoReply(report(index), packets).to_record()
+        return SapoReply(report(index), packets=packets).to_record()
     if kind in (SapoTrain.message_type, SapoAsyncRound.message_type):
         shared = packets if kind == SapoAsyncRound.message_type else None
-        return SapoReply(report(index), shared, selection=SELECTION).to_record()
-    raise ValueError(f"no fake reply for {kind}")
+        return SapoReply(report(index), packets=shared, selection=SELECTION).to_record()
+    # any other mode's instruction: the report every reply carries, all a reply needs in a mode that exchanges
+    # nothing else (local); a mode whose server wants more drops this reply, and the property tests then fail
+    return reply_records(report(index))
 
 
 honest_reply.adapters = {}  # type: ignore[attr-defined]  # pubswap: the adapter each node returns at the end

@@ -231,7 +231,8 @@ FLATS = {family: ExperimentConfig.from_flat({"run-name": "x", "num-server-rounds
                                              "strategy.mode": next(iter(p.modes)),
                                              **CHECKPOINT_SETTINGS.get(family, {})}).to_flat()
          for family, p in FAMILIES.items()}
-# each family's protocol state and extra adapters in its checkpoint (a new family adds its own here)
+# each family's protocol state and extra adapters in its checkpoint (a new family whose server keeps state adds its
+# own here; one that keeps none is checkpointed with {}, what its state() returns)
 PROTOCOL = {"fedavg": {}, "pubswap": {"public_cursor": 8, "last_disagreement": 0.5, "downlink_holders": [7, 8]},
             "sapo": {"sapo_pool": [PACKET]}}
 EXTRA_ADAPTERS = {"pubswap": {"downlink": ADAPTER}}
@@ -265,7 +266,7 @@ def _base(mode: str) -> Path:
         run = Path(tempfile.mkdtemp(prefix=f"ckpt-{mode}-"))
         for number in (1, 2):
             checkpoint.save(run, ServerCheckpoint(
-                number, FLATS[mode], 0.5 * number, {7: 0, 8: 1}, {0: number, 1: number}, PROTOCOL[mode],
+                number, FLATS[mode], 0.5 * number, {7: 0, 8: 1}, {0: number, 1: number}, PROTOCOL.get(mode, {}),
                 ADAPTER if FAMILIES[mode].averages_adapters else None, EXTRA_ADAPTERS.get(mode, {})))
         _BASE[mode] = run
     return _BASE[mode]
@@ -285,9 +286,18 @@ def _restores(loaded: ServerCheckpoint) -> None:
     assert runner._restore(loaded) == loaded.round
 
 
-def test_every_protocol_family_has_a_checkpoint_state_to_mutate():
-    missing = sorted(set(FAMILIES) - set(PROTOCOL))
+def _server_state(family: str) -> dict:
+    """What a fresh server of the family's first mode keeps in its checkpoint."""
+    from pubswap_flwr.protocols import protocol_class
+
+    cfg = ExperimentConfig.from_flat(FLATS[family])
+    return protocol_class(cfg.strategy.mode)(cfg).state()
+
+
+def test_every_protocol_family_keeping_server_state_has_a_checkpoint_state_to_mutate():
+    missing = sorted(family for family in FAMILIES if family not in PROTOCOL and _server_state(family))
     assert not missing, f"protocol families without their checkpoint state in PROTOCOL: {missing}"
+    assert _server_state("fedavg") == {} and _server_state("sapo") == {"sapo_pool": []}  # the check can tell
 
 
 @pytest.mark.parametrize("mode", list(FLATS))

@@ -82,7 +82,7 @@ def test_replies_round_trip_and_the_server_rescores_public_responses():
         rescored = SegmentReply.from_message(_reply(graded.to_record()), ["public/gcd/1"], 1, Limits(), Public(),
                                              None, half, partial_credit)
         assert rescored.responses == {"public/gcd/1": [("<answer>0.5</answer>", reward)]}
-    shared = SapoReply(REPORT, (Packet("", ITEM, ("<answer>2</answer>",)),), selection={"external-used": 3})
+    shared = SapoReply(REPORT, packets=(Packet("", ITEM, ("<answer>2</answer>",)),), selection={"external-used": 3})
     back = SapoReply.from_message(_reply(shared.to_record()), Limits(), 4, packets=True, trained=True)
     assert back.packets[0].item == ITEM and back.selection["external-used"] == 3
     assert back.selection["external-received"] == 0

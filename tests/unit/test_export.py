@@ -189,7 +189,7 @@ def test_export_refuses_an_existing_folder_and_a_run_without_a_global_adapter(ru
         export(run_dir, run_dir, force=True)
     sapo = tmp_path / "sapo-run"
     (sapo / "nodes" / "partition-0" / "adapter").mkdir(parents=True)
-    with pytest.raises(ExportError, match="a sapo run keeps one model per node"):
+    with pytest.raises(ExportError, match="a sapo or local run keeps one model per node"):
         adapter_folder(sapo)
 
 

@@ -1,0 +1,78 @@
+"""Local training alone (the baseline of federating at all): one `train.alone` message per client per round.
+
+Server → client: tau, and whether to evaluate. The client runs tau private GRPO steps (the learner every mode
+uses) on its own adapter, which stays in its node state across rounds as a SAPO node's does; no adapter and no
+rollout travels either way, and the server keeps no model. Nodes evaluate their own adapters on the run's held-out
+items when asked (round 1 also measures their starting point): the metrics row's eval is the mean over nodes,
+self-reported, as SAPO's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from flwr.app import RecordDict
+
+from ..wire import CONFIG_KEY
+from .base import (
+    ClientWork,
+    Header,
+    Instruction,
+    OwnAdapterReply,
+    RoundContext,
+    ServerProtocol,
+    evaluate_own_adapter,
+    records,
+)
+
+
+# -- messages ------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TrainAlone(Instruction):
+    message_type: ClassVar[str] = "train.alone"
+    header: Header
+    local_steps: int
+    evaluate: bool = False
+    save_adapter: bool = False
+    evaluate_initial: bool = False
+
+    def to_record(self) -> RecordDict:
+        return records({**self.header.to_config(), "local-steps": self.local_steps, "evaluate": self.evaluate,
+                        "save-adapter": self.save_adapter, "evaluate-initial": self.evaluate_initial})
+
+    @classmethod
+    def from_record(cls, content: RecordDict) -> "TrainAlone":
+        config = content[CONFIG_KEY]
+        return cls(Header.from_config(config), int(config["local-steps"]), bool(config.get("evaluate", False)),
+                   bool(config.get("save-adapter", False)), bool(config.get("evaluate-initial", False)))
+
+
+# -- server --------------------------------------------------------------------------------------------------------
+class LocalProtocol(ServerProtocol):
+    holds_global_adapter = False
+    per_node_models = True  # nothing is averaged, so nodes may run different models
+
+    def describe(self) -> str:
+        return f"tau={self.cfg.train.local_steps} (nodes train alone)"
+
+    def run_round(self, ctx: RoundContext) -> None:
+        """tau private steps on every selected node's own adapter; their own evaluations recorded when asked."""
+        nodes = ctx.exchange.select(ctx.number)
+        messages = [TrainAlone(ctx.header(round_start=True), self.cfg.train.local_steps, ctx.evaluate, ctx.final,
+                               ctx.number == 1).to_message(node) for node in nodes]
+        result = ctx.exchange.send(messages, lambda node, reply: OwnAdapterReply.from_message(reply))
+        ctx.log.absorb(result)
+        for node in ctx.exchange.ordered(result.replies):  # by node index: means over nodes in one order
+            result.replies[node].record(ctx, node)
+
+
+# -- client --------------------------------------------------------------------------------------------------------
+def train_alone(work: ClientWork) -> RecordDict:
+    """Evaluate the starting point if asked, run tau private GRPO steps on the node's own adapter, evaluate (and at
+    the end save) it if asked; reply the report and the evaluations, no adapter."""
+    message = TrainAlone.from_record(work.message.content)
+    eval_initial = work.evaluate() if message.evaluate_initial else None
+    work.learner.private_steps(message.local_steps, work.report)
+    evaluation, seconds = evaluate_own_adapter(work, message.evaluate, message.save_adapter)
+    return OwnAdapterReply(work.client_report(), eval_initial, evaluation, seconds).to_record()
