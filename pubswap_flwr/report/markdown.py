@@ -36,7 +36,7 @@ SELF_REPORTED = "self-reported by the nodes"  # summary.json's `held_out` of an 
 
 
 def heading_lines(title: str, notes: str, command: str, made_by: str, runs: list[RunSummary],
-                  code_lines: list[str]) -> list[str]:
+                  code_lines: list[str], pending: list[tuple[str, int]] | None = None) -> list[str]:
     """The title, who made the runs and the report, the notes, the provenance lines and how to read the numbers.
     Nothing in it but the runs' files and the arguments: a published report regenerates byte for byte."""
     lines = [f"# {md(title)}", ""]
@@ -45,6 +45,8 @@ def heading_lines(title: str, notes: str, command: str, made_by: str, runs: list
         lines.append(f"Runs made by `{code_span(made_by)}`; this report generated {stamp} by `{code_span(command)}`.")
     else:
         lines.append(f"Generated {stamp}" + (f" by `{code_span(command)}`" if command else "") + ".")
+    if pending:
+        lines += [""] + pending_lines(pending)[:-1]
     if notes:
         lines += ["", notes.strip()]
     lines += code_lines

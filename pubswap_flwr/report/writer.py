@@ -15,7 +15,6 @@ from .markdown import (
     heading_lines,
     learning_lines,
     paired_lines,
-    pending_lines,
     per_run_lines,
     per_task_lines,
     plot_lines,
@@ -115,8 +114,7 @@ def write_report(out: Path, run_dirs: list[Path], *, failures: dict[tuple[str, i
     out.mkdir(parents=True, exist_ok=True)
 
     code_lines, made_with = provenance_lines(runs)
-    lines = heading_lines(title, notes, command, made_by, runs, code_lines)
-    lines += pending_lines(pending or [])
+    lines = heading_lines(title, notes, command, made_by, runs, code_lines, pending)
     summary: dict = {"title": title, "notes": notes, "made_by": made_by, "command": command, "confidence": CONFIDENCE,
                      "baseline": baseline, "arms": {}, "paired": {}, "runs": {},
                      "failures": {f"{a}-s{s}": d for (a, s), d in failures.items()}, "provenance": made_with}
