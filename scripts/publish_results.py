@@ -316,16 +316,21 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         if not args.all_adapters and not args.no_adapters:
             sweep = _sweep(args.sweep)
             seeds = seeds or [sweep.seeds[0]]
-            nodes = nodes or sorted(first_node_of_each_model(sweep))
+            nodes = nodes or sorted(first_node_of_each_model(sweep) or ())
         print(publish(args.sweep, args.results, force=args.force, adapters=not args.no_adapters,
                       adapter_seeds=set(seeds) if seeds else None, adapter_nodes=set(nodes) if nodes else None))
 
 
-def first_node_of_each_model(sweep) -> set[int]:
+def first_node_of_each_model(sweep) -> set[int] | None:
     """The partitions that run each of the sweep's models first (model.node-models is assigned round robin, so
-    partitions 0..k-1 for k models; one model: partition 0), over every arm."""
-    models = max((len([m for m in str(sweep.config_for(arm, sweep.seeds[0], Path("results")).get(
-        "model.node-models", "")).split(",") if m.strip()]) for arm in sweep.arms), default=0)
+    partitions 0..k-1 for k models; one model: partition 0), over every arm; None when no arm's mode keeps an adapter
+    per node (only a global adapter to copy)."""
+    from pubswap_flwr.protocols.catalog import CATALOG
+
+    configs = [sweep.config_for(arm, sweep.seeds[0], Path("results")) for arm in sweep.arms]
+    if all(CATALOG[str(c.get("strategy.mode", "fedavg"))].averages_adapters for c in configs):
+        return None
+    models = max(len([m for m in str(c.get("model.node-models", "")).split(",") if m.strip()]) for c in configs)
     return set(range(min(max(models, 1), sweep.nodes)))
 
 

@@ -267,6 +267,9 @@ def test_publish_command_copies_the_first_seed_and_one_node_per_model_by_default
     sweep_file.write_text('name = "swarm"\nnodes = 4\nseeds = [3, 4]\n[config]\nstrategy.mode = "sapo"\n'
                           'model.node-models = "embedded:tiny,embedded:tiny-b"\n[arms.a]\nsapo.external = 4\n')
     assert script.first_node_of_each_model(script._sweep(sweep_file)) == {0, 1}
+    global_only = tmp_path / "fed.toml"
+    global_only.write_text('name = "fed"\nnodes = 2\nseeds = [0]\n[arms.f]\nstrategy.mode = "fedavg"\n')
+    assert script.first_node_of_each_model(script._sweep(global_only)) is None  # no per-node adapters to choose
     seen = {}
     script.publish = lambda *args, **kwargs: seen.update(kwargs) or "published"
     script.main([str(sweep_file), str(tmp_path / "results")])
