@@ -53,3 +53,26 @@ def test_uptake_is_off_by_default(tmp_path):
                          "output.dir": str(tmp_path), "run-name": "d"}, 2)
     row = read_metrics(tmp_path / "d")[-1]
     assert not any(key.startswith("uptake_") for client in row["clients"].values() for key in client)
+
+
+def test_measuring_uptake_changes_nothing_that_is_trained(tmp_path):
+    """The measurement is two extra forward passes and nothing else: with it on, a Balanced run trains, scores and
+    evaluates exactly as with it off (so the uptake run's numbers are the arm's own)."""
+    config = {"seed": 3, "num-server-rounds": 2, "train.local-steps": 2, "train.prompts-per-step": 2,
+              "train.completions-per-prompt": 4, "eval.items-per-task": 3, "model.threads": 1,
+              "strategy.mode": "pubswap", "pubswap.swap": "balanced", "pubswap.tau-swap": 1,
+              "pubswap.public-prompts": 2, "output.dir": str(tmp_path)}
+    simulate_in_process({**config, "run-name": "off"}, 2)
+    simulate_in_process({**config, "run-name": "on", "pubswap.measure-uptake": True}, 2)
+
+    def trained(run: str) -> list:
+        rows = read_metrics(tmp_path / run)
+        return [(r.get("eval"), r.get("cumulative_reward"),
+                 sorted((c["node_index"], c.get("train_reward"), c.get("total_steps")) for c in
+                        (r.get("clients") or {}).values())) for r in rows]
+
+    on = read_metrics(tmp_path / "on")
+    assert any(c.get("uptake_own_completions") for r in on for c in (r.get("clients") or {}).values())
+    assert trained("on") == trained("off")
+    final = "adapters/final/adapter_model.safetensors"
+    assert (tmp_path / "on" / final).read_bytes() == (tmp_path / "off" / final).read_bytes()
