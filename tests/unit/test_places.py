@@ -95,3 +95,17 @@ def test_report_defaults_leave_the_checkout(data_home, tmp_path):
     assert (published.parent.parent / "outcomes.json").is_file()  # a published sweep keeps its outcomes.json
     assert default_report_dir(published) == expected
     assert default_report_dir(PROJECT / "runs" / "x") == data_home / "reports" / "runs" / "report"
+
+
+def test_pubswap_simulate_out_from_the_checkout_lands_outside_it(data_home, monkeypatch):
+    """`pubswap simulate -c configs/real.toml --out runs` (the README's real-model command) from the checkout: the
+    relative --out resolves like output.dir, not into the checkout (the fresh-clone walk found runs/ there)."""
+    seen = {}
+
+    def simulate(config, nodes, **_):
+        seen.update(config)
+
+    monkeypatch.setattr("pubswap_flwr.simulation.simulate", simulate)
+    monkeypatch.chdir(PROJECT)
+    cli.main(["simulate", "--out", "runs", "--run-name", "walk", "-c", "seed=4", "--nodes", "2"])
+    assert seen["output.dir"] == str((data_home / "runs").resolve())
