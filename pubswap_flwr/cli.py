@@ -29,6 +29,7 @@ from . import logs, preflight, superlink
 from .config import describe, key_choices
 from .follow import LogStream, finished_row, follow, status_file_ended
 from .metrics import final_adapters, mark_failed, mark_stopped
+from .places import resolve_output
 
 FLWR_ENV = {"FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
 FLOWER_STOPPED = "finished:stopped"  # `flwr ls` status of a run that `flwr stop` ended
@@ -225,7 +226,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.run_name:
         config["run-name"] = args.run_name
     if args.out:
-        config["output.dir"] = str(Path(args.out).resolve())
+        config["output.dir"] = str(resolve_output(args.out))  # relative: outside the checkout, like output.dir
     found = checked(config)
     if found.finished:
         print(found.finished)
@@ -283,7 +284,8 @@ def register_simulate(sub) -> None:
                           help="run on a running Ray cluster: its head node's address (`ray start --head --port`), "
                                "or auto (default: $RAY_ADDRESS when set, else a Ray instance of this run's own)")
     simulate.add_argument("--run-name")
-    simulate.add_argument("--out", help="output.dir")
+    simulate.add_argument("--out", help="output.dir (a relative one resolves like output.dir: outside the checkout "
+                                        "when run from it, docs/running.md)")
     simulate.add_argument("--verbose", action="store_true",
                           help="also a line per client reply in every exchange (time, reward, bytes)")
     simulate.set_defaults(func=cmd_simulate)
