@@ -145,8 +145,8 @@ def test_the_servers_scoring_of_one_client_stops_when_its_budget_is_spent(tmp_pa
 
     ticks = iter(range(10**6))
     monkeypatch.setattr(pubswap_protocol, "ScoringBudget",
-                        lambda per_completion, per_sender: ScoringBudget(per_completion, 2.5,
-                                                                          clock=lambda: float(next(ticks))))
+                        lambda per_completion, per_sender, **kwargs: ScoringBudget(
+                            per_completion, 2.5, clock=lambda: float(next(ticks)), **kwargs))
     simulate_in_process({**TINY, "strategy.mode": "pubswap", "pubswap.tau-swap": 1, "pubswap.public-prompts": 2,
                          "output.dir": str(tmp_path), "run-name": "budget"}, 2)
     row = read_metrics(tmp_path / "budget")[1]

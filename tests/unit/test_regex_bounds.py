@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pubswap_flwr.tasks import TaskItem, choice, extract_answer, math_answers, reasoning_gym_scoring, verifiers
+from pubswap_flwr.tasks import TaskItem, choice, extract_answer, math_answers, reasoning_gym_scoring, rewards, verifiers
 from pubswap_flwr.tasks.choice import options_of, parse_choice
 from pubswap_flwr.tasks.math_answers import last_boxed, math_text
 from pubswap_flwr.tasks.reasoning_gym_scoring import is_plain_math
@@ -61,6 +61,8 @@ APPLIED = {
     verifiers._NUMBER.pattern: lambda text: verifiers._NUMBER.findall(text),  # lenient_answer
     verifiers._WORD.pattern: lambda text: verifiers._WORD.findall(text),
     verifiers._NUMERIC_ANSWER.pattern: lambda text: verifiers._NUMERIC_ANSWER.fullmatch(text),
+    rewards._MODULE.pattern: lambda text: rewards._MODULE.fullmatch(text),  # tasks.rewards names (config text)
+    rewards._FUNCTION.pattern: lambda text: rewards._FUNCTION.fullmatch(text),
     r"[A-Za-z]+": lambda text: re.findall(r"[A-Za-z]+", text),  # is_plain_math's names
     r"\s+([^\s$]+)": lambda text: re.match(r"\s+([^\s$]+)", text),  # last_boxed: "\boxed 5"
     r"(?:\\text\{)?([A-Za-z]+)\}?\.?": lambda text: re.fullmatch(r"(?:\\text\{)?([A-Za-z]+)\}?\.?", text),
@@ -70,7 +72,7 @@ APPLIED = {
 def _patterns_in_source() -> set[str]:
     """Regex sources in pubswap_flwr/tasks: module-level compiled patterns and literal patterns of re.* calls."""
     found = set()
-    for module in (choice, verifiers, reasoning_gym_scoring, math_answers):
+    for module in (choice, verifiers, reasoning_gym_scoring, math_answers, rewards):
         found |= {value.pattern for value in vars(module).values() if isinstance(value, re.Pattern)}
     for path in sorted(TASKS.glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -88,7 +90,7 @@ def _modules_using_re() -> set[str]:
 
 def test_every_pattern_in_the_tasks_package_is_checked_here():
     assert _modules_using_re() == {"choice.py", "verifiers.py", "reasoning_gym_scoring.py",
-                                   "math_answers.py"}, "a new module uses re: list it"
+                                   "math_answers.py", "rewards.py"}, "a new module uses re: list it"
     assert _patterns_in_source() == set(APPLIED), "a regex was added or changed: add it to APPLIED"
 
 

@@ -52,9 +52,10 @@ def model_folder(path: Path, chat_template: str | None = None) -> Path:
 
 
 def one_line_error(capsys, command: str) -> str:
-    err = capsys.readouterr().err.strip()
-    assert err.startswith(f"pubswap {command}: ") and "\n" not in err and "Traceback" not in err, err
-    return err
+    """The command's error: one line after its progress lines ("verify [12 s]: ..."), never a traceback."""
+    lines = [line for line in capsys.readouterr().err.strip().splitlines() if not line.startswith(f"{command} [")]
+    assert len(lines) == 1 and lines[0].startswith(f"pubswap {command}: ") and "Traceback" not in lines[0], lines
+    return lines[0]
 
 
 class Fifo:
