@@ -173,6 +173,11 @@ def run_one(config: dict[str, Any], nodes: int, cpus_per_client: int, timeout_s:
 NOT_RUN = "not-run"  # a run --report-only found unmade: neither a failure nor a result, listed as pending
 
 
+def is_failure(status: str) -> bool:
+    """Whether an outcome's status is a failure for the report: neither completed nor merely not made yet."""
+    return status not in ("completed", NOT_RUN)
+
+
 def run_sweep(sweep: Sweep, out: Path, only: list[str] | None = None, dry_run: bool = False,
               report_only: bool = False) -> list[RunOutcome]:
     """Run the sweep's (arm, seed) runs that are not complete yet; `report_only` runs none and records each of them
@@ -265,15 +270,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
     # Every completed run of the sweep on disk (an --only invocation keeps the other arms in the report).
     completed = [out / "runs" / sweep.run_name(arm.name, seed) for arm in sweep.arms for seed in sweep.seeds
                  if run_status(out / "runs" / sweep.run_name(arm.name, seed)).get("status") == "completed"]
-    report = write_report(out, completed,
-                          failures={(o.arm, o.seed): o.detail for o in outcomes
-                                    if o.status not in ("completed", NOT_RUN)},
-                          pending=[(o.arm, o.seed) for o in outcomes if o.status == NOT_RUN],
+    failed = [o for o in outcomes if is_failure(o.status)]
+    pending = [o for o in outcomes if o.status == NOT_RUN]
+    report = write_report(out, completed, failures={(o.arm, o.seed): o.detail for o in failed},
+                          pending=[(o.arm, o.seed) for o in pending],
                           title=sweep.name, notes=sweep.notes, command=" ".join(["pubswap"] + sys.argv[1:]),
                           force=True, arm_order=[arm.name for arm in sweep.arms])  # its own sweep's report
     print(f"report: {report}")
-    failed = [o for o in outcomes if o.status not in ("completed", NOT_RUN)]
-    pending = [o for o in outcomes if o.status == NOT_RUN]
     if pending:
         print(f"{len(pending)} run(s) not made yet: " + ", ".join(sweep.run_name(o.arm, o.seed) for o in pending))
     for o in failed:

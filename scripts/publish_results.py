@@ -43,7 +43,7 @@ import numpy as np
 from safetensors import SafetensorError
 from safetensors.numpy import load, save
 
-from pubswap_flwr.compare import NOT_RUN, SweepError, load_sweep
+from pubswap_flwr.compare import NOT_RUN, SweepError, is_failure, load_sweep
 from pubswap_flwr.config import PLAIN_COMPONENT, is_plain_component
 from pubswap_flwr.metrics import MetricsError, parse_metrics
 from pubswap_flwr.report import summarize_run, write_report
@@ -166,7 +166,7 @@ def run_files(src: Path, name: str, with_adapters: bool, nodes: set[int] | None 
 
 def _report(sweep, sweep_file: Path, dst: Path, outcomes: list[dict], command: str) -> Path:
     runs = [dst / "runs" / sweep.run_name(o["arm"], o["seed"]) for o in outcomes if o["status"] == "completed"]
-    failures = {(o["arm"], o["seed"]): o["detail"] for o in outcomes if o["status"] not in ("completed", NOT_RUN)}
+    failures = {(o["arm"], o["seed"]): o["detail"] for o in outcomes if is_failure(o["status"])}
     pending = [(o["arm"], o["seed"]) for o in outcomes if o["status"] == NOT_RUN]
     return write_report(dst, runs, failures=failures, pending=pending, title=sweep.name, notes=sweep.notes,
                         command=command,

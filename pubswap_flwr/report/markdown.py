@@ -46,7 +46,7 @@ def heading_lines(title: str, notes: str, command: str, made_by: str, runs: list
     else:
         lines.append(f"Generated {stamp}" + (f" by `{code_span(command)}`" if command else "") + ".")
     if pending:
-        lines += [""] + pending_lines(pending)[:-1]
+        lines += ["", pending_line(pending)]
     if notes:
         lines += ["", notes.strip()]
     lines += code_lines
@@ -310,13 +310,11 @@ def format_lines(arms: Arms, summary: dict) -> list[str]:
     return lines
 
 
-def pending_lines(pending: list[tuple[str, int]]) -> list[str]:
+def pending_line(pending: list[tuple[str, int]]) -> str:
     """A partial sweep's warning: which runs it does not have yet (pairs and intervals cover only the others)."""
-    if not pending:
-        return []
     names = ", ".join(f"{md(arm)} seed {seed}" for arm, seed in pending)
-    return [f"**Partial sweep: {len(pending)} run(s) not made yet** ({names}). Every figure below is of the runs "
-            "made so far; an arm with fewer seeds than the sweep declares has wider or no intervals.", ""]
+    return (f"**Partial sweep: {len(pending)} run(s) not made yet** ({names}). Every figure below is of the runs "
+            "made so far; an arm with fewer seeds than the sweep declares has wider or no intervals.")
 
 
 def failure_lines(failures: dict[tuple[str, int], str]) -> list[str]:

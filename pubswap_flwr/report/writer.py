@@ -96,8 +96,8 @@ def write_report(out: Path, run_dirs: list[Path], *, failures: dict[tuple[str, i
     previous summary.json recorded, then to the default title, no notes, `command` and the first arm. The arms (their
     colours and markers) follow `arm_order` (the sweep file's, given by `pubswap compare` and publish_results.py; the
     default baseline is then its first arm), then the previous summary's order, then the order the runs are given
-    in. `pending`: the (arm, seed) runs of a sweep not made yet (stopped early), listed under the title and at the
-    end so that nobody reads a partial sweep as a whole one."""
+    in. `pending`: the (arm, seed) runs of a sweep not made yet (stopped early), listed under the title so that
+    nobody reads a partial sweep as a whole one."""
     out = Path(out)
     report = out / REPORT_FILE
     if report.exists() and not force:
