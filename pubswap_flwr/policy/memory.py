@@ -48,8 +48,10 @@ def limit_retention() -> bool:
 
 
 def release() -> bool:
-    """Collect garbage and give the heap's free memory back to the system; True when the heap was trimmed."""
-    gc.collect()
+    """Collect young garbage and give the heap's free memory back to the system; True when the heap was trimmed."""
+    # generations 0 and 1 only: tensors are freed by reference counting as soon as the update drops them, and a full
+    # collection walks every object the process holds (0.29 s per call in a test process, 17% of a small run)
+    gc.collect(1)
     if not enabled():
         return False
     return bool(_libc().malloc_trim(0))

@@ -9,6 +9,7 @@ import socket
 import stat
 import subprocess
 import sys
+import tempfile
 
 import pytest
 from flwr.app import ConfigRecord, Context, Message, RecordDict
@@ -95,8 +96,14 @@ def test_a_socket_path_too_long_for_unix_sockets_is_a_clear_error(tmp_path, monk
         client.address_for(_context({"state-dir": "/tmp/x"}), watch_pid=1)
 
 
-def test_worker_address_differs_per_node_config_and_watch_pid(tmp_path, monkeypatch):
-    monkeypatch.setenv(client.RUNTIME_DIR_ENV, str(tmp_path / "w"))
+def test_worker_address_differs_per_node_config_and_watch_pid(monkeypatch):
+    # a short directory: a unix socket path has at most 107 bytes, and pytest-xdist's tmp_path is long
+    with tempfile.TemporaryDirectory(prefix="pw") as short:
+        monkeypatch.setenv(client.RUNTIME_DIR_ENV, short)
+        _addresses_differ()
+
+
+def _addresses_differ():
     a = client.address_for(_context({"state-dir": "/a"}), 100)
     assert a == client.address_for(_context({"state-dir": "/a"}), 100)
     assert a != client.address_for(_context({"state-dir": "/b"}), 100)
