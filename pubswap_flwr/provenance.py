@@ -19,6 +19,9 @@ PROVENANCE_FILE = "provenance.json"
 PACKAGES = ("torch", "flwr", "transformers", "peft", "reasoning-gym", "numpy")
 # what can change a run's numbers: a checkout with changes here is "dirty"; runs/, results/, docs/ do not count
 CODE_PATHS = ("pubswap_flwr", "client_app.py", "server_app.py", "pyproject.toml", "configs", "data/models")
+# instruction sets that change which matmul kernels torch picks on a CPU, and so a run's last digits: the same seed's
+# round-0 greedy evaluation differed by one item of 64 between an AMD EPYC and an Intel Xeon with AMX (bf16 sampling)
+CPU_NUMERIC_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile")
 
 
 def _version(name: str) -> str:
@@ -53,12 +56,15 @@ def _device() -> dict[str, Any]:
     out: dict[str, Any] = {"platform": platform.platform(), "machine": platform.machine(),
                            "cpus": os.cpu_count() or 0}
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                out["cpu"] = line.split(":", 1)[1].strip()
-                break
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
-        pass
+        lines = []
+    for line in lines:
+        if line.startswith("model name") and "cpu" not in out:
+            out["cpu"] = line.split(":", 1)[1].strip()
+        elif line.startswith("flags") and "cpu_flags" not in out:
+            present = set(line.split(":", 1)[1].split())
+            out["cpu_flags"] = [flag for flag in CPU_NUMERIC_FLAGS if flag in present]
     if "torch" in sys.modules:  # the ServerApp has it loaded already; never import it just for this
         torch = sys.modules["torch"]
         out["torch_threads"] = torch.get_num_threads()
@@ -131,3 +137,16 @@ def code_label(entry: dict[str, Any]) -> str:
 def environment_label(entry: dict[str, Any]) -> str:
     packages = entry.get("packages", {})
     return ", ".join(f"{name} {packages.get(name, '?')}" for name in ("torch", "flwr", "transformers", "peft"))
+
+
+def cpu_label(entry: dict[str, Any]) -> str:
+    """`AMD EPYC`, or with the numerics-relevant flags when recorded: `Intel(R) Xeon(R) Processor (avx2, amx_bf16)`;
+    `unknown CPU` for a start that recorded none."""
+    device = entry.get("device")
+    device = device if isinstance(device, dict) else {}
+    name = device.get("cpu")
+    label = name if isinstance(name, str) and name else "unknown CPU"
+    flags = device.get("cpu_flags")
+    if isinstance(flags, list) and all(isinstance(f, str) for f in flags):
+        label += f" ({', '.join(flags) or 'no avx2'})"
+    return label

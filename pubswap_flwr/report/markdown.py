@@ -341,16 +341,18 @@ def plot_lines(plots: list[tuple[Path, str]], arms: Arms, styles: dict[str, ArmS
 
 
 def provenance_lines(runs: list[RunSummary]) -> tuple[list[str], dict[str, list[str]]]:
-    """The report's lines on which code and environment made its runs, with a warning when they differ (also
+    """The report's lines on which code, environment and CPU made its runs, with a warning when they differ (also
     between the starts of a resumed run), and {run: [code label of each start]} for summary.json."""
-    from ..provenance import code_label, environment_label, read
+    from ..provenance import code_label, cpu_label, environment_label, read
 
     made_with: dict[str, list[str]] = {}
     environments: dict[str, set[str]] = {}
+    cpus: dict[str, set[str]] = {}
     for r in runs:
         starts = read(r.run_dir)
         made_with[r.run_dir.name] = [code_label(s) for s in starts]
         environments[r.run_dir.name] = {environment_label(s) for s in starts}
+        cpus[r.run_dir.name] = {cpu_label(s) for s in starts}
     labels = {label for found in made_with.values() for label in found}
     missing = sorted(name for name, found in made_with.items() if not found)
     envs = {e for found in environments.values() for e in found}
@@ -370,4 +372,10 @@ def provenance_lines(runs: list[RunSummary]) -> tuple[list[str], dict[str, list[
         lines.append("The runs record no provenance (made before runs wrote provenance.json).")
     if len(envs) > 1:
         lines.append("**Warning: the runs' environments differ:** " + "; ".join(map(md, sorted(envs))) + ".")
+    cpu_names = {c for found in cpus.values() for c in found}
+    if len(cpu_names) > 1:  # different kernels: the same seed's figures can differ in an item or two, even at round 0
+        lines.append("**Warning: the runs were made on different CPUs,** whose kernels round differently (the same "
+                     "seed's figures can differ by an item or two, even before training): "
+                     + "; ".join(f"{md(c)}: {', '.join(md(n) for n, f in cpus.items() if c in f)}"
+                                 for c in sorted(cpu_names)) + ".")
     return lines, made_with

@@ -54,10 +54,33 @@ def test_written_read_back_and_appended_on_resume(tmp_path):
     assert provenance.read(tmp_path) == []
 
 
-def _record(run: Path, commit: str, dirty: bool = False, torch: str = "2.13.0+cpu") -> None:
+def _record(run: Path, commit: str, dirty: bool = False, torch: str = "2.13.0+cpu", device: dict | None = None) -> None:
     entry = {"version": "0.1.0", "code": {"commit": commit, "dirty": dirty, "changed": []},
-             "packages": {"torch": torch, "flwr": "1.42.0", "transformers": "5.24.0", "peft": "0.21.2"}}
+             "packages": {"torch": torch, "flwr": "1.42.0", "transformers": "5.24.0", "peft": "0.21.2"},
+             **({"device": device} if device is not None else {})}
     (run / provenance.PROVENANCE_FILE).write_text(json.dumps({"starts": [entry]}))
+
+
+def test_the_cpu_and_its_numeric_instruction_sets_are_recorded_and_labelled():
+    device = provenance.collect()["device"]
+    assert set(device["cpu_flags"]) <= set(provenance.CPU_NUMERIC_FLAGS)
+    assert list(device["cpu_flags"]) == [f for f in provenance.CPU_NUMERIC_FLAGS if f in device["cpu_flags"]]
+    assert provenance.cpu_label({"device": {"cpu": "AMD EPYC"}}) == "AMD EPYC"  # a record made before the flags
+    xeon = {"device": {"cpu": "Xeon", "cpu_flags": ["avx2", "amx_bf16"]}}
+    assert provenance.cpu_label(xeon) == "Xeon (avx2, amx_bf16)"
+    assert provenance.cpu_label({"device": {"cpu": "Old", "cpu_flags": []}}) == "Old (no avx2)"
+    assert provenance.cpu_label({}) == provenance.cpu_label({"device": ["not", "an object"]}) == "unknown CPU"
+
+
+def test_report_warns_when_the_runs_were_made_on_different_cpus(tmp_path):
+    runs = [make_run(tmp_path, arm, 0, 0.3) for arm in ("a", "b", "c")]
+    for run in runs:
+        _record(run, "a" * 40, device={"cpu": "AMD EPYC"})
+    assert "different CPUs" not in write_report(tmp_path / "same", runs).read_text()
+    _record(runs[2], "a" * 40, device={"cpu": "Intel(R) Xeon(R) Processor", "cpu_flags": ["avx2", "amx_bf16"]})
+    text = write_report(tmp_path / "mixed", runs).read_text()
+    assert "**Warning: the runs were made on different CPUs,**" in text
+    assert "AMD EPYC: a-s0, b-s0; Intel(R) Xeon(R) Processor (avx2, amx_bf16): c-s0." in text
 
 
 def test_report_names_the_code_and_warns_when_runs_differ(tmp_path):
