@@ -9,9 +9,11 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import shutil
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -126,26 +128,37 @@ def test_report_answers_or_prints_one_line_whatever_a_file_holds(name, how):
     _answered_or_one_line(code, err, "report")
 
 
+@pytest.fixture(scope="module")
+def publication(tmp_path_factory):
+    """A finished mini sweep with a final adapter, and its publication: made once, copied by every example."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    root = tmp_path_factory.mktemp("publication")
+    sweep, results = _finished_sweep(root)
+    final = results / "mini-sweep" / "runs" / "fedavg-s0" / "adapters" / "final"
+    final.mkdir(parents=True)
+    (final / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "embedded:tiny"}))
+    save_file({"x": np.zeros(2, np.float32)}, str(final / "adapter_model.safetensors"))
+    _script().publish(sweep, results, docs=root / "docs")
+    return root
+
+
 @QUICK
 @given(name=st.sampled_from(["outcomes.json", "runs/fedavg-s0/metrics.jsonl", "runs/fedavg-s1/config.json",
                              "runs/fedprox-s0/status.json", "runs/fedprox-s1/provenance.json",
                              "runs/fedavg-s0/adapters/final/adapter_config.json",
                              "runs/fedavg-s0/adapters/final/adapter_model.safetensors"]), how=damage())
-def test_publish_publishes_or_raises_its_error_whatever_a_file_holds(name, how):
-    import numpy as np
-    from safetensors.numpy import save_file
-
+def test_publish_publishes_or_raises_its_error_whatever_a_file_holds(publication, name, how):
     script = _script()
     fifos: list = []
     with tempfile.TemporaryDirectory() as tmp:
-        sweep, results = _finished_sweep(Path(tmp))
-        final = results / "mini-sweep" / "runs" / "fedavg-s0" / "adapters" / "final"
-        final.mkdir(parents=True)
-        (final / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "embedded:tiny"}))
-        save_file({"x": np.zeros(2, np.float32)}, str(final / "adapter_model.safetensors"))
-        docs = Path(tmp) / "docs"
-        published = script.publish(sweep, results, docs=docs)
+        root = Path(tmp) / "copy"
+        shutil.copytree(publication, root, symlinks=True)
+        sweep, results, docs = root / "mini-sweep.toml", root / "results", root / "docs"
+        published = docs / "mini-sweep"
         before = {p: p.read_bytes() for p in published.rglob("*") if p.is_file()}
+        assert "report.md" in {p.name for p in before}
         _spoil(results / "mini-sweep" / name, how, fifos)
         try:
             script.publish(sweep, results, docs=docs, force=True)
