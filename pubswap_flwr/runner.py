@@ -217,9 +217,14 @@ def outcome(rounds_run: int, idle_rounds: list[int], seconds: float) -> tuple[st
 
 
 def mean_eval(evals: list[dict]) -> dict:
-    """Mean of nodes' held-out metrics (SAPO: every node has its own model)."""
+    """Mean of nodes' held-out metrics (SAPO: every node has its own model); a task whose answers collapsed at any
+    node stays flagged in the mean (the report's shortcut check reads the mean row)."""
     keys = list(dict.fromkeys(k for e in evals for k, v in e.items() if isinstance(v, (int, float))))
     out: dict = {k: float(np.mean([e[k] for e in evals if k in e])) for k in keys}
+    for key in schema.SHORTCUT_TASKS:
+        found = [e[key] for e in evals if isinstance(e.get(key), list)]
+        if found:
+            out[key] = sorted({task for tasks in found for task in tasks if isinstance(task, str)})
     rows = [e.get("per_task", {}) for e in evals]
     numeric = (int, float)
     tasks = list(dict.fromkeys(t for per_task in rows for t in per_task))  # nodes may report different tasks

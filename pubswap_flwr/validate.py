@@ -16,7 +16,7 @@ import numpy as np
 from .algorithms.sapo_selection import Packet, behaviours_from_wire
 from .compression import Codec, CodecError, Quantized
 from .config import ExperimentConfig
-from .metrics_schema import ITEM_RESULTS
+from .metrics_schema import ITEM_RESULTS, SHORTCUT_TASKS
 from .rollouts import MAX_BEHAVIOUR_TOKENS, Behaviour
 from .tasks import TaskItem, items
 from .tasks.verifiers import VERIFIERS
@@ -287,6 +287,13 @@ def check_eval(result: Any) -> dict:
         raise Rejected("eval.per_task is not an object of at most 256 tasks")
     clean["per_task"] = {check_utf8(str(task)[:128], "a task name"): numbers(row, f"eval.per_task[{task!r}]")
                          for task, row in per_task.items()}
+    for key in SHORTCUT_TASKS:  # tasks whose answers collapsed: only tasks the evaluation itself reports
+        if key in result:
+            flagged = result[key]
+            if not isinstance(flagged, list) or not all(isinstance(t, str) and t in clean["per_task"]
+                                                        for t in flagged):
+                raise Rejected(f"eval.{key} is not a list of the evaluation's own task names")
+            clean[key] = sorted(set(flagged))
     if ITEM_RESULTS in result:
         clean[ITEM_RESULTS] = check_item_results(result[ITEM_RESULTS], clean.get("samples", 1))
     return clean

@@ -172,6 +172,27 @@ def test_node_evaluations_with_different_tasks_average_per_task():
                    "per_task": {"gcd": {"greedy_accuracy": 0.5}, "count_bits": {"greedy_accuracy": 0.25}}}
 
 
+def test_a_task_flagged_as_a_shortcut_at_any_node_stays_flagged_in_the_nodes_mean():
+    a = {"greedy_accuracy": 0.5, "greedy_shortcut_tasks": ["gcd"], "sampled_shortcut_tasks": []}
+    b = {"greedy_accuracy": 0.25, "greedy_shortcut_tasks": ["products", "gcd"], "sampled_shortcut_tasks": []}
+    out = mean_eval([a, b])
+    assert out["greedy_shortcut_tasks"] == ["gcd", "products"] and out["sampled_shortcut_tasks"] == []
+    assert "greedy_shortcut_tasks" not in mean_eval([{"greedy_accuracy": 1.0}])  # a node that recorded no check
+
+
+def test_a_nodes_self_reported_shortcut_flags_cross_the_boundary_only_as_its_own_task_names():
+    from pubswap_flwr.validate import check_eval
+
+    per_task = {"gcd": {"greedy_accuracy": 0.5}, "products": {"greedy_accuracy": 0.5}}
+    report = {"greedy_accuracy": 0.5, "per_task": per_task,
+              "greedy_shortcut_tasks": ["products", "gcd", "gcd"], "sampled_shortcut_tasks": []}
+    clean = check_eval(report)
+    assert clean["greedy_shortcut_tasks"] == ["gcd", "products"] and clean["sampled_shortcut_tasks"] == []
+    for bad in (["count_bits"], "gcd", [1], None):
+        with pytest.raises(Rejected, match="eval.greedy_shortcut_tasks is not a list of the evaluation's own task"):
+            check_eval({**report, "greedy_shortcut_tasks": bad})
+
+
 def test_a_packet_whose_provenance_cannot_be_read_is_refused_by_the_server_and_by_receivers(tmp_path):
     from pubswap_flwr.learner import Learner, WorkReport
     from pubswap_flwr.protocols.sapo import generate_rollouts, train_on_pool
