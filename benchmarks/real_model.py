@@ -18,6 +18,9 @@ measured side by side in one run, printing medians and ratios.
 4. Thread policy: two processes at once (two simulated clients, or two SuperNodes, on this 2-core machine), each
    repeating a client's step (sample prompts x K, update): torch's default threads (all cores in each process)
    against the thread policy (one CPU each, as Ray's client-resources-num-cpus = 1 gives); median step time.
+6. The matmul ceiling: this CPU's fp32 and bf16 throughput on the model's own matrix shapes (every product a token's
+   forward makes, at the sampler's batch and at 1024 rows), and the share of it the sampler (part 1), its prefill
+   and the update (part 2) reach. Printed after part 2 (`--skip ceiling` leaves it out).
 5. Rounds of the real-model learning sweep (configs/real.toml, 2 clients through Flower's Ray engine: the fedavg arm
    of configs/real-pubswap.toml), split into sampling, update, evaluation and communication + orchestration, from
    a run's metrics.jsonl (--round-from RUN, or a 1-round run made here).
@@ -146,7 +149,7 @@ def sampling(args) -> list:
                                       & batch.has_sampled.unsqueeze(1))
     print(f"  log-prob gap, {policy.sampling_dtype} sampler vs fp32 training pass, {count} tokens: mean |diff| "
           f"{total / count:.4f}, max {worst:.4f} (ratio exp(gap): mean {2.718281828 ** (total / count):.4f})")
-    return groups
+    return groups, ours_rate
 
 
 class _cache_implementation:
@@ -179,7 +182,7 @@ class _merged_fp32:
         return self.context.__exit__(*exc)
 
 
-def update(args, sampled_groups) -> None:
+def update(args, sampled_groups) -> float:
     from grpo_step import trl_step_fn
 
     from pubswap_flwr.rollouts import RolloutGroup
@@ -190,7 +193,7 @@ def update(args, sampled_groups) -> None:
                    for g in sampled_groups]
     print(f"\n2. GRPO update, {len(alternating)} groups x {args.k} completions, LoRA r 8, fp32, median of "
           f"{args.repeats}:")
-    ratios = {}
+    ratios, rates = {}, {}
     for label, groups in (("every row trained", alternating), ("as sampled", sampled_groups)):
         zero = sum(1 for g in groups if not g.has_signal)
         with tempfile.TemporaryDirectory() as workdir:
@@ -210,6 +213,136 @@ def update(args, sampled_groups) -> None:
         print(f"    ours {o:8.2f} s {total_tokens / o:8.0f} tok/s")
         print(f"    TRL  {t:8.2f} s {total_tokens / t:8.0f} tok/s")
         print(f"    ratio ours / TRL tokens/s = {t / o:.2f}  (goal >= 1.0)")
+        rates[label] = total_tokens / o
+    return rates["every row trained"]
+
+
+def _linear_shapes(config) -> list[tuple[int, int, int]]:
+    """(in, out, how many) of every matrix product a token goes through: one layer's projections times the layers,
+    then the LM head."""
+    hidden, inner = config.hidden_size, config.intermediate_size
+    head_dim = getattr(config, "head_dim", None) or hidden // config.num_attention_heads
+    kv = config.num_key_value_heads * head_dim
+    layers = config.num_hidden_layers
+    return [(hidden, config.num_attention_heads * head_dim, layers), (hidden, kv, 2 * layers),
+            (config.num_attention_heads * head_dim, hidden, layers), (hidden, inner, 2 * layers),
+            (inner, hidden, layers), (hidden, config.vocab_size, 1)]
+
+
+def _matmul_seconds(rows: int, shapes, dtype, repeats: int) -> float:
+    """Median seconds of every product one token's forward makes, for `rows` tokens at once (weights as nn.Linear
+    holds them, F.linear as the model calls it)."""
+    import torch
+    import torch.nn.functional as F
+
+    total = 0.0
+    for fan_in, fan_out, count in shapes:
+        x = torch.randn(rows, fan_in, dtype=dtype)
+        w = torch.randn(fan_out, fan_in, dtype=dtype) * 0.02
+        F.linear(x, w)  # warm-up: the kernel chosen and its buffers made
+        times = []
+        for _ in range(max(3, repeats)):
+            start = time.perf_counter()
+            F.linear(x, w)
+            times.append(time.perf_counter() - start)
+        total += statistics.median(times) * count
+    return total
+
+
+def ceiling(args, sampler_rate: float | None, update_rate: float | None) -> None:
+    """Part 6: this CPU's matmul throughput on the model's own shapes at the thread count of parts 1-2, and the share
+    of it the sampler and the update reach (their matrix products are most of their arithmetic)."""
+    import torch
+
+    policy = _policy(new_tokens=args.new_tokens)
+    config = policy.model.config
+    shapes = _linear_shapes(config)
+    flops_per_token = 2 * sum(i * o * n for i, o, n in shapes)
+    batch = args.prompts * args.k
+    print(f"\n6. The matmul ceiling on the model's shapes ({flops_per_token / 1e6:.0f} MFLOP per token forward, "
+          f"{torch.get_num_threads()} thread(s)):")
+    ceilings = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        for rows in (batch, 1024):
+            seconds = _matmul_seconds(rows, shapes, dtype, args.repeats)
+            ceilings[(dtype, rows)] = rows / seconds
+            gflops = rows * flops_per_token / seconds / 1e9
+            print(f"  {str(dtype).removeprefix('torch.'):<9} {rows:>5} rows at once: {gflops:7.1f} GFLOP/s, "
+                  f"{rows / seconds:9.1f} tokens/s through every product")
+    # prefill: the prompts' forward on the sampling copy, as the sampler makes it (one pass, last logits only)
+    from pubswap_flwr.policy.sampling import encode_prompts
+
+    prompts = policy.prompts(_items(args.prompts))
+    encoded = encode_prompts(policy.tokenizer, prompts, policy.spec.generation.max_prompt_tokens)
+    tokens = int(encoded["attention_mask"].sum())
+    times = []
+    with torch.no_grad(), policy.sampler.merged():
+        for _ in range(max(3, args.repeats)):
+            start = time.perf_counter()
+            policy.sampling_model(**encoded, logits_to_keep=1)
+            times.append(time.perf_counter() - start)
+    prefill_rate = tokens / statistics.median(times)
+    low = policy.sampling_dtype
+    prefill_rows = int(encoded["input_ids"].numel())
+    prefill_ceiling = prefill_rows / _matmul_seconds(prefill_rows, shapes[:-1], low, args.repeats)
+    print(f"  prefill ({low}, {len(prompts)} prompts, {tokens} tokens): {prefill_rate:.0f} tokens/s = "
+          f"{prefill_rate / prefill_ceiling:.0%} of the ceiling without the LM head at {prefill_rows} rows "
+          f"({prefill_ceiling:.0f} tokens/s; the head runs on the last position only)")
+    source = "part 1"
+    if sampler_rate is None:  # part 1 skipped: our sampler alone, as part 1 times it
+        items, rates = _items(args.prompts), []
+        policy.sample(items, args.k)  # warm-up
+        for repeat in range(max(1, args.repeats)):
+            torch.manual_seed(repeat + 1)
+            elapsed, out = timed(lambda: policy.sample(items, args.k))
+            rates.append(sum(len(s.token_ids) for row in out for s in row) / elapsed)
+        sampler_rate, source = statistics.median(rates), f"median of {max(1, args.repeats)}"
+    if sampler_rate is not None:
+        print(f"  sampler ({low}, {source}, {batch} rows, prefill included): {sampler_rate:.1f} tokens/s = "
+              f"{sampler_rate / ceilings[(low, batch)]:.0%} of the ceiling at {batch} rows "
+              f"({ceilings[(low, batch)]:.0f} tokens/s)  (goal >= 50%)")
+    _where_sampling_goes(policy, args)
+    if update_rate is not None:  # an estimate: the forward and the gradients to the inputs (the base is frozen)
+        need = update_rate * 2
+        print(f"  update (fp32, part 2, every row trained): {update_rate:.0f} tokens/s; its products (the forward and "
+              f"the input gradients, about 2x a forward's) make {need:.0f} forward-tokens/s = "
+              f"{need / ceilings[(torch.float32, 1024)]:.0%} of the fp32 ceiling at 1024 rows (an estimate)")
+
+
+SAMPLING_OPS = (  # (category, substrings of aten op names), first match wins
+    ("matrix products", ("addmm", "aten::mm", "matmul", "linear", "bmm", "mkldnn", "onednn")),
+    ("attention", ("scaled_dot_product", "flash_attention", "_efficient_attention", "softmax_backward")),
+    ("KV cache and copies", ("aten::cat", "aten::copy_", "index_select", "aten::index", "aten::to", "_to_copy",
+                             "contiguous", "clone", "empty", "aten::repeat")),
+    ("sampling ops (softmax, top-k/p, multinomial, log-probs)", ("softmax", "multinomial", "sort", "topk", "gather",
+                                                                 "cumsum", "div", "argmax", "where")),
+)
+
+
+def _where_sampling_goes(policy, args) -> None:
+    """One call of our sampler under torch's profiler: its time by kind of op, and what no op accounts for (Python
+    per token: the decode loop, the model's modules, tokenizer checks)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    items = _items(args.prompts)
+    torch.manual_seed(0)
+    start = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        policy.sample(items, args.k)
+    wall = time.perf_counter() - start
+    totals: dict[str, float] = {}
+    for event in prof.key_averages():
+        name = event.key.lower()
+        category = next((label for label, keys in SAMPLING_OPS if any(k in name for k in keys)), "other ops")
+        totals[category] = totals.get(category, 0.0) + event.self_cpu_time_total / 1e6
+    ops = sum(totals.values())
+    print(f"  where one sampling call's {wall:.1f} s go (torch profiler, self time by kind of op; the profiler itself "
+          f"adds overhead per op):")
+    for label, seconds in sorted(totals.items(), key=lambda item: -item[1]):
+        print(f"    {label:<58}{seconds:7.2f} s {seconds / wall:6.0%}")
+    print(f"    {'no op (Python: decode loop, modules, checks; profiler)':<58}{wall - ops:7.2f} s "
+          f"{(wall - ops) / wall:6.0%}")
 
 
 def _client_memory(dtype: str, micro_batch: int, queue) -> None:
@@ -327,8 +460,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3, help="steps per client in the thread benchmark")
     parser.add_argument("--threads", type=int, default=1, help="torch threads for parts 1-2")
     parser.add_argument("--round-from", help="part 5 from this finished run of the sweep instead of a 1-round run")
-    parser.add_argument("--skip", default="", help="comma-separated parts to skip: sampling,update,memory,threads,"
-                                                   "round")
+    parser.add_argument("--skip", default="", help="comma-separated parts to skip: sampling,update,ceiling,"
+                                                   "memory,threads,round")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     import torch
@@ -336,9 +469,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     print(f"{MODEL}; torch {torch.__version__}; {os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f}; "
           f"bf16 native: {torch.cpu._is_avx512_bf16_supported()}")
-    groups = sampling(args) if "sampling" not in skip else None
-    if "update" not in skip and groups is not None:
-        update(args, groups)
+    groups, sampler_rate = sampling(args) if "sampling" not in skip else (None, None)
+    update_rate = update(args, groups) if "update" not in skip and groups is not None else None
+    if "ceiling" not in skip:
+        ceiling(args, sampler_rate, update_rate)
     if "memory" not in skip:
         memory()
     if "threads" not in skip:
