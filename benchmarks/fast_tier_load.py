@@ -23,13 +23,6 @@ FAST_TIER = ["-m", "not slow", "-n", "2", "-q", "-p", "no:cacheprovider"]
 LOADER = "while True: pass"
 
 
-def load_average() -> str:
-    try:
-        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "unknown"
-
-
 def run_tier(pytest_args: list[str], log: Path | None) -> tuple[float, int, str]:
     """(wall seconds, pytest's exit code, its summary line) of one fast-tier run in a fresh process; its whole output
     goes to `log` when given."""
@@ -70,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, float] = {}
     failed = False
     for arm in args.arms:
-        print(f"{arm}: load average before {load_average()}", flush=True)
+        print(f"{arm}: load average before {os.getloadavg()[0]:.2f}", flush=True)
         log = args.log.with_name(f"{args.log.name}.{arm}.txt") if args.log else None
         seconds, code, summary = (run_tier(pytest_args, log) if arm == "idle"
                                   else with_loaders(args.loaders, pytest_args, log))

@@ -14,6 +14,7 @@ the 4 nodes in turn; on 4 cores all 4 run at once. Goal: the whole round under 1
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import tempfile
@@ -88,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
                "-c", f"num-server-rounds={args.rounds}", "--nodes", str(args.nodes),
                "--cpus-per-client", str(args.cpus_per_client), "--run-name", "four-client-memory", "--out", str(out)]
     print("command:", " ".join(command[1:]), flush=True)
-    print("load average before:", " ".join(Path("/proc/loadavg").read_text().split()[:3]), flush=True)
+    print(f"load average before: {os.getloadavg()[0]:.2f}", flush=True)
     start = time.perf_counter()
     log = (out / "simulate.log").open("w")
     child = subprocess.Popen(command, cwd=tempfile.gettempdir(), stdout=log, stderr=subprocess.STDOUT)

@@ -297,10 +297,9 @@ def ceiling(args, sampler_rate: float | None, update_rate: float | None) -> None
             elapsed, out = timed(lambda: policy.sample(items, args.k))
             rates.append(sum(len(s.token_ids) for row in out for s in row) / elapsed)
         sampler_rate, source = statistics.median(rates), f"median of {max(1, args.repeats)}"
-    if sampler_rate is not None:
-        print(f"  sampler ({low}, {source}, {batch} rows, prefill included): {sampler_rate:.1f} tokens/s = "
-              f"{sampler_rate / ceilings[(low, batch)]:.0%} of the ceiling at {batch} rows "
-              f"({ceilings[(low, batch)]:.0f} tokens/s)  (goal >= 50%)")
+    print(f"  sampler ({low}, {source}, {batch} rows, prefill included): {sampler_rate:.1f} tokens/s = "
+          f"{sampler_rate / ceilings[(low, batch)]:.0%} of the ceiling at {batch} rows "
+          f"({ceilings[(low, batch)]:.0f} tokens/s)  (goal >= 50%)")
     _where_sampling_goes(policy, args)
     if update_rate is not None:  # an estimate: the forward and the gradients to the inputs (the base is frozen)
         need = update_rate * 2
