@@ -21,6 +21,12 @@ measured side by side in one run, printing medians and ratios.
 6. The matmul ceiling: this CPU's fp32 and bf16 throughput on the model's own matrix shapes (every product a token's
    forward makes, at the sampler's batch and at 1024 rows), and the share of it the sampler (part 1), its prefill
    and the update (part 2) reach. Printed after part 2 (`--skip ceiling` leaves it out).
+7. Held-out evaluation, old against new: `evaluation.evaluate` on configs/real.toml's held-out settings
+   (smollm2-135m-warm, its 3-task mix, greedy + 4 samples at T 0.7, 64 new tokens, eval.batch-size 256) with the
+   code as it was before 2026-12-03 (the LM head given a strided input, so torch multiplied it against a copy of the
+   head's weight per prompt; Hugging Face's concatenating KV cache) and as it is (contiguous head input,
+   sampling.GrowingLayer); each arm in its own process, interleaved, time, peak RSS and whether the results are the
+   same.
 5. Rounds of the real-model learning sweep (configs/real.toml, 2 clients through Flower's Ray engine: the fedavg arm
    of configs/real-pubswap.toml), split into sampling, update, evaluation and communication + orchestration, from
    a run's metrics.jsonl (--round-from RUN, or a 1-round run made here).
@@ -344,6 +350,60 @@ def _where_sampling_goes(policy, args) -> None:
           f"{(wall - ops) / wall:6.0%}")
 
 
+EVAL_MIX = "basic_arithmetic:1,chain_sum:1,products:1"  # configs/real.toml's held-out mix
+
+
+def _evaluation_arm(old: bool, per_task: int, queue) -> None:
+    import torch
+    from transformers import DynamicCache
+
+    from pubswap_flwr.evaluation import evaluate
+    from pubswap_flwr.policy import LoraSettings, Policy, PolicySpec, sampling
+    from pubswap_flwr.policy.sampling import GenerationSettings
+    from pubswap_flwr.tasks import HeldOutSet, parse_mix
+
+    torch.set_num_threads(1)
+    policy = Policy(PolicySpec(model_name="smollm2-135m-warm", lora=LoraSettings(r=8, alpha=16),
+                               generation=GenerationSettings(max_new_tokens=64, temperature=0.7,
+                                                             max_prompt_tokens=512)))
+    if old:  # the code before 2026-12-03: no head hook, Hugging Face's concatenating cache
+        for model in (policy.model, policy.sampling_model):
+            model.get_output_embeddings()._forward_pre_hooks.clear()
+        sampling.decode_cache = lambda model, room: DynamicCache(config=model.config)
+    items = HeldOutSet.build(parse_mix(EVAL_MIX), per_task=per_task, data_seed=11).items
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    elapsed, result = timed(lambda: evaluate(policy, items, samples=4, batch_size=256, seed=0, lenient=True))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    queue.put((elapsed, before, peak, json.dumps(result, sort_keys=True, default=str)))
+
+
+def evaluation_speed(args) -> None:
+    """Part 7: the held-out evaluator before and after the head and cache changes, side by side."""
+    context = multiprocessing.get_context("spawn")
+    print(f"\n7. Held-out evaluation of smollm2-135m-warm, {args.eval_items} items per task x 3 tasks, greedy + 4 "
+          f"samples, batch 256, 1 thread, each arm in its own process (old, new interleaved, {args.eval_repeats} "
+          f"pair(s)):")
+    runs: dict[str, list] = {"old": [], "new": []}
+    for _ in range(args.eval_repeats):
+        for label in ("old", "new"):
+            queue = context.Queue()
+            proc = context.Process(target=_evaluation_arm, args=(label == "old", args.eval_items, queue))
+            proc.start()
+            runs[label].append(queue.get())
+            proc.join()
+            elapsed, before, peak, _ = runs[label][-1]
+            print(f"  {label}: {elapsed:7.1f} s, peak RSS {peak:6.0f} MiB ({before:.0f} MiB after loading)  "
+                  f"load average {os.getloadavg()[0]:.2f}")
+    same = len({result for label in runs for *_, result in runs[label]}) == 1
+    old_time = statistics.median(r[0] for r in runs["old"])
+    new_time = statistics.median(r[0] for r in runs["new"])
+    old_peak = statistics.median(r[2] for r in runs["old"])
+    new_peak = statistics.median(r[2] for r in runs["new"])
+    print(f"  median time old / new = {old_time:.1f} / {new_time:.1f} s = {old_time / new_time:.2f}x  (goal >= 3x); "
+          f"peak RSS {old_peak:.0f} -> {new_peak:.0f} MiB; every metric the same in every run: "
+          f"{'yes' if same else 'NO'}")
+
+
 def _client_memory(dtype: str, micro_batch: int, queue) -> None:
     import torch
 
@@ -459,8 +519,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3, help="steps per client in the thread benchmark")
     parser.add_argument("--threads", type=int, default=1, help="torch threads for parts 1-2")
     parser.add_argument("--round-from", help="part 5 from this finished run of the sweep instead of a 1-round run")
+    parser.add_argument("--eval-items", type=int, default=16, help="held-out items per task in part 7")
+    parser.add_argument("--eval-repeats", type=int, default=2, help="old/new pairs in part 7")
     parser.add_argument("--skip", default="", help="comma-separated parts to skip: sampling,update,ceiling,"
-                                                   "memory,threads,round")
+                                                   "memory,threads,evaluation,round")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     import torch
@@ -476,6 +538,8 @@ def main() -> None:
         memory()
     if "threads" not in skip:
         threads(args)
+    if "evaluation" not in skip:
+        evaluation_speed(args)
     if "round" not in skip:
         one_round(args)
     print(f"\nload average at the end {os.getloadavg()[0]:.2f}")

@@ -158,5 +158,21 @@ def load_causal_lm(location: str, dtype: str = "float32", device: torch.device |
         raise ModelError(f"cannot load model {location!r} (offline? use a local path or a cached id): {err}") from err
     model.to(device)
     model.eval()
+    contiguous_head_input(model)
     return model
+
+
+def _contiguous_input(module, args):
+    return (args[0].contiguous(), *args[1:])
+
+
+def contiguous_head_input(model) -> None:
+    """Give the LM head a contiguous input. With `logits_to_keep` (the sampler's prefill, the update's prompt pass)
+    Hugging Face passes the last positions' hidden states as a strided view, and torch.matmul multiplies such a view
+    batch by batch against a copy of the head's weight expanded per sequence (sequences x hidden x vocabulary: 3.6 GB
+    in bf16 for 64 SmolLM2 prompts, and most of a prefill's time); a contiguous input is one matrix product with the
+    same values (benchmarks/real_model.py, part 7). Copies of the model (the bf16 sampling copy) keep the hook."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if isinstance(head, torch.nn.Module) and _contiguous_input not in head._forward_pre_hooks.values():
+        head.register_forward_pre_hook(_contiguous_input)
 

@@ -197,12 +197,12 @@ class _Scripted(torch.nn.Module):
 
 
 def test_stop_at_answer_ends_with_eos_right_after_the_closing_tag(policies, monkeypatch):
-    import transformers
+    from pubswap_flwr.policy import sampling
 
     policy = policies["embedded:tiny"]
     tok = policy.tokenizer
     script = tok("<answer>12</answer> and more words", add_special_tokens=False)["input_ids"]
-    monkeypatch.setattr(transformers, "DynamicCache", lambda config=None: type("C", (), {
+    monkeypatch.setattr(sampling, "decode_cache", lambda model, room: type("C", (), {
         "batch_repeat_interleave": lambda self, n: None, "batch_select_indices": lambda self, i: None})())
     settings = GenerationSettings(max_new_tokens=30, stop_at_answer=True)
     [[stopped]] = generate(_Scripted(script, len(tok)), tok, ["x"], num_return=1, greedy=True, settings=settings)
@@ -211,3 +211,86 @@ def test_stop_at_answer_ends_with_eos_right_after_the_closing_tag(policies, monk
     [[free]] = generate(_Scripted(script, len(tok)), tok, ["x"], num_return=1, greedy=True,
                         settings=dataclasses.replace(settings, stop_at_answer=False))
     assert free.text.startswith("<answer>12</answer> and more") and not free.finished
+
+
+@pytest.mark.parametrize("greedy,k,max_new,room", [(True, 1, 24, 24), (False, 4, 24, 24), (False, 3, 12, 0)])
+def test_growing_cache_gives_the_same_completions_as_concatenation(policies, monkeypatch, greedy, k, max_new, room):
+    """The decode cache writes in place and hands views to attention: every token and log-prob equals the ones made
+    with Hugging Face's concatenating cache, through prompt repeats, rows leaving the batch and (room 0) regrowth."""
+    from transformers import DynamicCache
+
+    from pubswap_flwr.policy import sampling
+
+    policy = policies["embedded:tiny"]
+    prompts = _prompts(policy)
+    settings = GenerationSettings(max_new_tokens=max_new)
+    built = []
+
+    def run(make_cache):
+        monkeypatch.setattr(sampling, "decode_cache", make_cache)
+        torch.manual_seed(5)
+        with policy.sampler.merged():
+            out = generate(policy.model, policy.tokenizer, prompts, num_return=k, greedy=greedy, settings=settings)
+        return [[(s.token_ids, s.logprobs, s.finished) for s in row] for row in out]
+
+    def growing(model, _room):
+        cache = decode_cache(model, room)
+        built.append(cache)
+        return cache
+
+    decode_cache = sampling.decode_cache
+    plain = run(lambda model, _room: DynamicCache(config=model.config))
+    ours = run(growing)
+    assert ours == plain
+    lengths = [len(s[0]) for row in ours for s in row]
+    assert any(s[2] for row in ours for s in row) and min(lengths) < max(lengths)  # rows left the batch early
+    layers = built[0].layers
+    assert layers and all(type(layer).__name__ == "GrowingLayer" for layer in layers)
+    assert all(layer.keys.shape[-2] == layer.get_seq_length() > 0 for layer in layers)
+    assert all(layer._keys.shape[-2] >= layer.length for layer in layers)
+
+
+def test_growing_layer_crop_reset_and_selection():
+    from pubswap_flwr.policy.sampling import growing_layer_class
+
+    layer = growing_layer_class()(room=2)
+    first = torch.arange(2 * 1 * 3 * 4, dtype=torch.float32).reshape(2, 1, 3, 4)
+    keys, values = layer.update(first, -first)
+    assert torch.equal(keys, first) and torch.equal(values, -first) and layer._keys.shape[-2] == 5
+    step = torch.full((2, 1, 1, 4), 7.0)
+    for _ in range(3):  # the third token goes past the room: the buffer grows, the values stay
+        keys, _ = layer.update(step, step)
+    assert layer.get_seq_length() == 6 and torch.equal(keys[..., :3, :], first) and bool((keys[..., 3:, :] == 7).all())
+    layer.batch_select_indices(torch.tensor([1]))
+    assert torch.equal(layer.keys[0, :, :3, :], first[1])
+    layer.batch_repeat_interleave(3)
+    assert layer.keys.shape[0] == 3 and layer.get_seq_length() == 6
+    layer.crop(-2)
+    assert layer.get_seq_length() == 4 and layer.keys.shape[-2] == 4
+    with pytest.raises(ValueError, match="negative integer"):
+        layer.crop(1)
+    layer.reset()
+    assert layer.get_seq_length() == 0 and not layer.is_initialized
+
+
+def test_lm_head_takes_a_contiguous_input(policies):
+    """With logits_to_keep, the last position's hidden states reach the LM head as a strided view; the hook makes it
+    one matrix product (no batched product against a per-sequence copy of the head's weight), with the same logits
+    as slicing the full forward's."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from pubswap_flwr.policy.model import _contiguous_input
+
+    policy = policies["embedded:tiny"]
+    for model in (policy.model.get_base_model(), policy.sampling_model):
+        hooks = list(model.get_output_embeddings()._forward_pre_hooks.values())
+        assert hooks.count(_contiguous_input) == 1
+    batch = policy.tokenizer(_prompts(policy), return_tensors="pt", padding=True)
+    model = policy.model.get_base_model()
+    with torch.no_grad():
+        full = model(**batch).logits[:, -1:, :]
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            last = model(**batch, logits_to_keep=1).logits
+    assert torch.allclose(last, full, atol=1e-5, rtol=0)
+    ops = {event.key for event in prof.key_averages()}
+    assert "aten::mm" in ops and "aten::bmm" not in ops
