@@ -294,3 +294,18 @@ def test_lm_head_takes_a_contiguous_input(policies):
     assert torch.allclose(last, full, atol=1e-5, rtol=0)
     ops = {event.key for event in prof.key_averages()}
     assert "aten::mm" in ops and "aten::bmm" not in ops
+
+
+def test_draw_follows_the_probabilities_and_never_draws_a_filtered_token():
+    from pubswap_flwr.policy.sampling import draw
+
+    torch.manual_seed(0)
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.3, 0.2, 0.0], [1e-30, 0.0, 0.0, 0.0, 0.0, 0.0]])
+    rows = probs.repeat(20_000, 1)
+    tokens = draw(rows).view(20_000, 2)
+    counts = torch.bincount(tokens[:, 0], minlength=6).double() / 20_000
+    assert counts[[0, 2, 5]].sum() == 0 and bool((tokens[:, 1] == 0).all())  # the only token with any probability
+    assert torch.allclose(counts[[1, 3, 4]], torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64), atol=0.012)
+    unnormalised = torch.tensor([[2.0, 0.0, 6.0]]).repeat(20_000, 1)  # the total need not be 1
+    share = (draw(unnormalised) == 2).double().mean()
+    assert abs(float(share) - 0.75) < 0.012 and not bool((draw(unnormalised) == 1).any())
