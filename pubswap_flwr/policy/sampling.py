@@ -24,7 +24,7 @@ class AnswerClose:
     """Which rows have just closed their answer: the tail of each row's text is decoded only when its newest token
     can end the closing tag (its text contains '>'), so the check costs nothing on most steps."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
         self._ends_tag: dict[int, bool] = {}
 
@@ -137,7 +137,7 @@ def _generate_cached(model, tokenizer, batch: dict[str, torch.Tensor], num_retur
     rows = logits.shape[0]
     last_position = positions[:, -1:]
     active = torch.arange(rows, device=ids.device)  # original row of each row still in the decode batch
-    tokens = [[] for _ in range(rows)]
+    tokens: list[list[int]] = [[] for _ in range(rows)]
     logps: list[list[float]] | None = [[] for _ in range(rows)] if with_logprobs else None
     finished = torch.zeros(rows, dtype=torch.bool, device=ids.device)  # by current batch row
     closer = AnswerClose(tokenizer) if settings.stop_at_answer else None
@@ -158,7 +158,7 @@ def _generate_cached(model, tokenizer, batch: dict[str, torch.Tensor], num_retur
             if finished[row]:
                 continue
             tokens[original].append(token)
-            if logps is not None:
+            if logps is not None and step_logps is not None:
                 logps[original].append(step_logps[row])
         finished = finished | (chosen == eos)
         if closer is not None:
