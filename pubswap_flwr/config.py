@@ -14,7 +14,7 @@ import math
 import re
 from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from .config_keys import (
     INT64_MAX,
@@ -257,7 +257,7 @@ class DeployConfig:
 
 def _with_protocol_sections(cls: type) -> type:
     """Each protocol's own section (protocols/catalog.py: pubswap, sapo) becomes a field of `cls` after `strategy`,
-    like the core sections declared on it; then `cls` is made a frozen dataclass."""
+    like the core sections declared on it (the dataclass decorator above it then makes them fields)."""
     annotations = dict(cls.__dict__["__annotations__"])
     added = catalog.sections()
     clash = sorted(set(added) & set(annotations))
@@ -269,9 +269,10 @@ def _with_protocol_sections(cls: type) -> type:
                            **{n: annotations[n] for n in names[at:]}}
     for name, section in added.items():
         setattr(cls, name, field(default_factory=section))
-    return dataclass(frozen=True)(cls)
+    return cls
 
 
+@dataclass(frozen=True)
 @_with_protocol_sections
 class ExperimentConfig:
     """The run config: the top-level keys, the core sections, and (added by the decorator) each protocol's own
@@ -290,6 +291,9 @@ class ExperimentConfig:
     strategy: StrategyConfig = field(default_factory=StrategyConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
     deploy: DeployConfig = field(default_factory=DeployConfig)
+    if TYPE_CHECKING:  # at run time the decorator adds these from catalog.sections(), after `strategy`
+        pubswap: catalog.PubSwapConfig = field(default_factory=catalog.PubSwapConfig)
+        sapo: catalog.SapoConfig = field(default_factory=catalog.SapoConfig)
 
     # -- construction ----------------------------------------------------------------------------------------
     @classmethod

@@ -150,26 +150,24 @@ def evaluate(policy: Policy, items: Sequence[TaskItem], *, sampled: bool = True,
     if samples < 1:
         raise ValueError(f"samples per item must be >= 1, got {samples}")
     out: dict = {"per_task": {}, "items": len(items)}
-    user_rewards = rewards  # the name is the per-task reward lists below
-    rewards, extra, answers = _scores(policy, items, True, 1, batch_size, max_chars, lenient, progress,
-                                      user_rewards)
-    _summary(rewards, "greedy", out, with_se=False)
+    scored, extra, answers = _scores(policy, items, True, 1, batch_size, max_chars, lenient, progress, rewards)
+    _summary(scored, "greedy", out, with_se=False)
     if lenient:
         _lenient_summary(extra, "greedy", out, with_se=False)
     _shortcut_summary(items, answers, "greedy", out)
     results = {"uids": [item.uid for item in items], "tasks": [item.task for item in items],
-               "greedy": _item_results(items, rewards)}
+               "greedy": _item_results(items, scored)}
     if sampled:
         state = torch.get_rng_state()
         torch.manual_seed(seed)
         try:
-            rewards, extra, answers = _scores(policy, items, False, samples, batch_size, max_chars, lenient,
-                                              progress, user_rewards)
-            _summary(rewards, "sampled", out, with_se=True)
+            scored, extra, answers = _scores(policy, items, False, samples, batch_size, max_chars, lenient,
+                                             progress, rewards)
+            _summary(scored, "sampled", out, with_se=True)
             if lenient:
                 _lenient_summary(extra, "sampled", out, with_se=True)
             _shortcut_summary(items, answers, "sampled", out)
-            results["sampled"], results["samples"] = _item_results(items, rewards), samples
+            results["sampled"], results["samples"] = _item_results(items, scored), samples
         finally:
             torch.set_rng_state(state)
         out["samples"] = samples

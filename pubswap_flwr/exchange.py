@@ -22,13 +22,16 @@ import math
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Generic, Iterable, TypeVar
+from typing import TYPE_CHECKING, Callable, Generic, Iterable, Protocol, TypeVar
 
 from flwr.app import ConfigRecord, Message
 from flwr.serverapp import Grid
 
 from .validate import Rejected
-from .wire import CONFIG_KEY, NODE_ROUND_KEY, NODE_ROUNDS_KEY, record_bytes
+from .wire import CONFIG_KEY, NODE_ROUND_KEY, NODE_ROUNDS_KEY, config_int, record_bytes
+
+if TYPE_CHECKING:
+    from .protocols.base import ClientReport
 
 log = logging.getLogger("pubswap_flwr")
 client_log = logging.getLogger("pubswap_flwr.clients")  # a line per client reply, shown with --verbose
@@ -40,7 +43,15 @@ PULL_INTERVAL = 0.1
 # real model can be silent for minutes between "waiting for replies" and "replied").
 PROGRESS_EVERY = 30.0
 
-T = TypeVar("T")
+
+class Reply(Protocol):
+    """A decoded reply: every protocol's carries its client's report."""
+
+    @property
+    def report(self) -> ClientReport: ...
+
+
+T = TypeVar("T", bound=Reply)
 
 
 @dataclass
@@ -162,8 +173,8 @@ class Exchange:
         out.wall = time.perf_counter() - started
         for msg in messages:
             by_id[msg.metadata.message_id] = msg.metadata.dst_node_id
-        for node in unsent:
-            out.dropped[node] = "the message could not be pushed to the SuperLink"
+        for missing in unsent:
+            out.dropped[missing] = "the message could not be pushed to the SuperLink"
         intervals = []
         decode_started = time.perf_counter()
         answered: set[str] = set()
@@ -210,6 +221,7 @@ class Exchange:
         if config is None:
             return self.round
         index = self.node_index.get(msg.metadata.dst_node_id)
+        stamp: dict[str, int | str]
         if index is not None:
             stamp = {NODE_ROUND_KEY: self.accepted_round.get(index, 0)}
         elif self.accepted_round:
@@ -217,7 +229,7 @@ class Exchange:
         else:
             stamp = {}
         msg.content[CONFIG_KEY] = ConfigRecord({**config, **stamp})  # a copy: messages may share one record
-        return int(config.get("server-round", self.round))
+        return config_int(config, "server-round", self.round)
 
     def _send_and_receive(self, messages: list[Message], step: str = "") -> tuple[list[Message], list[int]]:
         """The replies that came within the timeout, and the nodes whose message the grid did not take."""

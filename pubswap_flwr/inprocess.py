@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import logging
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -64,7 +64,7 @@ class InProcessGrid(Grid):
     extra_node_config: Callable[[int], dict[str, Any]] | None = None
     nodes: dict[int, _Node] = field(default_factory=dict, init=False)
     _replies: dict[str, Message] = field(default_factory=dict, init=False)
-    _ids: Iterable[int] = field(default_factory=lambda: itertools.count(1), init=False)
+    _ids: Iterator[int] = field(default_factory=lambda: itertools.count(1), init=False)
 
     def __post_init__(self) -> None:
         for partition in range(self.num_nodes):

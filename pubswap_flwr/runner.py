@@ -79,6 +79,8 @@ class Runner:
             first = self._restore(self.resume_from) + 1
             log.info("resuming after round %d of %d", first - 1, self.cfg.num_server_rounds)
         elif self.protocol.holds_global_adapter:
+            if initial_adapter is None:
+                raise ValueError(f"{type(self.protocol).__name__} keeps a global adapter: the run needs its first one")
             self.protocol.master = {k: np.asarray(v, dtype=np.float32) for k, v in initial_adapter.items()}
             self._evaluate_and_record(RoundLog(0), final=False)
         run_dir = self.recorder.run_dir
@@ -93,10 +95,16 @@ class Runner:
         return self.protocol.master
 
     # -- checkpoints -----------------------------------------------------------------------------------------
+    def _started_exchange(self) -> Exchange:
+        if self.exchange is None:
+            raise RuntimeError("the exchange is made when the rounds start")
+        return self.exchange
+
     def _checkpoint(self, number: int) -> None:
+        exchange = self._started_exchange()
         checkpoint.save(self.recorder.run_dir, checkpoint.ServerCheckpoint(
             round=number, config=self.cfg.to_flat(), cumulative_reward=self.cumulative_reward,
-            node_index=self.exchange.node_index, node_rounds=self.exchange.accepted_round,
+            node_index=exchange.node_index, node_rounds=exchange.accepted_round,
             protocol=self.protocol.state(), master=self.protocol.master, adapters=self.protocol.saved_adapters()))
 
     def _restore(self, saved: checkpoint.ServerCheckpoint) -> int:
@@ -116,8 +124,9 @@ class Runner:
             raise checkpoint.CheckpointError(f"{saved.state_path}: 'protocol' state cannot be restored "
                                              f"({type(err).__name__}: {err})") from err
         self.cumulative_reward = saved.cumulative_reward
-        self.exchange.node_index = dict(saved.node_index)
-        self.exchange.accepted_round = dict(saved.node_rounds)
+        exchange = self._started_exchange()
+        exchange.node_index = dict(saved.node_index)
+        exchange.accepted_round = dict(saved.node_rounds)
         return saved.round
 
     # -- evaluation and the metrics row ----------------------------------------------------------------------
@@ -176,8 +185,8 @@ class Runner:
         order = sorted(round_log.clients, key=lambda n: (round_log.clients[n].get(schema.NODE_INDEX, -1), n))
         round_log.warn_broken_formats()
         clients = {str(n): round_log.clients[n] for n in order if n not in round_log.dropped}
-        rewards = [c.get(self.protocol.reward_field) for c in clients.values()]
-        rewards = [r for r in rewards if r is not None]
+        reported = [c.get(self.protocol.reward_field) for c in clients.values()]
+        rewards = [r for r in reported if r is not None]
         if rewards:
             self.cumulative_reward += float(np.mean(rewards))
         fields: dict = {schema.TRAIN_REWARD: float(np.mean(rewards)) if rewards else None,

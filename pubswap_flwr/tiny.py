@@ -92,7 +92,7 @@ def train_tokenizer(lines: list[str], vocab: int):
 def build_model(preset: TinyPreset, tokenizer):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    config = Qwen2Config(
+    config = Qwen2Config(  # type: ignore[call-arg]  # rope_theta: a legacy keyword its dataclass fields omit
         vocab_size=len(tokenizer), hidden_size=preset.hidden, intermediate_size=preset.intermediate,
         num_hidden_layers=preset.layers, num_attention_heads=preset.heads, num_key_value_heads=preset.kv_heads,
         max_position_embeddings=512, tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 
@@ -161,6 +161,10 @@ def check_public_responses(payload: Any, uids: list[str], k: int, limits: Limits
     return out
 
 
+@overload
+def _text(entry: dict, key: str, limit: int, *, optional: Literal[False] = ...) -> str: ...
+@overload
+def _text(entry: dict, key: str, limit: int, *, optional: bool) -> str | None: ...
 def _text(entry: dict, key: str, limit: int, *, optional: bool = False) -> str | None:
     value = entry.get(key)
     if value is None and optional:

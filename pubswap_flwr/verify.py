@@ -17,7 +17,7 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import IO, Any, Callable
+from typing import IO, TYPE_CHECKING, Any, Callable
 
 from .untrusted import one_line
 from .verify_inputs import (
@@ -30,6 +30,9 @@ from .verify_inputs import (
     read_rows,
     read_weights,
 )
+
+if TYPE_CHECKING:
+    from .policy import Policy
 
 SEED_OFFSET = 1000  # default verification data seed: the run's tasks.data-seed + this
 BATCH_SIZE = 32  # sequences sampled at once: SmolLM2 at the runs' eval.batch-size 256 held ~13 GB (its KV cache)
@@ -101,7 +104,8 @@ class _Evaluator:
     an adapter per node), each checked adapter loaded into it in turn."""
 
     def __init__(self, cfg, batch_size: int, progress: Progress | None = None, rewards=None):
-        self.cfg, self.batch_size, self.policies, self.rewards = cfg, batch_size, {}, rewards
+        self.cfg, self.batch_size, self.rewards = cfg, batch_size, rewards
+        self.policies: dict[str, Policy] = {}
         self.progress = progress or Progress()
 
     def __call__(self, base: str, folder: Path, weights, items, samples: int | None) -> dict:

@@ -71,6 +71,8 @@ def distilled_target(text: str, item: TaskItem) -> str | None:
     if lenient_score(text, item).reward < 1.0:
         return None
     answer = lenient_answer(text, item.answer)
+    if answer is None:  # not after a lenient score of 1
+        return None
     end = text.rfind(answer) + len(answer)
     return f"{text[:end].rstrip()}\n<answer>{answer}</answer>"
 

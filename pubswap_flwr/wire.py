@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import io
 import json
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from flwr.app.typing import MetricRecordValues
 
 ADAPTER_KEY = "adapter"
 QUANTIZED_KEY = "adapter-q"  # strategy.compression: an adapter delta as blockwise codes and scales
@@ -142,6 +143,26 @@ def payload_from_record(record: ConfigRecord, max_bytes: int = DEFAULT_MAX_PAYLO
         raise WireError(f"payload is not valid JSON: {err.msg}") from err
 
 
+RecordT = TypeVar("RecordT", ArrayRecord, ConfigRecord, MetricRecord)
+
+
+def record_of(content: RecordDict, key: str, kind: type[RecordT]) -> RecordT:
+    """content[key] (a KeyError when absent), which must be a `kind` record (WireError otherwise)."""
+    record = content[key]
+    if not isinstance(record, kind):
+        raise WireError(f"record {key!r} must be {kind.__name__}, got {type(record).__name__}")
+    return record
+
+
+def config_int(config: ConfigRecord, key: str, default: int | None = None) -> int:
+    """int() of config[key], or of `default` when the key is absent and a default is given (a KeyError without);
+    a list value is a WireError."""
+    value = config[key] if default is None else config.get(key, default)
+    if isinstance(value, list):
+        raise WireError(f"config {key!r} must be a number, got a list")
+    return int(value)
+
+
 def record_bytes(content: RecordDict) -> int:
     """Bytes a message's records occupy (arrays' raw bytes plus config/metric values)."""
     total = 0
@@ -164,7 +185,7 @@ def record_bytes(content: RecordDict) -> int:
 
 def metrics_record(values: dict[str, float | int]) -> MetricRecord:
     """MetricRecord of finite scalars (bools become 0/1, which MetricRecord requires)."""
-    clean: dict[str, float | int] = {}
+    clean: dict[str, MetricRecordValues] = {}
     for key, value in values.items():
         if isinstance(value, bool):
             clean[key] = int(value)

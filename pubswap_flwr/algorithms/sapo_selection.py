@@ -29,7 +29,8 @@ class Packet:
     tokenizer: str = ""
 
     def to_wire(self) -> dict[str, Any]:
-        out = {"sender": self.sender, "item": self.item.to_dict(), "completions": list(self.completions)}
+        out: dict[str, Any] = {"sender": self.sender, "item": self.item.to_dict(),
+                               "completions": list(self.completions)}
         if self.behaviour is not None:
             out["behaviour"] = [None if b is None else b.to_wire() for b in self.behaviour]
             out["tokenizer"] = self.tokenizer
@@ -59,7 +60,9 @@ def behaviours_from_wire(raw: Any, count: int, max_tokens: int = MAX_BEHAVIOUR_T
 
 def capped(packets: Sequence[Packet], most: int) -> tuple[list[Packet], dict[str, int]]:
     """Each sender's first `most` packets (the order of `packets` kept) and, per sender, how many were cut."""
-    kept, seen, cut = [], {}, {}
+    kept: list[Packet] = []
+    seen: dict[str, int] = {}
+    cut: dict[str, int] = {}
     for packet in packets:
         seen[packet.sender] = seen.get(packet.sender, 0) + 1
         if seen[packet.sender] <= most:

@@ -150,13 +150,16 @@ def build_certificates(hosts: Sequence[str] = (), days: int = 365) -> dict[str, 
     server_key = ec.generate_private_key(CURVE())
     first = hosts[0].strip().strip("[]") if hosts else "localhost"
     server_cert = _server_certificate(server_key, first, sans, ca_key, ca_name, now, until)
-    pem_key = dict(encoding=serialization.Encoding.PEM, format=serialization.PrivateFormat.PKCS8,
-                   encryption_algorithm=serialization.NoEncryption())
+
+    def pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
+        return key.private_bytes(encoding=serialization.Encoding.PEM, format=serialization.PrivateFormat.PKCS8,
+                                 encryption_algorithm=serialization.NoEncryption())
+
     return {
         "ca.crt": ca_cert.public_bytes(serialization.Encoding.PEM),
-        "ca.key": ca_key.private_bytes(**pem_key),
+        "ca.key": pem_key(ca_key),
         "server.pem": server_cert.public_bytes(serialization.Encoding.PEM),
-        "server.key": server_key.private_bytes(**pem_key),
+        "server.key": pem_key(server_key),
     }
 
 

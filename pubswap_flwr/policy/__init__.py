@@ -66,6 +66,7 @@ class Policy:
         initial_adapter(self.model, LORA_INIT_SEED)
         self.model.eval()
         self.sampling_dtype = sampling_precision(spec.generation.dtype, spec.dtype, self.model, self.device)
+        self.sampler: MergedSampling | LowPrecisionSampling
         if self.sampling_dtype == _DTYPES[spec.dtype]:
             self.sampler = MergedSampling(self.model)
             self.sampling_model = self.model

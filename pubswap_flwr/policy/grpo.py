@@ -105,7 +105,7 @@ def group_advantages(rewards: torch.Tensor, group_sizes: Sequence[int], eps: flo
             centred = group - group.mean()
             if scale == "group":
                 centred = centred / (group.std(unbiased=True) + eps)
-            elif scale == "batch":
+            elif batch_std is not None:  # scale "batch" (no std for a batch of one, which has no group of two)
                 centred = centred / (batch_std + eps)
             out[start:start + size] = centred
         start += size

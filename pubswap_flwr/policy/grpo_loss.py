@@ -96,7 +96,7 @@ def completion_logps(model, batch: Batch, rows: slice, temperature: float = 1.0,
     return logits.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
-def _plain_lm_head(model) -> torch.nn.Module | None:
+def _plain_lm_head(model) -> torch.nn.Linear | None:
     """The LM head when logits are exactly `head(decoder hidden states)` and the head is frozen (no LoRA, no logit
     scaling or soft-capping: Llama, Qwen2 and the embedded models), else None (the plain path)."""
     get_base = getattr(model, "get_base_model", None)
@@ -120,7 +120,7 @@ def _target_logps(hidden: torch.Tensor, head: torch.nn.Module, targets: torch.Te
     return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
-def chunked_target_logps(hidden: torch.Tensor, head: torch.nn.Module, targets: torch.Tensor, temperature: float,
+def chunked_target_logps(hidden: torch.Tensor, head: torch.nn.Linear, targets: torch.Tensor, temperature: float,
                          chunk_elements: int = CHUNK_ELEMENTS) -> torch.Tensor:
     """log softmax(head(hidden) / T)[targets] (B, C), computed a few positions at a time; under autograd each chunk
     is checkpointed, so its full-vocabulary logits live only while that chunk is computed (forward or backward)."""

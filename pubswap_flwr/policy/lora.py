@@ -57,8 +57,9 @@ def load_adapter_state(model, state: dict[str, torch.Tensor]) -> None:
             raise ValueError(f"adapter tensor {key} has shape {tuple(tensor.shape)}, "
                              f"expected {tuple(current[key].shape)}")
     result = set_peft_model_state_dict(model, {k: v.to(torch.float32) for k, v in state.items()})
-    if result.unexpected_keys:
-        raise ValueError(f"peft did not accept adapter keys: {result.unexpected_keys[:3]}")
+    unexpected = result.unexpected_keys  # type: ignore[attr-defined]  # peft annotates the result `-> namedtuple`
+    if unexpected:
+        raise ValueError(f"peft did not accept adapter keys: {unexpected[:3]}")
 
 
 def to_wire(state: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:

@@ -156,7 +156,7 @@ def load_causal_lm(location: str, dtype: str = "float32", device: torch.device |
             raise ModelError(f"cannot load the converted model in {location} ({type(err).__name__}: {err}); "
                              f"delete {location} to convert it again") from None
         raise ModelError(f"cannot load model {location!r} (offline? use a local path or a cached id): {err}") from err
-    model.to(device)
+    model.to(device)  # type: ignore[arg-type]  # transformers wraps to() with functools.wraps: its type loses self
     model.eval()
     contiguous_head_input(model)
     return model

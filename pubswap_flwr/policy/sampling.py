@@ -26,7 +26,7 @@ class AnswerClose:
     """Which rows have just closed their answer: the tail of each row's text is decoded only when its newest token
     can end the closing tag (its text contains '>'), so the check costs nothing on most steps."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
         self._ends_tag: dict[int, bool] = {}
 
@@ -52,15 +52,15 @@ def growing_layer_class():
             def __init__(self, room: int):
                 super().__init__()
                 self.room = room
-                self.length = 0
-                self._keys: torch.Tensor | None = None
-                self._values: torch.Tensor | None = None
+                self.length = 0  # tokens held
+                self.capacity = 0  # tokens the buffers have room for
+                self._keys = self._values = torch.empty(0)
 
             def update(self, key_states, value_states, *args, **kwargs):
                 if not self.is_initialized:
                     self.lazy_initialization(key_states, value_states)
                 end = self.length + key_states.shape[-2]
-                if self._keys is None or end > self._keys.shape[-2]:
+                if end > self.capacity:
                     self._grow(end + self.room, key_states, value_states)
                 self._keys[..., self.length:end, :] = key_states
                 self._values[..., self.length:end, :] = value_states
@@ -71,10 +71,10 @@ def growing_layer_class():
             def _grow(self, capacity: int, key_states, value_states) -> None:
                 keys = key_states.new_empty((*key_states.shape[:-2], capacity, key_states.shape[-1]))
                 values = value_states.new_empty((*value_states.shape[:-2], capacity, value_states.shape[-1]))
-                if self._keys is not None and self.length:
+                if self.length:
                     keys[..., :self.length, :] = self._keys[..., :self.length, :]
                     values[..., :self.length, :] = self._values[..., :self.length, :]
-                self._keys, self._values = keys, values
+                self._keys, self._values, self.capacity = keys, values, capacity
 
             def _view(self) -> None:
                 self.keys = self._keys[..., :self.length, :]
@@ -103,8 +103,8 @@ def growing_layer_class():
                     self._view()
 
             def reset(self) -> None:
-                self._keys = self._values = None
-                self.length = 0
+                self._keys = self._values = torch.empty(0)
+                self.length = self.capacity = 0
                 super().reset()
 
         _GROWING_LAYER = GrowingLayer
@@ -239,7 +239,7 @@ def _generate_cached(model, tokenizer, batch: dict[str, torch.Tensor], num_retur
     rows = logits.shape[0]
     last_position = positions[:, -1:]
     active = torch.arange(rows, device=ids.device)  # original row of each row still in the decode batch
-    tokens = [[] for _ in range(rows)]
+    tokens: list[list[int]] = [[] for _ in range(rows)]
     logps: list[list[float]] | None = [[] for _ in range(rows)] if with_logprobs else None
     finished = torch.zeros(rows, dtype=torch.bool, device=ids.device)  # by current batch row
     closer = AnswerClose(tokenizer) if settings.stop_at_answer else None
@@ -260,7 +260,7 @@ def _generate_cached(model, tokenizer, batch: dict[str, torch.Tensor], num_retur
             if finished[row]:
                 continue
             tokens[original].append(token)
-            if logps is not None:
+            if logps is not None and step_logps is not None:
                 logps[original].append(step_logps[row])
         finished = finished | (chosen == eos)
         if closer is not None:

@@ -61,9 +61,9 @@ def cgroup_cpu_limit(root: Path = Path("/sys/fs/cgroup")) -> float | None:
     except (OSError, ValueError):
         pass
     try:
-        quota = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
-        period = int((root / "cpu" / "cpu.cfs_period_us").read_text())
-        return quota / period if quota > 0 and period > 0 else None
+        quota_us = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        period_us = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+        return quota_us / period_us if quota_us > 0 and period_us > 0 else None
     except (OSError, ValueError):
         return None
 

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
-from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from .. import metrics_schema as schema
 from ..config import ExperimentConfig
@@ -35,9 +35,11 @@ from ..wire import (
     PAYLOAD_KEY,
     adapter_from_record,
     adapter_record,
+    config_int,
     metrics_record,
     payload_from_record,
     payload_record,
+    record_of,
 )
 from .counters import ForeignCounts, FormatCounts, UptakeCounts
 
@@ -64,14 +66,18 @@ def text(value: Any, what: str, limit: int = 1024) -> str:
 def payload_of(content: RecordDict) -> dict:
     if PAYLOAD_KEY not in content:
         return {}
-    payload = payload_from_record(content[PAYLOAD_KEY])
+    payload = payload_from_record(record_of(content, PAYLOAD_KEY, ConfigRecord))
     if not isinstance(payload, dict):
         raise Rejected("payload is not a JSON object")
     return payload
 
 
+def config_of(content: RecordDict) -> ConfigRecord:
+    return record_of(content, CONFIG_KEY, ConfigRecord)
+
+
 def adapter_of(content: RecordDict) -> Adapter | None:
-    return adapter_from_record(content[ADAPTER_KEY]) if ADAPTER_KEY in content else None
+    return adapter_from_record(record_of(content, ADAPTER_KEY, ArrayRecord)) if ADAPTER_KEY in content else None
 
 
 def records(config: dict, *, adapter: Adapter | None = None, payload: dict | None = None) -> RecordDict:
@@ -119,8 +125,8 @@ class Header:
 
     @classmethod
     def from_config(cls, config: ConfigRecord) -> "Header":
-        server_round = int(config["server-round"])
-        node_round = int(config.get(NODE_ROUND_KEY, 0))
+        server_round = config_int(config, "server-round")
+        node_round = config_int(config, NODE_ROUND_KEY, 0)
         if not 0 <= node_round <= server_round:
             raise ValueError(f"{NODE_ROUND_KEY} = {node_round} is not a round in [0, {server_round}]")
         return cls(server_round, str(config["run-name"]), str(config.get("run-dir", "")),
@@ -457,7 +463,7 @@ def serve(handler: ClientHandler, modes: tuple[str, ...],
             raise ValueError(f"message type {message.metadata.message_type!r} belongs to another mode than this "
                              f"run's strategy.mode = {cfg.strategy.mode!r}")
         protocol = resolve(cfg)
-        header = Header.from_config(message.content[CONFIG_KEY])
+        header = Header.from_config(config_of(message.content))
         identity = NodeIdentity.from_flower(cfg, dict(context.node_config), context.node_id, header.run_dir or None,
                                             header.run_name)
         if not protocol.per_node_models and identity.model_name != cfg.model.name:

@@ -19,7 +19,7 @@ from ..aggregate import aggregate, mean_pairwise_l2, median_clip, not_robust, up
 from ..compression import Codec, Quantized
 from ..config import ExperimentConfig
 from ..validate import Rejected, check_adapter, check_weight
-from ..wire import CONFIG_KEY
+from ..wire import config_int
 from .base import (
     Adapter,
     ClientReport,
@@ -29,6 +29,7 @@ from .base import (
     RoundContext,
     ServerProtocol,
     adapter_of,
+    config_of,
     log,
     read_reply,
     records,
@@ -41,6 +42,7 @@ from .transfer import (
     adapter_to_send,
     broadcast_of,
     checked_upload,
+    decoded,
     downlink_checkpoint,
     global_for,
     put_quantized,
@@ -66,12 +68,12 @@ class LocalRound(Instruction):
 
     @classmethod
     def from_record(cls, content: RecordDict) -> "LocalRound":
-        config = content[CONFIG_KEY]
+        config = config_of(content)
         adapter = adapter_of(content)
         downlink = Downlink.read(config, content)
         if adapter is None and (downlink is None or downlink.delta is None):
             raise ValueError("a local round needs the global adapter")
-        return cls(Header.from_config(config), adapter, int(config["local-steps"]), downlink)
+        return cls(Header.from_config(config), adapter, config_int(config, "local-steps"), downlink)
 
 
 @dataclass(frozen=True)
@@ -231,8 +233,9 @@ class FedAvgProtocol(ServerProtocol):
         ctx.log.absorb(result)
         t = self.cfg.train
         expected = {n: float(t.local_steps * t.prompts_per_step * t.completions_per_prompt) for n in nodes}
-        self.master = aggregate_adapters(ctx, self.cfg, self.master, {n: r.adapter for n, r in result.replies.items()},
-                                         expected, base=sent, optimizer=self.optimizer)
+        self.master = aggregate_adapters(ctx, self.cfg, self.master,
+                                         {n: decoded(r.adapter) for n, r in result.replies.items()}, expected,
+                                         base=sent, optimizer=self.optimizer)
 
 
 class FedProxProtocol(FedAvgProtocol):

@@ -14,7 +14,7 @@ from typing import ClassVar
 
 from flwr.app import RecordDict
 
-from ..wire import CONFIG_KEY
+from ..wire import config_int
 from .base import (
     ClientWork,
     Header,
@@ -22,6 +22,7 @@ from .base import (
     OwnAdapterReply,
     RoundContext,
     ServerProtocol,
+    config_of,
     evaluate_own_adapter,
     records,
 )
@@ -43,8 +44,8 @@ class TrainAlone(Instruction):
 
     @classmethod
     def from_record(cls, content: RecordDict) -> "TrainAlone":
-        config = content[CONFIG_KEY]
-        return cls(Header.from_config(config), int(config["local-steps"]), bool(config.get("evaluate", False)),
+        config = config_of(content)
+        return cls(Header.from_config(config), config_int(config, "local-steps"), bool(config.get("evaluate", False)),
                    bool(config.get("save-adapter", False)), bool(config.get("evaluate-initial", False)))
 
 

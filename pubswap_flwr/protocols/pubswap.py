@@ -40,7 +40,7 @@ from .fedavg import aggregate_adapters, averaging_state, restore_averaging
 from .optimizers import build as build_optimizer
 from .pubswap_messages import DonorChoice, Scored, Segment, SegmentReply, SwapEntry, fit_behaviours
 from .pubswap_messages import check_behaviours as check_behaviours  # re-exported for tests that import it from here
-from .transfer import adapter_to_send, broadcast_of, global_for, start_round, take_global
+from .transfer import Downlink, adapter_to_send, broadcast_of, decoded, global_for, start_round, take_global
 
 log = logging.getLogger("pubswap_flwr")
 
@@ -132,7 +132,7 @@ class PubSwapProtocol(ServerProtocol):
         pending_choices: dict[int, dict] = {}
         previous = 0
         ctx.log.extra["public_steps"] = []
-        final_replies: dict[int, SegmentReply] = {}
+        final_replies: dict[int, SegmentReply[Scored]] = {}
         master = self.master
         t = self.cfg.train
         expected = {node: 0.0 for node in active}  # completions the server asks each client to train on
@@ -169,14 +169,15 @@ class PubSwapProtocol(ServerProtocol):
             ctx.log.server_seconds += time.perf_counter() - started
             previous = next_public
         self.master = aggregate_adapters(ctx, self.cfg, self.master,
-                                         {n: r.adapter for n, r in final_replies.items()}, expected, base=master,
-                                         optimizer=self.optimizer)
+                                         {n: decoded(r.adapter) for n, r in final_replies.items()}, expected,
+                                         base=master, optimizer=self.optimizer)
         ctx.log.extra["swap"] = summarise_public_steps(ctx.log.extra["public_steps"])
         if ctx.log.extra["public_steps"]:
             self.last_disagreement = ctx.log.extra["swap"]["policy_disagreement"]
         record_scoring(ctx, budget)
 
-    def global_for(self, node: int, master: Adapter, segment: int, sets: dict | None) -> tuple:
+    def global_for(self, node: int, master: Adapter, segment: int, sets: dict | None
+                   ) -> tuple[Adapter | None, dict | None, Downlink | None]:
         """Segment's last fields for `node`: (the global adapter, the response sets, the compressed downlink); only
         segment 0 carries the global."""
         if segment != 0:
@@ -248,7 +249,7 @@ class PubSwapProtocol(ServerProtocol):
 def summarise_public_steps(steps: list[dict]) -> dict:
     if not steps:
         return {"swapped_pair_fraction": 0.0, "responses_swapped": 0, "policy_disagreement": 0.0}
-    summary = {
+    summary: dict = {
         "swapped_pair_fraction": float(np.mean([s["swapped_pair_fraction"] for s in steps])),
         "responses_swapped": int(sum(sum(s["responses_swapped"].values()) for s in steps)),
         "mean_donors": float(np.mean([s["mean_donors"] for s in steps])),
@@ -349,14 +350,17 @@ def response_logprobs(learner, groups: list[RolloutGroup]) -> list[list[float]]:
 
 def uptake(groups: list[RolloutGroup], before: list[list[float]], after: list[list[float]]) -> UptakeCounts:
     """pubswap.measure-uptake's counts: donors' responses (another client's source) apart from the node's own."""
-    sums = {"foreign": [0, 0.0, 0.0], "own": [0, 0.0, 0.0]}
+    count = {"foreign": 0, "own": 0}
+    before_sum = {"foreign": 0.0, "own": 0.0}
+    after_sum = {"foreign": 0.0, "own": 0.0}
     for group, old, new in zip(groups, before, after):
         for completion, a, b in zip(group.completions, old, new):
-            kind = sums["own" if completion.source == OWN else "foreign"]
-            kind[0] += 1
-            kind[1] += a
-            kind[2] += b
-    return UptakeCounts(*sums["foreign"], *sums["own"])
+            kind = "own" if completion.source == OWN else "foreign"
+            count[kind] += 1
+            before_sum[kind] += a
+            after_sum[kind] += b
+    return UptakeCounts(count["foreign"], before_sum["foreign"], after_sum["foreign"],
+                        count["own"], before_sum["own"], after_sum["own"])
 
 
 def segment(work: ClientWork) -> RecordDict:

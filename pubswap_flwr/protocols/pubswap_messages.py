@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from flwr.app import Message, RecordDict
 
@@ -14,12 +14,24 @@ from ..compression import Codec, Quantized
 from ..rollouts import Behaviour
 from ..tasks import extract_answer, score_completion, training_reward
 from ..validate import Limits, Rejected, check_behaviour, check_public_responses
-from ..wire import CONFIG_KEY, DEFAULT_MAX_PAYLOAD_BYTES
-from .base import Adapter, ClientReport, Header, Instruction, adapter_of, payload_of, read_reply, records, reply_records
+from ..wire import DEFAULT_MAX_PAYLOAD_BYTES, config_int
+from .base import (
+    Adapter,
+    ClientReport,
+    Header,
+    Instruction,
+    adapter_of,
+    config_of,
+    payload_of,
+    read_reply,
+    records,
+    reply_records,
+)
 from .fedavg import checked_adapter
 from .transfer import Downlink, put_quantized
 
 Scored = dict[str, list[tuple[str, float]]]  # public prompt id -> (response text, server's reward)
+Responses = TypeVar("Responses", dict[str, list[str]], Scored)  # a SegmentReply's, as sent or as the server scored
 
 
 @dataclass(frozen=True)
@@ -136,7 +148,7 @@ class Segment(Instruction):
         config = {**self.header.to_config(), "private-steps": self.private_steps,
                   "public-uids": "\n".join(self.public_uids), "k": self.k, "final": self.final,
                   **(self.downlink.config() if self.downlink is not None else {})}
-        payload = None
+        payload: dict[str, Any] | None = None
         if self.response_sets is not None:
             payload = {"response-sets": {uid: [e.to_dict() for e in entries]
                                          for uid, entries in self.response_sets.items()}}
@@ -147,10 +159,10 @@ class Segment(Instruction):
 
     @classmethod
     def from_record(cls, content: RecordDict) -> "Segment":
-        config = content[CONFIG_KEY]
+        config = config_of(content)
         payload = payload_of(content)
         sets, choices = payload.get("response-sets"), payload.get("donor-choices")
-        k = int(config["k"])
+        k = config_int(config, "k")
         try:
             response_sets = None if sets is None else {str(uid): tuple(SwapEntry.from_dict(e) for e in entries)
                                                        for uid, entries in dict(sets).items()}
@@ -158,19 +170,19 @@ class Segment(Instruction):
                                                           for uid, c in dict(choices).items()}
         except (TypeError, KeyError, ValueError) as err:
             raise ValueError(f"malformed response sets: {type(err).__name__}: {err}") from None
-        return cls(Header.from_config(config), int(config.get("private-steps", 0)),
+        return cls(Header.from_config(config), config_int(config, "private-steps", 0),
                    tuple(u for u in str(config.get("public-uids", "")).split("\n") if u), k,
                    bool(config.get("final", False)), adapter_of(content), response_sets, Downlink.read(config, content),
                    donor_choices)
 
 
 @dataclass(frozen=True)
-class SegmentReply:
+class SegmentReply(Generic[Responses]):
     """K responses per requested public prompt; the last segment's reply also carries the adapter. On the server,
     `responses` holds each response with the server's own reward."""
 
     report: ClientReport
-    responses: dict[str, list[str]] | Scored
+    responses: Responses
     adapter: Adapter | Quantized | None = None  # Quantized: strategy.compression's delta
     modal: dict[str, str | None] = field(default_factory=dict)  # server side: each prompt's most frequent answer
     behaviour: dict[str, list[Behaviour | None]] = field(default_factory=dict)  # foreign-correction = is
@@ -188,7 +200,7 @@ class SegmentReply:
     def from_message(cls, message: Message, uids: list[str], k: int, limits: Limits, public,
                      reference: Adapter | None, score=score_completion,
                      partial_credit: bool = True, codec: Codec | None = None,
-                     with_behaviour: bool = False) -> "SegmentReply":
+                     with_behaviour: bool = False) -> "SegmentReply[Scored]":
         """Decode and check a client's reply, scoring its responses with the server's verifier or the run's
         tasks.rewards function for the item's task (`score`: the client's scoring budget in a round, which applies
         them; graded or 0/1 rewards as `tasks.partial-credit` says); with `with_behaviour`, also its responses'
@@ -207,7 +219,7 @@ class SegmentReply:
         adapter = checked_adapter(message.content, reference, codec) if reference is not None else None
         modal = {uid: Counter(extract_answer(t) for t in texts).most_common(1)[0][0]
                  for uid, texts in (texts.items() if uids else ())}
-        return cls(report, scored, adapter, modal, behaviour)
+        return SegmentReply(report, scored, adapter, modal, behaviour)
 
 
 def check_behaviours(raw: Any, uids: list[str], k: int, limits: Limits) -> dict[str, list[Behaviour | None]]:

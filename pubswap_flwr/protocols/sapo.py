@@ -92,7 +92,8 @@ class SapoProtocol(ServerProtocol):
         if len(raw) > most:
             raise ValueError(f"sapo_pool has {len(raw)} packets, more than {each} ({self.share_key}) from each of "
                              f"{len(senders) if senders is not None else MAX_NODES} senders")
-        pool, counts = [], Counter()
+        pool: list[Packet] = []
+        counts: Counter[str] = Counter()
         for position, entry in enumerate(raw):
             sender = entry.get("sender") if isinstance(entry, dict) else None
             if not isinstance(sender, str) or (senders is not None and sender not in senders):

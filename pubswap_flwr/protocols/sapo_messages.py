@@ -11,11 +11,11 @@ from flwr.app import Message, RecordDict
 
 from ..algorithms.sapo_selection import Packet
 from ..validate import Limits, check_packets
-from ..wire import CONFIG_KEY
 from .base import (
     Header,
     Instruction,
     OwnAdapterReply,
+    config_of,
     number,
     own_evaluations,
     payload_of,
@@ -41,7 +41,7 @@ class CollectRollouts(Instruction):
 
     @classmethod
     def from_record(cls, content: RecordDict) -> "CollectRollouts":
-        config = content[CONFIG_KEY]
+        config = config_of(content)
         return cls(Header.from_config(config), bool(config.get("evaluate-initial", False)))
 
 
@@ -63,7 +63,7 @@ class SapoTrain(Instruction):
 
     @classmethod
     def from_record(cls, content: RecordDict) -> "SapoTrain":
-        config = content[CONFIG_KEY]
+        config = config_of(content)
         pool = payload_of(content).get("pool", [])
         if not isinstance(pool, list):
             raise ValueError("the relayed pool is not a list")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from flwr.app import ConfigRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from ..checkpoint import MAX_KNOWN_NODES
 from ..compression import Broadcast, Codec, CodecError, Quantized, apply_delta, fingerprint
@@ -20,7 +20,7 @@ from ..config import ExperimentConfig
 from ..node_state import GLOBAL_FILE, RESIDUAL_FILE
 from ..policy import from_wire, to_wire
 from ..validate import Rejected, check_compressed
-from ..wire import QUANTIZED_KEY, quantized_from_record, quantized_record
+from ..wire import QUANTIZED_KEY, quantized_from_record, quantized_record, record_of
 from .base import Adapter, ClientWork
 
 SHA_KEY, BASE_KEY = "adapter-sha", "adapter-base"
@@ -40,7 +40,7 @@ def broadcast_of(cfg: ExperimentConfig) -> Broadcast | None:
 def quantized_of(content: RecordDict) -> Quantized | None:
     if QUANTIZED_KEY not in content:
         return None
-    codes, scales = quantized_from_record(content[QUANTIZED_KEY])
+    codes, scales = quantized_from_record(record_of(content, QUANTIZED_KEY, ArrayRecord))
     return Quantized(codes, scales)
 
 
@@ -126,7 +126,7 @@ def receive_global(work: ClientWork, whole: Adapter | None, downlink: Downlink,
     if downlink.delta is not None:
         held = store.load_arrays(GLOBAL_FILE)
         held_sha = fingerprint(held) if held is not None else "none"
-        if held_sha != downlink.base:
+        if held is None or held_sha != downlink.base:
             raise ValueError(f"the global adapter is a delta against {downlink.base[:12]}, but this node holds "
                              f"{held_sha[:12]}; it gets the whole global next round")
         try:
@@ -149,11 +149,20 @@ def take_global(work: ClientWork, whole: Adapter | None, downlink: Downlink | No
     `receive_global`."""
     codec = codec_of(work.cfg)
     if codec is None:
+        if whole is None:
+            raise ValueError("the message carries no global adapter")
         work.learner.receive_global(from_wire(whole))
         return
     if downlink is None:
         raise ValueError(f"strategy.compression = {codec.scheme!r}, but the message's global is not compressed")
     work.learner.receive_global(receive_global(work, whole, downlink, codec))
+
+
+def decoded(adapter: Adapter | Quantized | None) -> Adapter:
+    """A reply's adapter on the server, where its `from_message` decoded and checked it (or rejected the reply)."""
+    if adapter is None or isinstance(adapter, Quantized):
+        raise TypeError(f"a reply's adapter reached the server's aggregation as {type(adapter).__name__}")
+    return adapter
 
 
 def adapter_to_send(work: ClientWork) -> Adapter | Quantized:

@@ -147,7 +147,9 @@ def self_reported_lines(arms: Arms) -> list[str]:
 def paired_lines(arms: Arms, baseline: str | None, summary: dict) -> list[str]:
     """'Paired differences against the baseline': each arm minus the baseline seed by seed, with the paired-t
     interval of the mean difference (none with one arm). Fills summary["paired"]."""
-    pairs = paired_differences(arms, baseline) if baseline is not None and len(arms) > 1 else []
+    if baseline is None or len(arms) < 2:
+        return []
+    pairs = paired_differences(arms, baseline)
     if not pairs:
         return []
     seeds = sorted({s for p in pairs for s in p.seeds})
@@ -255,9 +257,10 @@ def learning_lines(arms: Arms, summary: dict) -> list[str]:
             return None
         return evaluated[0]["eval"], evaluated[-1]["eval"]
 
-    pairs = {arm: [ends(r) for r in members] for arm, members in arms.items()}
-    if not pairs or any(p is None for found in pairs.values() for p in found):
+    every_end = {arm: [ends(r) for r in members] for arm, members in arms.items()}
+    if not every_end or any(p is None for found in every_end.values() for p in found):
         return []
+    pairs = {arm: [p for p in found if p is not None] for arm, found in every_end.items()}
     keys = [(label, key) for label, key in LEARNING
             if all(key in first and key in last for found in pairs.values() for first, last in found)]
     lines = ["", "## Change since round 0", "",

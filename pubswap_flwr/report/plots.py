@@ -6,6 +6,7 @@ import io
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Iterable
 
 from ..untrusted import write_replacing
@@ -105,7 +106,7 @@ def save_figure(fig, path: Path) -> Path:
 class _Figures:
     """Draws the report's figures into `folder` in the arms' styles, keeping (path, caption) of each written."""
 
-    plt: object
+    plt: ModuleType  # matplotlib.pyplot
     folder: Path
     arms: dict[str, list[RunSummary]]
     styles: dict[str, ArmStyle]

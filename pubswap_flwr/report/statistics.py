@@ -18,6 +18,7 @@ PAIRED = [  # the metrics each arm is compared to the baseline on, seed by seed
     ("sampled reward", "sampled_reward"),
     ("cumulative reward", "cumulative_reward"),
 ]
+PAIRED_KEYS = tuple(key for _, key in PAIRED)
 
 
 def t_two_sided_cdf(t: float, df: int) -> float:
@@ -111,7 +112,7 @@ class PairedDifference:
 
 
 def paired_differences(arms: dict[str, list[RunSummary]], baseline: str,
-                       metrics: Iterable[str] = tuple(key for _, key in PAIRED)) -> list[PairedDifference]:
+                       metrics: Iterable[str] = PAIRED_KEYS) -> list[PairedDifference]:
     """Every other arm minus `baseline`, seed by seed; seeds present in only one of the two are left out (and
     named). A seed whose value is missing (NaN) in either arm is left out of that metric only."""
     if baseline not in arms:

@@ -24,7 +24,7 @@ and in metadata["options"] (what the "mc" verifier reads).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Literal, overload
 
 from . import choice, math_answers  # noqa: F401 - registers the "math" and "mc" verifiers these items name
 from .choice import option_key, render_options
@@ -35,6 +35,10 @@ from .math_answers import last_boxed
 MAX_OPTIONS = 10  # letters A-J
 
 
+@overload
+def _text(row: dict[str, Any], key: str, *, required: Literal[True] = ...) -> str: ...
+@overload
+def _text(row: dict[str, Any], key: str, *, required: bool) -> str | None: ...
 def _text(row: dict[str, Any], key: str, *, required: bool = True) -> str | None:
     value = row.get(key)
     if value is None or (isinstance(value, str) and not value.strip()):

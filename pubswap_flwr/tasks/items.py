@@ -57,14 +57,16 @@ class TaskItem:
         if not isinstance(data, dict):
             raise ValueError(f"a task item must be an object, got {type(data).__name__}")
 
-        def text(key: str, *, required: bool = True) -> str | None:
+        def optional_text(key: str) -> str | None:
             value = data.get(key)
-            if value is None:
-                if required:
-                    raise ValueError(f"task item field {key!r} is missing")
-                return None
-            if not isinstance(value, str):
+            if value is not None and not isinstance(value, str):
                 raise ValueError(f"task item field {key!r} must be text, got {type(value).__name__}")
+            return value
+
+        def text(key: str) -> str:
+            value = optional_text(key)
+            if value is None:
+                raise ValueError(f"task item field {key!r} is missing")
             return value
 
         def mapping(key: str) -> dict[str, Any]:
@@ -79,9 +81,9 @@ class TaskItem:
             uid=text("uid"),
             task=text("task"),
             question=text("question"),
-            answer=text("answer", required=False),
+            answer=optional_text("answer"),
             verifier=text("verifier"),
             metadata=mapping("metadata"),
             provenance=mapping("provenance"),
-            family=text("family", required=False) or "plain",
+            family=optional_text("family") or "plain",
         )

@@ -76,7 +76,7 @@ _WORD = re.compile(r"[^\W\d_]+")
 _NUMERIC_ANSWER = re.compile(r"\s*-?\d+(?:/\d+|\.\d+)?\s*")
 
 
-def lenient_answer(completion: str, gold: str) -> str | None:
+def lenient_answer(completion: str, gold: str | None) -> str | None:
     """The answer a reader would take from a completion that may not use the tags: the tagged answer when there is
     one; otherwise, when the reference answer is a number (integer, decimal or fraction), the last number in the text,
     else its last word. Reported beside strict (tag) scores so format learning and skill can be told apart; never a
@@ -209,6 +209,8 @@ def score_completion(
         elif scored_in_worker(item):
             value = float(default_isolated_scorer().score(answer, item, limit))
         else:
+            if scorer is None:  # cannot be: without a reward, an unknown verifier returned above
+                raise TaskError(f"unknown verifier {item.verifier!r}")
             token = _DEADLINE.set(time.monotonic() + limit)
             try:
                 value = float(scorer(answer, item))

@@ -108,8 +108,9 @@ def serve_one(conn: socket.socket, app: ClientApp, request_seconds: float = REQU
         send_message(conn, reply)
         log.info("%s (run %d, node %d) served in %.2f s", message.metadata.message_type, context.run_id,
                  context.node_id, time.perf_counter() - started)
-    valid = isinstance(idle, (int, float)) and not isinstance(idle, bool) and math.isfinite(idle) and idle > 0
-    return float(idle) if valid else None
+    if isinstance(idle, (int, float)) and not isinstance(idle, bool) and math.isfinite(idle) and idle > 0:
+        return float(idle)
+    return None
 
 
 def serve(listener: socket.socket, app: ClientApp, watch_pid: int, idle_timeout: float) -> str:

@@ -21,7 +21,7 @@ from pubswap_flwr.protocols.sapo import CollectRollouts, SapoAsyncRound, SapoRep
 from pubswap_flwr.simulation import simulate_in_process
 from pubswap_flwr.tasks import Score, TaskItem
 from pubswap_flwr.validate import Limits, Rejected
-from pubswap_flwr.wire import METRICS_KEY, PAYLOAD_KEY, payload_record
+from pubswap_flwr.wire import ADAPTER_KEY, CONFIG_KEY, METRICS_KEY, PAYLOAD_KEY, WireError, payload_record
 
 HEADER = Header(3, "run-x", "/runs/run-x", round_start=True)
 REPORT = ClientReport(node_index=2, num_examples=64, cumulative_reward=1.5, total_steps=7, t_start=10.0, t_end=12.5,
@@ -109,6 +109,31 @@ def test_a_client_report_with_bad_numbers_is_refused(metrics, reason):
     content[METRICS_KEY] = MetricRecord(values)
     with pytest.raises(Rejected, match=re.escape(reason)):
         AdapterReply.from_message(_reply(content), ADAPTER)
+
+
+def test_a_record_of_the_wrong_kind_or_a_list_for_a_count_is_a_wire_error():
+    content = reply_records(REPORT)
+    content[ADAPTER_KEY] = ConfigRecord({"a.lora_A.weight": "text"})
+    with pytest.raises(WireError, match="record 'adapter' must be ArrayRecord, got ConfigRecord"):
+        AdapterReply.from_message(_reply(content), ADAPTER)
+    content = LocalRound(HEADER, ADAPTER, 5).to_record()
+    content[CONFIG_KEY] = MetricRecord({"server-round": 3, "local-steps": 5})
+    with pytest.raises(WireError, match="record 'config' must be ConfigRecord, got MetricRecord"):
+        LocalRound.from_record(content)
+    content = LocalRound(HEADER, ADAPTER, 5).to_record()
+    content[CONFIG_KEY] = ConfigRecord({**content[CONFIG_KEY], "local-steps": [5, 6]})
+    with pytest.raises(WireError, match="config 'local-steps' must be a number, got a list"):
+        LocalRound.from_record(content)
+
+
+def test_a_round_start_without_the_global_adapter_is_refused_with_a_reason():
+    from types import SimpleNamespace
+
+    from pubswap_flwr.config import ExperimentConfig
+    from pubswap_flwr.protocols.transfer import take_global
+
+    with pytest.raises(ValueError, match="the message carries no global adapter"):
+        take_global(SimpleNamespace(cfg=ExperimentConfig()), None, None)
 
 
 def _garbage(kind: str):

@@ -1,7 +1,8 @@
 """The lint gate (issue #38 item 4): `.ci/run` lints with ruff after setup, then checks the import contracts
-(lint-imports), both before the test command; a lint error or a broken contract fails CI with its own message, the
-project's ruff rules catch unsorted and unused imports, and its import contracts hold today and catch a light module
-importing torch."""
+(lint-imports) and the types (mypy), all before the test command; a lint error, a broken contract or a type error
+fails CI with its own message, the project's ruff rules catch unsorted and unused imports, its import contracts hold
+today and catch a light module importing torch, and its mypy settings catch a type error and a bare or unused
+`type: ignore`."""
 
 from __future__ import annotations
 
@@ -16,12 +17,15 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 CI_RUN = ROOT / ".ci" / "run"
 TEST_COMMAND = "bash scripts/setup.sh && .venv/bin/python -m pytest"
+# the calls the copy of .ci/run below makes before the test command, in order
+GATE = ["setup", "python -m ruff check .", "lint-imports --no-cache", "python -m mypy --cache-dir=/dev/null"]
 
 # stands in for .venv/bin/python in a copy of .ci/run: logs each call, and exits as the test asks
 FAKE_PYTHON = """#!/usr/bin/env bash
 echo "python $*" >> "$CALLS"
 case "$2" in
     ruff) exit "${RUFF_RC:-0}" ;;
+    mypy) exit "${MYPY_RC:-0}" ;;
     pytest) exit "${PYTEST_RC:-0}" ;;
 esac
 """
@@ -32,20 +36,21 @@ exit "${IMPORTS_RC:-0}"
 """
 
 
-def test_ci_runs_ruff_after_setup_and_before_the_readme_test_command():
+def test_ci_runs_the_lint_gate_after_setup_and_before_the_readme_test_command():
     lines = [line.strip() for line in CI_RUN.read_text().splitlines()]
     commands = [line for line in lines if line and not line.startswith("#")]
     setup = next(i for i, line in enumerate(commands) if line.startswith("bash scripts/setup.sh"))
     lint = next(i for i, line in enumerate(commands) if ".venv/bin/python -m ruff check ." in line)
     contracts = next(i for i, line in enumerate(commands) if ".venv/bin/lint-imports --no-cache" in line)
+    types = next(i for i, line in enumerate(commands) if ".venv/bin/python -m mypy --cache-dir=/dev/null" in line)
     test = next(i for i, line in enumerate(commands) if line.startswith(TEST_COMMAND))
-    assert setup < lint < contracts < test
+    assert setup < lint < contracts < types < test
     pyproject = (ROOT / "pyproject.toml").read_text()
-    assert "ruff==0.17.6" in pyproject and "import-linter==2.17" in pyproject  # setup.sh installs the test extras
+    assert all(pin in pyproject for pin in ("ruff==0.17.6", "import-linter==2.17", "mypy==2.4.1"))  # the test extras
 
 
-def _run_ci(tmp_path: Path, ruff_rc: int, pytest_rc: int,
-            imports_rc: int = 0) -> tuple[subprocess.CompletedProcess, list[str]]:
+def _run_ci(tmp_path: Path, ruff_rc: int, pytest_rc: int, imports_rc: int = 0,
+            mypy_rc: int = 0) -> tuple[subprocess.CompletedProcess, list[str]]:
     (tmp_path / ".ci").mkdir()
     shutil.copy(CI_RUN, tmp_path / ".ci" / "run")
     (tmp_path / "scripts").mkdir()
@@ -59,7 +64,7 @@ def _run_ci(tmp_path: Path, ruff_rc: int, pytest_rc: int,
     lint_imports.chmod(0o755)
     calls = tmp_path / "calls.log"
     env = {**os.environ, "CALLS": str(calls), "RUFF_RC": str(ruff_rc), "PYTEST_RC": str(pytest_rc),
-           "IMPORTS_RC": str(imports_rc)}
+           "IMPORTS_RC": str(imports_rc), "MYPY_RC": str(mypy_rc)}
     result = subprocess.run(["bash", str(tmp_path / ".ci" / "run")], env=env, capture_output=True, text=True,
                             timeout=60)
     return result, calls.read_text().splitlines()
@@ -69,7 +74,7 @@ def _run_ci(tmp_path: Path, ruff_rc: int, pytest_rc: int,
 def test_ci_lints_then_tests(tmp_path, ruff_rc, pytest_rc, expected_rc):
     result, calls = _run_ci(tmp_path, ruff_rc, pytest_rc)
     assert result.returncode == expected_rc
-    assert calls[:3] == ["setup", "python -m ruff check .", "lint-imports --no-cache"]
+    assert calls[:4] == GATE
     assert calls[-1] == "python -m pytest"
     assert ("collected no tests" in result.stderr) == (pytest_rc == 5)
 
@@ -85,7 +90,14 @@ def test_a_broken_import_contract_fails_ci_before_the_tests(tmp_path):
     result, calls = _run_ci(tmp_path, ruff_rc=0, pytest_rc=0, imports_rc=1)
     assert result.returncode == 1
     assert "CI failure: lint-imports found a broken import contract" in result.stderr
-    assert calls == ["setup", "python -m ruff check .", "lint-imports --no-cache"]
+    assert calls == GATE[:3]
+
+
+def test_a_type_error_fails_ci_before_the_tests(tmp_path):
+    result, calls = _run_ci(tmp_path, ruff_rc=0, pytest_rc=0, mypy_rc=1)
+    assert result.returncode == 1
+    assert "CI failure: mypy found type errors" in result.stderr
+    assert calls == GATE
 
 
 def _lint_imports(root: Path) -> subprocess.CompletedProcess:
@@ -128,3 +140,21 @@ def test_the_project_rules_fail_lint_errors(tmp_path, source, rule):
     result = _ruff(tmp_path, source)
     assert result.returncode == 1
     assert rule in result.stdout
+
+
+def _mypy(tmp_path: Path, source: str) -> subprocess.CompletedProcess:
+    (tmp_path / "sample.py").write_text(source)
+    command = [sys.executable, "-m", "mypy", "--cache-dir=/dev/null", "--config-file", str(ROOT / "pyproject.toml"),
+               "sample.py"]
+    return subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize(("source", "code"), [
+    ("def f() -> int:\n    return 'text'\n", "return-value"),  # a type error
+    ("x: int = 'text'  # type: ignore\n", "ignore-without-code"),  # an ignore that names no error code
+    ("x: int = 1  # type: ignore[assignment]\n", "unused-ignore"),  # an ignore no longer needed
+])
+def test_the_project_mypy_settings_fail_type_errors(tmp_path, source, code):
+    result = _mypy(tmp_path, source)
+    assert result.returncode == 1
+    assert f"[{code}]" in result.stdout, result.stdout + result.stderr

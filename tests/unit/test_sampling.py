@@ -247,7 +247,7 @@ def test_growing_cache_gives_the_same_completions_as_concatenation(policies, mon
     layers = built[0].layers
     assert layers and all(type(layer).__name__ == "GrowingLayer" for layer in layers)
     assert all(layer.keys.shape[-2] == layer.get_seq_length() > 0 for layer in layers)
-    assert all(layer._keys.shape[-2] >= layer.length for layer in layers)
+    assert all(layer.capacity >= layer.length for layer in layers)
 
 
 def test_growing_layer_crop_reset_and_selection():
@@ -256,7 +256,7 @@ def test_growing_layer_crop_reset_and_selection():
     layer = growing_layer_class()(room=2)
     first = torch.arange(2 * 1 * 3 * 4, dtype=torch.float32).reshape(2, 1, 3, 4)
     keys, values = layer.update(first, -first)
-    assert torch.equal(keys, first) and torch.equal(values, -first) and layer._keys.shape[-2] == 5
+    assert torch.equal(keys, first) and torch.equal(values, -first) and layer.capacity == 5
     step = torch.full((2, 1, 1, 4), 7.0)
     for _ in range(3):  # the third token goes past the room: the buffer grows, the values stay
         keys, _ = layer.update(step, step)
