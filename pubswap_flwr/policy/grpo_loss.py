@@ -40,9 +40,9 @@ def per_token_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
 
 CHUNK_ELEMENTS = 1 << 24  # logits (rows x positions x vocabulary) computed at once in the chunked path: 64 MB fp32
 CHUNKED_ABOVE = 1 << 24  # completions whose logits would hold more elements (64 MB fp32) take the chunked path
-# off for now (1 << 62): measured on SmolLM2 it cuts a client's peak by 0.5 GB (3684 -> 3176 MiB) at 1.15x the update
-# time (docs/results/client-memory); it goes on at CHUNKED_ABOVE once the slow tier has run it (#36)
-CHUNK_ABOVE = 1 << 62
+# on: measured on SmolLM2 it cuts a client's peak by 0.5 GB (3756 -> 3246 MiB) at 1.05x the update time, loss and
+# gradient norm equal to every printed digit (docs/results/client-memory/smollm2-2026-12-03.txt)
+CHUNK_ABOVE = CHUNKED_ABOVE
 
 
 def completion_logps(model, batch: Batch, rows: slice, temperature: float = 1.0,
