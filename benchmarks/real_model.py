@@ -53,13 +53,13 @@ MIX = "basic_arithmetic:1,gcd:1,count_bits:1,spell_backward:1"
 
 
 def _policy(dtype: str = "auto", sampler: str = "cached", new_tokens: int = 64, lora_r: int = 8,
-            micro_batch: int = 64):
+            micro_batch: int = 64, model: str = MODEL, temperature: float = 1.0):
     from pubswap_flwr.policy import GRPOSettings, LoraSettings, Policy, PolicySpec
     from pubswap_flwr.policy.sampling import GenerationSettings
 
-    return Policy(PolicySpec(model_name=MODEL, lora=LoraSettings(r=lora_r, alpha=2 * lora_r),
+    return Policy(PolicySpec(model_name=model, lora=LoraSettings(r=lora_r, alpha=2 * lora_r),
                              generation=GenerationSettings(max_new_tokens=new_tokens, max_prompt_tokens=512,
-                                                           sampler=sampler, dtype=dtype),
+                                                           sampler=sampler, dtype=dtype, temperature=temperature),
                              grpo=GRPOSettings(learning_rate=1e-4, micro_batch_size=micro_batch)))
 
 
@@ -358,14 +358,11 @@ def _evaluation_arm(old: bool, per_task: int, queue) -> None:
     from transformers import DynamicCache
 
     from pubswap_flwr.evaluation import evaluate
-    from pubswap_flwr.policy import LoraSettings, Policy, PolicySpec, sampling
-    from pubswap_flwr.policy.sampling import GenerationSettings
+    from pubswap_flwr.policy import sampling
     from pubswap_flwr.tasks import HeldOutSet, parse_mix
 
     torch.set_num_threads(1)
-    policy = Policy(PolicySpec(model_name="smollm2-135m-warm", lora=LoraSettings(r=8, alpha=16),
-                               generation=GenerationSettings(max_new_tokens=64, temperature=0.7,
-                                                             max_prompt_tokens=512)))
+    policy = _policy(model="smollm2-135m-warm", temperature=0.7)
     if old:  # the code before 2026-12-03: no head hook, Hugging Face's concatenating cache, torch.multinomial
         for model in (policy.model, policy.sampling_model):
             model.get_output_embeddings()._forward_pre_hooks.clear()

@@ -13,6 +13,7 @@ Two samplers give the same distribution (`generation.sampler`):
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -37,81 +38,76 @@ class AnswerClose:
         return self._ends_tag[token] and self.tokenizer.decode(ids[-8:]).rstrip().endswith(ANSWER_CLOSE)
 
 
+@functools.cache
 def growing_layer_class():
     """`GrowingLayer`, defined on first use so that importing this module does not import transformers."""
-    global _GROWING_LAYER
-    if _GROWING_LAYER is None:
-        from transformers.cache_utils import DynamicLayer
+    from transformers.cache_utils import DynamicLayer
 
-        class GrowingLayer(DynamicLayer):
-            """A decoder layer's keys and values in a buffer with room for `room` more tokens past what it was first
-            given. Hugging Face's DynamicLayer concatenates a new copy of the whole cache at every token, which is
-            quadratic in the completion's length (15% of an evaluation's time on SmolLM2); here each token is written
-            in place and the layer's `keys` / `values` are views of the filled part, holding the same values."""
+    class GrowingLayer(DynamicLayer):
+        """A decoder layer's keys and values in a buffer with room for `room` more tokens past what it was first
+        given. Hugging Face's DynamicLayer concatenates a new copy of the whole cache at every token, which is
+        quadratic in the completion's length (15% of an evaluation's time on SmolLM2); here each token is written
+        in place and the layer's `keys` / `values` are views of the filled part, holding the same values."""
 
-            def __init__(self, room: int):
-                super().__init__()
-                self.room = room
-                self.length = 0  # tokens held
-                self.capacity = 0  # tokens the buffers have room for
-                self._keys = self._values = torch.empty(0)
+        def __init__(self, room: int):
+            super().__init__()
+            self.room = room
+            self.length = 0  # tokens held
+            self.capacity = 0  # tokens the buffers have room for
+            self._keys = self._values = torch.empty(0)
 
-            def update(self, key_states, value_states, *args, **kwargs):
-                if not self.is_initialized:
-                    self.lazy_initialization(key_states, value_states)
-                end = self.length + key_states.shape[-2]
-                if end > self.capacity:
-                    self._grow(end + self.room, key_states, value_states)
-                self._keys[..., self.length:end, :] = key_states
-                self._values[..., self.length:end, :] = value_states
-                self.length = end
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            end = self.length + key_states.shape[-2]
+            if end > self.capacity:
+                self._grow(end + self.room, key_states, value_states)
+            self._keys[..., self.length:end, :] = key_states
+            self._values[..., self.length:end, :] = value_states
+            self.length = end
+            self._view()
+            return self.keys, self.values
+
+        def _grow(self, capacity: int, key_states, value_states) -> None:
+            keys = key_states.new_empty((*key_states.shape[:-2], capacity, key_states.shape[-1]))
+            values = value_states.new_empty((*value_states.shape[:-2], capacity, value_states.shape[-1]))
+            if self.length:
+                keys[..., :self.length, :] = self._keys[..., :self.length, :]
+                values[..., :self.length, :] = self._values[..., :self.length, :]
+            self._keys, self._values, self.capacity = keys, values, capacity
+
+        def _view(self) -> None:
+            self.keys = self._keys[..., :self.length, :]
+            self.values = self._values[..., :self.length, :]
+
+        def get_seq_length(self) -> int:
+            return self.length
+
+        def batch_repeat_interleave(self, repeats: int) -> None:
+            if self.length:
+                self._keys = self._keys.repeat_interleave(repeats, dim=0)
+                self._values = self._values.repeat_interleave(repeats, dim=0)
                 self._view()
-                return self.keys, self.values
 
-            def _grow(self, capacity: int, key_states, value_states) -> None:
-                keys = key_states.new_empty((*key_states.shape[:-2], capacity, key_states.shape[-1]))
-                values = value_states.new_empty((*value_states.shape[:-2], capacity, value_states.shape[-1]))
-                if self.length:
-                    keys[..., :self.length, :] = self._keys[..., :self.length, :]
-                    values[..., :self.length, :] = self._values[..., :self.length, :]
-                self._keys, self._values, self.capacity = keys, values, capacity
+        def batch_select_indices(self, indices: torch.Tensor) -> None:
+            if self.length:
+                self._keys, self._values = self._keys[indices, ...], self._values[indices, ...]
+                self._view()
 
-            def _view(self) -> None:
-                self.keys = self._keys[..., :self.length, :]
-                self.values = self._values[..., :self.length, :]
+        def crop(self, tokens_to_remove: int) -> None:
+            if tokens_to_remove > 0:
+                raise ValueError(f"crop takes the number of tokens to remove as a negative integer, "
+                                 f"got {tokens_to_remove}")
+            if self.length:
+                self.length = max(0, self.length + tokens_to_remove)
+                self._view()
 
-            def get_seq_length(self) -> int:
-                return self.length
+        def reset(self) -> None:
+            self._keys = self._values = torch.empty(0)
+            self.length = self.capacity = 0
+            super().reset()
 
-            def batch_repeat_interleave(self, repeats: int) -> None:
-                if self.length:
-                    self._keys = self._keys.repeat_interleave(repeats, dim=0)
-                    self._values = self._values.repeat_interleave(repeats, dim=0)
-                    self._view()
-
-            def batch_select_indices(self, indices: torch.Tensor) -> None:
-                if self.length:
-                    self._keys, self._values = self._keys[indices, ...], self._values[indices, ...]
-                    self._view()
-
-            def crop(self, tokens_to_remove: int) -> None:
-                if tokens_to_remove > 0:
-                    raise ValueError(f"crop takes the number of tokens to remove as a negative integer, "
-                                     f"got {tokens_to_remove}")
-                if self.length:
-                    self.length = max(0, self.length + tokens_to_remove)
-                    self._view()
-
-            def reset(self) -> None:
-                self._keys = self._values = torch.empty(0)
-                self.length = self.capacity = 0
-                super().reset()
-
-        _GROWING_LAYER = GrowingLayer
-    return _GROWING_LAYER
-
-
-_GROWING_LAYER = None
+    return GrowingLayer
 
 
 def decode_cache(model, room: int):

@@ -51,11 +51,10 @@ def setup(args) -> _worker_loop.Handler:
 
     def job(request: dict):
         spec = request.get("reward")
+        answer, item = str(request["answer"]), TaskItem.from_dict(request["item"])
         if spec is None:
             scorer = VERIFIERS[str(request["verifier"])]
-            answer, item = str(request["answer"]), TaskItem.from_dict(request["item"])
             return lambda: {"reward": float(scorer(answer, item))}
-        answer, item = str(request["answer"]), TaskItem.from_dict(request["item"])
         # imported inside the timed computation: a slow or failing import is the reward's
         return lambda: {"reward": float(user_reward(spec)(answer, item))}
 
