@@ -6,7 +6,8 @@ trained, train.micro-batch-size 16 as configs/real.toml), and the RSS it holds a
 
 Arms: the plain log-probs (full-vocabulary logits of the micro-batch) against the chunked ones
 (policy/grpo_loss.py), each with the allocator as it is (PUBSWAP_ALLOCATOR=default), trimmed after loading and
-after each update (=trim), and trimmed with large allocations mapped on their own (the default; policy/memory.py).
+after each update (=trim), and trimmed with large allocations mapped on their own (policy/memory.py); and the
+default: chunked with the completion pass's decoder layers recomputed in the backward pass instead of kept.
 Prints MiB per stage, the update's wall time, and ratios against the plain arm. Goal: peak <= 2.5 GB, held <= 1.5 GB.
 """
 
@@ -23,14 +24,28 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-ARMS = [  # (label, chunked log-probs, PUBSWAP_ALLOCATOR)
-    ("plain, allocator as is", False, "default"),
-    ("chunked, allocator as is", True, "default"),
-    ("plain, trim", False, "trim"),
-    ("chunked, trim", True, "trim"),
-    ("plain, trim + mmap threshold", False, ""),
-    ("chunked, trim + mmap threshold (default)", True, ""),
+ARMS = [  # (label, log-probs path, PUBSWAP_ALLOCATOR)
+    ("plain, allocator as is", "plain", "default"),
+    ("chunked, allocator as is", "chunked", "default"),
+    ("plain, trim", "plain", "trim"),
+    ("chunked, trim", "chunked", "trim"),
+    ("plain, trim + mmap threshold", "plain", ""),
+    ("chunked, trim + mmap threshold", "chunked", ""),
+    ("chunked + layers recomputed, trim + mmap (default)", "checkpointed", ""),
 ]
+PATHS = ("plain", "chunked", "checkpointed")
+
+
+def _use_path(policy, path: str) -> None:
+    """plain: full-vocabulary logits; chunked: the LM head a few positions at a time; checkpointed: chunked, and the
+    completion pass's decoder layers recomputed in the backward pass (policy/grpo_loss.py, train.recompute-layers)."""
+    import dataclasses
+
+    from pubswap_flwr.policy import grpo_loss
+
+    grpo_loss.CHUNK_ABOVE = 1 << 62 if path == "plain" else grpo_loss.CHUNKED_ABOVE
+    learner = policy.learner
+    learner.settings = dataclasses.replace(learner.settings, recompute_layers=path == "checkpointed")
 
 
 def _status(field: str) -> float:
@@ -44,7 +59,7 @@ def _reset_peak() -> None:
     Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
 
 
-def _arm(chunked: bool, allocator: str, micro_batch: int, model: str, queue) -> None:
+def _arm(path: str, allocator: str, micro_batch: int, model: str, queue) -> None:
     os.environ["PUBSWAP_ALLOCATOR"] = allocator
     import real_model
     import torch
@@ -52,14 +67,13 @@ def _arm(chunked: bool, allocator: str, micro_batch: int, model: str, queue) -> 
 
     real_model.MODEL = model
 
-    from pubswap_flwr.policy import grpo_loss
     from pubswap_flwr.rollouts import RolloutGroup
 
     torch.set_num_threads(1)
-    grpo_loss.CHUNK_ABOVE = grpo_loss.CHUNKED_ABOVE if chunked else 1 << 62
     out = {}
     _reset_peak()
     policy = _policy(dtype="auto", micro_batch=micro_batch)
+    _use_path(policy, path)
     out["load peak"], out["after load"] = _status("VmHWM"), _status("VmRSS")
     items = _items(4)
     torch.manual_seed(0)
@@ -77,13 +91,12 @@ def _arm(chunked: bool, allocator: str, micro_batch: int, model: str, queue) -> 
 
 
 def _update_times(model: str, micro_batch: int, repeats: int, queue) -> None:
-    """One process, the same sampled batch: updates with the plain and the chunked log-probs interleaved, each from
-    the same adapter and a fresh optimizer, so both see the same machine load (like for like)."""
+    """One process, the same sampled batch: updates with each log-prob path interleaved, each from the same adapter
+    and a fresh optimizer, so all see the same machine load (like for like)."""
     import real_model
     import torch
     from real_model import _groups, _items, _policy
 
-    from pubswap_flwr.policy import grpo_loss
     from pubswap_flwr.rollouts import RolloutGroup
 
     real_model.MODEL = model
@@ -94,10 +107,11 @@ def _update_times(model: str, micro_batch: int, repeats: int, queue) -> None:
     groups = [RolloutGroup(g.prompt, g.completions, [float(i % 2) for i in range(len(g.completions))])
               for g in _groups(policy, items, policy.sample(items, 8))]
     start = policy.adapter()
-    times, losses = {"plain": [], "chunked": []}, {"plain": [], "chunked": []}
+    times: dict[str, list] = {path: [] for path in PATHS}
+    losses: dict[str, list] = {path: [] for path in PATHS}
     for _ in range(repeats):
-        for mode in ("plain", "chunked"):
-            grpo_loss.CHUNK_ABOVE = 1 << 62 if mode == "plain" else grpo_loss.CHUNKED_ABOVE
+        for mode in PATHS:
+            _use_path(policy, mode)
             policy.load_adapter(start)
             policy.learner.reset_optimizer()
             began = time.perf_counter()
@@ -113,7 +127,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1, help="processes per arm (medians are printed)")
     parser.add_argument("--model", default="smollm2-135m-instruct", help="model.name (embedded:tiny to try it)")
     parser.add_argument("--time-repeats", type=int, default=3,
-                        help="interleaved plain / chunked updates in one process for the time ratio (0: skip)")
+                        help="interleaved updates of each path in one process for the time ratio (0: skip)")
     args = parser.parse_args()
     context = multiprocessing.get_context("spawn")
     print(f"One {args.model} client (generation.dtype auto, micro-batch {args.micro_batch}, 1 thread), MiB; "
@@ -121,11 +135,11 @@ def main() -> None:
     keys = ["load peak", "after load", "sample peak", "update peak", "held after update", "update s"]
     print(f"  {'arm':<42}" + "".join(f"{k:>19}" for k in keys))
     results = {}
-    for label, chunked, allocator in ARMS:
+    for label, path, allocator in ARMS:
         runs = []
         for _ in range(args.repeats):
             queue = context.Queue()
-            proc = context.Process(target=_arm, args=(chunked, allocator, args.micro_batch, args.model, queue))
+            proc = context.Process(target=_arm, args=(path, allocator, args.micro_batch, args.model, queue))
             proc.start()
             proc.join()
             if proc.exitcode != 0 or queue.empty():
@@ -153,10 +167,12 @@ def main() -> None:
         if proc.exitcode != 0 or queue.empty():
             sys.exit(f"the timing process ended with exit code {proc.exitcode} and no result")
         times, losses = queue.get()
-        plain, chunked = statistics.median(times["plain"]), statistics.median(times["chunked"])
-        print(f"Update time, one process, plain and chunked interleaved x {args.time_repeats} (same batch, adapter and "
-              f"optimizer state): plain {plain:.1f} s, chunked {chunked:.1f} s, ratio chunked / plain "
-              f"{chunked / plain:.2f}; loss and grad norm plain {losses['plain'][0]}, chunked {losses['chunked'][0]}")
+        median = {path: statistics.median(times[path]) for path in PATHS}
+        print(f"Update time, one process, the paths interleaved x {args.time_repeats} (same batch, adapter and "
+              f"optimizer state): " + ", ".join(f"{path} {median[path]:.1f} s" for path in PATHS)
+              + "; ratios to plain: " + ", ".join(f"{path} {median[path] / median['plain']:.2f}" for path in PATHS[1:]))
+        for path in PATHS:
+            print(f"  loss and grad norm, {path}: {losses[path][0]}")
 
 
 if __name__ == "__main__":

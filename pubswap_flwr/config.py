@@ -124,6 +124,10 @@ class TrainConfig:
     kl_beta: float = opt(0.0, between(0, 1000))
     inner_iterations: int = opt(1, between(1, 1000), "mu: optimizer steps per rollout batch")
     micro_batch_size: int = opt(64, between(1, 65536))
+    recompute_layers: bool = opt(True, doc="a real vocabulary's update recomputes the completion pass's decoder "
+                                           "layers in the backward pass instead of keeping their activations "
+                                           "(SmolLM2 client peak 3.2 -> 1.8 GB at 1.4x the update time); false "
+                                           "keeps them")
     max_grad_norm: float = opt(1.0, between(0, 1e6), "0 = no clipping")
     weight_decay: float = opt(0.0, between(0, 100))
     reset_optimizer: bool = opt(False, doc="reset Adam moments when a new global adapter arrives")

@@ -4,10 +4,10 @@ public set, every task spec), the policy spec, and seeds."""
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .config import ExperimentConfig
 from .policy import GenerationSettings, GRPOSettings, LoraSettings, PolicySpec
@@ -15,6 +15,11 @@ from .policy.model import ModelError, data_dir
 from .tasks import HeldOutSet, PublicSet, load_items, parse_custom_tasks, parse_mix
 from .tasks.items import max_question_chars
 from .tasks.splits import question_key
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+T = TypeVar("T", bound="DataclassInstance")
 
 
 @dataclass
@@ -99,26 +104,27 @@ def supervised_questions(model_names: tuple[str, ...]) -> frozenset[str]:
     return frozenset(keys)
 
 
+def settings_from(section: Any, settings: type[T], **overrides: Any) -> T:
+    """A `settings` dataclass (GRPOSettings, GenerationSettings) with every field the config `section` has by the
+    same name, then `overrides`: each setting is declared once, in the config, and a field of neither keeps the
+    dataclass's own default (adam_beta1, ...)."""
+    names = {f.name for f in fields(settings)}
+    values = {f.name: getattr(section, f.name) for f in fields(section) if f.name in names}
+    return settings(**{**values, **overrides})
+
+
 def policy_spec(cfg: ExperimentConfig, model_name: str | None = None, proximal_mu: float = 0.0,
                 learning_rate: float | None = None) -> PolicySpec:
     """The policy a node (or the server's evaluator) builds; `proximal_mu` is the protocol's FedProx term,
     `learning_rate` the node's own (train.node-learning-rates, node-config learning-rate) over train.learning-rate."""
-    g, t = cfg.generation, cfg.train
+    t = cfg.train
     return PolicySpec(
         model_name=model_name or cfg.model.name,
         dtype=cfg.model.dtype,
         device=cfg.model.device,
         lora=LoraSettings(cfg.model.lora_r, cfg.model.lora_alpha, cfg.model.lora_dropout, cfg.model.lora_targets),
-        generation=GenerationSettings(g.max_new_tokens, g.temperature, g.top_k, g.top_p, g.max_prompt_tokens, g.sampler,
-                                      g.dtype, g.stop_at_answer),
-        grpo=GRPOSettings(
-            learning_rate=learning_rate or t.learning_rate, loss_type=t.loss_type, epsilon_low=t.epsilon_low,
-            epsilon_high=t.epsilon_high, kl_beta=t.kl_beta, inner_iterations=t.inner_iterations,
-            micro_batch_size=t.micro_batch_size, max_grad_norm=t.max_grad_norm, weight_decay=t.weight_decay,
-            proximal_mu=proximal_mu, scale_rewards=t.scale_rewards,
-            mask_truncated_completions=t.mask_truncated_completions, foreign_correction=t.foreign_correction,
-            foreign_weight=t.foreign_weight, is_cap=t.is_cap,
-        ),
+        generation=settings_from(cfg.generation, GenerationSettings),
+        grpo=settings_from(t, GRPOSettings, learning_rate=learning_rate or t.learning_rate, proximal_mu=proximal_mu),
         template=cfg.tasks.template,
     )
 

@@ -61,6 +61,7 @@ class GRPOSettings:
     kl_beta: float = 0.0
     inner_iterations: int = 1
     micro_batch_size: int = 64
+    recompute_layers: bool = True  # grpo_loss.completion_logps: the chunked path's completion layers recomputed
     max_grad_norm: float = 1.0
     weight_decay: float = 0.0
     adam_beta1: float = 0.9

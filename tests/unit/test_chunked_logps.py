@@ -11,11 +11,11 @@ from pubswap_flwr.policy.sampling import GenerationSettings
 from tests.unit.test_grpo_oracle import _groups
 
 
-def _logps_and_grads(policy, batch, chunk_above: int, weights: torch.Tensor):
+def _logps_and_grads(policy, batch, chunk_above: int, weights: torch.Tensor, recompute_layers: bool = True):
     model = policy.model
     model.zero_grad(set_to_none=True)
     logps = completion_logps(model, batch, slice(0, batch.rewards.shape[0]), temperature=0.7,
-                             chunk_above=chunk_above)
+                             chunk_above=chunk_above, recompute_layers=recompute_layers)
     (logps * weights * batch.completion_mask).sum().backward()
     grads = {k: p.grad.clone() for k, p in model.named_parameters() if p.requires_grad}
     return logps.detach(), grads
@@ -71,3 +71,70 @@ def test_a_trainable_or_biased_head_keeps_the_plain_path():
     assert _plain_lm_head(Wrapper(torch.nn.Linear(4, 9, bias=False))) is None  # trainable
     assert _plain_lm_head(Wrapper(torch.nn.Linear(4, 9, bias=True).requires_grad_(False))) is None
     assert _plain_lm_head(torch.nn.Linear(4, 9)) is None  # not a PEFT model
+
+
+def _saved_bytes(fn) -> int:
+    """Bytes autograd keeps for the backward pass while `fn` runs (each saved tensor counted once)."""
+    seen: dict[int, int] = {}
+
+    def pack(tensor):
+        seen.setdefault(id(tensor), tensor.numel() * tensor.element_size())
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        out = fn()
+    return sum(seen.values()), out
+
+
+def test_recomputed_completion_layers_give_the_same_values_and_gradients_and_keep_less(tiny_policy):
+    model = tiny_policy.model
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(0.05 * torch.randn_like(p, generator=torch.Generator().manual_seed(1)))
+    batch = build_batch(tiny_policy.tokenizer, _groups(tiny_policy.tokenizer), GenerationSettings(max_new_tokens=16))
+    weights = torch.randn(batch.completion_ids.shape, generator=torch.Generator().manual_seed(3))
+    model.train()
+    results = {}
+    for recompute in (False, True):
+        saved, _ = _saved_bytes(lambda: completion_logps(model, batch, slice(0, batch.rewards.shape[0]), 0.7,
+                                                         chunk_above=0, recompute_layers=recompute))
+        results[recompute] = (saved, *_logps_and_grads(tiny_policy, batch, chunk_above=0, weights=weights,
+                                                        recompute_layers=recompute))
+    (kept_bytes, kept, kept_grads), (ckpt_bytes, ckpt, ckpt_grads) = results[False], results[True]
+    assert torch.equal(ckpt, kept)  # the forward is the same computation
+    assert kept_grads.keys() == ckpt_grads.keys() and len(kept_grads) > 0
+    for key in kept_grads:  # the recompute sees the prompt's keys once, not the completion appended twice
+        assert torch.allclose(ckpt_grads[key], kept_grads[key], atol=1e-6, rtol=1e-5), key
+    assert ckpt_bytes < 0.6 * kept_bytes, (ckpt_bytes, kept_bytes)
+    decoder = model.get_base_model().get_decoder()
+    assert all("forward" not in vars(layer) for layer in decoder.layers)  # the layers are plain again afterwards
+
+
+def test_train_recompute_layers_reaches_the_update(tiny_policy, monkeypatch):
+    import contextlib
+    import dataclasses
+
+    from pubswap_flwr.config import ExperimentConfig
+    from pubswap_flwr.policy import grpo_loss
+    from pubswap_flwr.shared import policy_spec
+
+    assert policy_spec(ExperimentConfig()).grpo.recompute_layers is True
+    assert policy_spec(ExperimentConfig.from_flat({"train.recompute-layers": False})).grpo.recompute_layers is False
+    entered = []
+
+    @contextlib.contextmanager
+    def recording(layers):
+        entered.append(len(layers))
+        yield
+
+    monkeypatch.setattr(grpo_loss, "checkpointed_layers", recording)
+    monkeypatch.setattr(grpo_loss, "CHUNK_ABOVE", 0)  # the chunked path, as a real vocabulary takes
+    groups = _groups(tiny_policy.tokenizer)
+    learner = tiny_policy.learner
+    for recompute in (False, True):
+        learner.settings = dataclasses.replace(learner.settings, recompute_layers=recompute)
+        entered.clear()
+        tiny_policy.update(groups)
+        layers = len(tiny_policy.model.get_base_model().get_decoder().layers)
+        assert entered == ([layers] * len(entered) if recompute else []) and (len(entered) > 0) == recompute

@@ -456,3 +456,24 @@ def test_every_mode_has_a_protocol_and_every_protocol_a_mode():
 
     assert set(MODES) == set(PROTOCOLS) == set(catalog.modes())
     assert set(CLIENT_HANDLERS) == set(catalog.message_types())
+
+
+def test_policy_settings_take_every_config_field_of_the_same_name():
+    from dataclasses import fields
+
+    from pubswap_flwr.shared import policy_spec
+
+    cfg = ExperimentConfig.from_flat({"train.micro-batch-size": 7, "train.recompute-layers": False,
+                                      "train.is-cap": 3.0, "generation.temperature": 0.3,
+                                      "generation.stop-at-answer": True})
+    spec = policy_spec(cfg, proximal_mu=0.25, learning_rate=0.005)
+    grpo_names = {f.name for f in fields(spec.grpo)} & {f.name for f in fields(cfg.train)}
+    assert {"micro_batch_size", "recompute_layers", "is_cap", "loss_type", "foreign_correction"} <= grpo_names
+    for name in grpo_names - {"learning_rate"}:
+        assert getattr(spec.grpo, name) == getattr(cfg.train, name), name
+    assert (spec.grpo.learning_rate, spec.grpo.proximal_mu) == (0.005, 0.25)  # the node's own, the protocol's
+    assert policy_spec(cfg).grpo.learning_rate == cfg.train.learning_rate
+    generation = {f.name for f in fields(spec.generation)}
+    assert generation <= {f.name for f in fields(cfg.generation)}  # every sampling setting comes from the config
+    assert all(getattr(spec.generation, name) == getattr(cfg.generation, name) for name in generation)
+    assert (spec.generation.temperature, spec.generation.stop_at_answer) == (0.3, True)
