@@ -24,9 +24,11 @@ measured side by side in one run, printing medians and ratios.
 7. Held-out evaluation, old against new: `evaluation.evaluate` on configs/real.toml's held-out settings
    (smollm2-135m-warm, its 3-task mix, greedy + 4 samples at T 0.7, 64 new tokens, eval.batch-size 256) with the
    code as it was before 2026-12-03 (the LM head given a strided input, so torch multiplied it against a copy of the
-   head's weight per prompt; Hugging Face's concatenating KV cache; torch.multinomial) and as it is (contiguous head
-   input, sampling.GrowingLayer, sampling.draw); each arm in its own process, interleaved: time, peak RSS, whether
-   the greedy results are the same, and the sampled pass@1 of each (other draws of the same distribution).
+   head's weight per prompt; Hugging Face's concatenating KV cache; torch.multinomial; a greedy pass, then a sampled
+   pass) and as it is (contiguous head input, sampling.GrowingLayer, sampling.draw, each prompt prefilled once for
+   its greedy and its sampled completions: evaluation.SHARED_PREFILL); each arm in its own process, interleaved:
+   time, peak RSS, whether the greedy results are the same, and the sampled pass@1 of each (other draws of the same
+   distribution).
 5. Rounds of the real-model learning sweep (configs/real.toml, 2 clients through Flower's Ray engine: the fedavg arm
    of configs/real-pubswap.toml), split into sampling, update, evaluation and communication + orchestration, from
    a run's metrics.jsonl (--round-from RUN, or a 1-round run made here).
@@ -357,6 +359,7 @@ def _evaluation_arm(old: bool, per_task: int, queue) -> None:
     import torch
     from transformers import DynamicCache
 
+    from pubswap_flwr import evaluation
     from pubswap_flwr.evaluation import evaluate
     from pubswap_flwr.policy import sampling
     from pubswap_flwr.tasks import HeldOutSet, parse_mix
@@ -368,6 +371,7 @@ def _evaluation_arm(old: bool, per_task: int, queue) -> None:
             model.get_output_embeddings()._forward_pre_hooks.clear()
         sampling.decode_cache = lambda model, room: DynamicCache(config=model.config)
         sampling.draw = lambda probs: torch.multinomial(probs, num_samples=1).squeeze(1)
+        evaluation.SHARED_PREFILL = False  # a greedy pass, then a sampled pass, each prefilling every prompt
     items = HeldOutSet.build(parse_mix(EVAL_MIX), per_task=per_task, data_seed=11).items
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     elapsed, result = timed(lambda: evaluate(policy, items, samples=4, batch_size=256, seed=0, lenient=True))

@@ -21,10 +21,30 @@ from .tasks.rewards import RewardTable
 from .tasks.shortcuts import check_task
 from .tasks.verifiers import completion_shape
 
-Progress = Callable[[str, int, int], None]  # (pass: "greedy" | "sampled", items done, items in all)
+Progress = Callable[[str, int, int], None]  # (pass: "greedy" | "sampled" | "greedy + sampled", items done, items)
 
 
 Scores = tuple[dict[str, list[list[float]]], dict[str, list[list[float]]], dict[str, list[str | None]]]
+# the greedy completion and the sampled ones of an item decoded together from one prefill of its prompt (a policy
+# whose sampler can mix them: Policy.can_mix_greedy); False: a greedy pass, then a sampled pass (each its own prefill)
+SHARED_PREFILL = True
+
+
+def _add_scores(into: Scores, items: Sequence[TaskItem], rows: Sequence[Sequence], table: RewardTable,
+                max_chars: int, lenient: bool) -> None:
+    """Score each item's completions (`rows[i]` for `items[i]`) into `into` (see `_scores`)."""
+    rewards, extra, answers = into
+    for item, row in zip(items, rows):
+        reward = table.for_task(item.task)
+        rewards.setdefault(item.task, []).append(
+            [score_completion(s.text, item, max_chars=max_chars, reward=reward).reward for s in row])
+        answers.setdefault(item.task, []).extend(
+            lenient_answer(s.text, item.answer) if isinstance(s.text, str) and len(s.text) <= max_chars else None
+            for s in row)
+        if lenient:
+            extra.setdefault(item.task, []).append(
+                [float(lenient_score(s.text, item, max_chars=max_chars, reward=reward).reward >= 1.0) for s in row]
+                + [float(completion_shape(s.text) == "well-formed") for s in row])
 
 
 def _scores(policy: Policy, items: Sequence[TaskItem], greedy: bool, samples: int, batch_size: int,
@@ -33,28 +53,56 @@ def _scores(policy: Policy, items: Sequence[TaskItem], greedy: bool, samples: in
     """(task -> per item, the rewards of its samples (one when greedy); with `lenient`, task -> per item, each
     sample's lenient correctness (1/0) followed by whether it is well-formed (1/0), else {}; task -> every sample's
     answer (the tagged one, else the last number or word: tasks.lenient_answer), for the shortcut check)."""
-    rewards: dict[str, list[list[float]]] = {}
-    extra: dict[str, list[list[float]]] = {}
-    answers: dict[str, list[str | None]] = {}
+    scores: Scores = ({}, {}, {})
     per_call = max(1, batch_size // samples)
     table = user_rewards or RewardTable()
     for start in range(0, len(items), per_call):
         chunk = items[start:start + per_call]
         out = policy.sample(chunk, 1 if greedy else samples, greedy=greedy, with_logprobs=False)
-        for item, row in zip(chunk, out):
-            reward = table.for_task(item.task)
-            rewards.setdefault(item.task, []).append(
-                [score_completion(s.text, item, max_chars=max_chars, reward=reward).reward for s in row])
-            answers.setdefault(item.task, []).extend(
-                lenient_answer(s.text, item.answer) if isinstance(s.text, str) and len(s.text) <= max_chars else None
-                for s in row)
-            if lenient:
-                extra.setdefault(item.task, []).append(
-                    [float(lenient_score(s.text, item, max_chars=max_chars, reward=reward).reward >= 1.0) for s in row]
-                    + [float(completion_shape(s.text) == "well-formed") for s in row])
+        _add_scores(scores, chunk, out, table, max_chars, lenient)
         if progress is not None:
             progress("greedy" if greedy else "sampled", start + len(chunk), len(items))
-    return rewards, extra, answers
+    return scores
+
+
+def _shared_scores(policy: Policy, items: Sequence[TaskItem], samples: int, batch_size: int, max_chars: int,
+                   lenient: bool = False, progress: Progress | None = None,
+                   user_rewards: RewardTable | None = None) -> tuple[Scores, Scores]:
+    """`_scores` of the greedy pass and of the sampled pass, from one generation per batch of items: each item's
+    prompt is prefilled once for its greedy completion and its `samples` sampled ones (a prefill of the held-out
+    prompts costs about as much as decoding their completions on a real model)."""
+    greedy: Scores = ({}, {}, {})
+    sampled: Scores = ({}, {}, {})
+    per_call = max(1, batch_size // (samples + 1))
+    table = user_rewards or RewardTable()
+    for start in range(0, len(items), per_call):
+        chunk = items[start:start + per_call]
+        out = policy.sample(chunk, samples + 1, with_logprobs=False, greedy_first=1)
+        _add_scores(greedy, chunk, [row[:1] for row in out], table, max_chars, lenient)
+        _add_scores(sampled, chunk, [row[1:] for row in out], table, max_chars, lenient)
+        if progress is not None:
+            progress("greedy + sampled", start + len(chunk), len(items))
+    return greedy, sampled
+
+
+def _passes(policy: Policy, items: Sequence[TaskItem], sampled: bool, samples: int, batch_size: int,
+            max_chars: int, lenient: bool, progress: Progress | None, rewards: RewardTable | None,
+            seed: int) -> tuple[Scores, Scores | None]:
+    """The greedy pass's scores and, with `sampled`, the sampled pass's (else None). Sampling starts from `seed`
+    and leaves the global random state as it found it; greedy rows draw nothing, so sharing the prefill
+    (SHARED_PREFILL) leaves the sampled rows the seed's stream, as a pass of their own would."""
+    if not sampled:
+        return _scores(policy, items, True, 1, batch_size, max_chars, lenient, progress, rewards), None
+    shared = SHARED_PREFILL and policy.can_mix_greedy
+    greedy = None if shared else _scores(policy, items, True, 1, batch_size, max_chars, lenient, progress, rewards)
+    state = torch.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        if greedy is None:
+            return _shared_scores(policy, items, samples, batch_size, max_chars, lenient, progress, rewards)
+        return greedy, _scores(policy, items, False, samples, batch_size, max_chars, lenient, progress, rewards)
+    finally:
+        torch.set_rng_state(state)
 
 
 def mean_and_se(values: Sequence[float]) -> tuple[float, float]:
@@ -150,26 +198,22 @@ def evaluate(policy: Policy, items: Sequence[TaskItem], *, sampled: bool = True,
     if samples < 1:
         raise ValueError(f"samples per item must be >= 1, got {samples}")
     out: dict = {"per_task": {}, "items": len(items)}
-    scored, extra, answers = _scores(policy, items, True, 1, batch_size, max_chars, lenient, progress, rewards)
+    greedy_scores, sampled_scores = _passes(policy, items, sampled, samples, batch_size, max_chars, lenient,
+                                            progress, rewards, seed)
+    scored, extra, answers = greedy_scores
     _summary(scored, "greedy", out, with_se=False)
     if lenient:
         _lenient_summary(extra, "greedy", out, with_se=False)
     _shortcut_summary(items, answers, "greedy", out)
     results = {"uids": [item.uid for item in items], "tasks": [item.task for item in items],
                "greedy": _item_results(items, scored)}
-    if sampled:
-        state = torch.get_rng_state()
-        torch.manual_seed(seed)
-        try:
-            scored, extra, answers = _scores(policy, items, False, samples, batch_size, max_chars, lenient,
-                                             progress, rewards)
-            _summary(scored, "sampled", out, with_se=True)
-            if lenient:
-                _lenient_summary(extra, "sampled", out, with_se=True)
-            _shortcut_summary(items, answers, "sampled", out)
-            results["sampled"], results["samples"] = _item_results(items, scored), samples
-        finally:
-            torch.set_rng_state(state)
+    if sampled_scores is not None:
+        scored, extra, answers = sampled_scores
+        _summary(scored, "sampled", out, with_se=True)
+        if lenient:
+            _lenient_summary(extra, "sampled", out, with_se=True)
+        _shortcut_summary(items, answers, "sampled", out)
+        results["sampled"], results["samples"] = _item_results(items, scored), samples
         out["samples"] = samples
     out[ITEM_RESULTS] = results
     return out

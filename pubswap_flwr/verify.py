@@ -132,7 +132,7 @@ class _Evaluator:
         torch.manual_seed(cfg.seed)
         count = samples or cfg.eval.samples
         self.progress.start(f"scoring {folder} on {len(items)} items (greedy" +
-                            (f", then {count} samples each)" if cfg.eval.sampled else ")"))
+                            (f" and {count} samples each)" if cfg.eval.sampled else ")"))
         return evaluate(policy, items, sampled=cfg.eval.sampled, samples=count, batch_size=self.batch_size,
                         seed=cfg.seed, max_chars=cfg.generation.max_completion_chars, lenient=cfg.eval.lenient,
                         progress=self.progress, rewards=self.rewards)

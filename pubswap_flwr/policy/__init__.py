@@ -93,11 +93,17 @@ class Policy:
     def prompts(self, items: Sequence[TaskItem]) -> list[str]:
         return [self.formatter(item) for item in items]
 
-    def sample(self, items: Sequence[TaskItem], k: int, *, greedy: bool = False,
-               with_logprobs: bool = True) -> list[list[Sample]]:
+    @property
+    def can_mix_greedy(self) -> bool:
+        """Whether `sample(..., greedy_first=n)` can decode greedy and sampled completions of a prompt together."""
+        return self.spec.generation.sampler == "cached"
+
+    def sample(self, items: Sequence[TaskItem], k: int, *, greedy: bool = False, with_logprobs: bool = True,
+               greedy_first: int = 0) -> list[list[Sample]]:
         with self.sampler.merged():
             return generate(self.sampling_model, self.tokenizer, self.prompts(items), num_return=k,
-                            settings=self.spec.generation, greedy=greedy, with_logprobs=with_logprobs)
+                            settings=self.spec.generation, greedy=greedy, with_logprobs=with_logprobs,
+                            greedy_first=greedy_first)
 
     # -- learning --------------------------------------------------------------------------------------------
     def update(self, groups: Sequence[RolloutGroup], proximal_reference: dict[str, torch.Tensor] | None = None,

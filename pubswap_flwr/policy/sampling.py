@@ -216,9 +216,27 @@ def _generate_hf(model, tokenizer, batch: dict[str, torch.Tensor], num_return: i
     return new_tokens.tolist(), chosen
 
 
+def _choose(logits: torch.Tensor, greedy_rows: torch.Tensor,
+            settings: GenerationSettings) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scores, chosen token) of each row: greedy rows take the argmax of their logits, the others a draw from their
+    processed logits (`process_logits`); the scores are what each row's log-prob is taken from."""
+    if bool(greedy_rows.all()):
+        scores = logits.float()
+        return scores, scores.argmax(dim=-1)
+    if not bool(greedy_rows.any()):
+        scores = process_logits(logits, settings)
+        return scores, draw(scores.softmax(dim=-1))
+    sampled = (~greedy_rows).nonzero().squeeze(1)
+    scores = logits.float()
+    chosen = scores.argmax(dim=-1)
+    processed = process_logits(logits[sampled], settings)
+    chosen[sampled] = draw(processed.softmax(dim=-1))
+    return scores.index_copy(0, sampled, processed), chosen
+
+
 def _generate_cached(model, tokenizer, batch: dict[str, torch.Tensor], num_return: int,
-                     settings: GenerationSettings, greedy: bool,
-                     with_logprobs: bool) -> tuple[list[list[int]], list[list[float]] | None]:
+                     settings: GenerationSettings, greedy: bool, with_logprobs: bool,
+                     greedy_first: int = 0) -> tuple[list[list[int]], list[list[float]] | None]:
     eos = tokenizer.eos_token_id
     ids, mask = batch["input_ids"], batch["attention_mask"]
     # positions as generate makes them for left padding: pads at 0, tokens counted from the first real one
@@ -233,6 +251,7 @@ def _generate_cached(model, tokenizer, batch: dict[str, torch.Tensor], num_retur
         mask = mask.repeat_interleave(num_return, dim=0)
         positions = positions.repeat_interleave(num_return, dim=0)
     rows = logits.shape[0]
+    greedy_rows = torch.arange(rows, device=ids.device) % num_return < (num_return if greedy else greedy_first)
     last_position = positions[:, -1:]
     active = torch.arange(rows, device=ids.device)  # original row of each row still in the decode batch
     tokens: list[list[int]] = [[] for _ in range(rows)]
@@ -241,12 +260,7 @@ def _generate_cached(model, tokenizer, batch: dict[str, torch.Tensor], num_retur
     closer = AnswerClose(tokenizer) if settings.stop_at_answer else None
     closed = torch.zeros(rows, dtype=torch.bool, device=ids.device)  # by current batch row: EOS comes next
     for step in range(settings.max_new_tokens):
-        if greedy:
-            scores = logits.float()
-            chosen = scores.argmax(dim=-1)
-        else:
-            scores = process_logits(logits, settings)
-            chosen = draw(scores.softmax(dim=-1))
+        scores, chosen = _choose(logits, greedy_rows, settings)
         # generation.stop-at-answer: EOS follows a closed answer (its log-prob is the model's own for EOS there)
         chosen = torch.where(closed, torch.full_like(chosen, eos), chosen)
         chosen = torch.where(finished, torch.full_like(chosen, tokenizer.pad_token_id), chosen)
@@ -268,7 +282,7 @@ def _generate_cached(model, tokenizer, batch: dict[str, torch.Tensor], num_retur
             keep = (~finished).nonzero().squeeze(1)
             cache.batch_select_indices(keep)
             active, mask, last_position, chosen = active[keep], mask[keep], last_position[keep], chosen[keep]
-            finished, closed = finished[keep], closed[keep]
+            finished, closed, greedy_rows = finished[keep], closed[keep], greedy_rows[keep]
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
         last_position = last_position + 1
         out = model(input_ids=chosen[:, None], attention_mask=mask, position_ids=last_position, cache=cache,
@@ -279,14 +293,23 @@ def _generate_cached(model, tokenizer, batch: dict[str, torch.Tensor], num_retur
 
 @torch.no_grad()
 def generate(model, tokenizer, prompts: list[str], *, num_return: int, settings: GenerationSettings,
-             greedy: bool = False, with_logprobs: bool = True) -> list[list[Sample]]:
-    """`num_return` completions for every prompt (one batched call); result[i] holds prompt i's completions."""
+             greedy: bool = False, with_logprobs: bool = True, greedy_first: int = 0) -> list[list[Sample]]:
+    """`num_return` completions for every prompt (one batched call); result[i] holds prompt i's completions.
+    `greedy_first` (cached sampler only): the first that many of each prompt's completions are greedy and the rest
+    sampled, all from one prefill of the prompt (the held-out evaluation's greedy and sampled passes in one)."""
     if not prompts:
         return []
     if settings.sampler not in SAMPLERS:
         raise ValueError(f"generation.sampler must be one of {SAMPLERS}, got {settings.sampler!r}")
+    if not 0 <= greedy_first <= num_return:
+        raise ValueError(f"greedy_first must be between 0 and num_return ({num_return}), got {greedy_first}")
     device = next(model.parameters()).device
     batch = {k: v.to(device) for k, v in encode_prompts(tokenizer, prompts, settings.max_prompt_tokens).items()}
-    run = _generate_cached if settings.sampler == "cached" else _generate_hf
-    ids, logps = run(model, tokenizer, batch, num_return, settings, greedy, with_logprobs)
+    if settings.sampler == "cached":
+        ids, logps = _generate_cached(model, tokenizer, batch, num_return, settings, greedy, with_logprobs,
+                                      greedy_first)
+    elif greedy_first and not greedy:
+        raise ValueError("greedy_first needs generation.sampler = \"cached\" (generate draws every row alike)")
+    else:
+        ids, logps = _generate_hf(model, tokenizer, batch, num_return, settings, greedy, with_logprobs)
     return _to_samples(tokenizer, ids, logps, num_return, tokenizer.eos_token_id)

@@ -25,17 +25,21 @@ def test_item_estimates_count_full_rewards_as_correct():
 
 
 class ScriptedPolicy:
-    """Answers greedy with `greedy[uid]` and sampled with the texts in `sampled[uid]` (cycled)."""
+    """Answers greedy with `greedy[uid]` and sampled with the texts in `sampled[uid]` (cycled); with `can_mix_greedy`
+    a call can ask for the first `greedy_first` completions of each item greedy and the rest sampled."""
 
-    def __init__(self, greedy: dict[str, str], sampled: dict[str, list[str]]):
+    def __init__(self, greedy: dict[str, str], sampled: dict[str, list[str]], can_mix_greedy: bool = False):
         self.greedy, self.sampled, self.calls = greedy, sampled, []
+        self.can_mix_greedy = can_mix_greedy
 
-    def sample(self, items, k, *, greedy=False, with_logprobs=True):
-        self.calls.append((len(items), k, greedy))
+    def sample(self, items, k, *, greedy=False, with_logprobs=True, greedy_first=0):
+        assert greedy_first == 0 or self.can_mix_greedy
+        self.calls.append((len(items), k, greedy) + ((greedy_first,) if greedy_first else ()))
         if greedy:
             return [[SimpleNamespace(text=self.greedy[i.uid])] for i in items]
-        return [[SimpleNamespace(text=self.sampled[i.uid][j % len(self.sampled[i.uid])]) for j in range(k)]
-                for i in items]
+        return [[SimpleNamespace(text=self.greedy[i.uid])] * greedy_first
+                + [SimpleNamespace(text=self.sampled[i.uid][j % len(self.sampled[i.uid])])
+                   for j in range(k - greedy_first)] for i in items]
 
 
 def _item(uid: str, task: str, answer: str) -> TaskItem:
@@ -132,3 +136,28 @@ def test_a_task_whose_gold_answers_are_one_value_is_not_flagged_for_matching_the
     policy = ScriptedPolicy({i.uid: "<answer>yes</answer>" for i in items}, {})
     out = evaluate(policy, items, sampled=False)
     assert out["per_task"]["yes"]["constant_accuracy"] == 1.0 and out["greedy_shortcut_tasks"] == []
+
+
+def test_a_policy_that_mixes_greedy_and_sampled_rows_is_evaluated_in_one_pass_with_the_same_results():
+    items = [_item("a", "t1", "1"), _item("b", "t1", "2"), _item("c", "t2", "3")]
+    right, wrong = "<answer>{}</answer>", "<answer>x</answer>"
+    greedy = {"a": right.format(1), "b": wrong, "c": wrong}
+    sampled = {"a": [right.format(1)] * 4, "b": [right.format(2), wrong, wrong, wrong], "c": [wrong, right.format(3)]}
+    apart = ScriptedPolicy(greedy, sampled)
+    together = ScriptedPolicy(greedy, sampled, can_mix_greedy=True)
+    progress: list[tuple] = []
+    expected = evaluate(apart, items, samples=4, batch_size=10, lenient=True)
+    got = evaluate(together, items, samples=4, batch_size=10, lenient=True,
+                   progress=lambda *args: progress.append(args))
+    assert got == expected
+    # 10 sequences per call: two items x (1 greedy + 4 sampled), then one; no separate greedy pass
+    assert together.calls == [(2, 5, False, 1), (1, 5, False, 1)]
+    assert progress == [("greedy + sampled", 2, 3), ("greedy + sampled", 3, 3)]
+    assert apart.calls == [(3, 1, True), (2, 4, False), (1, 4, False)]
+
+
+def test_without_sampling_the_greedy_pass_runs_alone_even_when_rows_could_mix():
+    items = [_item("a", "t1", "1")]
+    policy = ScriptedPolicy({"a": "<answer>1</answer>"}, {}, can_mix_greedy=True)
+    out = evaluate(policy, items, sampled=False)
+    assert policy.calls == [(1, 1, True)] and out["greedy_accuracy"] == 1.0 and "sampled_accuracy" not in out

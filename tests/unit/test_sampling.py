@@ -309,3 +309,44 @@ def test_draw_follows_the_probabilities_and_never_draws_a_filtered_token():
     unnormalised = torch.tensor([[2.0, 0.0, 6.0]]).repeat(20_000, 1)  # the total need not be 1
     share = (draw(unnormalised) == 2).double().mean()
     assert abs(float(share) - 0.75) < 0.012 and not bool((draw(unnormalised) == 1).any())
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_greedy_first_rows_equal_a_greedy_call_and_the_rest_a_sampled_one(policies, monkeypatch, temperature):
+    """One prefill per prompt for its greedy and its sampled completions (the held-out evaluation's two passes in
+    one): with rows never leaving the batch early, the greedy rows equal a greedy call's tokens and log-probs and the
+    sampled rows a sampled call's from the same seed (they draw the same uniforms; greedy rows draw none)."""
+    from pubswap_flwr.policy import sampling
+
+    monkeypatch.setattr(sampling, "COMPACT_FRACTION", 2.0)
+    policy = policies["embedded:tiny"]
+    prompts = _prompts(policy)
+    settings = GenerationSettings(max_new_tokens=24, temperature=temperature)
+
+    def run(k, greedy=False, greedy_first=0):
+        torch.manual_seed(9)
+        with policy.sampler.merged():
+            out = generate(policy.model, policy.tokenizer, prompts, num_return=k, greedy=greedy, settings=settings,
+                           greedy_first=greedy_first)
+        return [[(s.token_ids, s.finished) for s in row] for row in out], \
+            [[s.logprobs for s in row] for row in out]
+
+    (mixed, mixed_logps), (alone, alone_logps) = run(4, greedy_first=1), run(1, greedy=True)
+    sampled, sampled_logps = run(3)
+    assert [row[:1] for row in mixed] == alone and [row[1:] for row in mixed] == sampled
+    for got, want in zip([row[:1] for row in mixed_logps] + [row[1:] for row in mixed_logps],
+                         alone_logps + sampled_logps):
+        assert torch.allclose(torch.tensor(sum(got, [])), torch.tensor(sum(want, [])), atol=1e-5)
+    assert any(row[1:] != row[:1] * 3 for row in mixed)  # the sampled rows are not greedy copies
+    assert run(4, greedy_first=4)[0] == run(4, greedy=True)[0]  # every row greedy: a greedy call
+    assert run(4, greedy_first=0)[0] == run(4)[0]
+
+
+def test_greedy_first_is_checked(policies):
+    policy = policies["embedded:tiny"]
+    settings = GenerationSettings(max_new_tokens=4)
+    with pytest.raises(ValueError, match="greedy_first must be between 0 and num_return \\(2\\), got 3"):
+        generate(policy.model, policy.tokenizer, ["x"], num_return=2, settings=settings, greedy_first=3)
+    with pytest.raises(ValueError, match="greedy_first needs generation.sampler = \"cached\""):
+        generate(policy.model, policy.tokenizer, ["x"], num_return=2, greedy_first=1,
+                 settings=dataclasses.replace(settings, sampler="generate"))

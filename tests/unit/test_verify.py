@@ -189,7 +189,7 @@ def test_verify_flags_a_constant_answer_adapter_on_gcd(fedavg_run, capsys, monke
 
     from pubswap_flwr.policy import Policy
 
-    def always_one(self, items, k, *, greedy=False, with_logprobs=True):
+    def always_one(self, items, k, *, greedy=False, with_logprobs=True, greedy_first=0):
         return [[SimpleNamespace(text="<answer>1</answer>") for _ in range(k)] for _ in items]
 
     monkeypatch.setattr(Policy, "sample", always_one)
@@ -233,11 +233,10 @@ def test_verify_says_what_it_starts_and_how_far_each_pass_got(fedavg_run):
     folder = fedavg_run / "adapters" / "final"
     assert lines[0] == f"1 adapter(s) of {fedavg_run}, 8 fresh items, torch threads 1 (model.threads = 1)"
     assert lines[1] == "loading base model embedded:tiny"
-    assert lines[2] == f"scoring {folder} on 8 items (greedy, then 2 samples each)"
-    what = f"scoring {folder} on 8 items (greedy, then 2 samples each)"
-    # greedy: 4 items a batch; sampled: 4 sequences a batch are 2 items of 2 samples
-    assert lines[3:] == [f"{what}: greedy pass {n}/8 items" for n in (4, 8)] + \
-        [f"{what}: sampled pass {n}/8 items" for n in (2, 4, 6, 8)]
+    assert lines[2] == f"scoring {folder} on 8 items (greedy and 2 samples each)"
+    what = f"scoring {folder} on 8 items (greedy and 2 samples each)"
+    # one pass: 4 sequences a batch hold one item's greedy and 2 sampled completions (evaluation.SHARED_PREFILL)
+    assert lines[3:] == [f"{what}: greedy + sampled pass {n}/8 items" for n in range(1, 9)]
 
 
 def test_progress_lines_come_at_most_every_ten_seconds():
