@@ -216,22 +216,22 @@ def _generate_hf(model, tokenizer, batch: dict[str, torch.Tensor], num_return: i
     return new_tokens.tolist(), chosen
 
 
-def _choose(logits: torch.Tensor, greedy_rows: torch.Tensor,
-            settings: GenerationSettings) -> tuple[torch.Tensor, torch.Tensor]:
-    """(scores, chosen token) of each row: greedy rows take the argmax of their logits, the others a draw from their
-    processed logits (`process_logits`); the scores are what each row's log-prob is taken from."""
+def _choose(logits: torch.Tensor, greedy_rows: torch.Tensor, settings: GenerationSettings,
+            with_scores: bool) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """(scores, chosen token) of each row: greedy rows take the argmax of their logits (an argmax in the logits' own
+    dtype: converting to float32 is exact and keeps the order), the others a draw from their processed logits
+    (`process_logits`). The scores, what each row's log-prob is taken from, only `with_scores` (else None)."""
     if bool(greedy_rows.all()):
-        scores = logits.float()
-        return scores, scores.argmax(dim=-1)
+        return (logits.float() if with_scores else None), logits.argmax(dim=-1)
     if not bool(greedy_rows.any()):
         scores = process_logits(logits, settings)
-        return scores, draw(scores.softmax(dim=-1))
-    sampled = (~greedy_rows).nonzero().squeeze(1)
-    scores = logits.float()
-    chosen = scores.argmax(dim=-1)
+        return (scores if with_scores else None), draw(scores.softmax(dim=-1))
+    sampled, greedy = (~greedy_rows).nonzero().squeeze(1), greedy_rows.nonzero().squeeze(1)
+    chosen = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
+    chosen[greedy] = logits[greedy].argmax(dim=-1)
     processed = process_logits(logits[sampled], settings)
     chosen[sampled] = draw(processed.softmax(dim=-1))
-    return scores.index_copy(0, sampled, processed), chosen
+    return (logits.float().index_copy(0, sampled, processed) if with_scores else None), chosen
 
 
 def _generate_cached(model, tokenizer, batch: dict[str, torch.Tensor], num_return: int,
@@ -260,12 +260,12 @@ def _generate_cached(model, tokenizer, batch: dict[str, torch.Tensor], num_retur
     closer = AnswerClose(tokenizer) if settings.stop_at_answer else None
     closed = torch.zeros(rows, dtype=torch.bool, device=ids.device)  # by current batch row: EOS comes next
     for step in range(settings.max_new_tokens):
-        scores, chosen = _choose(logits, greedy_rows, settings)
+        scores, chosen = _choose(logits, greedy_rows, settings, with_logprobs)
         # generation.stop-at-answer: EOS follows a closed answer (its log-prob is the model's own for EOS there)
         chosen = torch.where(closed, torch.full_like(chosen, eos), chosen)
         chosen = torch.where(finished, torch.full_like(chosen, tokenizer.pad_token_id), chosen)
         step_logps = (torch.log_softmax(scores, dim=-1).gather(-1, chosen[:, None]).squeeze(-1).tolist()
-                      if with_logprobs else None)
+                      if scores is not None else None)
         for row, (original, token) in enumerate(zip(active.tolist(), chosen.tolist())):
             if finished[row]:
                 continue
