@@ -86,17 +86,27 @@ def geometric_median(adapters: Sequence[Adapter], weights: Sequence[float] | Non
     points = np.stack([np.concatenate([a[k].astype(np.float64).ravel() for k in keys]) for a in adapters])
     scale = max(float(np.abs(points).max()), 1e-30)
     points = points / scale  # Weiszfeld is scale-equivariant; this keeps the squared distances finite
-    z = w @ points
+    # Every iterate is a convex combination c of the points, so the iteration runs on c with the Gram matrix of the
+    # points centred at the weighted mean (n x n; centring keeps the distances free of cancellation): no pass over
+    # the adapters' millions of values per step. The estimate is mean + c @ centred.
+    mean = w @ points
+    centred = points - mean
+    gram = centred @ centred.T
+    mean_sq, mean_dot = float(mean @ mean), centred @ mean
+    c = w.copy()
     floor = 1e-12  # smoothing: a point the estimate reaches does not divide by zero
     for _ in range(iterations):
-        distances = np.maximum(np.sqrt(((points - z) ** 2).sum(axis=1)), floor)
+        gc = gram @ c
+        distances = np.maximum(np.sqrt(np.maximum(np.diag(gram) - 2 * gc + float(c @ gc), 0.0)), floor)
         beta = w / distances
-        nxt = beta @ points / beta.sum()
-        moved = float(np.sqrt(((nxt - z) ** 2).sum()))
-        z = nxt
-        if moved <= tolerance * max(1.0, float(np.sqrt((z ** 2).sum()))):
+        nxt = beta / beta.sum()
+        step = nxt - c
+        moved = float(np.sqrt(max(float(step @ gram @ step), 0.0)))
+        c = nxt
+        norm_sq = mean_sq + 2 * float(c @ mean_dot) + float(c @ gram @ c)  # |mean + c @ centred|^2
+        if moved <= tolerance * max(1.0, float(np.sqrt(max(norm_sq, 0.0)))):
             break
-    z = z * scale
+    z = (mean + c @ centred) * scale
     out, at = {}, 0
     for k in keys:
         shape = adapters[0][k].shape

@@ -276,3 +276,35 @@ def test_dp_fedavg_clips_averages_equally_and_adds_calibrated_noise():
     assert np.array_equal(out["w"], again["w"])  # seeded: a resumed run repeats it
     with pytest.raises(AggregationError, match="needs clip_norm > 0"):
         aggregate([big, small], [1.0, 1.0], reference=reference, noise_multiplier=1.0, rng=np.random.default_rng(0))
+
+
+def _weiszfeld_over_coordinates(points: np.ndarray, w: np.ndarray, iterations: int = 200) -> np.ndarray:
+    """Weiszfeld's iteration written out over every coordinate (what geometric_median computes in Gram form)."""
+    z = w @ points
+    for _ in range(iterations):
+        beta = w / np.maximum(np.sqrt(((points - z) ** 2).sum(axis=1)), 1e-12)
+        nxt = beta @ points / beta.sum()
+        if np.sqrt(((nxt - z) ** 2).sum()) <= 1e-10 * max(1.0, np.sqrt((nxt ** 2).sum())):
+            return nxt
+        z = nxt
+    return z
+
+
+@pytest.mark.parametrize("n,spread,weighted", [(3, 1e-3, False), (5, 1e-2, True), (8, 1.0, False), (4, 1e-6, True)])
+def test_geometric_median_equals_weiszfeld_over_the_coordinates(n, spread, weighted):
+    rng = np.random.default_rng(n)
+    base = rng.normal(size=(6, 50))
+    adapters = [{"A": (base + spread * rng.normal(size=base.shape)).astype(np.float32),
+                 "B": (2 * spread * rng.normal(size=7)).astype(np.float32)} for _ in range(n)]
+    weights = rng.uniform(0.5, 3.0, size=n) if weighted else np.ones(n)
+    got = geometric_median(adapters, list(weights) if weighted else None)
+    points = np.stack([np.concatenate([a["A"].ravel(), a["B"].ravel()]).astype(np.float64) for a in adapters])
+    scale = np.abs(points).max()
+    want = _weiszfeld_over_coordinates(points / scale, weights / weights.sum()) * scale
+    np.testing.assert_allclose(np.concatenate([got["A"].ravel(), got["B"].ravel()]), want, rtol=1e-6,
+                               atol=1e-7 * spread)
+
+
+def test_geometric_median_of_points_on_a_line_is_the_middle_one():
+    points = [{"W": np.array([x, 2 * x], dtype=np.float32)} for x in (0.0, 1.0, 5.0)]
+    np.testing.assert_allclose(geometric_median(points)["W"], [1.0, 2.0], atol=1e-6)  # the iterate reaches a point
