@@ -246,3 +246,33 @@ def test_initial_adapter_draws_on_the_cpu_generator_for_any_device(tiny_policy):
     initial_adapter(_Model(), 7)
     assert all(torch.equal(reference[k], v) for k, v in tiny_policy.adapter().items())
     assert float(layer.lora_B[name].weight.abs().sum()) == 0.0
+
+
+def test_adapter_reads_and_loads_equal_peft_state_dicts_after_training_and_replacement(tiny_policy):
+    from peft import get_peft_model_state_dict, set_peft_model_state_dict
+
+    from pubswap_flwr.policy.lora import adapter_state, load_adapter_state
+
+    model = tiny_policy.model
+    first = adapter_state(model)  # finds the adapter's slots
+    with torch.no_grad():  # an optimizer-like in-place change
+        for param in model.parameters():
+            if param.requires_grad:
+                param.add_(0.01 * torch.randn_like(param))
+    theirs = get_peft_model_state_dict(model)
+    ours = adapter_state(model)
+    assert list(ours) == list(theirs) and len(ours) > 0
+    assert all(torch.equal(ours[k], theirs[k].float()) for k in ours)
+    assert all(not torch.equal(ours[k], first[k]) for k in ours)  # the reads follow the in-place change
+    target = {k: v + 0.5 for k, v in ours.items()}
+    load_adapter_state(model, target)
+    assert all(torch.equal(v, target[k]) for k, v in get_peft_model_state_dict(model).items())
+    set_peft_model_state_dict(model, first)  # peft's own load, read back through the slots
+    assert all(torch.equal(adapter_state(model)[k], first[k]) for k in first)
+    module = next(m for name, m in model.named_modules() if name.endswith("lora_A.default"))
+    module.weight = torch.nn.Parameter(torch.full_like(module.weight, 3.0))  # a parameter replaced on its module
+    assert any(torch.equal(v, torch.full_like(v, 3.0)) for v in adapter_state(model).values())
+    with pytest.raises(ValueError, match="has shape"):
+        load_adapter_state(model, {k: v[:1] for k, v in first.items()})
+    with pytest.raises(ValueError, match="adapter keys do not match the model: missing"):
+        load_adapter_state(model, dict(list(first.items())[1:]))
