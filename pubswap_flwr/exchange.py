@@ -31,7 +31,7 @@ from .validate import Rejected
 from .wire import CONFIG_KEY, NODE_ROUND_KEY, NODE_ROUNDS_KEY, config_int, record_bytes
 
 if TYPE_CHECKING:
-    from .protocols.base import ClientReport
+    from .protocols.records import ClientReport
 
 log = logging.getLogger("pubswap_flwr")
 client_log = logging.getLogger("pubswap_flwr.clients")  # a line per client reply, shown with --verbose
@@ -215,7 +215,7 @@ class Exchange:
 
     def _stamp_node_round(self, msg: Message) -> int:
         """Tell the node the last round whose reply from it was accepted (its saved state must reach that round:
-        `protocols.base.check_state_continues`): by its index when the node id is known, else every index's
+        `protocols.serving.check_state_continues`): by its index when the node id is known, else every index's
         round, for the node to look its own up. Returns the round this message belongs to."""
         config = msg.content.config_records.get(CONFIG_KEY)
         if config is None:

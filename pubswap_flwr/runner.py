@@ -20,7 +20,8 @@ from .exchange import Exchange
 from .export import run_summary, write_card
 from .metrics import RunRecorder, json_safe
 from .protocols import ServerProtocol
-from .protocols.base import Adapter, RoundContext
+from .protocols.base import RoundContext
+from .protocols.records import Adapter
 from .protocols.transfer import DOWNLINK
 from .roundlog import RoundLog
 

@@ -3,7 +3,7 @@ declared once in catalog.py, plus the server optimizers (optimizers/). This pack
 catalog loads neither torch nor Flower, and the names below that need the protocol modules load them when first used.
 
 A protocol module has
-- its messages: frozen dataclasses. Instructions (server -> client) subclass `base.Instruction`: a
+- its messages: frozen dataclasses. Instructions (server -> client) subclass `records.Instruction`: a
   `message_type` (`train.<action>` or `query.<action>`), `to_record()` and `from_record(content)`. Replies have
   `to_record()` for the client and a `from_message(message, ...)` decoder for the server that checks everything
   (it may take what the server expects, e.g. the prompt ids it asked about) and carries a `report: ClientReport`;
@@ -11,7 +11,7 @@ A protocol module has
   `ctx.exchange.send(messages, decode)` (every reply enters there, through the per-reply guard) and records what
   happened in `ctx.log`; `state()` (JSON) and `saved_adapters()` (named arrays) for what its checkpoint
   must keep, `restore()` to take both back;
-- its client side: one handler per message type, `handler(work: ClientWork) -> RecordDict` (`base.serve` loads the
+- its client side: one handler per message type, `handler(work: ClientWork) -> RecordDict` (`serving.serve` loads the
   node's learner and state around it), named in its catalog entry.
 catalog.py says how to add a mode.
 """
@@ -47,7 +47,7 @@ def client_handlers() -> dict[str, tuple[Any, catalog.Protocol]]:
 def register_client_handlers(app: "ClientApp", run_config: dict | None = None, wrap=None) -> "ClientApp":
     """Register every protocol's handlers on `app`, routed by Flower message type. `run_config` replaces
     context.run_config (in-process simulation); `wrap(entry)` may wrap each entry (tests inject failures)."""
-    from .base import serve
+    from .serving import serve
 
     for message_type, (handler, owner) in client_handlers().items():
         entry = serve(handler, tuple(owner.modes), run_protocol, run_config)

@@ -3,7 +3,7 @@
 A protocol family declares itself with `register(Protocol(...))` at the end of this file:
 - `modes`: each `strategy.mode` it runs, with the dotted path of its server class (a `base.ServerProtocol`);
 - `handlers`: each client message type it sends (`train.<action>` or `query.<action>`, Flower's only forms), with
-  the dotted path of the client handler serving it (`handler(work: base.ClientWork) -> RecordDict`);
+  the dotted path of the client handler serving it (`handler(work: serving.ClientWork) -> RecordDict`);
 - `section`: its own run-config section, a frozen dataclass of `opt` fields (keys `<section>.<key>`), if any;
 - `validate(cfg)`: its cross-key checks, run for a config of one of its modes (ConfigError naming the keys);
 - `averages_adapters`: False for a protocol whose server keeps no global adapter (sapo): the strategy keys acting on

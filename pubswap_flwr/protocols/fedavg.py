@@ -20,23 +20,21 @@ from ..compression import Codec, Quantized
 from ..config import ExperimentConfig
 from ..validate import Rejected, check_adapter, check_weight
 from ..wire import config_int
-from .base import (
+from .base import RoundContext, ServerProtocol, log
+from .optimizers import ServerOptimizer, norm
+from .optimizers import build as build_optimizer
+from .records import (
     Adapter,
     ClientReport,
-    ClientWork,
     Header,
     Instruction,
-    RoundContext,
-    ServerProtocol,
     adapter_of,
     config_of,
-    log,
     read_reply,
     records,
     reply_records,
 )
-from .optimizers import ServerOptimizer, norm
-from .optimizers import build as build_optimizer
+from .serving import ClientWork
 from .transfer import (
     Downlink,
     adapter_to_send,

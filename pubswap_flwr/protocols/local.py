@@ -15,17 +15,9 @@ from typing import ClassVar
 from flwr.app import RecordDict
 
 from ..wire import config_int
-from .base import (
-    ClientWork,
-    Header,
-    Instruction,
-    OwnAdapterReply,
-    RoundContext,
-    ServerProtocol,
-    config_of,
-    evaluate_own_adapter,
-    records,
-)
+from .base import RoundContext, ServerProtocol
+from .records import Header, Instruction, OwnAdapterReply, config_of, records
+from .serving import ClientWork, evaluate_own_adapter
 
 
 # -- messages ------------------------------------------------------------------------------------------------------

@@ -15,7 +15,8 @@ from ..rollouts import Behaviour
 from ..tasks import extract_answer, score_completion, training_reward
 from ..validate import Limits, Rejected, check_behaviour, check_public_responses
 from ..wire import DEFAULT_MAX_PAYLOAD_BYTES, config_int
-from .base import (
+from .fedavg import checked_adapter
+from .records import (
     Adapter,
     ClientReport,
     Header,
@@ -27,7 +28,6 @@ from .base import (
     records,
     reply_records,
 )
-from .fedavg import checked_adapter
 from .transfer import Downlink, put_quantized
 
 Scored = dict[str, list[tuple[str, float]]]  # public prompt id -> (response text, server's reward)

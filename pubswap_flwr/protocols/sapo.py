@@ -43,9 +43,11 @@ from ..tasks.splits import MAX_NODES
 from ..tasks.verifiers import VERIFIERS
 from ..validate import Limits, Rejected, check_packet
 from ..wire import DEFAULT_MAX_PAYLOAD_BYTES
-from .base import Adapter, ClientWork, RoundContext, ServerProtocol, evaluate_own_adapter
+from .base import RoundContext, ServerProtocol
+from .records import Adapter
 from .sapo_messages import SELECTION_KEYS, CollectRollouts, SapoAsyncRound, SapoReply, SapoTrain
 from .sapo_verify import verified_item
+from .serving import ClientWork, evaluate_own_adapter
 
 log = logging.getLogger("pubswap_flwr")
 

@@ -21,7 +21,8 @@ from ..node_state import GLOBAL_FILE, RESIDUAL_FILE
 from ..policy import from_wire, to_wire
 from ..validate import Rejected, check_compressed
 from ..wire import QUANTIZED_KEY, quantized_from_record, quantized_record, record_of
-from .base import Adapter, ClientWork
+from .records import Adapter
+from .serving import ClientWork
 
 SHA_KEY, BASE_KEY = "adapter-sha", "adapter-base"
 

@@ -19,9 +19,9 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from pubswap_flwr.algorithms.sapo_selection import Packet
 from pubswap_flwr.inprocess import CLIENT_APP_RAISED_EXCEPTION, InProcessGrid
-from pubswap_flwr.protocols.base import ClientReport, reply_records
 from pubswap_flwr.protocols.fedavg import AdapterReply, LocalRound
 from pubswap_flwr.protocols.pubswap import Segment, SegmentReply
+from pubswap_flwr.protocols.records import ClientReport, reply_records
 from pubswap_flwr.protocols.sapo import CollectRollouts, SapoAsyncRound, SapoReply, SapoTrain
 from pubswap_flwr.tasks import TaskItem
 

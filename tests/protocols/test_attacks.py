@@ -349,7 +349,7 @@ def test_7_a_run_name_must_be_one_plain_path_component_for_the_server_as_for_eve
     (json.dumps({"9" * 5000: 1}), "node-rounds"),
 ])
 def test_7_a_node_rounds_map_is_bounded_by_the_round_and_the_node_count(text, message):
-    from pubswap_flwr.protocols.base import Header
+    from pubswap_flwr.protocols.records import Header
     from pubswap_flwr.wire import NODE_ROUNDS_KEY
 
     config = ConfigRecord({**Header(3, "run").to_config(), NODE_ROUNDS_KEY: text})

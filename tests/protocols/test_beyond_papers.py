@@ -16,7 +16,6 @@ from pubswap_flwr.algorithms.pubswap_response_sets import Response, balanced_cho
 from pubswap_flwr.algorithms.sapo_selection import Packet
 from pubswap_flwr.config import ConfigError, ExperimentConfig
 from pubswap_flwr.learner import Learner, WorkReport
-from pubswap_flwr.protocols.base import ClientReport, Header
 from pubswap_flwr.protocols.pubswap import (
     DonorChoice,
     PubSwapProtocol,
@@ -26,6 +25,7 @@ from pubswap_flwr.protocols.pubswap import (
     check_behaviours,
     likeliest,
 )
+from pubswap_flwr.protocols.records import ClientReport, Header
 from pubswap_flwr.rollouts import Behaviour
 from pubswap_flwr.schedule import even_positions, fixed_positions, public_step_count
 from pubswap_flwr.tasks import TaskItem

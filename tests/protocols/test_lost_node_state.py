@@ -14,7 +14,8 @@ import pytest
 from pubswap_flwr import checkpoint
 from pubswap_flwr.metrics import read_metrics
 from pubswap_flwr.node_state import NodeIdentity
-from pubswap_flwr.protocols.base import Header, NodeStateError, check_state_continues
+from pubswap_flwr.protocols.records import Header
+from pubswap_flwr.protocols.serving import NodeStateError, check_state_continues
 from pubswap_flwr.simulation import simulate_in_process
 from pubswap_flwr.wire import CONFIG_KEY, NODE_ROUND_KEY, NODE_ROUNDS_KEY
 

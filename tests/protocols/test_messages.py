@@ -13,10 +13,10 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from pubswap_flwr.algorithms.sapo_selection import Packet
 from pubswap_flwr.metrics import read_metrics
-from pubswap_flwr.protocols.base import ClientReport, Header, reply_records
 from pubswap_flwr.protocols.counters import FormatCounts
 from pubswap_flwr.protocols.fedavg import AdapterReply, LocalRound
 from pubswap_flwr.protocols.pubswap import Segment, SegmentReply, SwapEntry
+from pubswap_flwr.protocols.records import ClientReport, Header, reply_records
 from pubswap_flwr.protocols.sapo import CollectRollouts, SapoAsyncRound, SapoReply, SapoTrain
 from pubswap_flwr.simulation import simulate_in_process
 from pubswap_flwr.tasks import Score, TaskItem

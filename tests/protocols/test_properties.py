@@ -141,8 +141,8 @@ def test_one_tampering_client_never_stops_a_round(mode, mutation):
 @settings(max_examples=60, deadline=None)
 @given(payload=json_values)
 def test_a_relayed_payload_either_decodes_or_is_refused_with_a_value_error(payload):
-    from pubswap_flwr.protocols.base import Header, records
     from pubswap_flwr.protocols.pubswap import Segment
+    from pubswap_flwr.protocols.records import Header, records
     from pubswap_flwr.protocols.sapo import SapoTrain
 
     header = Header(1, "run").to_config()

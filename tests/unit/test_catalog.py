@@ -42,7 +42,8 @@ def test_the_catalog_pubswap_keys_and_the_client_app_routing_agree(capsys):
 
 
 def test_every_declared_path_names_a_server_class_or_a_handler_of_that_protocol():
-    from pubswap_flwr.protocols.base import Instruction, ServerProtocol
+    from pubswap_flwr.protocols.base import ServerProtocol
+    from pubswap_flwr.protocols.records import Instruction
 
     for protocol in catalog.families():
         for mode in protocol.modes:
@@ -59,11 +60,11 @@ def test_every_declared_path_names_a_server_class_or_a_handler_of_that_protocol(
 
 
 def test_every_instruction_type_is_routed():
-    from pubswap_flwr.protocols import base
+    from pubswap_flwr.protocols import records
 
     for path in _declared_paths():  # every protocol module: their Instruction subclasses
         importlib.import_module(path.partition(":")[0], catalog.__package__)
-    sent = {c.message_type for c in _subclasses(base.Instruction) if "message_type" in vars(c)}
+    sent = {c.message_type for c in _subclasses(records.Instruction) if "message_type" in vars(c)}
     assert sent == set(catalog.message_types())
 
 
@@ -120,7 +121,8 @@ def test_an_unknown_mode_names_the_known_ones():
 
 def test_importing_the_catalog_and_the_config_loads_neither_torch_nor_flower_nor_a_protocol_module():
     code = ("import sys, pubswap_flwr.config, pubswap_flwr.protocols.catalog; "
-            "print(sorted(m for m in ('torch', 'flwr', 'pubswap_flwr.protocols.base') if m in sys.modules))")
+            "print(sorted(m for m in ('torch', 'flwr', 'pubswap_flwr.protocols.base', "
+            "'pubswap_flwr.protocols.records', 'pubswap_flwr.protocols.serving') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=PROJECT)
     assert done.stdout.strip() == "[]"
 

@@ -1,0 +1,129 @@
+"""A node's side of every protocol: the work a client handler is given (ClientWork), the ClientApp function that
+serves a handler (`serve`: config, learner from its disk state, round-start snapshot, save), the check that a node's
+saved state continues the server's record, and the self-evaluation of a node that keeps its own adapter."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from flwr.app import Context, Message, RecordDict
+
+from ..config import ExperimentConfig
+from ..evaluation import evaluate
+from ..learner import Learner, WorkReport
+from ..logs import route_logs_to_flower
+from ..node_state import NodeIdentity
+from .base import ServerProtocol
+from .records import ClientReport, Header, config_of
+
+log = logging.getLogger("pubswap_flwr")
+
+
+@dataclass
+class ClientWork:
+    """What a client handler works with: the config, this node's learner, the decoded message, and the report."""
+
+    cfg: ExperimentConfig
+    learner: Learner
+    header: Header
+    message: Message
+    report: WorkReport = field(default_factory=WorkReport)
+    started: float = field(default_factory=time.time)
+
+    def evaluate(self) -> dict:
+        """The node's own model on the held-out set (SAPO: there is no global model)."""
+        e = self.cfg.eval
+        return evaluate(self.learner.policy, self.learner.universe.held_out.items, sampled=e.sampled,
+                        samples=e.samples, batch_size=e.batch_size, seed=self.cfg.seed,
+                        max_chars=self.cfg.generation.max_completion_chars, lenient=e.lenient,
+                        rewards=self.learner.rewards)
+
+    def client_report(self) -> ClientReport:
+        return ClientReport.of(self.learner, self.report, self.started)
+
+
+ClientHandler = Callable[[ClientWork], RecordDict]
+
+
+# -- modes whose nodes keep their own adapters (sapo, local): self-evaluation ------------------------------------
+def evaluate_own_adapter(work: ClientWork, evaluate: bool, save: bool) -> tuple[dict | None, float]:
+    """A node that keeps its own adapter: its held-out results when asked (`evaluate`), with the seconds they took,
+    and at the run's end (`save`) the adapter saved portable in its state dir (tokenizer, card, base-model
+    reference)."""
+    evaluation, seconds = None, 0.0
+    if evaluate:
+        started = time.perf_counter()
+        evaluation = work.evaluate()
+        seconds = time.perf_counter() - started
+    if save:
+        from ..export import run_summary, save_adapter, write_card
+
+        folder = work.learner.state_dir / "adapter"
+        save_adapter(work.learner.policy, folder)
+        write_card(folder, run_summary(work.cfg, work.header.server_round, {"eval": evaluation or {}},
+                                       node=work.learner.state_dir.name, spec=work.learner.policy.spec))
+    return evaluation, seconds
+
+
+class NodeStateError(RuntimeError):
+    """A simulated node's saved state is behind the last round the server accepted from it."""
+
+
+def check_state_continues(learner: Learner, header: Header) -> None:
+    """The server accepted this node's reply in round `header.accepted_round(index)`, and a node saves its state
+    before it replies, so its state must reach that round. Behind it, the state was lost or is a stale copy: on a
+    Ray cluster whose machines do not share the run dir, a node's state is on whichever machine ran it last. A
+    simulated node refuses to go on (its reply is dropped with this reason); a deployed node whose state dir was
+    lost warns and continues from what it has, as a node that rejoins (the server's record catches up with its next
+    reply)."""
+    have, accepted = learner.state.last_round, header.accepted_round(learner.identity.index)
+    if have >= accepted:
+        return
+    if learner.identity.simulated:  # the hint first: a reply's error text is cut at 300 characters
+        raise NodeStateError(f"node {learner.identity.index}'s saved state is behind the server's record (round "
+                             f"{have} < {accepted}): lost, or another machine's stale copy; on a Ray cluster "
+                             f"output.dir must be on a filesystem every machine shares. State dir: "
+                             f"{learner.identity.state_dir}")
+    log.warning("node %d's saved state in %s is behind the server's record (round %d < %d): the state dir was lost "
+                "or replaced; continuing from the state it holds", learner.identity.index, learner.identity.state_dir,
+                have, accepted)
+
+
+def serve(handler: ClientHandler, modes: tuple[str, ...],
+          resolve: Callable[[ExperimentConfig], type[ServerProtocol]], run_config: dict | None = None):
+    """A ClientApp function running `handler` (a message type the protocol of `modes` sends): reads the config,
+    builds this node's learner from its disk state, snapshots at a round's start, runs the handler, saves the state.
+    `resolve(cfg)` is the run's protocol; `run_config` replaces context.run_config (in-process simulation)."""
+
+    def entry(message: Message, context: Context) -> Message:
+        started = time.time()
+        route_logs_to_flower()
+        cfg = ExperimentConfig.from_flat(run_config if run_config is not None else context.run_config)
+        if cfg.strategy.mode not in modes:
+            raise ValueError(f"message type {message.metadata.message_type!r} belongs to another mode than this "
+                             f"run's strategy.mode = {cfg.strategy.mode!r}")
+        protocol = resolve(cfg)
+        header = Header.from_config(config_of(message.content))
+        identity = NodeIdentity.from_flower(cfg, dict(context.node_config), context.node_id, header.run_dir or None,
+                                            header.run_name)
+        if not protocol.per_node_models and identity.model_name != cfg.model.name:
+            raise ValueError(f"this node's model {identity.model_name!r} differs from the run's model.name "
+                             f"{cfg.model.name!r}; strategy.mode = {cfg.strategy.mode!r} averages one model, so "
+                             "every node must run it (sapo lets nodes keep different models)")
+        learner = Learner(cfg, identity, protocol.proximal_mu(cfg))
+        check_state_continues(learner, header)
+        if header.round_start:
+            learner.begin_round(header.server_round)
+        work = ClientWork(cfg, learner, header, message, started=started)
+        content = handler(work)
+        learner.state.rounds = max(learner.state.rounds, header.server_round)
+        learner.state.last_round = header.server_round
+        learner.save()
+        return Message(content, reply_to=message)
+
+    entry.__name__ = getattr(handler, "__name__", "entry")
+    return entry
+
