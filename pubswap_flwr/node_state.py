@@ -18,7 +18,9 @@ from safetensors.numpy import load_file as load_numpy
 from safetensors.numpy import save_file as save_numpy
 from safetensors.torch import load_file, save_file
 
-from .config import MAX_LEARNING_RATE, PLAIN_COMPONENT, ExperimentConfig, is_plain_component
+from .config import ExperimentConfig
+from .config_keys import PLAIN_COMPONENT, is_plain_component
+from .config_sections import MAX_LEARNING_RATE
 from .policy import Policy
 from .tasks import StreamCursor
 from .tasks.splits import MAX_NODES

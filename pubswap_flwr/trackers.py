@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 from . import metrics_schema as schema
-from .config import REPORT_TO, ConfigError, ExperimentConfig
+from .config import ConfigError, ExperimentConfig
+from .config_sections import REPORT_TO
 
 log = logging.getLogger("pubswap_flwr")
 

@@ -44,7 +44,7 @@ from safetensors import SafetensorError
 from safetensors.numpy import load, save
 
 from pubswap_flwr.compare import NOT_RUN, SweepError, is_failure, load_sweep
-from pubswap_flwr.config import PLAIN_COMPONENT, is_plain_component
+from pubswap_flwr.config_keys import PLAIN_COMPONENT, is_plain_component
 from pubswap_flwr.metrics import MetricsError, parse_metrics
 from pubswap_flwr.report import summarize_run, write_report
 from pubswap_flwr.report.writer import read_summary

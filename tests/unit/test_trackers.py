@@ -9,7 +9,8 @@ import struct
 import pytest
 
 from pubswap_flwr import trackers
-from pubswap_flwr.config import REPORT_TO, ConfigError, ExperimentConfig
+from pubswap_flwr.config import ConfigError, ExperimentConfig
+from pubswap_flwr.config_sections import REPORT_TO
 
 ROWS = [
     {"round": 0, "mode": "fedavg", "eval": {"greedy_accuracy": 0.25, "per_task": {"gcd": {"greedy_accuracy": 0.5}}}},

