@@ -1,7 +1,8 @@
 """One typed experiment config, built from Flower's flat dotted run-config keys; errors name the offending key.
 
-Every key has a default here, or in protocols/catalog.py for a protocol's own section (pubswap, sapo), where each
-mode's cross-key checks live too; config_keys.py has the field and check helpers. pyproject.toml's
+Every key has a default: the top-level ones here, a core section's in config_sections.py, a protocol's own section's
+(pubswap, sapo) in protocols/catalog.py, where each mode's cross-key checks live too; config_keys.py has the field
+and check helpers. pyproject.toml's
 [tool.flwr.app.config] lists every key, and `flwr run . -c FILE.toml` or `-c "key=value"` override them. Keys are
 `<section>.<field-with-dashes>` (e.g. `train.local-steps`) plus the top-level `num-server-rounds`, `seed` and
 `run-name`. Lists are comma-separated strings (Flower's run config holds no lists).
