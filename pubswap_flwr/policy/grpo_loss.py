@@ -4,6 +4,7 @@ micro-batch scaled so a batch's micro-batch losses sum to its loss (grpo.py's do
 
 from __future__ import annotations
 
+import functools
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -86,9 +87,12 @@ def completion_logps(model, batch: Batch, rows: slice, temperature: float = 1.0,
                        use_cache=True).last_hidden_state[:, -1:, :]
         if len(first) < len(prompt_ids):
             cache.batch_select_indices(owner)
-        if recompute_layers and torch.is_grad_enabled() and _only_full_attention(cache):
-            cache.layers = [prefix_layer_class()(layer) for layer in cache.layers]
-            with checkpointed_layers(decoder.layers):
+        layers = getattr(decoder, "layers", None)  # GPT-2 and its kin keep theirs in `.h`: no recompute there
+        if recompute_layers and torch.is_grad_enabled() and isinstance(layers, torch.nn.ModuleList) \
+                and _only_full_attention(cache):
+            prefix = prefix_layer_class()
+            cache.layers = [prefix(layer) for layer in cache.layers]
+            with checkpointed_layers(layers):
                 body = decoder(input_ids=completion_ids, attention_mask=full_mask, position_ids=tail_positions,
                                cache=cache, use_cache=True).last_hidden_state
         else:
@@ -114,6 +118,7 @@ def _only_full_attention(cache) -> bool:
     return all(type(layer) is DynamicLayer for layer in cache.layers)
 
 
+@functools.cache
 def prefix_layer_class():
     """`PrefixLayer`, defined on first use so that importing this module does not import transformers."""
     from transformers.cache_utils import DynamicLayer
@@ -142,13 +147,17 @@ def checkpointed_layers(layers):
     would lose the shared prompt pass; a PrefixLayer cache makes the recompute repeat the forward exactly."""
     from torch.utils.checkpoint import checkpoint
 
-    for layer in layers:
-        layer.forward = partial(checkpoint, layer.forward, use_reentrant=False)
+    saved = [(layer, vars(layer).get("forward")) for layer in dict.fromkeys(layers)]  # an instance's own forward
     try:
+        for layer, _ in saved:
+            layer.forward = partial(checkpoint, layer.forward, use_reentrant=False)
         yield
     finally:
-        for layer in layers:
-            del layer.forward  # the instance attribute: the class's forward shows through again
+        for layer, own in saved:
+            if own is None:
+                vars(layer).pop("forward", None)  # the class's forward shows through again
+            else:
+                layer.forward = own  # e.g. a hook an accelerator library installed
 
 
 def _plain_lm_head(model) -> torch.nn.Linear | None:

@@ -49,10 +49,11 @@ def _adapter_slots(model) -> list[tuple[str, torch.nn.Module, str]]:
     if slots is None:
         from peft import get_peft_model_state_dict
 
-        by_pointer = {param.data_ptr(): name for name, param in model.named_parameters()}
+        by_identity = {id(param): name for name, param in model.named_parameters()}
         slots = []
-        for key, tensor in get_peft_model_state_dict(model).items():
-            name = by_pointer.get(tensor.data_ptr())
+        # keep_vars: the state dict holds the parameters themselves, so each key is matched by identity
+        for key, tensor in get_peft_model_state_dict(model, state_dict=model.state_dict(keep_vars=True)).items():
+            name = by_identity.get(id(tensor))
             if name is None:
                 raise RuntimeError(f"adapter tensor {key} is not one of the model's parameters")
             path, _, attribute = name.rpartition(".")

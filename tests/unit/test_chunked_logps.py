@@ -138,3 +138,35 @@ def test_train_recompute_layers_reaches_the_update(tiny_policy, monkeypatch):
         tiny_policy.update(groups)
         layers = len(tiny_policy.model.get_base_model().get_decoder().layers)
         assert entered == ([layers] * len(entered) if recompute else []) and (len(entered) > 0) == recompute
+
+
+def test_a_decoder_without_a_layers_list_takes_the_chunked_path_without_recompute():
+    """GPT-2 and its kin keep their blocks in `.h`: the chunked path runs there, recompute or not, with the same
+    values and gradients (the layers are kept, not recomputed)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from pubswap_flwr.policy.grpo_batch import Batch
+
+    torch.manual_seed(0)
+    base = GPT2LMHeadModel(GPT2Config(vocab_size=97, n_positions=64, n_embd=32, n_layer=2, n_head=2, resid_pdrop=0.0,
+                                      embd_pdrop=0.0, attn_pdrop=0.0))
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["c_attn"], task_type="CAUSAL_LM"))
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.requires_grad:
+                param.add_(0.05 * torch.randn_like(param))
+    assert _plain_lm_head(model) is not None and not hasattr(model.get_base_model().get_decoder(), "layers")
+    prompts = torch.randint(1, 97, (2, 5)).repeat_interleave(2, dim=0)  # two groups of two completions
+    completions = torch.randint(1, 97, (4, 6))
+    batch = Batch(prompts, torch.ones_like(prompts), completions, torch.ones_like(completions), torch.zeros(4), [2, 2],
+                  torch.zeros(4, dtype=torch.bool), torch.zeros(4, dtype=torch.bool))
+    model.train()
+    results = []
+    for recompute in (False, True):
+        model.zero_grad(set_to_none=True)
+        logps = completion_logps(model, batch, slice(0, 4), chunk_above=0, recompute_layers=recompute)
+        logps.sum().backward()
+        results.append((logps.detach(), {k: p.grad.clone() for k, p in model.named_parameters() if p.requires_grad}))
+    assert torch.equal(results[0][0], results[1][0])
+    assert all(torch.equal(results[0][1][k], results[1][1][k]) for k in results[0][1])
