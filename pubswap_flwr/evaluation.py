@@ -47,42 +47,25 @@ def _add_scores(into: Scores, items: Sequence[TaskItem], rows: Sequence[Sequence
                 + [float(completion_shape(s.text) == "well-formed") for s in row])
 
 
-def _scores(policy: Policy, items: Sequence[TaskItem], greedy: bool, samples: int, batch_size: int,
-            max_chars: int, lenient: bool = False, progress: Progress | None = None,
-            user_rewards: RewardTable | None = None) -> Scores:
-    """(task -> per item, the rewards of its samples (one when greedy); with `lenient`, task -> per item, each
-    sample's lenient correctness (1/0) followed by whether it is well-formed (1/0), else {}; task -> every sample's
-    answer (the tagged one, else the last number or word: tasks.lenient_answer), for the shortcut check)."""
-    scores: Scores = ({}, {}, {})
-    per_call = max(1, batch_size // samples)
+def _scores(policy: Policy, items: Sequence[TaskItem], per_item: int, parts: Sequence[slice], pass_name: str,
+            batch_size: int, max_chars: int, lenient: bool = False, progress: Progress | None = None,
+            user_rewards: RewardTable | None = None, **sample) -> list[Scores]:
+    """One generation pass: `per_item` completions of every item (`policy.sample(..., **sample)`, batch_size
+    sequences a call), scored as one Scores per slice of each item's completions in `parts`. A Scores is (task -> per
+    item, the rewards of its samples; with `lenient`, task -> per item, each sample's lenient correctness (1/0)
+    followed by whether it is well-formed (1/0), else {}; task -> every sample's answer (the tagged one, else the last
+    number or word: tasks.lenient_answer), for the shortcut check)."""
+    scores: list[Scores] = [({}, {}, {}) for _ in parts]
+    per_call = max(1, batch_size // per_item)
     table = user_rewards or RewardTable()
     for start in range(0, len(items), per_call):
         chunk = items[start:start + per_call]
-        out = policy.sample(chunk, 1 if greedy else samples, greedy=greedy, with_logprobs=False)
-        _add_scores(scores, chunk, out, table, max_chars, lenient)
+        out = policy.sample(chunk, per_item, with_logprobs=False, **sample)
+        for into, part in zip(scores, parts):
+            _add_scores(into, chunk, [row[part] for row in out], table, max_chars, lenient)
         if progress is not None:
-            progress("greedy" if greedy else "sampled", start + len(chunk), len(items))
+            progress(pass_name, start + len(chunk), len(items))
     return scores
-
-
-def _shared_scores(policy: Policy, items: Sequence[TaskItem], samples: int, batch_size: int, max_chars: int,
-                   lenient: bool = False, progress: Progress | None = None,
-                   user_rewards: RewardTable | None = None) -> tuple[Scores, Scores]:
-    """`_scores` of the greedy pass and of the sampled pass, from one generation per batch of items: each item's
-    prompt is prefilled once for its greedy completion and its `samples` sampled ones (a prefill of the held-out
-    prompts costs about as much as decoding their completions on a real model)."""
-    greedy: Scores = ({}, {}, {})
-    sampled: Scores = ({}, {}, {})
-    per_call = max(1, batch_size // (samples + 1))
-    table = user_rewards or RewardTable()
-    for start in range(0, len(items), per_call):
-        chunk = items[start:start + per_call]
-        out = policy.sample(chunk, samples + 1, with_logprobs=False, greedy_first=1)
-        _add_scores(greedy, chunk, [row[:1] for row in out], table, max_chars, lenient)
-        _add_scores(sampled, chunk, [row[1:] for row in out], table, max_chars, lenient)
-        if progress is not None:
-            progress("greedy + sampled", start + len(chunk), len(items))
-    return greedy, sampled
 
 
 def _passes(policy: Policy, items: Sequence[TaskItem], sampled: bool, samples: int, batch_size: int,
@@ -91,16 +74,20 @@ def _passes(policy: Policy, items: Sequence[TaskItem], sampled: bool, samples: i
     """The greedy pass's scores and, with `sampled`, the sampled pass's (else None). Sampling starts from `seed`
     and leaves the global random state as it found it; greedy rows draw nothing, so sharing the prefill
     (SHARED_PREFILL) leaves the sampled rows the seed's stream, as a pass of their own would."""
+    every = [slice(None)]
+    args = (batch_size, max_chars, lenient, progress, rewards)
     if not sampled:
-        return _scores(policy, items, True, 1, batch_size, max_chars, lenient, progress, rewards), None
+        return _scores(policy, items, 1, every, "greedy", *args, greedy=True)[0], None
     shared = SHARED_PREFILL and policy.can_mix_greedy
-    greedy = None if shared else _scores(policy, items, True, 1, batch_size, max_chars, lenient, progress, rewards)
+    greedy = None if shared else _scores(policy, items, 1, every, "greedy", *args, greedy=True)[0]
     state = torch.get_rng_state()
     torch.manual_seed(seed)
     try:
-        if greedy is None:
-            return _shared_scores(policy, items, samples, batch_size, max_chars, lenient, progress, rewards)
-        return greedy, _scores(policy, items, False, samples, batch_size, max_chars, lenient, progress, rewards)
+        if greedy is None:  # each item's prompt prefilled once for its greedy and its sampled completions
+            both = _scores(policy, items, samples + 1, [slice(0, 1), slice(1, None)], "greedy + sampled", *args,
+                           greedy_first=1)
+            return both[0], both[1]
+        return greedy, _scores(policy, items, samples, every, "sampled", *args)[0]
     finally:
         torch.set_rng_state(state)
 

@@ -5,9 +5,8 @@ micro-batch scaled so a batch's micro-batch losses sum to its loss (grpo.py's do
 from __future__ import annotations
 
 import functools
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
@@ -88,14 +87,12 @@ def completion_logps(model, batch: Batch, rows: slice, temperature: float = 1.0,
         if len(first) < len(prompt_ids):
             cache.batch_select_indices(owner)
         layers = getattr(decoder, "layers", None)  # GPT-2 and its kin keep theirs in `.h`: no recompute there
-        if recompute_layers and torch.is_grad_enabled() and isinstance(layers, torch.nn.ModuleList) \
-                and _only_full_attention(cache):
+        recompute = recompute_layers and torch.is_grad_enabled() and isinstance(layers, torch.nn.ModuleList) \
+            and _only_full_attention(cache)
+        if recompute:
             prefix = prefix_layer_class()
             cache.layers = [prefix(layer) for layer in cache.layers]
-            with checkpointed_layers(layers):
-                body = decoder(input_ids=completion_ids, attention_mask=full_mask, position_ids=tail_positions,
-                               cache=cache, use_cache=True).last_hidden_state
-        else:
+        with checkpointed_layers(layers) if recompute else nullcontext():
             body = decoder(input_ids=completion_ids, attention_mask=full_mask, position_ids=tail_positions,
                            cache=cache, use_cache=True).last_hidden_state
         hidden = torch.cat([last[owner], body[:, :-1, :]], dim=1)
@@ -150,7 +147,7 @@ def checkpointed_layers(layers):
     saved = [(layer, vars(layer).get("forward")) for layer in dict.fromkeys(layers)]  # an instance's own forward
     try:
         for layer, _ in saved:
-            layer.forward = partial(checkpoint, layer.forward, use_reentrant=False)
+            layer.forward = functools.partial(checkpoint, layer.forward, use_reentrant=False)
         yield
     finally:
         for layer, own in saved:
