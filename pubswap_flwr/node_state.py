@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import safe_open
 from safetensors.numpy import load_file as load_numpy
 from safetensors.numpy import save_file as save_numpy
 from safetensors.torch import load_file, save_file
@@ -28,7 +29,9 @@ from .tasks.splits import MAX_NODES
 STATE_FILE = "node.json"
 ADAPTER_FILE = "adapter.safetensors"
 REFERENCE_FILE = "proximal-reference.safetensors"  # FedProx: the last global adapter (kept across messages)
-OPTIMIZER_FILE = "optimizer.pt"
+OPTIMIZER_FILE = "optimizer.safetensors"  # Adam moments; parameter groups in its metadata
+OLD_OPTIMIZER_FILE = "optimizer.pt"  # before 2026-12-03: read when no OPTIMIZER_FILE exists
+OPTIMIZER_GROUPS = "param_groups"
 ROUND_START_DIR = "round-start"
 FILES = (STATE_FILE, ADAPTER_FILE, OPTIMIZER_FILE)
 GLOBAL_FILE = "global.safetensors"  # strategy.compression: the global the node holds (the base of deltas)
@@ -172,7 +175,10 @@ class NodeStore:
         if (self.directory / ADAPTER_FILE).is_file():
             policy.load_adapter(load_file(str(self.directory / ADAPTER_FILE)))
         if (self.directory / OPTIMIZER_FILE).is_file():
-            policy.learner.load_optimizer_state(torch.load(self.directory / OPTIMIZER_FILE, weights_only=True))
+            self._load_optimizer(policy, self.directory / OPTIMIZER_FILE)
+        elif (self.directory / OLD_OPTIMIZER_FILE).is_file():  # weights_only: no code runs from the file
+            policy.learner.optimizer.load_state_dict(torch.load(self.directory / OLD_OPTIMIZER_FILE,
+                                                                weights_only=True))
         return state
 
     def save(self, policy: Policy, state: NodeState) -> None:
@@ -181,11 +187,21 @@ class NodeStore:
         save_file(policy.adapter(), str(tmp))
         os.replace(tmp, self.directory / ADAPTER_FILE)
         tmp = self.directory / f".{OPTIMIZER_FILE}.tmp"
-        torch.save(policy.learner.optimizer_state(), tmp)
+        moments, groups = policy.learner.optimizer_tensors()
+        save_file(moments, str(tmp), metadata={OPTIMIZER_GROUPS: groups})
         os.replace(tmp, self.directory / OPTIMIZER_FILE)
         tmp = self.directory / f".{STATE_FILE}.tmp"
         tmp.write_text(json.dumps(state.to_dict()))
         os.replace(tmp, self.directory / STATE_FILE)
+
+    @staticmethod
+    def _load_optimizer(policy: Policy, path: Path) -> None:
+        with safe_open(str(path), framework="pt") as file:
+            groups = (file.metadata() or {}).get(OPTIMIZER_GROUPS)
+            moments = {name: file.get_tensor(name) for name in file.keys()}
+        if groups is None:
+            raise ValueError(f"{path} has no {OPTIMIZER_GROUPS} metadata: not an optimizer state this code wrote")
+        policy.learner.load_optimizer_tensors(moments, groups)
 
     def save_reference(self, reference: dict[str, torch.Tensor]) -> None:
         tmp = self.directory / f".{REFERENCE_FILE}.tmp"

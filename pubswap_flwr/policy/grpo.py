@@ -25,7 +25,7 @@ DAPO token count is unchanged.
 
 from __future__ import annotations
 
-import copy
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -201,12 +201,39 @@ class GRPOLearner:
                                            weight_decay=settings.weight_decay)
 
     # -- optimizer state -------------------------------------------------------------------------------------
-    def optimizer_state(self) -> dict:
-        """A copy of the optimizer state (state_dict() alone aliases the live moment tensors)."""
-        return copy.deepcopy(self.optimizer.state_dict())
+    def optimizer_tensors(self) -> tuple[dict[str, torch.Tensor], str]:
+        """The optimizer state as flat tensors named "<parameter index>.<moment>" and its parameter groups as JSON
+        (a safetensors file and its metadata hold them without pickle). The tensors alias the live moments: write or
+        clone them before the next update."""
+        saved = self.optimizer.state_dict()
+        tensors = {}
+        for index, moments in saved["state"].items():
+            for name, value in moments.items():
+                if not isinstance(value, torch.Tensor):
+                    raise TypeError(f"optimizer state {index}.{name} is a {type(value).__name__}, not a tensor")
+                tensors[f"{index}.{name}"] = value
+        return tensors, json.dumps(saved["param_groups"])
 
-    def load_optimizer_state(self, state: dict) -> None:
-        self.optimizer.load_state_dict(copy.deepcopy(state))  # load_state_dict may alias the given tensors
+    def load_optimizer_tensors(self, tensors: dict[str, torch.Tensor], groups_json: str) -> None:
+        """Restore what optimizer_tensors returned; the tensors are taken over (load_state_dict may alias them)."""
+        state: dict[int, dict[str, torch.Tensor]] = {}
+        for key, value in tensors.items():
+            index, _, name = key.partition(".")
+            if not index.isdigit() or not name or int(index) >= len(self.params):
+                raise ValueError(f"optimizer state {key!r} is not <parameter index>.<moment> for this model's "
+                                 f"{len(self.params)} trainable tensors")
+            state.setdefault(int(index), {})[name] = value
+        parameters = list(self.params.values())
+        for position, moments in state.items():
+            for name, value in moments.items():
+                if value.dim() and value.shape != parameters[position].shape:
+                    raise ValueError(f"optimizer state {position}.{name} has shape {tuple(value.shape)}, its "
+                                     f"parameter {tuple(parameters[position].shape)}")
+        groups = json.loads(groups_json)
+        for group in groups:
+            if isinstance(group.get("betas"), list):
+                group["betas"] = tuple(group["betas"])  # JSON has no tuples; AdamW's state_dict keeps one
+        self.optimizer.load_state_dict({"state": state, "param_groups": groups})
 
     def reset_optimizer(self) -> None:
         self.optimizer.state.clear()

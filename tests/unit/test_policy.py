@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from pubswap_flwr.policy import from_wire, initial_adapter, to_wire
 from pubswap_flwr.policy.grpo import build_batch, group_advantages, per_token_logps
@@ -148,11 +152,12 @@ def test_proximal_term_changes_the_update_and_vanishes_at_mu_zero(tiny_policy):
     policy.update([group])
     moved = policy.adapter()
     reference = {n: start_tensor for n, start_tensor in zip(policy.learner.params, start.values())}
-    optimizer_state = policy.learner.optimizer_state()
+    moments, groups = policy.learner.optimizer_tensors()
+    moments = {k: v.clone() for k, v in moments.items()}
 
     def step(mu: float | None) -> dict:
         policy.load_adapter(moved)
-        policy.learner.load_optimizer_state(optimizer_state)
+        policy.learner.load_optimizer_tensors({k: v.clone() for k, v in moments.items()}, groups)
         torch.manual_seed(0)
         stats = policy.update([group], proximal_reference=reference if mu is not None else None,
                               proximal_mu=mu if mu is not None else 0.0)
@@ -175,14 +180,35 @@ def test_optimizer_state_survives_save_and_restore(tiny_policy, tmp_path):
     group = RolloutGroup(policy.prompts([TaskItem("u", "t", "q", "2", "exact")])[0],
                          [Completion("<answer>2</answer>"), Completion("<answer>3</answer>")], [1.0, 0.0])
     policy.update([group])
-    torch.save(policy.learner.optimizer_state(), tmp_path / "opt.pt")
+    moments, groups = policy.learner.optimizer_tensors()
+    save_file(moments, str(tmp_path / "opt.safetensors"), metadata={"param_groups": groups})
+    before = {k: v.clone() for k, v in moments.items()}
     steps_before = [s["step"] for s in policy.learner.optimizer.state.values()]
     policy.learner.reset_optimizer()
     assert not policy.learner.optimizer.state
-    policy.learner.load_optimizer_state(torch.load(tmp_path / "opt.pt", weights_only=True))
-    assert [s["step"] for s in policy.learner.optimizer.state.values()] == steps_before
+    with safe_open(str(tmp_path / "opt.safetensors"), framework="pt") as file:
+        loaded = {k: file.get_tensor(k) for k in file.keys()}
+        policy.learner.load_optimizer_tensors(loaded, file.metadata()["param_groups"])
+    restored, restored_groups = policy.learner.optimizer_tensors()
+    assert restored.keys() == before.keys() and all(torch.equal(restored[k], before[k]) for k in before)
+    assert json.loads(restored_groups) == json.loads(groups)
+    assert isinstance(policy.learner.optimizer.param_groups[0]["betas"], tuple)
     policy.update([group])
     assert all(float(s["step"]) == float(b) + 1 for s, b in zip(policy.learner.optimizer.state.values(), steps_before))
+
+
+def test_optimizer_state_of_another_shape_or_key_is_refused_by_name(tiny_policy):
+    policy = tiny_policy
+    group = RolloutGroup(policy.prompts([TaskItem("u", "t", "q", "2", "exact")])[0],
+                         [Completion("<answer>2</answer>"), Completion("<answer>3</answer>")], [1.0, 0.0])
+    policy.update([group])
+    moments, groups = policy.learner.optimizer_tensors()
+    moments = {k: v.clone() for k, v in moments.items()}
+    wrong_shape = dict(moments, **{"0.exp_avg": torch.zeros(3, 5)})
+    with pytest.raises(ValueError, match=r"optimizer state 0.exp_avg has shape \(3, 5\)"):
+        policy.learner.load_optimizer_tensors(wrong_shape, groups)
+    with pytest.raises(ValueError, match="'99999.exp_avg' is not <parameter index>.<moment>"):
+        policy.learner.load_optimizer_tensors(dict(moments, **{"99999.exp_avg": torch.zeros(1)}), groups)
 
 
 def test_resolve_device_auto_cpu_and_clear_errors(monkeypatch):

@@ -1,0 +1,62 @@
+"""NodeStore: a node's adapter, Adam moments and JSON state survive a save and a load, without pickle."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from pubswap_flwr.node_state import OLD_OPTIMIZER_FILE, OPTIMIZER_FILE, NodeState, NodeStore
+from pubswap_flwr.rollouts import Completion, RolloutGroup
+from pubswap_flwr.tasks import TaskItem
+
+
+def _trained(policy):
+    group = RolloutGroup(policy.prompts([TaskItem("u", "t", "q", "2", "exact")])[0],
+                         [Completion("<answer>2</answer>"), Completion("<answer>3</answer>")], [1.0, 0.0])
+    policy.update([group])
+    return policy
+
+
+def _moments(policy) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in policy.learner.optimizer_tensors()[0].items()}
+
+
+def _assert_moments_are(policy, moments: dict[str, torch.Tensor]) -> None:
+    loaded = _moments(policy)
+    assert loaded.keys() == moments.keys() and all(torch.equal(loaded[k], moments[k]) for k in moments)
+
+
+def test_a_saved_node_loads_its_adapter_moments_and_counters(tiny_policy, tmp_path):
+    policy = _trained(tiny_policy)
+    store = NodeStore(tmp_path, "m")
+    store.save(policy, NodeState(model_name="m", steps=7))
+    adapter, moments = {k: v.clone() for k, v in policy.adapter().items()}, _moments(policy)
+    assert (tmp_path / OPTIMIZER_FILE).is_file() and not (tmp_path / OLD_OPTIMIZER_FILE).exists()
+    _trained(policy)  # moves the adapter and the moments on
+    policy.learner.reset_optimizer()
+    state = store.load(policy)
+    assert state.steps == 7
+    assert all(torch.equal(policy.adapter()[k], adapter[k]) for k in adapter)
+    _assert_moments_are(policy, moments)
+
+
+def test_a_state_dir_from_before_the_safetensors_moments_still_loads_them(tiny_policy, tmp_path):
+    policy = _trained(tiny_policy)
+    store = NodeStore(tmp_path, "m")
+    store.save(policy, NodeState(model_name="m"))
+    moments = _moments(policy)
+    torch.save(policy.learner.optimizer.state_dict(), tmp_path / OLD_OPTIMIZER_FILE)
+    (tmp_path / OPTIMIZER_FILE).unlink()
+    policy.learner.reset_optimizer()
+    store.load(policy)
+    _assert_moments_are(policy, moments)
+
+
+def test_moments_without_their_parameter_groups_are_refused_naming_the_file(tiny_policy, tmp_path):
+    policy = _trained(tiny_policy)
+    store = NodeStore(tmp_path, "m")
+    store.save(policy, NodeState(model_name="m"))
+    save_file(_moments(policy), str(tmp_path / OPTIMIZER_FILE))  # no metadata
+    with pytest.raises(ValueError, match=f"{OPTIMIZER_FILE} has no param_groups metadata"):
+        store.load(policy)
