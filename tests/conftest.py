@@ -30,6 +30,22 @@ def _torch_threads():
     yield
 
 
+# The smallest valid PNG (1x1, grey): what a report's figure file holds in tests that do not render figures
+UNRENDERED_PNG = bytes.fromhex("89504e470d0a1a0a0000000d4948445200000001000000010800000000"
+                               "3a7e9b550000000a49444154789c63680000008200816cc96d4a0000000049454e44ae426082")
+
+
+@pytest.fixture(autouse=True)
+def _figures_unrendered(request, monkeypatch):
+    """Reports build every figure (tests read their artists, ticks and titles) but do not lay out and draw them:
+    rendering was most of a report test's time, and no test compares pixels. A test marked `rendered_figures`
+    renders them for real (tests/unit/test_report_files.py checks the PNG itself)."""
+    if request.node.get_closest_marker("rendered_figures") is None:
+        from pubswap_flwr.report import plots
+
+        monkeypatch.setattr(plots, "render_png", lambda fig: UNRENDERED_PNG)
+
+
 @pytest.fixture(scope="session")
 def tiny_location() -> str:
     from pubswap_flwr.policy.model import resolve_model

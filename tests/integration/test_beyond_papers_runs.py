@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import pytest
+
 from pubswap_flwr.metrics import read_metrics
 from pubswap_flwr.simulation import simulate_in_process
 from tests.golden.runs import COMMON, PUBSWAP, SAPO
 
 
+# one 3-node run with 4 public steps a round (13 s); each extension alone: tests/protocols/test_beyond_papers.py
+@pytest.mark.slow
 def test_pubswap_with_every_extension_logs_its_schedule_candidates_and_foreign_weights(tmp_path):
     config = {**COMMON, **PUBSWAP, "train.local-steps": 4, "num-server-rounds": 2, "train.foreign-correction": "is",
               "pubswap.donor": "likely", "pubswap.schedule": "adaptive", "pubswap.max-public-steps": 4,

@@ -23,7 +23,9 @@ from pubswap_flwr.simulation import simulate_in_process
 from pubswap_flwr.tasks import ScoringBudget, TaskItem
 from pubswap_flwr.validate import Limits, Rejected, check_packet, check_public_responses
 from pubswap_flwr.wire import METRICS_KEY, PAYLOAD_KEY, payload_from_record
+from tests.tiers import fast_only
 
+PUBSWAP_ONE_SWAP = {"strategy.mode": "pubswap", "pubswap.tau-swap": 1, "pubswap.public-prompts": 2}
 TINY = {"seed": 6, "train.prompts-per-step": 2, "train.completions-per-prompt": 4, "eval.items-per-task": 2,
         "eval.samples": 1, "eval.sampled": False,
         "train.local-steps": 2, "num-server-rounds": 1}
@@ -46,8 +48,7 @@ def _claim(examples: float):
     return hook
 
 
-@pytest.mark.parametrize("mode", [{}, {"strategy.mode": "pubswap", "pubswap.tau-swap": 1,
-                                       "pubswap.public-prompts": 2}])
+@pytest.mark.parametrize("mode", fast_only([{}, PUBSWAP_ONE_SWAP], fast=[PUBSWAP_ONE_SWAP]))
 def test_no_claim_of_examples_moves_the_average_beyond_what_the_server_asked_for(tmp_path, mode):
     config = {**TINY, **mode, "output.dir": str(tmp_path)}
     simulate_in_process({**config, "run-name": "honest"}, 3)

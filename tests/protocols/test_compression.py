@@ -9,7 +9,10 @@ import pytest
 from pubswap_flwr.metrics import read_metrics
 from pubswap_flwr.simulation import simulate_in_process
 from pubswap_flwr.wire import QUANTIZED_KEY, quantized_from_record, quantized_record
+from tests.tiers import fast_only
 
+FEDAVG = {"strategy.mode": "fedavg"}
+PUBSWAP_ONE_SWAP = {"strategy.mode": "pubswap", "pubswap.tau-swap": 1, "pubswap.public-prompts": 2}
 TINY = {"seed": 5, "train.prompts-per-step": 2, "train.completions-per-prompt": 4, "eval.items-per-task": 3,
         "eval.samples": 1, "eval.sampled": False, "train.local-steps": 1, "num-server-rounds": 2}
 
@@ -77,8 +80,7 @@ def test_a_compressed_reply_with_nan_scales_is_dropped_with_its_reason_and_the_n
     assert received[-1] > 1.8 * received[0]
 
 
-@pytest.mark.parametrize("mode", [{"strategy.mode": "fedavg"},
-                                  {"strategy.mode": "pubswap", "pubswap.tau-swap": 1, "pubswap.public-prompts": 2}])
+@pytest.mark.parametrize("mode", fast_only([FEDAVG, PUBSWAP_ONE_SWAP], fast=[PUBSWAP_ONE_SWAP]))
 def test_a_resumed_compressed_run_repeats_the_uninterrupted_metrics_and_bytes(tmp_path, mode):
     """The downlink's H and the nodes known to hold it are in the checkpoint, so after a resume the nodes that kept
     up get a delta again (not the whole global) and the run is bit-identical to an uninterrupted one."""

@@ -12,6 +12,7 @@ from pubswap_flwr.config import ExperimentConfig
 from pubswap_flwr.shared import task_universe
 from pubswap_flwr.simulation import simulate_in_process as simulate
 from pubswap_flwr.tasks import MixtureStream, StreamCursor, node_mixes, parse_mix
+from tests.tiers import fast_only
 
 
 def _capture_to(directory: Path):
@@ -50,7 +51,7 @@ def _private_strings(config: dict, run_dir: Path, nodes: int) -> tuple[list[str]
     return questions, answers
 
 
-@pytest.mark.parametrize("mode", ["fedavg", "pubswap"])
+@pytest.mark.parametrize("mode", fast_only(["fedavg", "pubswap"], fast=["pubswap"]))
 def test_no_private_question_or_answer_leaves_a_client(tmp_path, mode):
     captured = tmp_path / "captured"
     captured.mkdir()

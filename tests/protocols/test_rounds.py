@@ -12,6 +12,7 @@ from pubswap_flwr.metrics import read_metrics
 from pubswap_flwr.protocols import catalog
 from pubswap_flwr.simulation import simulate_in_process
 from tests.golden.runs import comparable
+from tests.tiers import fast_only
 
 TINY = {"seed": 5, "train.prompts-per-step": 2, "train.completions-per-prompt": 4, "eval.items-per-task": 3,
         "eval.samples": 1, "eval.sampled": False,
@@ -38,7 +39,7 @@ def _record(seen: list):
     return deliver
 
 
-@pytest.mark.parametrize("name", list(SMOKE))
+@pytest.mark.parametrize("name", fast_only(SMOKE, fast=["pubswap", "sapo"]))
 def test_each_round_sends_the_modes_message_types(tmp_path, name):
     seen: list = []
     simulate_in_process({**TINY, **SMOKE[name]["config"], "num-server-rounds": 2, "output.dir": str(tmp_path),
@@ -61,8 +62,9 @@ def _raise_in_round_one(message_type: str, partition: int):
     return hook
 
 
-@pytest.mark.parametrize("mode,message_type", [("pubswap", "train.segment"), ("sapo", "query.rollouts"),
-                                               ("sapo", "train.sapo")])  # fedavg: tests/integration, hostile tests
+# fedavg's drops: tests/integration and the hostile-reply tests
+@pytest.mark.parametrize("mode,message_type", fast_only([("pubswap", "train.segment"), ("sapo", "query.rollouts"),
+                                                          ("sapo", "train.sapo")], fast=[("pubswap", "train.segment")]))
 def test_a_client_raising_is_dropped_and_the_round_goes_on(tmp_path, mode, message_type):
     simulate_in_process({**TINY, **SMOKE[mode]["config"], "num-server-rounds": 2, "output.dir": str(tmp_path),
                          "run-name": "drop"}, 3, client_hook=_raise_in_round_one(message_type, 1))
@@ -103,7 +105,7 @@ def _die_in_round_three(msg, context, call):
     return reply
 
 
-@pytest.mark.parametrize("mode", ["pubswap", "sapo-async"])
+@pytest.mark.parametrize("mode", fast_only(["pubswap", "sapo-async"], fast=["pubswap"]))
 def test_a_run_resumed_after_the_server_died_mid_round_repeats_the_uninterrupted_metrics(tmp_path, mode):
     config = {**TINY, **SMOKE[mode]["config"], "num-server-rounds": 3, "eval.every": 0, "output.dir": str(tmp_path)}
     simulate_in_process({**config, "run-name": "full"}, 2)

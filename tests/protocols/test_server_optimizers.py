@@ -12,6 +12,7 @@ from pubswap_flwr.metrics import read_metrics
 from pubswap_flwr.protocols import optimizers
 from pubswap_flwr.simulation import simulate_in_process
 from tests.golden.runs import comparable
+from tests.tiers import fast_only
 
 TINY = {"seed": 5, "train.prompts-per-step": 2, "train.completions-per-prompt": 4, "eval.items-per-task": 3,
         "eval.samples": 1, "eval.sampled": False, "train.local-steps": 1}
@@ -23,8 +24,8 @@ def _run(tmp_path, name: str, **flat) -> list[dict]:
     return read_metrics(tmp_path / name)
 
 
-@pytest.mark.parametrize("mode", list(MODES))
-@pytest.mark.parametrize("name", [n for n in optimizers.names() if n != "none"])
+@pytest.mark.parametrize("name,mode", fast_only([(n, m) for m in MODES for n in optimizers.names() if n != "none"],
+                                                fast=[(n, "fedavg") for n in optimizers.names() if n != "none"]))
 def test_a_resumed_run_repeats_the_uninterrupted_metrics(tmp_path, name, mode):
     # "full" and "half": names of one length, as the run name and dir travel in every message
     flat = {**MODES[mode], "strategy.server-optimizer": name, "num-server-rounds": 3}

@@ -12,11 +12,12 @@ from flwr.common.constant import FAB_MAX_SIZE
 PROJECT = Path(__file__).resolve().parents[2]
 
 
-def test_fab_is_small_and_holds_the_app_but_no_weights_or_runs():
-    fab = build_fab_from_disk(PROJECT)
+def test_fab_is_small_and_holds_the_app_and_the_example_reward_but_no_weights_or_runs():
+    fab = build_fab_from_disk(PROJECT)  # about 9 s on 2 cores: one bundle for every check of it
     assert len(fab) < FAB_MAX_SIZE / 5
     names = zipfile.ZipFile(io.BytesIO(fab)).namelist()
     assert {"client_app.py", "server_app.py", "pubswap_flwr/protocols/pubswap.py", "pyproject.toml"} <= set(names)
+    assert {"examples/__init__.py", "examples/my_reward.py"} <= set(names)  # tasks.rewards' example travels with it
     assert not any(n.startswith(("runs/", "results/", ".venv/", "docs/results/")) or n.endswith(".safetensors")
                    for n in names)
     # Flower never ships weights, so the app finds the embedded models through the installed checkout instead.

@@ -28,23 +28,9 @@ def test_every_published_sweep_is_found():
     assert len(PUBLISHED) >= 14 and "real-pubswap" in PUBLISHED
 
 
-def _no_image(fig, path: Path) -> Path:
-    """report.plots.save_figure without the drawing: the file is written empty and the figure closed. Rendering the
-    PNGs was nine tenths of this test's time; what it compares is report.md and summary.json, which name the plots
-    but do not read them (the plots' content is tests/unit/test_report_files.py's)."""
-    import matplotlib.pyplot as plt
-
-    path.write_bytes(b"")
-    plt.close(fig)
-    return path
-
-
 @pytest.mark.parametrize("name", PUBLISHED)
-def test_a_published_report_regenerates_byte_for_byte(name, tmp_path, monkeypatch):
-    from pubswap_flwr.report import plots
+def test_a_published_report_regenerates_byte_for_byte(name, tmp_path):
     from tests.unit.test_report_publish import _script
-
-    monkeypatch.setattr(plots, "save_figure", _no_image)
 
     source = DOCS / name
     copy = tmp_path / "docs" / name

@@ -178,6 +178,23 @@ def test_no_empty_figure_or_panel(tmp_path, figures):
     assert set(colours) == {"fedavg"} and axis.get_title() == "Parameter-space drift"
 
 
+@pytest.mark.rendered_figures
+def test_figures_are_real_pngs_of_the_figures_size_with_integer_round_ticks(tmp_path, figures):
+    from PIL import Image
+
+    runs = [make_run(tmp_path, arm, seed, 0.2) for arm in ("a", "b") for seed in (0, 1)]
+    write_report(tmp_path, runs)
+    assert figures
+    for name, panels in figures.items():
+        with Image.open(tmp_path / "plots" / f"{name}.png") as image:
+            assert image.format == "PNG"
+            width, height = panels[0][0].figure.get_size_inches() * 110  # render_png's dpi
+            assert image.size == (round(width), round(height)), name
+        for axis, _ in panels:
+            ticks = [t for t in axis.get_xticks() if axis.get_xlim()[0] <= t <= axis.get_xlim()[1]]
+            assert ticks and all(float(t).is_integer() for t in ticks), (name, ticks)
+
+
 def test_bytes_from_zero_and_a_zero_line_under_differences(tmp_path, figures):
     runs = [make_run(tmp_path, arm, seed, 0.2) for arm in ("a", "b") for seed in (0, 1)]
     write_report(tmp_path, runs)

@@ -165,17 +165,6 @@ def replace_rewards(learner, text: str):
     return learner
 
 
-def test_the_app_bundle_carries_the_example_reward():
-    import io
-    import zipfile
-    from pathlib import Path
-
-    from flwr.cli.build import build_fab_from_disk
-
-    names = zipfile.ZipFile(io.BytesIO(build_fab_from_disk(Path(__file__).resolve().parents[2]))).namelist()
-    assert {"examples/__init__.py", "examples/my_reward.py"} <= set(names)
-
-
 # --- a run --------------------------------------------------------------------------------------------------------
 
 RUN = {"seed": 5, "num-server-rounds": 1, "train.local-steps": 1, "train.prompts-per-step": 2,
