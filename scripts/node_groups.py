@@ -4,6 +4,10 @@ with 95% CIs over seeds, and paired against a baseline arm seed by seed. Reads m
 
     python scripts/node_groups.py docs/results/control-sapo-strong-weak/runs --baseline sapo-8-0
     python scripts/node_groups.py docs/results/control-sapo-skills/runs --baseline sapo-8-0 --split own-task
+
+`--mechanism` adds, per run and model, the external groups its nodes received, discarded for zero advantage, used
+and fell short of J by, summed over the rounds, and the well-formed share of their own rollouts in the first and last
+round.
 """
 
 from __future__ import annotations
@@ -48,16 +52,50 @@ def own_task_groups(rows: list[dict]) -> dict[str, dict[str, float]]:
     return {name: {m: sum(v) / len(v) for m, v in metrics.items()} for name, metrics in out.items()}
 
 
+EXTERNAL = ("external_received", "external_zero_advantage", "external_used", "external_shortfall")
+
+
+def mechanism(rows: list[dict]) -> dict[str, dict[str, float]]:
+    """model -> the EXTERNAL counts summed over its nodes and rounds, and its nodes' mean well-formed share of their
+    own rollouts in the first and the last training round."""
+    out: dict[str, dict[str, float]] = {}
+    trained = [r for r in rows if r.get("clients")]
+    for row in trained:
+        for client in row["clients"].values():
+            totals = out.setdefault(client["model"], dict.fromkeys(EXTERNAL, 0.0))
+            for key in EXTERNAL:
+                totals[key] += client.get(key, 0)
+    for label, row in (("well_formed first", trained[0]), ("well_formed last", trained[-1])) if trained else ():
+        for model in out:
+            shares = [c["well_formed"] for c in row["clients"].values()
+                      if c["model"] == model and c.get("well_formed") is not None]
+            out[model][label] = sum(shares) / len(shares) if shares else float("nan")
+    return out
+
+
+def print_mechanism(run_dirs: list[Path]) -> None:
+    columns = [*EXTERNAL, "well_formed first", "well_formed last"]
+    print("| run | model | " + " | ".join(c.replace("external_", "").replace("_", " ") for c in columns) + " |")
+    print("|---|---|" + "---|" * len(columns))
+    for run_dir in run_dirs:
+        for model, values in mechanism(summarize_run(run_dir).rows).items():
+            cells = [f"{values[c]:.0f}" if c in EXTERNAL else f"{values[c]:.3f}" for c in columns]
+            print(f"| {run_dir.name} | {model} | " + " | ".join(cells) + " |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", help="a sweep's runs/ folder")
     parser.add_argument("--baseline", required=True, help="the arm others are paired against")
     parser.add_argument("--split", choices=["model", "own-task"], default="model",
                         help="group nodes by model (default), or each node's own tasks against the others'")
+    parser.add_argument("--mechanism", action="store_true",
+                        help="also print each run's external groups and own well-formed share per model")
     args = parser.parse_args()
     groups_of = model_groups if args.split == "model" else own_task_groups
     runs = []
-    for run_dir in sorted(p for p in Path(args.runs).iterdir() if (p / "metrics.jsonl").is_file()):
+    run_dirs = sorted(p for p in Path(args.runs).iterdir() if (p / "metrics.jsonl").is_file())
+    for run_dir in run_dirs:
         summary = summarize_run(run_dir)
         for model, metrics in groups_of(summary.rows).items():
             for metric, value in metrics.items():
@@ -76,6 +114,9 @@ def main() -> None:
     for pair in paired_differences(arms, args.baseline, keys):
         print(f"| {pair.arm} (seeds {', '.join(map(str, pair.seeds))}) | "
               + " | ".join(fmt_ci(pair.intervals[k], signed=True) for k in keys) + " |")
+    if args.mechanism:
+        print()
+        print_mechanism(run_dirs)
 
 
 if __name__ == "__main__":
