@@ -49,3 +49,21 @@ def test_node_health_flags_the_node_whose_accuracy_fell_below_the_threshold():
     assert health.collapse_round(nodes[1]["eval"], 0.05) == 2
     assert health.collapse_round(nodes[0]["eval"], 0.05) is None
     assert health.collapse_round([(0, 0.01, 0.0), (10, 0.0, 0.0)], 0.05) is None  # never above: not a collapse
+
+
+def test_mechanism_sums_each_models_external_groups_and_takes_its_first_and_last_well_formed_share():
+    def client(model: str, used: int, well_formed: float) -> dict:
+        return {"model": model, "well_formed": well_formed, "external_received": 12, "external_used": used,
+                "external_zero_advantage": 12 - used, "external_shortfall": 4 - used}
+
+    rows = [{"round": 0, "node_eval": {}},
+            {"round": 1, "clients": {"a": client("warm", 1, 0.9), "b": client("raw", 2, 0.0),
+                                     "c": client("raw", 0, 0.1)}},
+            {"round": 2, "clients": {"a": client("warm", 3, 1.0), "b": client("raw", 4, 0.2),
+                                     "c": client("raw", 1, 0.4)}}]
+    out = _script("node_groups").mechanism(rows)
+    assert out["raw"]["external_used"] == 7 and out["raw"]["external_shortfall"] == 16 - 7
+    assert out["raw"]["external_received"] == 48 and out["raw"]["external_zero_advantage"] == 48 - 7
+    assert out["raw"]["well_formed first"] == pytest.approx(0.05)
+    assert out["raw"]["well_formed last"] == pytest.approx(0.3)
+    assert out["warm"]["external_used"] == 4 and out["warm"]["well_formed last"] == 1.0
