@@ -3,7 +3,7 @@
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from pubswap_flwr.server import run
+from pubswap_flwr.server.app import run
 
 app = ServerApp()
 

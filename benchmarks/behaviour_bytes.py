@@ -16,8 +16,8 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from pubswap_flwr.metrics import read_metrics
 from pubswap_flwr.rollouts import MAX_BEHAVIOUR_TOKENS, Behaviour
+from pubswap_flwr.server.metrics import read_metrics
 from pubswap_flwr.simulation import simulate_in_process
 
 SAPO = {"strategy.mode": "sapo", "tasks.per-node": 0, "sapo.sharing": "fixed", "sapo.questions": 8,

@@ -16,8 +16,8 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from pubswap_flwr.metrics import read_metrics
 from pubswap_flwr.policy import Policy, PolicySpec
+from pubswap_flwr.server.metrics import read_metrics
 from pubswap_flwr.simulation import simulate, simulate_in_process
 
 

@@ -36,8 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # tests.integration.flower_harness: the localhost deployment the tests use
 
 from pubswap_flwr.cli import submit, wait  # noqa: E402
-from pubswap_flwr.metrics import read_metrics  # noqa: E402
 from pubswap_flwr.schedule import fixed_positions  # noqa: E402
+from pubswap_flwr.server.metrics import read_metrics  # noqa: E402
 from tests.integration.flower_harness import CONNECTION, ORGS, PROJECT, Deployment  # noqa: E402
 
 FLOOR_APP = ROOT / "benchmarks" / "floor_app"

@@ -25,11 +25,12 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from . import logs, preflight, superlink
+from . import logs, superlink
 from .config import describe, key_choices
 from .follow import LogStream, finished_row, follow, status_file_ended
-from .metrics import final_adapters, mark_failed, mark_stopped
 from .places import resolve_output
+from .server import preflight
+from .server.metrics import final_adapters, mark_failed, mark_stopped
 
 FLWR_ENV = {"FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
 FLOWER_STOPPED = "finished:stopped"  # `flwr ls` status of a run that `flwr stop` ended

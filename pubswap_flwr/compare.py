@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from .config import ConfigError, ExperimentConfig, flatten, load_toml
-from .metrics import STATUS_FILE
 from .places import outside_checkout, resolve_output
+from .server.metrics import STATUS_FILE
 from .untrusted import one_line
 
 log = logging.getLogger("pubswap_flwr.compare")

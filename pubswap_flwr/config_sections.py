@@ -26,7 +26,7 @@ from .protocols import catalog, optimizers
 MODES = catalog.modes()
 MAX_LEARNING_RATE = 10  # train.learning-rate, each train.node-learning-rates entry, node-config learning-rate
 AGGREGATORS = ("geometric-median", "mean", "median", "trimmed-mean")
-REPORT_TO = ("none", "tensorboard", "wandb", "mlflow")  # pubswap_flwr/trackers.py
+REPORT_TO = ("none", "tensorboard", "wandb", "mlflow")  # pubswap_flwr/server/trackers.py
 
 
 def _reward_names(key: str, value: Any) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO
 
-from .metrics import STATUS_FILE, read_status
+from .server.metrics import STATUS_FILE, read_status
 
 FINISHED = "finished:"
 # seconds between `flwr ls` calls: asked at 5, 15, 35 and 75 s, then every minute

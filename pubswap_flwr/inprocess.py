@@ -51,7 +51,7 @@ class InProcessGrid(Grid):
     Node ids are fixed (`first_node_id + partition`), so runs repeat exactly; `node_config` carries `partition-id`
     and `num-partitions` as Flower's simulation sets them (plus `extra_node_config` per partition)."""
 
-    # every node answers within push_messages, so the exchange keeps send_and_receive (pubswap_flwr.exchange): a
+    # every node answers within push_messages, so the exchange keeps send_and_receive (pubswap_flwr.server.exchange): a
     # withheld reply is then the timeout path without waiting for the timeout
     synchronous: ClassVar[bool] = True
 

@@ -17,7 +17,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from .inprocess import InProcessGrid, server_context
 from .protocols import register_client_handlers
-from .server import run
+from .server.app import run
 
 log = logging.getLogger(__name__)
 

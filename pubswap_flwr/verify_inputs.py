@@ -6,7 +6,7 @@ import multiprocessing
 from pathlib import Path
 from typing import Any, Sequence
 
-from .metrics import CONFIG_FILE, METRICS_FILE, MetricsError, parse_metrics
+from .server.metrics import CONFIG_FILE, METRICS_FILE, MetricsError, parse_metrics
 from .untrusted import UntrustedFileError, check_no_links, is_present, read_bytes, read_json, read_text
 
 ADAPTER_CONFIG = "adapter_config.json"

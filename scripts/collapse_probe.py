@@ -20,8 +20,8 @@ from pathlib import Path
 
 from pubswap_flwr.config import ExperimentConfig, parse_overrides
 from pubswap_flwr.evaluation import evaluate
-from pubswap_flwr.learner import Learner, WorkReport
-from pubswap_flwr.node_state import NodeIdentity
+from pubswap_flwr.node.learner import Learner, WorkReport
+from pubswap_flwr.node.state import NodeIdentity
 from pubswap_flwr.tasks.verifiers import completion_shape
 
 

@@ -45,9 +45,9 @@ from safetensors.numpy import load, save
 
 from pubswap_flwr.compare import NOT_RUN, SweepError, is_failure, load_sweep
 from pubswap_flwr.config_keys import PLAIN_COMPONENT, is_plain_component
-from pubswap_flwr.metrics import MetricsError, parse_metrics
 from pubswap_flwr.report import summarize_run, write_report
 from pubswap_flwr.report.writer import read_summary
+from pubswap_flwr.server.metrics import MetricsError, parse_metrics
 from pubswap_flwr.untrusted import UntrustedFileError, is_present, one_line, parse_json, read_bytes
 from pubswap_flwr.verify import NoAdapterError, VerifyError, final_adapters
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pubswap_flwr.metrics import read_metrics  # noqa: E402
+from pubswap_flwr.server.metrics import read_metrics  # noqa: E402
 
 KINDS = ("foreign", "own")
 

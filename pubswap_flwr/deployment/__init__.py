@@ -17,7 +17,7 @@ federation operator, who registers it with `flwr supernode register`. docs/deplo
 The package, by job: certificates (the CA and SuperLink certificate), keys (SuperNode auth keys), files (owner-only
 directories, atomic writes), plan (organizations' specs checked and resolved), commands (the shell text) and cli
 (`pubswap deploy`). Named deployment, not deploy, because the `deploy.*` config section is the warm worker
-(pubswap_flwr/warm/).
+(pubswap_flwr/node/warm/).
 """
 
 from .certificates import (

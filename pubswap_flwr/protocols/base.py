@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, ClassVar
 
 from .. import metrics_schema as schema
 from ..config import ExperimentConfig
-from .records import Adapter, Header
+from ..wire.records import Adapter, Header
 
 if TYPE_CHECKING:
-    from ..exchange import Exchange
-    from ..roundlog import RoundLog
+    from ..server.exchange import Exchange
+    from ..server.roundlog import RoundLog
 
 log = logging.getLogger("pubswap_flwr")
 

@@ -20,7 +20,7 @@ Dotted paths (`module:name`, a module relative to this package when it starts wi
 used, so importing the catalog (config.py does, and so does the ClientApp's routing in a deployed node's
 per-message process) loads neither torch nor Flower (an import contract in pyproject.toml, `lint-imports`).
 Everything else derives from it: config.MODES and the protocol sections of ExperimentConfig, the ClientApp's routing
-(nodeapp.py, protocols.register_client_handlers), the choices `pubswap keys` lists, and the tests' lists of modes,
+(node/app.py, protocols.register_client_handlers), the choices `pubswap keys` lists, and the tests' lists of modes,
 runs and flows (test_rounds, test_properties, test_attack_properties, tests/golden/runs.py, test_catalog).
 
 To add a mode, touch these files:

@@ -16,14 +16,10 @@ import numpy as np
 from flwr.app import Message, RecordDict
 
 from ..aggregate import aggregate, mean_pairwise_l2, median_clip, not_robust, update_norm
-from ..compression import Codec, Quantized
 from ..config import ExperimentConfig
-from ..validate import Rejected, check_adapter, check_weight
-from ..wire import config_int
-from .base import RoundContext, ServerProtocol, log
-from .optimizers import ServerOptimizer, norm
-from .optimizers import build as build_optimizer
-from .records import (
+from ..wire.codecs import config_int
+from ..wire.compression import Codec, Quantized
+from ..wire.records import (
     Adapter,
     ClientReport,
     Header,
@@ -34,6 +30,10 @@ from .records import (
     records,
     reply_records,
 )
+from ..wire.validate import Rejected, check_adapter, check_weight
+from .base import RoundContext, ServerProtocol, log
+from .optimizers import ServerOptimizer, norm
+from .optimizers import build as build_optimizer
 from .serving import ClientWork
 from .transfer import (
     Downlink,

@@ -14,9 +14,9 @@ from typing import ClassVar
 
 from flwr.app import RecordDict
 
-from ..wire import config_int
+from ..wire.codecs import config_int
+from ..wire.records import Header, Instruction, OwnAdapterReply, config_of, records
 from .base import RoundContext, ServerProtocol
-from .records import Header, Instruction, OwnAdapterReply, config_of, records
 from .serving import ClientWork, evaluate_own_adapter
 
 

@@ -33,14 +33,14 @@ from ..schedule import even_positions, fixed_positions, public_step_count
 from ..tasks import ScoringBudget
 from ..tasks.rewards import parse_rewards
 from ..tasks.verifiers import completion_shape
-from ..validate import Limits
+from ..wire.counters import UptakeCounts
+from ..wire.records import Adapter
+from ..wire.validate import Limits
 from .base import RoundContext, ServerProtocol, record_scoring
-from .counters import UptakeCounts
 from .fedavg import aggregate_adapters, averaging_state, restore_averaging
 from .optimizers import build as build_optimizer
 from .pubswap_messages import DonorChoice, Scored, Segment, SegmentReply, SwapEntry, fit_behaviours
 from .pubswap_messages import check_behaviours as check_behaviours  # re-exported for tests that import it from here
-from .records import Adapter
 from .serving import ClientWork
 from .transfer import Downlink, adapter_to_send, broadcast_of, decoded, global_for, start_round, take_global
 

@@ -10,13 +10,11 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from flwr.app import Message, RecordDict
 
-from ..compression import Codec, Quantized
 from ..rollouts import Behaviour
 from ..tasks import extract_answer, score_completion, training_reward
-from ..validate import Limits, Rejected, check_behaviour, check_public_responses
-from ..wire import DEFAULT_MAX_PAYLOAD_BYTES, config_int
-from .fedavg import checked_adapter
-from .records import (
+from ..wire.codecs import DEFAULT_MAX_PAYLOAD_BYTES, config_int
+from ..wire.compression import Codec, Quantized
+from ..wire.records import (
     Adapter,
     ClientReport,
     Header,
@@ -28,6 +26,8 @@ from .records import (
     records,
     reply_records,
 )
+from ..wire.validate import Limits, Rejected, check_behaviour, check_public_responses
+from .fedavg import checked_adapter
 from .transfer import Downlink, put_quantized
 
 Scored = dict[str, list[tuple[str, float]]]  # public prompt id -> (response text, server's reward)

@@ -34,17 +34,17 @@ from ..algorithms.sapo_selection import (
     select_local,
 )
 from ..config import ExperimentConfig
-from ..learner import Learner, StepRecord, WorkReport
+from ..node.learner import Learner, StepRecord, WorkReport
 from ..policy.behaviour import tokenizer_fingerprint
 from ..rollouts import Completion, RolloutGroup
 from ..shared import derive_seed
 from ..tasks import ScoringBudget, TaskItem, score_completion, training_reward
 from ..tasks.splits import MAX_NODES
 from ..tasks.verifiers import VERIFIERS
-from ..validate import Limits, Rejected, check_packet
-from ..wire import DEFAULT_MAX_PAYLOAD_BYTES
+from ..wire.codecs import DEFAULT_MAX_PAYLOAD_BYTES
+from ..wire.records import Adapter
+from ..wire.validate import Limits, Rejected, check_packet
 from .base import RoundContext, ServerProtocol
-from .records import Adapter
 from .sapo_messages import SELECTION_KEYS, CollectRollouts, SapoAsyncRound, SapoReply, SapoTrain
 from .sapo_verify import verified_item
 from .serving import ClientWork, evaluate_own_adapter

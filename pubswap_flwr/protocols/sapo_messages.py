@@ -10,8 +10,17 @@ from typing import Any, ClassVar
 from flwr.app import Message, RecordDict
 
 from ..algorithms.sapo_selection import Packet
-from ..validate import Limits, check_packets, number
-from .records import Header, Instruction, OwnAdapterReply, config_of, own_evaluations, payload_of, read_reply, records
+from ..wire.records import (
+    Header,
+    Instruction,
+    OwnAdapterReply,
+    config_of,
+    own_evaluations,
+    payload_of,
+    read_reply,
+    records,
+)
+from ..wire.validate import Limits, check_packets, number
 
 SCORING_KEYS = ("scoring-timeouts", "scoring-skipped")  # sent only when not 0
 SELECTION_KEYS = ("external-received", "external-used", "external-zero-advantage", "external-rejected",

@@ -12,7 +12,7 @@ items raise `Unverifiable`, unless `sapo.accept-unverifiable` lets the receiver 
 from __future__ import annotations
 
 from ..algorithms.sapo_selection import Unverifiable
-from ..learner import Learner
+from ..node.learner import Learner
 from ..tasks import TaskItem
 from ..tasks.specs import generate_entry
 from ..tasks.splits import RANGE

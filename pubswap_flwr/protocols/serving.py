@@ -13,11 +13,11 @@ from flwr.app import Context, Message, RecordDict
 
 from ..config import ExperimentConfig
 from ..evaluation import evaluate
-from ..learner import Learner, WorkReport
 from ..logs import route_logs_to_flower
-from ..node_state import NodeIdentity
+from ..node.learner import Learner, WorkReport
+from ..node.state import NodeIdentity
+from ..wire.records import ClientReport, Header, config_of
 from .base import ServerProtocol
-from .records import ClientReport, Header, config_of
 
 log = logging.getLogger("pubswap_flwr")
 

@@ -14,14 +14,14 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
-from ..checkpoint import MAX_KNOWN_NODES
-from ..compression import Broadcast, Codec, CodecError, Quantized, apply_delta, fingerprint
 from ..config import ExperimentConfig
-from ..node_state import GLOBAL_FILE, RESIDUAL_FILE
+from ..node.state import GLOBAL_FILE, RESIDUAL_FILE
 from ..policy import from_wire, to_wire
-from ..validate import Rejected, check_compressed
-from ..wire import QUANTIZED_KEY, quantized_from_record, quantized_record, record_of
-from .records import Adapter
+from ..tasks.splits import MAX_KNOWN_NODES
+from ..wire.codecs import QUANTIZED_KEY, quantized_from_record, quantized_record, record_of
+from ..wire.compression import Broadcast, Codec, CodecError, Quantized, apply_delta, fingerprint
+from ..wire.records import Adapter
+from ..wire.validate import Rejected, check_compressed
 from .serving import ClientWork
 
 SHA_KEY, BASE_KEY = "adapter-sha", "adapter-base"

@@ -7,8 +7,8 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..metrics import CONFIG_FILE, STATUS_FILE, read_eval_items, read_metrics
 from ..metrics_schema import WELL_FORMED_WARNING
+from ..server.metrics import CONFIG_FILE, STATUS_FILE, read_eval_items, read_metrics
 from ..untrusted import UntrustedFileError, is_present, read_json
 
 RUN_NAME = re.compile(r"^(?P<arm>.+)-s(?P<seed>\d+)$")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..metrics import json_safe
+from ..server.metrics import json_safe
 from ..untrusted import UntrustedFileError, check_no_links, is_present, parse_json, read_bytes, write_replacing
 from .formatting import code_span
 from .markdown import (

@@ -23,6 +23,9 @@ from .specs import TaskSpec, generate_entry
 RANGE = 10_000_000  # items per stream; indices never reach this
 MAX_TASKS = 90  # tasks per split namespace (keeps private node ranges apart)
 MAX_NODES = 10_000  # node indices (deployment: node id modulo this)
+# Flower node ids a checkpoint or a protocol's state may list with their indices: every id a node had (Ray gives
+# nodes new ids when a run resumes), so more than MAX_NODES
+MAX_KNOWN_NODES = 10 * MAX_NODES
 # public/eval/sft take one 1e9 block each; private streams start above them: MAX_NODES * MAX_TASKS * RANGE = 9e12.
 SPLIT_BASE = {"public": 1_000_000_000, "eval": 2_000_000_000, "sft": 4_000_000_000, "private": 10_000_000_000}
 DATA_SEED_STRIDE = 10_000_000_000_000  # > private base + the whole private block

@@ -91,7 +91,7 @@ def golden_rows(name: str, out_dir: Path) -> list[dict]:
     """Run golden run `name` under `out_dir` and return its comparable rows."""
     import torch
 
-    from pubswap_flwr.metrics import read_metrics
+    from pubswap_flwr.server.metrics import read_metrics
     from pubswap_flwr.simulation import simulate_in_process
 
     config, nodes = RUNS[name]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pubswap_flwr import deployment
 from pubswap_flwr.cli import flower_env, flwr_executable, submit, wait
-from pubswap_flwr.warm.client import RUNTIME_DIR_ENV
+from pubswap_flwr.node.warm.client import RUNTIME_DIR_ENV
 
 PROJECT = Path(__file__).resolve().parents[2]
 CONNECTION = "pubswap-test"

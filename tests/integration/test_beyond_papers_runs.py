@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pubswap_flwr.metrics import read_metrics
+from pubswap_flwr.server.metrics import read_metrics
 from pubswap_flwr.simulation import simulate_in_process
 from tests.golden.runs import COMMON, PUBSWAP, SAPO
 

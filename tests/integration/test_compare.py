@@ -10,7 +10,7 @@ import statistics
 import pytest
 
 from pubswap_flwr.cli import main as pubswap
-from pubswap_flwr.metrics import read_metrics
+from pubswap_flwr.server.metrics import read_metrics
 
 pytestmark = pytest.mark.slow
 

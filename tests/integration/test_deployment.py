@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from pubswap_flwr.cli import submit, wait
-from pubswap_flwr.metrics import read_metrics
+from pubswap_flwr.server.metrics import read_metrics
 
 from .flower_harness import CONNECTION, ORGS, PROJECT, Deployment, _processes, descendants
 

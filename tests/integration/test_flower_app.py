@@ -11,7 +11,7 @@ import torch
 from safetensors.numpy import load_file
 
 from pubswap_flwr.config import ExperimentConfig
-from pubswap_flwr.metrics import read_metrics
+from pubswap_flwr.server.metrics import read_metrics
 
 from .flower_harness import LocalFlower
 
@@ -52,7 +52,7 @@ def test_fedavg_run_writes_metrics_and_adapters_and_changes_the_global_adapter(f
         assert (run_dir / "adapters" / name / "adapter_model.safetensors").is_file()
     assert json.loads((run_dir / "status.json").read_text())["status"] == "completed"
     # The global adapter moved away from its seeded initialisation.
-    from pubswap_flwr.server import GlobalEvaluator
+    from pubswap_flwr.server.app import GlobalEvaluator
 
     initial = GlobalEvaluator(ExperimentConfig.from_flat({"seed": 3})).initial_adapter()
     final = load_file(str(run_dir / "adapters" / "final" / "adapter_model.safetensors"))

@@ -6,8 +6,8 @@ import pytest
 
 from pubswap_flwr.config import ExperimentConfig
 from pubswap_flwr.evaluation import evaluate
-from pubswap_flwr.learner import Learner, WorkReport
-from pubswap_flwr.node_state import NodeIdentity
+from pubswap_flwr.node.learner import Learner, WorkReport
+from pubswap_flwr.node.state import NodeIdentity
 from pubswap_flwr.shared import task_universe
 
 pytestmark = pytest.mark.slow

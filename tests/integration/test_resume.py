@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from pubswap_flwr.metrics import read_metrics
+from pubswap_flwr.server.metrics import read_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -79,8 +79,8 @@ def test_killed_run_resumes_and_repeats_the_uninterrupted_metrics(tmp_path):
 
 
 def test_resume_refuses_a_changed_config(tmp_path):
-    from pubswap_flwr.checkpoint import ServerCheckpoint, check_compatible
     from pubswap_flwr.config import ConfigError, ExperimentConfig
+    from pubswap_flwr.server.checkpoint import ServerCheckpoint, check_compatible
 
     saved = ServerCheckpoint(round=2, config=ExperimentConfig.from_flat({"seed": 1, "run-name": "x"}).to_flat())
     check_compatible(saved, ExperimentConfig.from_flat({"seed": 1, "num-server-rounds": 20, "resume": True,

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from pubswap_flwr.metrics import read_metrics
+from pubswap_flwr.server.metrics import read_metrics
 from pubswap_flwr.simulation import simulate
 from tests.golden.runs import RUNS, comparable, golden_differences
 

@@ -16,11 +16,11 @@ import torch
 from safetensors.torch import load_file
 
 from pubswap_flwr.inprocess import InProcessGrid, server_context
-from pubswap_flwr.metrics import read_metrics
-from pubswap_flwr.nodeapp import build_client_app
+from pubswap_flwr.node.app import build_client_app
+from pubswap_flwr.node.warm.client import RUNTIME_DIR_ENV
+from pubswap_flwr.node.warm.worker import process_alive
+from pubswap_flwr.server.metrics import read_metrics
 from pubswap_flwr.simulation import build_apps
-from pubswap_flwr.warm.client import RUNTIME_DIR_ENV
-from pubswap_flwr.warm.worker import process_alive
 from tests.golden.runs import comparable
 
 pytestmark = pytest.mark.slow

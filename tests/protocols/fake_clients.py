@@ -21,9 +21,9 @@ from pubswap_flwr.algorithms.sapo_selection import Packet
 from pubswap_flwr.inprocess import CLIENT_APP_RAISED_EXCEPTION, InProcessGrid
 from pubswap_flwr.protocols.fedavg import AdapterReply, LocalRound
 from pubswap_flwr.protocols.pubswap import Segment, SegmentReply
-from pubswap_flwr.protocols.records import ClientReport, reply_records
 from pubswap_flwr.protocols.sapo import CollectRollouts, SapoAsyncRound, SapoReply, SapoTrain
 from pubswap_flwr.tasks import TaskItem
+from pubswap_flwr.wire.records import ClientReport, reply_records
 
 Tamper = Callable[[int, Message, RecordDict], RecordDict]
 ITEM = TaskItem("gcd/7", "gcd", "What is the greatest common divisor of 12 and 18?", "6", "exact")
@@ -129,12 +129,12 @@ def serve_rounds(flat: dict, tamper: Tamper | None, *, nodes: int = 3, rounds: i
     """`rounds` server rounds of the run config `flat` against `nodes` fake clients (`tamper` rewrites replies);
     the metrics rows by round and the final global adapter (None in modes without one)."""
     from pubswap_flwr.config import ExperimentConfig
-    from pubswap_flwr.exchange import Exchange
-    from pubswap_flwr.metrics import RunRecorder, read_metrics
     from pubswap_flwr.protocols import protocol_class
     from pubswap_flwr.protocols.base import RoundContext
-    from pubswap_flwr.roundlog import RoundLog
-    from pubswap_flwr.runner import Runner
+    from pubswap_flwr.server.exchange import Exchange
+    from pubswap_flwr.server.metrics import RunRecorder, read_metrics
+    from pubswap_flwr.server.roundlog import RoundLog
+    from pubswap_flwr.server.runner import Runner
     from pubswap_flwr.shared import task_universe
 
     cfg = ExperimentConfig.from_flat(flat)

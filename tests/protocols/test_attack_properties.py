@@ -19,14 +19,14 @@ from flwr.app import Array, ArrayRecord
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pubswap_flwr import checkpoint
-from pubswap_flwr.checkpoint import CheckpointError, ServerCheckpoint
-from pubswap_flwr.compression import Codec, Quantized
 from pubswap_flwr.config import ExperimentConfig
 from pubswap_flwr.protocols import catalog
 from pubswap_flwr.rollouts import Behaviour
+from pubswap_flwr.server import checkpoint
+from pubswap_flwr.server.checkpoint import CheckpointError, ServerCheckpoint
 from pubswap_flwr.shared import task_universe
-from pubswap_flwr.wire import ADAPTER_KEY, PAYLOAD_KEY, QUANTIZED_KEY, payload_from_record, payload_record
+from pubswap_flwr.wire.codecs import ADAPTER_KEY, PAYLOAD_KEY, QUANTIZED_KEY, payload_from_record, payload_record
+from pubswap_flwr.wire.compression import Codec, Quantized
 from tests.protocols.fake_clients import serve_rounds
 from tests.protocols.test_attacks import ADAPTER, ATTACKER, PACKET, STEP, _honest_bound, _norm, serve_in_thread
 
@@ -214,7 +214,7 @@ def test_any_frames_from_a_peer_are_answered_or_dropped_in_time_and_never_stop_t
         if hang_up:
             sock.shutdown(2)
 
-    from pubswap_flwr.warm.worker import PEER_GONE
+    from pubswap_flwr.node.warm.worker import PEER_GONE
 
     outcome = serve_in_thread(feed, request_seconds=0.2)
     assert outcome["finished"], outcome
@@ -275,7 +275,7 @@ def _base(mode: str) -> Path:
 def _restores(loaded: ServerCheckpoint) -> None:
     """A resumed run's restore of what load returned (the model's adapter is the checkpoint's shape)."""
     from pubswap_flwr.protocols import protocol_class
-    from pubswap_flwr.runner import Runner
+    from pubswap_flwr.server.runner import Runner
 
     cfg = ExperimentConfig.from_flat(loaded.config)
     protocol = protocol_class(cfg.strategy.mode)(cfg)

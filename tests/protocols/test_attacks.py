@@ -18,13 +18,13 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordD
 from flwr.common.serde import message_from_proto, message_to_proto
 from flwr.supercore.task_identity import TaskIdentity
 
-from pubswap_flwr import checkpoint, nodeapp
-from pubswap_flwr.checkpoint import ServerCheckpoint
-from pubswap_flwr.compression import Codec
 from pubswap_flwr.config import ConfigError, ExperimentConfig
+from pubswap_flwr.node import app as nodeapp
 from pubswap_flwr.rollouts import Behaviour
+from pubswap_flwr.server import checkpoint
+from pubswap_flwr.server.checkpoint import ServerCheckpoint
 from pubswap_flwr.shared import task_universe
-from pubswap_flwr.wire import (
+from pubswap_flwr.wire.codecs import (
     ADAPTER_KEY,
     PAYLOAD_KEY,
     QUANTIZED_KEY,
@@ -32,6 +32,7 @@ from pubswap_flwr.wire import (
     payload_from_record,
     payload_record,
 )
+from pubswap_flwr.wire.compression import Codec
 from tests.protocols.fake_clients import FakeClientsGrid, serve_rounds
 
 ADAPTER = {"m.lora_A.weight": np.full((2, 4), 0.5, dtype=np.float32),
@@ -108,7 +109,7 @@ def test_2_magnitude_poisoning_cannot_take_over_the_default_mean(extra, tamper):
 def test_2_fp16_extremes_in_a_real_run_are_clipped_and_the_honest_clients_stay(tmp_path):
     """The issue's run: one of three tiny-model clients replies fp16 6e4 everywhere; under the plain mean the
     global took it, and the next round dropped both honest clients for NaN/Inf."""
-    from pubswap_flwr.metrics import read_metrics
+    from pubswap_flwr.server.metrics import read_metrics
     from pubswap_flwr.simulation import simulate_in_process
 
     def extremes(msg, context, reply):
@@ -161,7 +162,7 @@ def test_3_colluding_clients_cannot_bloat_behaviours_past_generation_max_new_tok
 
 
 def test_3_a_sapo_packets_behaviour_is_bounded_by_generation_max_new_tokens_too():
-    from pubswap_flwr.validate import Limits, Rejected, check_packet
+    from pubswap_flwr.wire.validate import Limits, Rejected, check_packet
 
     limits = Limits.of(ExperimentConfig.from_flat({"generation.max-new-tokens": 4}))
     packet = {"item": PACKET["item"], "completions": ["<answer>1</answer>"], "tokenizer": "t"}
@@ -227,7 +228,7 @@ def test_4_a_sapo_pool_of_100k_packets_falls_back_to_checkpoint_prev(tmp_path):
 
 # -- 5. warm worker directory squatted by another local user ---------------------------------------------------------
 def test_5_a_squatted_worker_directory_falls_back_to_one_in_the_home_directory(tmp_path, monkeypatch):
-    from pubswap_flwr.warm import client
+    from pubswap_flwr.node.warm import client
 
     monkeypatch.delenv(client.RUNTIME_DIR_ENV, raising=False)
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
@@ -241,7 +242,7 @@ def test_5_a_squatted_worker_directory_falls_back_to_one_in_the_home_directory(t
 
 
 def test_5_a_node_whose_worker_cannot_be_reached_serves_its_message_in_process(monkeypatch, caplog):
-    from pubswap_flwr.warm import client
+    from pubswap_flwr.node.warm import client
 
     def squatted():
         raise client.WorkerUnavailable("warm worker directory /tmp/pubswap-workers-0 belongs to uid 1234")
@@ -263,7 +264,7 @@ def test_5_a_node_whose_worker_cannot_be_reached_serves_its_message_in_process(m
 def serve_in_thread(feed, **kwargs) -> dict:
     """worker.serve_one on one end of a socket pair while `feed(other_end)` plays the client; what it returned or
     raised, and whether it finished within 10 s."""
-    from pubswap_flwr.warm import worker
+    from pubswap_flwr.node.warm import worker
 
     outcome: dict = {}
     left, right = socket.socketpair()
@@ -289,7 +290,7 @@ def serve_in_thread(feed, **kwargs) -> dict:
 
 
 def test_6_a_deep_json_header_is_dropped_and_the_worker_goes_on():
-    from pubswap_flwr.warm import framing
+    from pubswap_flwr.node.warm import framing
 
     outcome = serve_in_thread(lambda sock: framing.send_frame(sock, b"[" * 500_000 + b"]" * 500_000))
     assert outcome == {"result": None, "finished": True}
@@ -336,7 +337,7 @@ def test_7_a_second_reply_to_one_message_is_ignored(second, caplog):
 
 @pytest.mark.parametrize("name", ["../../x", "/etc", "a\0b", "x" * 300, " leading", "back\\slash", "..", "new\nline"])
 def test_7_a_run_name_must_be_one_plain_path_component_for_the_server_as_for_every_node(name):
-    from pubswap_flwr import preflight
+    from pubswap_flwr.server import preflight
 
     with pytest.raises(ConfigError, match="run-name .* is not one plain path component"):
         preflight.check({"run-name": name}, run_dir=False)
@@ -349,8 +350,8 @@ def test_7_a_run_name_must_be_one_plain_path_component_for_the_server_as_for_eve
     (json.dumps({"9" * 5000: 1}), "node-rounds"),
 ])
 def test_7_a_node_rounds_map_is_bounded_by_the_round_and_the_node_count(text, message):
-    from pubswap_flwr.protocols.records import Header
-    from pubswap_flwr.wire import NODE_ROUNDS_KEY
+    from pubswap_flwr.wire.codecs import NODE_ROUNDS_KEY
+    from pubswap_flwr.wire.records import Header
 
     config = ConfigRecord({**Header(3, "run").to_config(), NODE_ROUNDS_KEY: text})
     started = time.perf_counter()

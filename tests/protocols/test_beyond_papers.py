@@ -15,7 +15,7 @@ from flwr.supercore.task_identity import TaskIdentity
 from pubswap_flwr.algorithms.pubswap_response_sets import Response, balanced_choice, build_response_sets, most_likely
 from pubswap_flwr.algorithms.sapo_selection import Packet
 from pubswap_flwr.config import ConfigError, ExperimentConfig
-from pubswap_flwr.learner import Learner, WorkReport
+from pubswap_flwr.node.learner import Learner, WorkReport
 from pubswap_flwr.protocols.pubswap import (
     DonorChoice,
     PubSwapProtocol,
@@ -25,11 +25,11 @@ from pubswap_flwr.protocols.pubswap import (
     check_behaviours,
     likeliest,
 )
-from pubswap_flwr.protocols.records import ClientReport, Header
 from pubswap_flwr.rollouts import Behaviour
 from pubswap_flwr.schedule import even_positions, fixed_positions, public_step_count
 from pubswap_flwr.tasks import TaskItem
-from pubswap_flwr.validate import Limits, Rejected, check_packet
+from pubswap_flwr.wire.records import ClientReport, Header
+from pubswap_flwr.wire.validate import Limits, Rejected, check_packet
 
 HEADER = Header(2, "run-x", "/runs/run-x", round_start=False)
 REPORT = ClientReport(node_index=1, num_examples=8, cumulative_reward=0.5, total_steps=3, t_start=1.0, t_end=2.0)

@@ -16,13 +16,13 @@ from safetensors.numpy import load_file
 from pubswap_flwr.aggregate import weighted_mean
 from pubswap_flwr.algorithms.sapo_selection import Packet, fair_share
 from pubswap_flwr.config import ExperimentConfig
-from pubswap_flwr.metrics import read_metrics
-from pubswap_flwr.node_state import NodeIdentity
-from pubswap_flwr.runner import mean_eval
+from pubswap_flwr.node.state import NodeIdentity
+from pubswap_flwr.server.metrics import read_metrics
+from pubswap_flwr.server.runner import mean_eval
 from pubswap_flwr.simulation import simulate_in_process
 from pubswap_flwr.tasks import ScoringBudget, TaskItem
-from pubswap_flwr.validate import Limits, Rejected, check_packet, check_public_responses
-from pubswap_flwr.wire import METRICS_KEY, PAYLOAD_KEY, payload_from_record
+from pubswap_flwr.wire.codecs import METRICS_KEY, PAYLOAD_KEY, payload_from_record
+from pubswap_flwr.wire.validate import Limits, Rejected, check_packet, check_public_responses
 from tests.tiers import fast_only
 
 PUBSWAP_ONE_SWAP = {"strategy.mode": "pubswap", "pubswap.tau-swap": 1, "pubswap.public-prompts": 2}
@@ -182,7 +182,7 @@ def test_a_task_flagged_as_a_shortcut_at_any_node_stays_flagged_in_the_nodes_mea
 
 
 def test_a_nodes_self_reported_shortcut_flags_cross_the_boundary_only_as_its_own_task_names():
-    from pubswap_flwr.validate import check_eval
+    from pubswap_flwr.wire.validate import check_eval
 
     per_task = {"gcd": {"greedy_accuracy": 0.5}, "products": {"greedy_accuracy": 0.5}}
     report = {"greedy_accuracy": 0.5, "per_task": per_task,
@@ -195,7 +195,7 @@ def test_a_nodes_self_reported_shortcut_flags_cross_the_boundary_only_as_its_own
 
 
 def test_a_packet_whose_provenance_cannot_be_read_is_refused_by_the_server_and_by_receivers(tmp_path):
-    from pubswap_flwr.learner import Learner, WorkReport
+    from pubswap_flwr.node.learner import Learner, WorkReport
     from pubswap_flwr.protocols.sapo import generate_rollouts, train_on_pool
 
     crafted = {**ITEM, "verifier": "rg", "provenance": {"generator": "gcd", "config": [1, 2], "seed": 1, "index": 2}}
@@ -228,7 +228,7 @@ def test_a_reward_out_of_range_drops_the_reply_and_the_run_stays_resumable(tmp_p
     row = read_metrics(tmp_path / "r")[1]
     (dropped,) = row["dropped"].values()
     assert "'train-reward' = 1e+308 is outside [0, 1]" in dropped and row["cumulative_reward"] < 1
-    from pubswap_flwr.checkpoint import load
+    from pubswap_flwr.server.checkpoint import load
 
     assert load(tmp_path / "r").cumulative_reward == row["cumulative_reward"]
 

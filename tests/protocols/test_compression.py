@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pubswap_flwr.metrics import read_metrics
+from pubswap_flwr.server.metrics import read_metrics
 from pubswap_flwr.simulation import simulate_in_process
-from pubswap_flwr.wire import QUANTIZED_KEY, quantized_from_record, quantized_record
+from pubswap_flwr.wire.codecs import QUANTIZED_KEY, quantized_from_record, quantized_record
 from tests.tiers import fast_only
 
 FEDAVG = {"strategy.mode": "fedavg"}
@@ -104,7 +104,7 @@ def test_a_node_killed_mid_message_repeats_the_round_from_its_snapshot_after_a_r
     """A kill inside a node's round-3 handler leaves its round-3 snapshot and a new global.safetensors, but node.json
     still at round 2: the resumed round restores the snapshot (its marker says round 3 began), so the node holds
     the global the server's delta is against and the run repeats the uninterrupted one."""
-    from pubswap_flwr.node_state import GLOBAL_FILE, NodeStore
+    from pubswap_flwr.node.state import GLOBAL_FILE, NodeStore
     from tests.golden.runs import comparable
 
     flat = {"strategy.compression": "int8", "num-server-rounds": 3}

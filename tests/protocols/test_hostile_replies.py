@@ -9,11 +9,11 @@ from __future__ import annotations
 import pytest
 
 from pubswap_flwr.config import ExperimentConfig
-from pubswap_flwr.metrics import read_metrics
+from pubswap_flwr.server.metrics import read_metrics
 from pubswap_flwr.shared import task_universe
 from pubswap_flwr.simulation import simulate_in_process as simulate
 from pubswap_flwr.tasks import score_completion
-from pubswap_flwr.wire import PAYLOAD_KEY, adapter_from_record, payload_from_record, payload_record
+from pubswap_flwr.wire.codecs import PAYLOAD_KEY, adapter_from_record, payload_from_record, payload_record
 
 TINY = {"train.prompts-per-step": 2, "train.completions-per-prompt": 4, "eval.items-per-task": 5, "eval.samples": 1,
         "seed": 2}
@@ -139,7 +139,7 @@ def _hostile_adapters(msg, context, reply):
     import numpy as np
     from flwr.app import Array, ArrayRecord
 
-    from pubswap_flwr.wire import ADAPTER_KEY
+    from pubswap_flwr.wire.codecs import ADAPTER_KEY
 
     node = _partition(context)
     if reply.has_error() or node > 3:
@@ -197,7 +197,7 @@ def _scaled_adapter(msg, context, reply):
     """Partition 0 sends its adapter scaled x100 (a poisoning attempt)."""
     from flwr.app import Array, ArrayRecord
 
-    from pubswap_flwr.wire import ADAPTER_KEY
+    from pubswap_flwr.wire.codecs import ADAPTER_KEY
 
     if _partition(context) != 0 or reply.has_error():
         return reply
@@ -211,7 +211,7 @@ def test_median_and_trimmed_mean_resist_a_scaled_adapter(tmp_path):
     from safetensors.numpy import load_file
 
     from pubswap_flwr.config import ExperimentConfig
-    from pubswap_flwr.server import GlobalEvaluator
+    from pubswap_flwr.server.app import GlobalEvaluator
 
     initial = GlobalEvaluator(ExperimentConfig.from_flat({"seed": 2})).initial_adapter()
     moved = {}

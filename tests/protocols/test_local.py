@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 from safetensors.numpy import load_file
 
-from pubswap_flwr.metrics import read_metrics
-from pubswap_flwr.node_state import ADAPTER_FILE
+from pubswap_flwr.node.state import ADAPTER_FILE
+from pubswap_flwr.server.metrics import read_metrics
 from pubswap_flwr.simulation import simulate_in_process
-from pubswap_flwr.wire import ADAPTER_KEY
+from pubswap_flwr.wire.codecs import ADAPTER_KEY
 
 TINY = {"seed": 5, "strategy.mode": "local", "num-server-rounds": 2, "train.local-steps": 2,
         "train.prompts-per-step": 2, "train.completions-per-prompt": 4, "eval.items-per-task": 3, "eval.samples": 1,

@@ -11,13 +11,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from pubswap_flwr import checkpoint
-from pubswap_flwr.metrics import read_metrics
-from pubswap_flwr.node_state import NodeIdentity
-from pubswap_flwr.protocols.records import Header
+from pubswap_flwr.node.state import NodeIdentity
 from pubswap_flwr.protocols.serving import NodeStateError, check_state_continues
+from pubswap_flwr.server import checkpoint
+from pubswap_flwr.server.metrics import read_metrics
 from pubswap_flwr.simulation import simulate_in_process
-from pubswap_flwr.wire import CONFIG_KEY, NODE_ROUND_KEY, NODE_ROUNDS_KEY
+from pubswap_flwr.wire.codecs import CONFIG_KEY, NODE_ROUND_KEY, NODE_ROUNDS_KEY
+from pubswap_flwr.wire.records import Header
 
 TINY = {"seed": 5, "train.prompts-per-step": 1, "train.completions-per-prompt": 2, "eval.items-per-task": 1,
         "eval.sampled": False, "train.local-steps": 1, "tasks.mix": "gcd:1", "tasks.per-node": 0}

@@ -12,16 +12,16 @@ from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
 from pubswap_flwr.algorithms.sapo_selection import Packet
-from pubswap_flwr.metrics import read_metrics
-from pubswap_flwr.protocols.counters import FormatCounts
 from pubswap_flwr.protocols.fedavg import AdapterReply, LocalRound
 from pubswap_flwr.protocols.pubswap import Segment, SegmentReply, SwapEntry
-from pubswap_flwr.protocols.records import ClientReport, Header, reply_records
 from pubswap_flwr.protocols.sapo import CollectRollouts, SapoAsyncRound, SapoReply, SapoTrain
+from pubswap_flwr.server.metrics import read_metrics
 from pubswap_flwr.simulation import simulate_in_process
 from pubswap_flwr.tasks import Score, TaskItem
-from pubswap_flwr.validate import Limits, Rejected
-from pubswap_flwr.wire import ADAPTER_KEY, CONFIG_KEY, METRICS_KEY, PAYLOAD_KEY, WireError, payload_record
+from pubswap_flwr.wire.codecs import ADAPTER_KEY, CONFIG_KEY, METRICS_KEY, PAYLOAD_KEY, WireError, payload_record
+from pubswap_flwr.wire.counters import FormatCounts
+from pubswap_flwr.wire.records import ClientReport, Header, reply_records
+from pubswap_flwr.wire.validate import Limits, Rejected
 
 HEADER = Header(3, "run-x", "/runs/run-x", round_start=True)
 REPORT = ClientReport(node_index=2, num_examples=64, cumulative_reward=1.5, total_steps=7, t_start=10.0, t_end=12.5,
@@ -192,7 +192,7 @@ def _npy(header: str, payload: bytes) -> bytes:
 def test_malformed_array_bytes_are_refused_before_numpy_allocates_them(data, reason):
     from flwr.app import Array, ArrayRecord
 
-    from pubswap_flwr.wire import WireError, adapter_from_record
+    from pubswap_flwr.wire.codecs import WireError, adapter_from_record
 
     record = ArrayRecord({"m.lora_A.weight": Array(dtype="float16", shape=(2, 4), stype="numpy.ndarray", data=data)})
     with pytest.raises(WireError, match=re.escape(reason)):

@@ -16,14 +16,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pubswap_flwr.config import ExperimentConfig
-from pubswap_flwr.exchange import Exchange
-from pubswap_flwr.metrics import RunRecorder, read_metrics
 from pubswap_flwr.protocols import catalog, protocol_class
 from pubswap_flwr.protocols.base import RoundContext
-from pubswap_flwr.roundlog import RoundLog
-from pubswap_flwr.runner import Runner
+from pubswap_flwr.server.exchange import Exchange
+from pubswap_flwr.server.metrics import RunRecorder, read_metrics
+from pubswap_flwr.server.roundlog import RoundLog
+from pubswap_flwr.server.runner import Runner
 from pubswap_flwr.shared import task_universe
-from pubswap_flwr.wire import ADAPTER_KEY, METRICS_KEY, PAYLOAD_KEY, adapter_from_record, payload_from_record
+from pubswap_flwr.wire.codecs import ADAPTER_KEY, METRICS_KEY, PAYLOAD_KEY, adapter_from_record, payload_from_record
 from tests.protocols.fake_clients import FakeClientsGrid
 
 ADAPTER = {"m.lora_A.weight": np.full((2, 4), 0.5, dtype=np.float32),
@@ -142,8 +142,8 @@ def test_one_tampering_client_never_stops_a_round(mode, mutation):
 @given(payload=json_values)
 def test_a_relayed_payload_either_decodes_or_is_refused_with_a_value_error(payload):
     from pubswap_flwr.protocols.pubswap import Segment
-    from pubswap_flwr.protocols.records import Header, records
     from pubswap_flwr.protocols.sapo import SapoTrain
+    from pubswap_flwr.wire.records import Header, records
 
     header = Header(1, "run").to_config()
     cases = [(Segment, records({**header, "k": 4}, payload={"response-sets": payload})),

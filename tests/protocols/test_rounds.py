@@ -8,8 +8,8 @@ from collections import Counter
 
 import pytest
 
-from pubswap_flwr.metrics import read_metrics
 from pubswap_flwr.protocols import catalog
+from pubswap_flwr.server.metrics import read_metrics
 from pubswap_flwr.simulation import simulate_in_process
 from tests.golden.runs import comparable
 from tests.tiers import fast_only
@@ -125,7 +125,7 @@ def test_a_run_resumed_after_the_server_died_mid_round_repeats_the_uninterrupted
 def _count_shared(counts: dict):
     def hook(msg, context, reply):
         if msg.metadata.message_type == "query.rollouts" and not reply.has_error():
-            from pubswap_flwr.wire import PAYLOAD_KEY, payload_from_record
+            from pubswap_flwr.wire.codecs import PAYLOAD_KEY, payload_from_record
 
             counts[_partition(context)] = len(payload_from_record(reply.content[PAYLOAD_KEY])["packets"])
         return reply

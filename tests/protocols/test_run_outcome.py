@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pubswap_flwr.metrics import read_metrics, read_status
-from pubswap_flwr.runner import outcome, trained_nothing
+from pubswap_flwr.server.metrics import read_metrics, read_status
+from pubswap_flwr.server.runner import outcome, trained_nothing
 from pubswap_flwr.simulation import simulate_in_process as simulate
-from pubswap_flwr.wire import ADAPTER_KEY, adapter_from_record, adapter_record
+from pubswap_flwr.wire.codecs import ADAPTER_KEY, adapter_from_record, adapter_record
 
 TINY = {"train.prompts-per-step": 2, "train.completions-per-prompt": 4, "eval.items-per-task": 5, "eval.samples": 1,
         "train.local-steps": 1, "seed": 2}

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from pubswap_flwr.metrics import read_metrics
 from pubswap_flwr.protocols import optimizers
+from pubswap_flwr.server.metrics import read_metrics
 from pubswap_flwr.simulation import simulate_in_process
 from tests.golden.runs import comparable
 from tests.tiers import fast_only

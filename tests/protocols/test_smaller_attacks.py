@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from pubswap_flwr import checkpoint
-from pubswap_flwr.checkpoint import CheckpointError
 from pubswap_flwr.config import ExperimentConfig
-from pubswap_flwr.node_state import NodeIdentity
+from pubswap_flwr.node.state import NodeIdentity
 from pubswap_flwr.rollouts import Behaviour
+from pubswap_flwr.server import checkpoint
+from pubswap_flwr.server.checkpoint import CheckpointError
 from pubswap_flwr.shared import task_universe
-from pubswap_flwr.wire import PAYLOAD_KEY, payload_from_record, payload_record
+from pubswap_flwr.wire.codecs import PAYLOAD_KEY, payload_from_record, payload_record
 from tests.protocols.fake_clients import ITEM, serve_rounds
 from tests.protocols.test_attacks import ADAPTER, DONOR, PUBSWAP, STEP, _two_checkpoints
 

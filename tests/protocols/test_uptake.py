@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from pubswap_flwr.metrics import read_metrics
-from pubswap_flwr.protocols.counters import UptakeCounts
 from pubswap_flwr.protocols.pubswap import uptake
 from pubswap_flwr.rollouts import Completion, RolloutGroup
+from pubswap_flwr.server.metrics import read_metrics
 from pubswap_flwr.simulation import simulate_in_process
+from pubswap_flwr.wire.counters import UptakeCounts
 
 
 def test_uptake_splits_donors_responses_from_the_nodes_own():
@@ -27,7 +27,7 @@ def test_uptake_travels_in_a_reply_and_is_checked():
     counts = UptakeCounts(2, -8.0, -6.0, 1, -2.0, -1.5)
     assert UptakeCounts.from_metrics(counts.to_metrics()) == counts
     assert UptakeCounts().to_metrics() == {}  # off: nothing on the wire
-    from pubswap_flwr.validate import Rejected
+    from pubswap_flwr.wire.validate import Rejected
 
     with pytest.raises(Rejected):
         UptakeCounts.from_metrics({**counts.to_metrics(), "uptake-own-after": 3.0})  # a log-prob above 0

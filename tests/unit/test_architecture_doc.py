@@ -179,13 +179,15 @@ def test_every_function_or_class_the_page_names_is_defined_in_the_file_it_names(
 
 
 def test_the_checks_find_a_missing_file_a_missing_name_and_a_placeholder_that_matches_nothing():
-    page = ("`pubswap_flwr/runner.py` and `pubswap_flwr/nowhere.py`, `warm/`, `nowhere/`, `tests/golden/<run>.json`, "
+    page = ("`pubswap_flwr/server/runner.py` and `pubswap_flwr/nowhere.py`, `node/warm/`, `nowhere/`, "
+            "`tests/golden/<run>.json`, "
             "`tests/golden/<run>.yaml.json`, `pubswap_flwr.protocols.catalog`, `pubswap_flwr.protocols.nowhere`, "
             "`python -m tests.golden.runs write <run>`\n```mermaid\nflowchart TB\n  a[\"gone.py\"]\n```\n"
-            "runner.py:Runner._rounds runner.py:Runner._nothing exchange.py:Exchange protocols/pubswap.py:segmentt")
+            "server/runner.py:Runner._rounds server/runner.py:Runner._nothing server/exchange.py:Exchange "
+            "protocols/pubswap.py:segmentt")
     assert missing_names(page) == ["gone.py", "nowhere/", "pubswap_flwr/nowhere.py", "tests/golden/<run>.yaml.json",
                                    "pubswap_flwr.protocols.nowhere"]
-    assert undefined_names(page) == ["protocols/pubswap.py:segmentt", "runner.py:Runner._nothing"]
+    assert undefined_names(page) == ["protocols/pubswap.py:segmentt", "server/runner.py:Runner._nothing"]
 
 
 def test_the_page_names_every_import_contract_of_pyproject():

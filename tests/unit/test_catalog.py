@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from pubswap_flwr import cli, nodeapp
+from pubswap_flwr import cli
 from pubswap_flwr.config import MODES, SECTIONS, ExperimentConfig, key_choices, key_table
+from pubswap_flwr.node import app as nodeapp
 from pubswap_flwr.protocols import catalog, client_handlers, optimizers, protocol_class, register_client_handlers
 
 PROJECT = Path(__file__).resolve().parents[2]
@@ -43,7 +44,7 @@ def test_the_catalog_pubswap_keys_and_the_client_app_routing_agree(capsys):
 
 def test_every_declared_path_names_a_server_class_or_a_handler_of_that_protocol():
     from pubswap_flwr.protocols.base import ServerProtocol
-    from pubswap_flwr.protocols.records import Instruction
+    from pubswap_flwr.wire.records import Instruction
 
     for protocol in catalog.families():
         for mode in protocol.modes:
@@ -60,7 +61,7 @@ def test_every_declared_path_names_a_server_class_or_a_handler_of_that_protocol(
 
 
 def test_every_instruction_type_is_routed():
-    from pubswap_flwr.protocols import records
+    from pubswap_flwr.wire import records
 
     for path in _declared_paths():  # every protocol module: their Instruction subclasses
         importlib.import_module(path.partition(":")[0], catalog.__package__)
@@ -122,7 +123,7 @@ def test_an_unknown_mode_names_the_known_ones():
 def test_importing_the_catalog_and_the_config_loads_neither_torch_nor_flower_nor_a_protocol_module():
     code = ("import sys, pubswap_flwr.config, pubswap_flwr.protocols.catalog; "
             "print(sorted(m for m in ('torch', 'flwr', 'pubswap_flwr.protocols.base', "
-            "'pubswap_flwr.protocols.records', 'pubswap_flwr.protocols.serving') if m in sys.modules))")
+            "'pubswap_flwr.wire.records', 'pubswap_flwr.protocols.serving') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=PROJECT)
     assert done.stdout.strip() == "[]"
 

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from pubswap_flwr import checkpoint
-from pubswap_flwr.checkpoint import CheckpointError, ServerCheckpoint
 from pubswap_flwr.config import ExperimentConfig
+from pubswap_flwr.server import checkpoint
+from pubswap_flwr.server.checkpoint import CheckpointError, ServerCheckpoint
 
 FEDAVG = ExperimentConfig.from_flat({"run-name": "x"}).to_flat()
 SAPO = ExperimentConfig.from_flat({"run-name": "x", "strategy.mode": "sapo"}).to_flat()
@@ -220,7 +220,7 @@ def test_every_checkpoint_corrupt_names_each_file(tmp_path):
 
 
 def _runner(protocol, model_adapter=None):
-    from pubswap_flwr.runner import Runner
+    from pubswap_flwr.server.runner import Runner
 
     evaluator = (None if model_adapter is None
                  else SimpleNamespace(policy=SimpleNamespace(adapter=lambda: model_adapter)))
@@ -270,7 +270,7 @@ def _context(run_config: dict):
 
 
 def test_a_failed_resume_marks_the_run_failed_in_status_json(tmp_path):
-    from pubswap_flwr import server
+    from pubswap_flwr.server import app as server
 
     config = {"output.dir": str(tmp_path), "run-name": "cut", "resume": True}
     run = tmp_path / "cut"
@@ -287,7 +287,7 @@ def test_a_failed_resume_marks_the_run_failed_in_status_json(tmp_path):
 
 
 def test_a_resume_with_another_config_or_no_checkpoint_marks_the_run_failed(tmp_path):
-    from pubswap_flwr import server
+    from pubswap_flwr.server import app as server
 
     config = {"output.dir": str(tmp_path), "run-name": "cut", "resume": True}
     run = tmp_path / "cut"
@@ -306,7 +306,7 @@ def test_a_resume_with_another_config_or_no_checkpoint_marks_the_run_failed(tmp_
 
 
 def test_a_run_resumed_from_a_corrupt_checkpoint_repeats_the_uninterrupted_metrics(tmp_path):
-    from pubswap_flwr.metrics import read_metrics
+    from pubswap_flwr.server.metrics import read_metrics
     from pubswap_flwr.simulation import simulate_in_process
     from tests.golden.runs import comparable
 

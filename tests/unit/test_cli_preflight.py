@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from pubswap_flwr import cli, preflight
+from pubswap_flwr import cli
 from pubswap_flwr.config import MODES, ConfigError, key_choices
-from pubswap_flwr.metrics import RunExistsError
+from pubswap_flwr.server import preflight
+from pubswap_flwr.server.metrics import RunExistsError
 
 PROJECT = Path(__file__).resolve().parents[2]
 SMOKE = PROJECT / "configs" / "smoke.toml"
@@ -147,7 +148,7 @@ def test_keys_lists_the_allowed_values_of_choice_keys(capsys):
 def test_the_server_app_checks_the_run_directory_first(tmp_path):
     from flwr.app import Context, RecordDict
 
-    from pubswap_flwr import server
+    from pubswap_flwr.server import app as server
 
     run = _existing_run(tmp_path)
     (run / "status.json").write_text('{"status": "completed"}')

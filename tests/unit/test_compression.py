@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pubswap_flwr.compression import (
+from pubswap_flwr.wire.compression import (
     MAX_SCALE,
     Broadcast,
     Codec,
@@ -18,7 +18,7 @@ from pubswap_flwr.compression import (
     quantize,
     unpack_int4,
 )
-from pubswap_flwr.validate import Rejected, check_compressed
+from pubswap_flwr.wire.validate import Rejected, check_compressed
 
 SHAPES = {"a.lora_A": (16, 37), "b.lora_B": (23, 16), "c.lora_A": (5,), "d.lora_B": (1, 1)}  # odd sizes on purpose
 

@@ -11,8 +11,8 @@ import pytest
 from flwr.app import ConfigRecord, Error, Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
-from pubswap_flwr.exchange import PULL_INTERVAL, Exchange
 from pubswap_flwr.inprocess import InProcessGrid
+from pubswap_flwr.server.exchange import PULL_INTERVAL, Exchange
 
 
 @pytest.fixture(autouse=True)
@@ -167,7 +167,7 @@ def test_each_message_carries_the_last_round_the_exchange_accepted_from_its_node
     a resume under Flower's Ray engine), and nothing before any reply was accepted."""
     import json
 
-    from pubswap_flwr.wire import CONFIG_KEY, NODE_ROUND_KEY, NODE_ROUNDS_KEY
+    from pubswap_flwr.wire.codecs import CONFIG_KEY, NODE_ROUND_KEY, NODE_ROUNDS_KEY
 
     shared = ConfigRecord({"server-round": 3})
 

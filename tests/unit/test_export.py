@@ -11,8 +11,8 @@ from safetensors.torch import load_file
 
 from pubswap_flwr.cli import main
 from pubswap_flwr.export import ExportError, adapter_folder, base_reference, export, load_adapter_model, render_card
-from pubswap_flwr.metrics import read_metrics
 from pubswap_flwr.policy.model import data_dir
+from pubswap_flwr.server.metrics import read_metrics
 from pubswap_flwr.simulation import simulate_in_process
 
 RUN = {"seed": 5, "train.prompts-per-step": 2, "train.completions-per-prompt": 4, "eval.items-per-task": 3,

@@ -11,7 +11,7 @@ import pytest
 
 from pubswap_flwr import cli
 from pubswap_flwr.follow import copy_without_noise, finished_row, follow, is_noise, status_file_ended
-from pubswap_flwr.metrics import STOP_DETAIL, mark_failed, read_status, write_status
+from pubswap_flwr.server.metrics import STOP_DETAIL, mark_failed, read_status, write_status
 
 GREEN, YELLOW, RESET = "\x1b[92m", "\x1b[93m", "\x1b[0m"
 NOISE_LINES = [

@@ -58,7 +58,7 @@ def test_one_handler_and_each_line_once(console, flower):
     first = logs.setup(flower=flower)
     out = console(flower=flower)  # a second setup adds nothing
     assert logging.getLogger(logs.PACKAGE).handlers == [first]
-    logging.getLogger("pubswap_flwr.runner").info("round 1 done")
+    logging.getLogger("pubswap_flwr.server.runner").info("round 1 done")
     logging.getLogger("flwr").info("flower line")
     assert out.getvalue().count("round 1 done") == 1 and root.getvalue().count("round 1 done") == 0
     if flower:
@@ -115,7 +115,7 @@ def _message(node: int, number: int, kind: str):
 
 
 def test_every_exchange_logs_its_progress_inside_the_round():
-    from pubswap_flwr.exchange import Exchange
+    from pubswap_flwr.server.exchange import Exchange
 
     lines: list[str] = []
     collector = logging.Handler()

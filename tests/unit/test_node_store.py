@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from pubswap_flwr.node_state import OLD_OPTIMIZER_FILE, OPTIMIZER_FILE, NodeState, NodeStore
+from pubswap_flwr.node.state import OLD_OPTIMIZER_FILE, OPTIMIZER_FILE, NodeState, NodeStore
 from pubswap_flwr.rollouts import Completion, RolloutGroup
 from pubswap_flwr.tasks import TaskItem
 

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from pubswap_flwr import preflight
 from pubswap_flwr.config import ConfigError, ExperimentConfig
+from pubswap_flwr.server import preflight
 from pubswap_flwr.tasks import TaskItem, score_completion
 from pubswap_flwr.tasks.rewards import RewardRef, parse_rewards
 
@@ -81,7 +81,7 @@ def test_a_task_no_mix_lists_is_a_warning_only(caplog):
     flat = {"tasks.mix": "gcd:1,rg:countdown", "pubswap.public-mix": "rg:basic_arithmetic:2",
             "tasks.rewards": "gcd=examples.my_reward:reward,rg:countdown=examples.my_reward:reward,"
                              "rg:basic_arithmetic=examples.my_reward:reward,org=examples.my_reward:reward"}
-    with caplog.at_level("WARNING", logger="pubswap_flwr.preflight"):
+    with caplog.at_level("WARNING", logger="pubswap_flwr.server.preflight"):
         preflight.check(flat, run_dir=False)
     assert [r.getMessage() for r in caplog.records] == [
         "tasks.rewards names task 'org', which no task mix of the run lists; it applies only to items of that task "
@@ -140,8 +140,8 @@ def test_the_scoring_budget_of_the_server_and_of_sapo_receivers_applies_the_runs
 
 def test_a_sapo_receiver_rescores_a_peers_completions_with_its_own_configured_reward(tmp_path):
     from pubswap_flwr.algorithms.sapo_selection import Packet
-    from pubswap_flwr.learner import Learner
-    from pubswap_flwr.node_state import NodeIdentity
+    from pubswap_flwr.node.learner import Learner
+    from pubswap_flwr.node.state import NodeIdentity
     from pubswap_flwr.protocols.sapo import rescore
     from pubswap_flwr.tasks import MixtureStream, StreamCursor
 
@@ -183,7 +183,7 @@ def reward_run(tmp_path_factory):
 
 
 def test_a_run_evaluates_and_trains_with_the_users_reward(reward_run):
-    from pubswap_flwr.metrics import read_metrics
+    from pubswap_flwr.server.metrics import read_metrics
 
     rows = read_metrics(reward_run)
     evals = [row["eval"] for row in rows if row.get("eval")]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 
-from pubswap_flwr.protocols.counters import FormatCounts
-from pubswap_flwr.roundlog import RoundLog
+from pubswap_flwr.server.roundlog import RoundLog
+from pubswap_flwr.wire.counters import FormatCounts
 
 
 def test_a_client_below_the_well_formed_threshold_is_warned_about(caplog):

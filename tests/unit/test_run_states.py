@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from pubswap_flwr import cli, preflight
+from pubswap_flwr import cli
 from pubswap_flwr.cli import main as pubswap
-from pubswap_flwr.metrics import STOP_DETAIL, final_adapters, read_metrics, read_status
+from pubswap_flwr.server import preflight
+from pubswap_flwr.server.metrics import STOP_DETAIL, final_adapters, read_metrics, read_status
 from pubswap_flwr.simulation import simulate_in_process
 
 ROOT = Path(__file__).resolve().parents[2]

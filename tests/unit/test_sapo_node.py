@@ -10,8 +10,8 @@ import pytest
 
 from pubswap_flwr.algorithms.sapo_selection import Packet, reputation, select_external, weighted_sample
 from pubswap_flwr.config import ExperimentConfig
-from pubswap_flwr.learner import Learner, WorkReport
-from pubswap_flwr.node_state import NodeIdentity
+from pubswap_flwr.node.learner import Learner, WorkReport
+from pubswap_flwr.node.state import NodeIdentity
 from pubswap_flwr.protocols.sapo import generate_rollouts, rescore, train_on_pool
 from pubswap_flwr.shared import task_universe
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from pubswap_flwr.policy.grpo_batch import tag_token_mask
-from pubswap_flwr.protocols.counters import ForeignCounts
+from pubswap_flwr.wire.counters import ForeignCounts
 
 
 def test_tag_tokens_are_found_however_the_tokenizer_splits_them(tiny_policy):

@@ -8,9 +8,9 @@ import struct
 
 import pytest
 
-from pubswap_flwr import trackers
 from pubswap_flwr.config import ConfigError, ExperimentConfig
 from pubswap_flwr.config_sections import REPORT_TO
+from pubswap_flwr.server import trackers
 
 ROWS = [
     {"round": 0, "mode": "fedavg", "eval": {"greedy_accuracy": 0.25, "per_task": {"gcd": {"greedy_accuracy": 0.5}}}},

@@ -15,8 +15,8 @@ import pytest
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
-from pubswap_flwr import nodeapp
-from pubswap_flwr.warm import client, framing, worker
+from pubswap_flwr.node import app as nodeapp
+from pubswap_flwr.node.warm import client, framing, worker
 
 # the light ClientApp routes every message type of the protocols' catalog: tests/unit/test_catalog.py
 

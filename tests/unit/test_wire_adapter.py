@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord
 
-from pubswap_flwr.wire import INDEX_KEY, PACKED_KEY, WireError, adapter_from_record, adapter_record
+from pubswap_flwr.wire.codecs import INDEX_KEY, PACKED_KEY, WireError, adapter_from_record, adapter_record
 
 STATE = {"b.lora_B.weight": np.arange(12, dtype=np.float32).reshape(4, 3) / 7,
          "a.lora_A.weight": -np.ones((3, 5), dtype=np.float32) * 1e-3, "c.scalar": np.array(2.5, dtype=np.float32)}

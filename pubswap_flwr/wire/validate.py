@@ -13,13 +13,13 @@ from typing import Any, Literal, overload
 
 import numpy as np
 
-from .algorithms.sapo_selection import Packet, behaviours_from_wire
+from ..algorithms.sapo_selection import Packet, behaviours_from_wire
+from ..config import ExperimentConfig
+from ..metrics_schema import ITEM_RESULTS, SHORTCUT_TASKS
+from ..rollouts import MAX_BEHAVIOUR_TOKENS, Behaviour
+from ..tasks import TaskItem, items
+from ..tasks.verifiers import VERIFIERS
 from .compression import Codec, CodecError, Quantized
-from .config import ExperimentConfig
-from .metrics_schema import ITEM_RESULTS, SHORTCUT_TASKS
-from .rollouts import MAX_BEHAVIOUR_TOKENS, Behaviour
-from .tasks import TaskItem, items
-from .tasks.verifiers import VERIFIERS
 
 Adapter = dict[str, np.ndarray]
 # An adapter value an honest node can send: adapters travel as fp16, whose largest finite value this is. Bounding

@@ -19,12 +19,12 @@ from safetensors.numpy import load_file as load_numpy
 from safetensors.numpy import save_file as save_numpy
 from safetensors.torch import load_file, save_file
 
-from .config import ExperimentConfig
-from .config_keys import PLAIN_COMPONENT, is_plain_component
-from .config_sections import MAX_LEARNING_RATE
-from .policy import Policy
-from .tasks import StreamCursor
-from .tasks.splits import MAX_NODES
+from ..config import ExperimentConfig
+from ..config_keys import PLAIN_COMPONENT, is_plain_component
+from ..config_sections import MAX_LEARNING_RATE
+from ..policy import Policy
+from ..tasks import StreamCursor
+from ..tasks.splits import MAX_NODES
 
 STATE_FILE = "node.json"
 ADAPTER_FILE = "adapter.safetensors"

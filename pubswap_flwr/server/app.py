@@ -13,17 +13,18 @@ from flwr.app import Context
 from flwr.serverapp import Grid
 from flwr.supercore.exit import add_exit_handler
 
-from . import preflight, provenance
-from .config import ConfigError, ExperimentConfig
-from .evaluation import evaluate
-from .logs import route_logs_to_flower
+from .. import provenance
+from ..config import ConfigError, ExperimentConfig
+from ..evaluation import evaluate
+from ..logs import route_logs_to_flower
+from ..policy import Policy
+from ..policy.threads import apply_threads
+from ..protocols import run_protocol
+from ..shared import derive_seed, policy_spec, task_universe
+from ..tasks.rewards import parse_rewards
+from . import preflight
 from .metrics import STOPPED, RunRecorder, final_adapters, write_status
-from .policy import Policy
-from .policy.threads import apply_threads
-from .protocols import run_protocol
 from .runner import Runner
-from .shared import derive_seed, policy_spec, task_universe
-from .tasks.rewards import parse_rewards
 
 log = logging.getLogger("pubswap_flwr")
 
@@ -56,7 +57,7 @@ class GlobalEvaluator:
     def save(self, master: dict[str, np.ndarray], directory: Path, tokenizer: bool = False) -> None:
         """adapter_config.json (portable base-model reference) + adapter_model.safetensors, loadable with
         PeftModel.from_pretrained(base, dir); with `tokenizer`, the tokenizer too (export.save_adapter)."""
-        from .export import save_adapter
+        from ..export import save_adapter
 
         self._load(master)
         save_adapter(self.policy, directory, tokenizer=tokenizer)

@@ -8,10 +8,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import metrics_schema as schema
+from .. import metrics_schema as schema
+from ..metrics_schema import WELL_FORMED_WARNING
+from ..wire.counters import ForeignCounts, FormatCounts, UptakeCounts
 from .exchange import ExchangeResult
-from .metrics_schema import WELL_FORMED_WARNING
-from .protocols.counters import ForeignCounts, FormatCounts, UptakeCounts
 
 log = logging.getLogger("pubswap_flwr")
 

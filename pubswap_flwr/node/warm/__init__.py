@@ -5,7 +5,7 @@ imports torch and loads the model each time. With `deploy.warm-worker = true` (t
 deployed node forwards each message to its worker instead and returns the worker's reply:
 
     flwr-clientapp (one per message) ──unix socket, owner-only──▶ worker (one per node)
-                                                                   ├─ python -m pubswap_flwr.warm.worker
+                                                                   ├─ python -m pubswap_flwr.node.warm.worker
                                                                    └─ the same protocol handlers as the per-message path
 
 - `framing.py`: the bytes on the socket (length-prefixed frames: JSON headers, Flower's protobuf for the message

@@ -29,9 +29,9 @@ from typing import Any, Mapping
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
-from .config import ConfigError, ExperimentConfig
-from .tasks.splits import MAX_NODES
-from .validate import MAX_ADAPTER_VALUE
+from ..config import ConfigError, ExperimentConfig
+from ..tasks.splits import MAX_KNOWN_NODES, MAX_NODES
+from ..wire.validate import MAX_ADAPTER_VALUE
 
 log = logging.getLogger("pubswap_flwr")
 
@@ -44,9 +44,6 @@ _OLD_DIR = f".{CHECKPOINT_DIR}.old"  # the previous checkpoint while it is being
 # Keys a resumed run may change: how many rounds in total, the resume flag itself, and where metrics are reported.
 RESUMABLE_CHANGES = {"num-server-rounds", "resume", "output.report-to"}
 ADAPTER_NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")  # a protocol's other adapters: `<name>.safetensors`
-# Flower node ids a checkpoint may list with their indices: every id a node had (Ray gives nodes new ids when a run
-# resumes), so more than MAX_NODES
-MAX_KNOWN_NODES = 10 * MAX_NODES
 
 
 def _is_adapter_name(name: str) -> bool:
@@ -243,7 +240,7 @@ def _short(value: Any) -> str:
 def _check_protocol(cfg: ExperimentConfig, protocol: dict, adapters: dict, nodes: dict[int, int], bad) -> None:
     """The protocol's state restores (a trial restore into a fresh protocol of the saved config), so a checkpoint
     whose state a resumed run would refuse is skipped here, where the previous one can still be used."""
-    from .protocols import protocol_class
+    from ..protocols import protocol_class
 
     try:
         protocol_class(cfg.strategy.mode)(cfg).restore(protocol, adapters, nodes)
@@ -255,7 +252,7 @@ def _load_adapter(directory: Path, state: dict, cfg: ExperimentConfig) -> dict[s
     """The global adapter when the saved config's mode keeps one (asked of the protocol registry), checked against
     the SHA-256 and shapes state.json recorded (checkpoints of older versions recorded none) and for finite
     values."""
-    from .protocols import protocol_class
+    from ..protocols import protocol_class
 
     path, state_path = directory / ADAPTER_FILE, directory / STATE_FILE
     mode = cfg.strategy.mode

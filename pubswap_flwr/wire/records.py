@@ -18,8 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 
 from ..tasks.splits import MAX_NODES
-from ..validate import Rejected, check_eval, number
-from ..wire import (
+from .codecs import (
     ADAPTER_KEY,
     CONFIG_KEY,
     METRICS_KEY,
@@ -35,10 +34,11 @@ from ..wire import (
     record_of,
 )
 from .counters import ForeignCounts, FormatCounts, UptakeCounts
+from .validate import Rejected, check_eval, number
 
 if TYPE_CHECKING:
-    from ..learner import Learner, WorkReport
-    from .base import RoundContext
+    from ..node.learner import Learner, WorkReport
+    from ..protocols.base import RoundContext
 
 log = logging.getLogger("pubswap_flwr")
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from .. import metrics_schema as schema
-from ..validate import number
+from .validate import number
 
 
 @dataclass(frozen=True)

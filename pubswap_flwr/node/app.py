@@ -16,9 +16,9 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 from flwr.supercore.task_identity import TaskIdentity
 
+from ..config import ExperimentConfig
+from ..protocols import catalog
 from . import warm
-from .config import ExperimentConfig
-from .protocols import catalog
 
 log = logging.getLogger("pubswap_flwr")
 
@@ -32,7 +32,7 @@ def is_simulated(node_config: dict) -> bool:
 
 @functools.cache
 def in_process_app() -> ClientApp:
-    from .protocols import register_client_handlers  # torch and transformers: only when a message runs here
+    from ..protocols import register_client_handlers  # torch and transformers: only when a message runs here
 
     return register_client_handlers(ClientApp())
 

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .config import ExperimentConfig
+from ..config import ExperimentConfig
 
 log = logging.getLogger("pubswap_flwr")
 
@@ -264,7 +264,7 @@ def parse_metrics(text: str, path: Path) -> list[dict]:
 def read_metrics(run_dir: str | Path) -> list[dict]:
     """The run's metrics.jsonl rows: a regular file (never a link or FIFO), each row checked (check_row).
     UntrustedFileError or MetricsError (both ValueError) name the file."""
-    from .untrusted import read_text
+    from ..untrusted import read_text
 
     path = Path(run_dir) / METRICS_FILE
     return parse_metrics(read_text(path), path)
@@ -273,7 +273,7 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
 def read_eval_items(run_dir: str | Path) -> list[dict]:
     """eval_items.jsonl's rows ([] for a run made before the file existed): a regular file (never a link or FIFO);
     ValueError names the file and line."""
-    from .untrusted import is_present, read_text
+    from ..untrusted import is_present, read_text
 
     path = Path(run_dir) / EVAL_ITEMS_FILE
     if not is_present(path):

@@ -14,15 +14,13 @@ from typing import Sequence
 
 import torch
 
-from .config import ExperimentConfig
-from .node_state import NodeIdentity, NodeState, NodeStore
-from .policy import Policy, cached_policy
-from .policy.behaviour import accept_behaviour
-from .policy.threads import apply_threads
-from .protocols.counters import ForeignCounts, UptakeCounts
-from .rollouts import Behaviour, Completion, RolloutGroup
-from .shared import derive_seed, policy_spec, resolve_data_path, task_universe
-from .tasks import (
+from ..config import ExperimentConfig
+from ..policy import Policy, cached_policy
+from ..policy.behaviour import accept_behaviour
+from ..policy.threads import apply_threads
+from ..rollouts import Behaviour, Completion, RolloutGroup
+from ..shared import derive_seed, policy_spec, resolve_data_path, task_universe
+from ..tasks import (
     ItemListStream,
     MixtureStream,
     TaskItem,
@@ -33,9 +31,11 @@ from .tasks import (
     score_completion,
     training_reward,
 )
-from .tasks.items import max_question_chars
-from .tasks.rewards import check_rewards, parse_rewards
-from .tasks.verifiers import completion_shape
+from ..tasks.items import max_question_chars
+from ..tasks.rewards import check_rewards, parse_rewards
+from ..tasks.verifiers import completion_shape
+from ..wire.counters import ForeignCounts, UptakeCounts
+from .state import NodeIdentity, NodeState, NodeStore
 
 log = logging.getLogger(__name__)
 

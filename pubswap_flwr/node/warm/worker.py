@@ -1,7 +1,7 @@
 """A node's warm worker process: serves its node's messages, one at a time, with the same in-process handlers the
 per-message path runs, so the model stays loaded (`policy.cached_policy`) between messages.
 
-    python -m pubswap_flwr.warm.worker --socket DIR/KEY.sock --watch-pid PID --idle-timeout SECONDS
+    python -m pubswap_flwr.node.warm.worker --socket DIR/KEY.sock --watch-pid PID --idle-timeout SECONDS
 
 Started by `client.connect` (never by hand). It binds its socket first (0600, in the owner-only directory), writes
 its pid file, then imports torch and the protocols, then takes connections. It exits, removing its socket and pid
@@ -32,7 +32,7 @@ from flwr.supercore.task_identity import TaskIdentity
 from .client import check_private_dir
 from .framing import PROTOCOL, FrameError, recv_context, recv_json, recv_message, send_json, send_message
 
-log = logging.getLogger("pubswap_flwr.warm")
+log = logging.getLogger("pubswap_flwr.node.warm")
 POLL_SECONDS = 1.0  # how often an idle worker checks its watch pid and idle deadline
 # A ClientApp sends its whole request as soon as the worker takes the connection, and reads the reply as soon as it
 # comes, over a local socket; a peer that has not done either within this is gone or hostile
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     os.replace(tmp, pid_file)
     try:
         started = time.perf_counter()
-        from ..protocols import register_client_handlers  # torch, transformers: after the socket is up
+        from ...protocols import register_client_handlers  # torch, transformers: after the socket is up
 
         app = register_client_handlers(ClientApp())
         log.info("worker %d serving %s (watch pid %d), ready in %.1f s", os.getpid(), args.socket, args.watch_pid,

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
-from . import metrics_schema as schema
-from .config import ConfigError, ExperimentConfig
-from .config_sections import REPORT_TO
+from .. import metrics_schema as schema
+from ..config import ConfigError, ExperimentConfig
+from ..config_sections import REPORT_TO
 
 log = logging.getLogger("pubswap_flwr")
 

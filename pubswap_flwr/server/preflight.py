@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from ..config import ConfigError, ExperimentConfig, flatten, load_toml, parse_overrides
 from . import checkpoint, trackers
 from .checkpoint import CheckpointError
-from .config import ConfigError, ExperimentConfig, flatten, load_toml, parse_overrides
 from .metrics import RunExistsError, read_status, refuse_existing_run
 
 log = logging.getLogger(__name__)
@@ -101,8 +101,8 @@ def already_finished(cfg: ExperimentConfig, run_dir: Path, saved: checkpoint.Ser
 def check_rewards(cfg: ExperimentConfig) -> None:
     """Import every tasks.rewards function (ConfigError naming the key and what was wrong), and warn about a task
     named there that none of the run's mixes lists (it may still be a task of a node's data file)."""
-    from .tasks.rewards import REWARDS_KEY, RewardError, load_reward, parse_rewards
-    from .tasks.specs import mix_task_names
+    from ..tasks.rewards import REWARDS_KEY, RewardError, load_reward, parse_rewards
+    from ..tasks.specs import mix_task_names
 
     table = parse_rewards(cfg.tasks.rewards)
     try:

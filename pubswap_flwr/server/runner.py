@@ -2,7 +2,7 @@
 adapters saved in PEFT format, and a checkpoint after every round (resume continues from it).
 
 The loop is ours rather than Flower's `Strategy.start`: a PubSwap round holds several exchanges and SAPO keeps no
-global model, so no mode fits Flower's one-train-one-evaluate round; Flower stays behind the Grid (exchange.py).
+global model, so no mode fits Flower's one-train-one-evaluate round; Flower stays behind the Grid (server/exchange.py).
 """
 
 from __future__ import annotations
@@ -13,16 +13,16 @@ import time
 import numpy as np
 from flwr.serverapp import Grid
 
+from .. import metrics_schema as schema
+from ..config import ExperimentConfig
+from ..export import run_summary, write_card
+from ..protocols import ServerProtocol
+from ..protocols.base import RoundContext
+from ..protocols.transfer import DOWNLINK
+from ..wire.records import Adapter
 from . import checkpoint, trackers
-from . import metrics_schema as schema
-from .config import ExperimentConfig
 from .exchange import Exchange
-from .export import run_summary, write_card
 from .metrics import RunRecorder, json_safe
-from .protocols import ServerProtocol
-from .protocols.base import RoundContext
-from .protocols.records import Adapter
-from .protocols.transfer import DOWNLINK
 from .roundlog import RoundLog
 
 log = logging.getLogger("pubswap_flwr")

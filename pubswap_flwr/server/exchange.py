@@ -27,11 +27,11 @@ from typing import TYPE_CHECKING, Callable, Generic, Iterable, Protocol, TypeVar
 from flwr.app import ConfigRecord, Message
 from flwr.serverapp import Grid
 
-from .validate import Rejected
-from .wire import CONFIG_KEY, NODE_ROUND_KEY, NODE_ROUNDS_KEY, config_int, record_bytes
+from ..wire.codecs import CONFIG_KEY, NODE_ROUND_KEY, NODE_ROUNDS_KEY, config_int, record_bytes
+from ..wire.validate import Rejected
 
 if TYPE_CHECKING:
-    from .protocols.records import ClientReport
+    from ..wire.records import ClientReport
 
 log = logging.getLogger("pubswap_flwr")
 client_log = logging.getLogger("pubswap_flwr.clients")  # a line per client reply, shown with --verbose

@@ -33,7 +33,7 @@ from typing import Iterator
 
 from flwr.app import Context, Message
 
-from ..untrusted import NotOwnedError, check_owned_dir
+from ...untrusted import NotOwnedError, check_owned_dir
 from .framing import PROTOCOL, ConnectionClosed, recv_json, recv_message, send_context, send_json, send_message
 
 log = logging.getLogger("pubswap_flwr")
@@ -42,7 +42,7 @@ RUNTIME_DIR_ENV = "PUBSWAP_WORKER_DIR"
 START_TIMEOUT = 600.0  # seconds a new worker may take to serve its first connection (imports, model load)
 SOCKET_PATH_MAX = 100  # sun_path holds 104 (macOS) to 108 (Linux) bytes with its terminating NUL
 CODE_DIR = Path(__file__).resolve().parents[2]  # the directory holding this pubswap_flwr package (a FAB or checkout)
-WORKER_MODULE = "pubswap_flwr.warm.worker"
+WORKER_MODULE = "pubswap_flwr.node.warm.worker"
 
 
 class WorkerError(RuntimeError):
