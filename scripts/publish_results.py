@@ -109,7 +109,7 @@ def _outcomes(path: Path, root: Path, sweep) -> list[dict]:
         if not isinstance(entry, dict):
             raise PublishError(f"{where} is not an object")
         arm, seed = entry.get("arm"), entry.get("seed")
-        if arm not in arms:
+        if not isinstance(arm, str) or arm not in arms:  # a list or an object would not even hash
             raise PublishError(f"{where}: arm {str(arm)[:80]!r} is not an arm of {sweep.source}")
         if isinstance(seed, bool) or seed not in sweep.seeds:
             raise PublishError(f"{where}: seed {str(seed)[:40]!r} is not a seed of {sweep.source}")

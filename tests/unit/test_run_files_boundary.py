@@ -310,7 +310,7 @@ def test_publish_refuses_links(tmp_path, name):
     assert not docs.exists()
 
 
-@pytest.mark.parametrize("break_it", ["outcomes", "metrics", "adapter", "seed"])
+@pytest.mark.parametrize("break_it", ["outcomes", "metrics", "adapter", "seed", "arm-list"])
 def test_publish_checks_everything_before_replacing_a_publication(tmp_path, break_it):
     script = _script()
     sweep, results = _finished_sweep(tmp_path)
@@ -326,9 +326,9 @@ def test_publish_checks_everything_before_replacing_a_publication(tmp_path, brea
         (run / "adapters" / "final").mkdir(parents=True)
         (run / "adapters" / "final" / "adapter_config.json").write_text("{}")
         (run / "adapters" / "final" / "adapter_model.safetensors").write_bytes(b"\x00" * 5)
-    else:
+    else:  # a seed out of range, or an arm that is a list (it raised TypeError: found by test_file_properties)
         outcomes = _outcomes(results)
-        outcomes[-1]["seed"] = 10 ** 30
+        outcomes[-1].update({"seed": 10 ** 30} if break_it == "seed" else {"arm": ["fedavg"]})
         (results / "mini-sweep" / "outcomes.json").write_text(json.dumps(outcomes))
     with pytest.raises(script.PublishError):
         script.publish(sweep, results, docs=docs, force=True)

@@ -149,3 +149,10 @@ def test_a_handler_that_raises_in_the_worker_is_relayed_as_an_error(task_identit
         assert framing.recv_json(left)["worker"] == framing.PROTOCOL
         answer = framing.recv_json(left)
         assert answer["ok"] is False and "ValueError: no such task" in answer["error"]
+
+
+def test_the_worker_is_started_with_the_folder_that_holds_the_package_on_its_path():
+    # the worker runs `python -m pubswap_flwr.node.warm.worker` with CODE_DIR on PYTHONPATH: it must be the folder
+    # holding pubswap_flwr/ (a checkout or an app bundle), wherever the warm client module sits in the package
+    assert (client.CODE_DIR / "pubswap_flwr" / "node" / "warm" / "worker.py").is_file()
+    assert client.WORKER_MODULE == "pubswap_flwr.node.warm.worker"

@@ -41,7 +41,7 @@ log = logging.getLogger("pubswap_flwr")
 RUNTIME_DIR_ENV = "PUBSWAP_WORKER_DIR"
 START_TIMEOUT = 600.0  # seconds a new worker may take to serve its first connection (imports, model load)
 SOCKET_PATH_MAX = 100  # sun_path holds 104 (macOS) to 108 (Linux) bytes with its terminating NUL
-CODE_DIR = Path(__file__).resolve().parents[2]  # the directory holding this pubswap_flwr package (a FAB or checkout)
+CODE_DIR = Path(__file__).resolve().parents[3]  # the directory holding this pubswap_flwr package (a FAB or checkout)
 WORKER_MODULE = "pubswap_flwr.node.warm.worker"
 
 
