@@ -47,6 +47,13 @@ def with_loaders(count: int, pytest_args: list[str], log: Path | None) -> tuple[
             loader.wait()
 
 
+def minutes_and_seconds(seconds: float) -> str:
+    """`seconds` as "M min SS s" (whole minutes: before 2026-12-03 the minutes were rounded, so 651 s read as
+    "11 min 51 s")."""
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes} min {rest:02d} s"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     extra = argv[argv.index("--") + 1:] if "--" in argv else None
@@ -70,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         results[arm] = seconds
         failed |= code != 0
         label = arm if arm == "idle" else f"beside {args.loaders} loaders"
-        print(f"{label}: {seconds / 60:.0f} min {seconds % 60:02.0f} s (exit {code}): {summary}", flush=True)
+        print(f"{label}: {minutes_and_seconds(seconds)} (exit {code}): {summary}", flush=True)
     if len(results) == 2:
         print(f"loaded / idle: {results['loaded'] / results['idle']:.2f}x")
     print("goals: <= 3 min idle, <= 6 min beside two loaders")
