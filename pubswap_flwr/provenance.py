@@ -77,7 +77,7 @@ def collect() -> dict[str, Any]:
     """This process's provenance (what `write` records)."""
     package_dir = Path(__file__).resolve().parent
     root = package_dir.parent
-    from .policy.model import _editable_source_dir
+    from .policy.data import _editable_source_dir
 
     install = _editable_source_dir()
     code = git_state(root)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from .config import ExperimentConfig
 from .policy import GenerationSettings, GRPOSettings, LoraSettings, PolicySpec
-from .policy.model import ModelError, data_dir
+from .policy.data import ModelError, data_dir
 from .tasks import HeldOutSet, PublicSet, load_items, parse_custom_tasks, parse_mix
 from .tasks.items import max_question_chars
 from .tasks.splits import question_key

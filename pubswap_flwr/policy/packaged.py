@@ -157,7 +157,7 @@ def load_from_gguf(path: Path, dtype=None):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .model import quiet_transformers
+    from .data import quiet_transformers
 
     quiet_transformers()
     model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype or torch.float32)
@@ -206,7 +206,7 @@ def merge_adapter(model: PackagedModel, base_folder: str, target: Path) -> None:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .model import data_dir, quiet_transformers
+    from .data import data_dir, quiet_transformers
 
     adapter = data_dir() / "models" / str(model.adapter)
     if not (adapter / "adapter_config.json").is_file():

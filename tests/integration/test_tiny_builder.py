@@ -36,7 +36,7 @@ def test_builder_writes_a_loadable_model_with_its_build_record(tmp_path):
 
 
 def test_shipped_models_record_partial_accuracy():
-    from pubswap_flwr.policy.model import data_dir
+    from pubswap_flwr.policy.data import data_dir
 
     for name, low in (("tiny", 0.2), ("tiny-b", 0.1)):
         info = json.loads((data_dir() / "models" / name / "build.json").read_text())

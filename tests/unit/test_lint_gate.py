@@ -158,3 +158,30 @@ def test_the_project_mypy_settings_fail_type_errors(tmp_path, source, code):
     result = _mypy(tmp_path, source)
     assert result.returncode == 1
     assert f"[{code}]" in result.stdout, result.stdout + result.stderr
+
+
+def _import_cycles(package: str) -> set[tuple[str, str]]:
+    """Pairs of modules of `package` that import each other, directly or through others, at run time (imports
+    inside functions count, `if TYPE_CHECKING:` ones do not, as in the import contracts)."""
+    import grimp
+
+    graph = grimp.build_graph(package, include_external_packages=False, exclude_type_checking_imports=True)
+    return {tuple(sorted((a, b))) for a in graph.modules for b in graph.find_modules_directly_imported_by(a)
+            if graph.chain_exists(importer=b, imported=a)}
+
+
+def test_no_two_modules_of_the_package_import_each_other():
+    # issue #38: 0 circles (the last, policy.model <-> policy.packaged, went with policy/data.py)
+    assert _import_cycles("pubswap_flwr") == set()
+
+
+def test_the_cycle_check_finds_a_cycle_through_a_function_level_import(tmp_path, monkeypatch):
+    package = tmp_path / "cyclic_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("from . import b\n")
+    (package / "b.py").write_text("def f():\n    from . import c\n")
+    (package / "c.py").write_text("from .a import b\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert _import_cycles("cyclic_pkg") == {("cyclic_pkg.a", "cyclic_pkg.b"), ("cyclic_pkg.b", "cyclic_pkg.c"),
+                                            ("cyclic_pkg.a", "cyclic_pkg.c")}

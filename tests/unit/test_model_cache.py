@@ -12,7 +12,8 @@ from types import SimpleNamespace
 import pytest
 
 from pubswap_flwr.policy import packaged
-from pubswap_flwr.policy.model import ModelError, data_dir, load_causal_lm, resolve_model
+from pubswap_flwr.policy.data import ModelError, data_dir
+from pubswap_flwr.policy.model import load_causal_lm, resolve_model
 
 NAME = "smollm2-135m-instruct"
 
