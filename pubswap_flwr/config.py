@@ -47,7 +47,7 @@ from .protocols import catalog
 
 def _run_name(key: str, value: Any) -> None:
     """The server's run name names each node's state folder too: every node refuses one that is not a plain path
-    component (node_state.safe_component), so the server refuses it first."""
+    component (node/state.py:safe_component), so the server refuses it first."""
     if value != "" and not is_plain_component(value):
         raise ConfigError(f"{key} {value!r} is not {PLAIN_COMPONENT}")
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.numpy import load_file as load_numpy
 from safetensors.numpy import save_file as save_numpy
 from safetensors.torch import load_file, save_file
@@ -190,18 +190,25 @@ class NodeStore:
         moments, groups = policy.learner.optimizer_tensors()
         save_file(moments, str(tmp), metadata={OPTIMIZER_GROUPS: groups})
         os.replace(tmp, self.directory / OPTIMIZER_FILE)
+        (self.directory / OLD_OPTIMIZER_FILE).unlink(missing_ok=True)  # never read beside the new file again
         tmp = self.directory / f".{STATE_FILE}.tmp"
         tmp.write_text(json.dumps(state.to_dict()))
         os.replace(tmp, self.directory / STATE_FILE)
 
     @staticmethod
     def _load_optimizer(policy: Policy, path: Path) -> None:
-        with safe_open(str(path), framework="pt") as file:
-            groups = (file.metadata() or {}).get(OPTIMIZER_GROUPS)
-            moments = {name: file.get_tensor(name) for name in file.keys()}
+        try:
+            with safe_open(str(path), framework="pt") as file:
+                groups = (file.metadata() or {}).get(OPTIMIZER_GROUPS)
+                moments = {name: file.get_tensor(name) for name in file.keys()}
+        except SafetensorError as err:
+            raise ValueError(f"{path} is not a safetensors file ({err})") from None
         if groups is None:
             raise ValueError(f"{path} has no {OPTIMIZER_GROUPS} metadata: not an optimizer state this code wrote")
-        policy.learner.load_optimizer_tensors(moments, groups)
+        try:
+            policy.learner.load_optimizer_tensors(moments, groups)
+        except ValueError as err:  # json.JSONDecodeError is one too
+            raise ValueError(f"{path}: {err}") from None
 
     def save_reference(self, reference: dict[str, torch.Tensor]) -> None:
         tmp = self.directory / f".{REFERENCE_FILE}.tmp"
@@ -232,6 +239,13 @@ class NodeStore:
         for name in FILES:
             if (snapshot / name).is_file():
                 shutil.copy2(snapshot / name, self.directory / name)
+        # a snapshot from before the safetensors moments holds optimizer.pt: it, not the moments saved mid-round,
+        # is the round's start
+        for name in (OPTIMIZER_FILE, OLD_OPTIMIZER_FILE):
+            if (snapshot / name).is_file():
+                shutil.copy2(snapshot / name, self.directory / name)
+            elif (self.directory / name).is_file():
+                (self.directory / name).unlink()
         for name in OPTIONAL_FILES:
             if (snapshot / name).is_file():
                 shutil.copy2(snapshot / name, self.directory / name)

@@ -52,6 +52,9 @@ from .sampling import GenerationSettings
 SCALE_REWARDS = ("group", "batch", "none")
 
 
+ADAM_MOMENTS = frozenset({"step", "exp_avg", "exp_avg_sq"})  # what AdamW keeps per parameter
+
+
 @dataclass(frozen=True)
 class GRPOSettings:
     learning_rate: float = 1e-3
@@ -211,7 +214,7 @@ class GRPOLearner:
             for name, value in moments.items():
                 if not isinstance(value, torch.Tensor):
                     raise TypeError(f"optimizer state {index}.{name} is a {type(value).__name__}, not a tensor")
-                tensors[f"{index}.{name}"] = value
+                tensors[f"{index}.{name}"] = value.contiguous()  # safetensors writes contiguous tensors only
         return tensors, json.dumps(saved["param_groups"])
 
     def load_optimizer_tensors(self, tensors: dict[str, torch.Tensor], groups_json: str) -> None:
@@ -225,11 +228,17 @@ class GRPOLearner:
             state.setdefault(int(index), {})[name] = value
         parameters = list(self.params.values())
         for position, moments in state.items():
+            if not ADAM_MOMENTS <= set(moments) <= ADAM_MOMENTS | {"max_exp_avg_sq"}:
+                raise ValueError(f"optimizer state {position} holds {sorted(moments)}, not AdamW's "
+                                 f"{sorted(ADAM_MOMENTS)}")
             for name, value in moments.items():
-                if value.dim() and value.shape != parameters[position].shape:
-                    raise ValueError(f"optimizer state {position}.{name} has shape {tuple(value.shape)}, its "
-                                     f"parameter {tuple(parameters[position].shape)}")
+                shape = () if name == "step" else parameters[position].shape
+                if value.shape != shape:
+                    raise ValueError(f"optimizer state {position}.{name} has shape {tuple(value.shape)}, not "
+                                     f"{tuple(shape)}")
         groups = json.loads(groups_json)
+        if not isinstance(groups, list) or not all(isinstance(group, dict) for group in groups):
+            raise ValueError("optimizer parameter groups must be a list of objects")
         for group in groups:
             if isinstance(group.get("betas"), list):
                 group["betas"] = tuple(group["betas"])  # JSON has no tuples; AdamW's state_dict keeps one

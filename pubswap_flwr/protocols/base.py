@@ -9,7 +9,9 @@ from typing import TYPE_CHECKING, ClassVar
 
 from .. import metrics_schema as schema
 from ..config import ExperimentConfig
+from ..config_sections import StrategyConfig, TasksConfig, TrainConfig
 from ..wire.records import Adapter, Header
+from ..wire.validate import Limits
 
 if TYPE_CHECKING:
     from ..server.exchange import Exchange
@@ -34,17 +36,40 @@ class RoundContext:
         return Header(self.number, self.run_name, self.run_dir, round_start)
 
 
+@dataclass(frozen=True)
+class RunSettings:
+    """What every protocol's server side reads of the run, handed to its constructor: the seed, the number of
+    rounds, the run-wide sections it acts on, and the limits of what a reply may hold."""
+
+    seed: int
+    rounds: int
+    train: TrainConfig
+    strategy: StrategyConfig
+    tasks: TasksConfig
+    limits: Limits
+
+    @classmethod
+    def of(cls, cfg: ExperimentConfig) -> "RunSettings":
+        return cls(cfg.seed, cfg.num_server_rounds, cfg.train, cfg.strategy, cfg.tasks, Limits.of(cfg))
+
+
 class ServerProtocol:
-    """A mode's server side. Subclasses set the class attributes and implement `run_round`."""
+    """A mode's server side. Subclasses set the class attributes and implement `run_round`; their parameters come
+    through the constructor (`from_config` reads them from a run's config once: the run-wide RunSettings, and a
+    mode with its own section adds that section)."""
 
     holds_global_adapter: ClassVar[bool] = True  # the server keeps, evaluates and saves a global adapter
     per_node_models: ClassVar[bool] = False  # nodes may run different models
     reward_field: ClassVar[str] = schema.TRAIN_REWARD  # the client field the round's train_reward averages
 
-    def __init__(self, cfg: ExperimentConfig, public=None):
-        self.cfg = cfg
-        self.public = public
+    def __init__(self, settings: RunSettings, public=None):
+        self.settings = settings
+        self.public = public  # the public set (PubSwap's public prompts), from shared.task_universe
         self.master: Adapter | None = None  # fp32 global adapter when holds_global_adapter
+
+    @classmethod
+    def from_config(cls, cfg: ExperimentConfig, public=None) -> "ServerProtocol":
+        return cls(RunSettings.of(cfg), public)
 
     @staticmethod
     def proximal_mu(cfg: ExperimentConfig) -> float:

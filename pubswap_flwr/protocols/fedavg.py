@@ -31,7 +31,7 @@ from ..wire.records import (
     reply_records,
 )
 from ..wire.validate import Rejected, check_adapter, check_weight
-from .base import RoundContext, ServerProtocol, log
+from .base import RoundContext, RunSettings, ServerProtocol, log
 from .optimizers import ServerOptimizer, norm
 from .optimizers import build as build_optimizer
 from .serving import ClientWork
@@ -104,7 +104,7 @@ def checked_adapter(content: RecordDict, reference: Adapter, codec: Codec | None
 
 
 # -- server --------------------------------------------------------------------------------------------------------
-def aggregate_adapters(ctx: RoundContext, cfg: ExperimentConfig, master: Adapter, adapters: dict[int, Adapter],
+def aggregate_adapters(ctx: RoundContext, settings: RunSettings, master: Adapter, adapters: dict[int, Adapter],
                        expected: dict[int, float], base: Adapter | None = None,
                        optimizer: ServerOptimizer | None = None) -> Adapter:
     """The new global adapter from the round's valid adapters, each weighted by the examples its client reported
@@ -122,7 +122,7 @@ def aggregate_adapters(ctx: RoundContext, cfg: ExperimentConfig, master: Adapter
         except Rejected as err:
             ctx.log.drop(node, f"rejected reply: {err}")
             valid.pop(node, None)
-    s = cfg.strategy
+    s = settings.strategy
     if len(valid) < s.min_clients:
         ctx.log.extra["aggregated"] = False
         log.warning("round %d: %d valid adapters (< strategy.min-clients = %d): global adapter kept",
@@ -136,7 +136,8 @@ def aggregate_adapters(ctx: RoundContext, cfg: ExperimentConfig, master: Adapter
             chosen = clip_to_median(ctx, list(valid), chosen, reference, s.median_clip)
         master = aggregate(chosen, [w for _, w in valid.values()], method=s.aggregation,
                            trim_fraction=s.trim_fraction, reference=reference, clip_norm=s.clip_norm,
-                           noise_multiplier=s.dp_noise_multiplier, rng=np.random.default_rng([cfg.seed, ctx.number]))
+                           noise_multiplier=s.dp_noise_multiplier,
+                           rng=np.random.default_rng([settings.seed, ctx.number]))
         if optimizer is not None:
             master = server_step(ctx, optimizer, reference, master)
         ctx.log.extra["aggregated"] = True
@@ -163,10 +164,10 @@ def averaging_state(broadcast, optimizer: ServerOptimizer) -> tuple[dict, dict[s
     return {**state, **optimizer.state()}, {**adapters, **optimizer.saved_arrays()}
 
 
-def restore_averaging(cfg: ExperimentConfig, broadcast, optimizer: ServerOptimizer, state: dict,
+def restore_averaging(rounds: int, broadcast, optimizer: ServerOptimizer, state: dict,
                       adapters: dict[str, Adapter]) -> None:
     restore_downlink(broadcast, state, adapters)
-    optimizer.restore(state, adapters, cfg.num_server_rounds)
+    optimizer.restore(state, adapters, rounds)
 
 
 def claim_robustness(ctx: RoundContext, method: str, adapters: list[Adapter], reference: Adapter) -> None:
@@ -196,13 +197,13 @@ def clip_to_median(ctx: RoundContext, nodes: list[int], adapters: list[Adapter],
 
 
 class FedAvgProtocol(ServerProtocol):
-    def __init__(self, cfg: ExperimentConfig, public=None):
-        super().__init__(cfg, public)
-        self.broadcast = broadcast_of(cfg)
-        self.optimizer = build_optimizer(cfg.strategy)
+    def __init__(self, settings: RunSettings, public=None):
+        super().__init__(settings, public)
+        self.broadcast = broadcast_of(settings.strategy)
+        self.optimizer = build_optimizer(settings.strategy)
 
     def describe(self) -> str:
-        return " ".join(filter(None, [f"tau={self.cfg.train.local_steps}", self.optimizer.describe()]))
+        return " ".join(filter(None, [f"tau={self.settings.train.local_steps}", self.optimizer.describe()]))
 
     def state(self) -> dict:
         return averaging_state(self.broadcast, self.optimizer)[0]
@@ -212,7 +213,7 @@ class FedAvgProtocol(ServerProtocol):
 
     def restore(self, state: dict, adapters: dict[str, Adapter] | None = None,
                 nodes: dict[int, int] | None = None) -> None:
-        restore_averaging(self.cfg, self.broadcast, self.optimizer, state, adapters or {})
+        restore_averaging(self.settings.rounds, self.broadcast, self.optimizer, state, adapters or {})
 
     def run_round(self, ctx: RoundContext) -> None:
         """The global to every selected node (with compression: as a quantized delta to nodes holding the last one),
@@ -223,15 +224,15 @@ class FedAvgProtocol(ServerProtocol):
         messages = []
         for node in nodes:
             whole, downlink = global_for(self.broadcast, sent, node)
-            messages.append(LocalRound(ctx.header(round_start=True), whole, self.cfg.train.local_steps,
+            messages.append(LocalRound(ctx.header(round_start=True), whole, self.settings.train.local_steps,
                                        downlink).to_message(node))
         result = ctx.exchange.send(messages, lambda node, reply: AdapterReply.from_message(reply, sent, codec))
         if self.broadcast is not None:
             self.broadcast.confirm(result.replies)
         ctx.log.absorb(result)
-        t = self.cfg.train
+        t = self.settings.train
         expected = {n: float(t.local_steps * t.prompts_per_step * t.completions_per_prompt) for n in nodes}
-        self.master = aggregate_adapters(ctx, self.cfg, self.master,
+        self.master = aggregate_adapters(ctx, self.settings, self.master,
                                          {n: decoded(r.adapter) for n, r in result.replies.items()}, expected,
                                          base=sent, optimizer=self.optimizer)
 
@@ -244,7 +245,7 @@ class FedProxProtocol(FedAvgProtocol):
         return cfg.strategy.proximal_mu
 
     def describe(self) -> str:
-        return f"{super().describe()} mu={self.cfg.strategy.proximal_mu}"
+        return f"{super().describe()} mu={self.settings.strategy.proximal_mu}"
 
 
 # -- client --------------------------------------------------------------------------------------------------------

@@ -47,12 +47,12 @@ class LocalProtocol(ServerProtocol):
     per_node_models = True  # nothing is averaged, so nodes may run different models
 
     def describe(self) -> str:
-        return f"tau={self.cfg.train.local_steps} (nodes train alone)"
+        return f"tau={self.settings.train.local_steps} (nodes train alone)"
 
     def run_round(self, ctx: RoundContext) -> None:
         """tau private steps on every selected node's own adapter; their own evaluations recorded when asked."""
         nodes = ctx.exchange.select(ctx.number)
-        messages = [TrainAlone(ctx.header(round_start=True), self.cfg.train.local_steps, ctx.evaluate, ctx.final,
+        messages = [TrainAlone(ctx.header(round_start=True), self.settings.train.local_steps, ctx.evaluate, ctx.final,
                                ctx.number == 1).to_message(node) for node in nodes]
         result = ctx.exchange.send(messages, lambda node, reply: OwnAdapterReply.from_message(reply))
         ctx.log.absorb(result)

@@ -35,8 +35,8 @@ from ..tasks.rewards import parse_rewards
 from ..tasks.verifiers import completion_shape
 from ..wire.counters import UptakeCounts
 from ..wire.records import Adapter
-from ..wire.validate import Limits
-from .base import RoundContext, ServerProtocol, record_scoring
+from .base import RoundContext, RunSettings, ServerProtocol, record_scoring
+from .catalog import PubSwapConfig
 from .fedavg import aggregate_adapters, averaging_state, restore_averaging
 from .optimizers import build as build_optimizer
 from .pubswap_messages import DonorChoice, Scored, Segment, SegmentReply, SwapEntry, fit_behaviours
@@ -49,25 +49,30 @@ log = logging.getLogger("pubswap_flwr")
 
 # -- server --------------------------------------------------------------------------------------------------------
 class PubSwapProtocol(ServerProtocol):
-    def __init__(self, cfg: ExperimentConfig, public=None):
-        super().__init__(cfg, public)
-        self.broadcast = broadcast_of(cfg)
-        self.optimizer = build_optimizer(cfg.strategy)
+    def __init__(self, settings: RunSettings, pubswap: PubSwapConfig, public=None):
+        super().__init__(settings, public)
+        self.pubswap = pubswap
+        self.broadcast = broadcast_of(settings.strategy)
+        self.optimizer = build_optimizer(settings.strategy)
         self.public_cursor = 0
-        self.limits = Limits.of(cfg)
+        self.limits = settings.limits
         self.last_disagreement: float | None = None  # schedule = adaptive: the signal for the next round
+
+    @classmethod
+    def from_config(cls, cfg: ExperimentConfig, public=None) -> "PubSwapProtocol":
+        return cls(RunSettings.of(cfg), cfg.pubswap, public)
 
     @staticmethod
     def proximal_mu(cfg: ExperimentConfig) -> float:
         return cfg.strategy.proximal_mu if cfg.pubswap.base == "fedprox" else 0.0
 
     def describe(self) -> str:
-        p = self.cfg.pubswap
+        p = self.pubswap
         extra = "".join(f" {key}={value}" for key, value, default in (
             ("donor", p.donor, "uniform"), ("schedule", p.schedule, "fixed"),
-            ("foreign-correction", self.cfg.train.foreign_correction, "none")) if value != default)
+            ("foreign-correction", self.settings.train.foreign_correction, "none")) if value != default)
         optimizer = self.optimizer.describe()
-        return (f"swap={p.swap} tau={self.cfg.train.local_steps} tau-swap={p.tau_swap} "
+        return (f"swap={p.swap} tau={self.settings.train.local_steps} tau-swap={p.tau_swap} "
                 f"public-prompts={p.public_prompts} base={p.base}{extra}" + (f" {optimizer}" if optimizer else ""))
 
     def state(self) -> dict:
@@ -82,22 +87,22 @@ class PubSwapProtocol(ServerProtocol):
     def restore(self, state: dict, adapters: dict[str, Adapter] | None = None,
                 nodes: dict[int, int] | None = None) -> None:
         cursor = state.get("public_cursor", 0)
-        t = self.cfg.train  # a round has at most tau public steps of public-prompts prompts each
-        most = self.cfg.num_server_rounds * t.local_steps * self.cfg.pubswap.public_prompts
+        t = self.settings.train  # a round has at most tau public steps of public-prompts prompts each
+        most = self.settings.rounds * t.local_steps * self.pubswap.public_prompts
         if isinstance(cursor, bool) or not isinstance(cursor, int) or not 0 <= cursor <= most:
             raise ValueError(f"public_cursor must be an integer in [0, {most}] (rounds x tau x public prompts), got "
                              f"{str(cursor)[:40]}")
         last = state.get("last_disagreement")
         if last is not None and (isinstance(last, bool) or not isinstance(last, (int, float)) or not 0 <= last <= 1):
             raise ValueError(f"last_disagreement must be a number in [0, 1], got {str(last)[:40]}")
-        restore_averaging(self.cfg, self.broadcast, self.optimizer, state, adapters or {})
+        restore_averaging(self.settings.rounds, self.broadcast, self.optimizer, state, adapters or {})
         self.public_cursor = cursor
         self.last_disagreement = None if last is None else float(last)
 
     def public_step_positions(self) -> list[int]:
         """This round's public steps: every tau-swap-th (fixed), or as many as the last round's policy
         disagreement asks for, spread evenly (adaptive; round 1 has no signal and uses the fixed count)."""
-        p, tau = self.cfg.pubswap, self.cfg.train.local_steps
+        p, tau = self.pubswap, self.settings.train.local_steps
         fixed = fixed_positions(tau, p.tau_swap)
         if p.schedule == "fixed":
             return fixed
@@ -112,19 +117,19 @@ class PubSwapProtocol(ServerProtocol):
         """The next prompts of the public set, in a fresh seeded order each pass over it."""
         items = self.public.items
         uids = []
-        for _ in range(self.cfg.pubswap.public_prompts):
+        for _ in range(self.pubswap.public_prompts):
             epoch, pos = divmod(self.public_cursor, len(items))
             order = list(range(len(items)))
-            random.Random(f"{self.cfg.seed}:public:{epoch}").shuffle(order)
+            random.Random(f"{self.settings.seed}:public:{epoch}").shuffle(order)
             uids.append(items[order[pos]].uid)
             self.public_cursor += 1
         return uids
 
     def run_round(self, ctx: RoundContext) -> None:
         assert self.master is not None and self.public is not None
-        k = self.cfg.train.completions_per_prompt
+        k = self.settings.train.completions_per_prompt
         positions = self.public_step_positions()
-        if self.cfg.pubswap.schedule == "adaptive":
+        if self.pubswap.schedule == "adaptive":
             ctx.log.extra["schedule"] = {"signal": self.last_disagreement, "public_steps": len(positions),
                                          "positions": positions}
             log.info("round %d: %d public steps (last round's policy disagreement %s)", ctx.number, len(positions),
@@ -136,14 +141,14 @@ class PubSwapProtocol(ServerProtocol):
         ctx.log.extra["public_steps"] = []
         final_replies: dict[int, SegmentReply[Scored]] = {}
         master = self.master
-        t = self.cfg.train
+        t = self.settings.train
         expected = {node: 0.0 for node in active}  # completions the server asks each client to train on
         budget = ScoringBudget(self.limits.score_seconds, self.limits.sender_scoring_seconds,
-                               rewards=parse_rewards(self.cfg.tasks.rewards))  # the run's own rewards
+                               rewards=parse_rewards(self.settings.tasks.rewards))  # the run's own rewards
         master, codec = start_round(self.broadcast, master)  # compression: replies decoded against what was sent
         for segment in range(len(positions) + 1):
             is_final = segment == len(positions)
-            next_public = positions[segment] if not is_final else self.cfg.train.local_steps + 1
+            next_public = positions[segment] if not is_final else self.settings.train.local_steps + 1
             for node in active:
                 public = sum(len(entries) for entries in pending_sets.get(node, {}).values())
                 expected[node] += (next_public - previous - 1) * t.prompts_per_step * t.completions_per_prompt + public
@@ -154,7 +159,7 @@ class PubSwapProtocol(ServerProtocol):
                         .to_message(node) for node in active]
             result = ctx.exchange.send(messages, lambda node, reply: SegmentReply.from_message(
                 reply, uids, k, self.limits, self.public, master if is_final else None, partial(budget.score, node),
-                self.cfg.tasks.partial_credit, codec, self.cfg.train.foreign_correction == "is"))
+                self.settings.tasks.partial_credit, codec, self.settings.train.foreign_correction == "is"))
             if segment == 0 and self.broadcast is not None:
                 self.broadcast.confirm(result.replies)
             ctx.log.absorb(result)
@@ -170,7 +175,7 @@ class PubSwapProtocol(ServerProtocol):
             ctx.log.extra["public_steps"].append(step_metrics)
             ctx.log.server_seconds += time.perf_counter() - started
             previous = next_public
-        self.master = aggregate_adapters(ctx, self.cfg, self.master,
+        self.master = aggregate_adapters(ctx, self.settings, self.master,
                                          {n: decoded(r.adapter) for n, r in final_replies.items()}, expected,
                                          base=master, optimizer=self.optimizer)
         ctx.log.extra["swap"] = summarise_public_steps(ctx.log.extra["public_steps"])
@@ -193,8 +198,8 @@ class PubSwapProtocol(ServerProtocol):
         """Each client's response set per prompt by the configured rule, its donor choices (pubswap.donor =
         likely), and the public step's metrics (`modal`: each client's most frequent answer per prompt, for policy
         disagreement; `behaviour`: each response's sampling log-probs, passed on with donated responses)."""
-        p = self.cfg.pubswap
-        rng = random.Random(f"{self.cfg.seed}:swap:{ctx.number}:{segment}")
+        p = self.pubswap
+        rng = random.Random(f"{self.settings.seed}:swap:{ctx.number}:{segment}")
         label = ctx.exchange.label
         nodes = ctx.exchange.ordered(responses)
         sets: dict[int, dict] = {node: {} for node in nodes}

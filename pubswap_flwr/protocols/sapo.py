@@ -44,7 +44,8 @@ from ..tasks.verifiers import VERIFIERS
 from ..wire.codecs import DEFAULT_MAX_PAYLOAD_BYTES
 from ..wire.records import Adapter
 from ..wire.validate import Limits, Rejected, check_packet
-from .base import RoundContext, ServerProtocol
+from .base import RoundContext, RunSettings, ServerProtocol
+from .catalog import SapoConfig
 from .sapo_messages import SELECTION_KEYS, CollectRollouts, SapoAsyncRound, SapoReply, SapoTrain
 from .sapo_verify import verified_item
 from .serving import ClientWork, evaluate_own_adapter
@@ -65,16 +66,21 @@ class SapoProtocol(ServerProtocol):
     per_node_models = True
     reward_field = schema.ROLLOUT_REWARD  # SAPO's cumulative reward sums the nodes' own rollout rewards
 
-    def __init__(self, cfg: ExperimentConfig, public=None):
-        super().__init__(cfg, public)
+    def __init__(self, settings: RunSettings, sapo: SapoConfig, public=None):
+        super().__init__(settings, public)
+        self.sapo = sapo
         self.pool: list[Packet] = []  # async: the previous round's packets
-        self.limits = Limits.of(cfg)
-        s = cfg.sapo
+        self.limits = settings.limits
+        s = sapo
         # what the config asks of a node each round: the relay passes on no more from any sender
         self.share, self.share_key = (s.local, "sapo.local") if s.sharing == "local" else (s.share, "sapo.share")
 
+    @classmethod
+    def from_config(cls, cfg: ExperimentConfig, public=None) -> "SapoProtocol":
+        return cls(RunSettings.of(cfg), cfg.sapo, public)
+
     def describe(self) -> str:
-        s = self.cfg.sapo
+        s = self.sapo
         return f"I/J={s.local}/{s.external} B={s.questions} L={s.completions} async={s.async_mode}"
 
     def state(self) -> dict:
@@ -104,14 +110,14 @@ class SapoProtocol(ServerProtocol):
             if counts[sender] > each:
                 raise ValueError(f"sapo_pool holds more than {each} packets ({self.share_key}) of {sender}")
             try:
-                packet = check_packet(entry, self.limits, self.cfg.sapo.completions)
+                packet = check_packet(entry, self.limits, self.sapo.completions)
             except Rejected as err:
                 raise ValueError(f"sapo_pool packet {position}: {err}") from None
             pool.append(packet.with_sender(sender))
         self.pool = pool
 
     def _decode(self, packets: bool, trained: bool):
-        return lambda node, reply: SapoReply.from_message(reply, self.limits, self.cfg.sapo.completions,
+        return lambda node, reply: SapoReply.from_message(reply, self.limits, self.sapo.completions,
                                                           packets=packets, trained=trained)
 
     def _pool(self, ctx: RoundContext, replies: dict[int, SapoReply]) -> list[Packet]:
@@ -152,7 +158,7 @@ class SapoProtocol(ServerProtocol):
     def run_round(self, ctx: RoundContext) -> None:
         nodes = ctx.exchange.select(ctx.number)
         first = ctx.number == 1
-        if self.cfg.sapo.async_mode:
+        if self.sapo.async_mode:
             result = ctx.exchange.send(self._train_messages(ctx, SapoAsyncRound, nodes, self.pool, True, first),
                                        self._decode(packets=True, trained=True))
             ctx.log.absorb(result)

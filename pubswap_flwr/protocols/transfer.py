@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
-from ..config import ExperimentConfig
+from ..config_sections import StrategyConfig
 from ..node.state import GLOBAL_FILE, RESIDUAL_FILE
 from ..policy import from_wire, to_wire
 from ..tasks.splits import MAX_KNOWN_NODES
@@ -27,14 +27,14 @@ from .serving import ClientWork
 SHA_KEY, BASE_KEY = "adapter-sha", "adapter-base"
 
 
-def codec_of(cfg: ExperimentConfig) -> Codec | None:
-    s = cfg.strategy
-    return None if s.compression == "none" else Codec(s.compression, s.compression_block)
+def codec_of(strategy: StrategyConfig) -> Codec | None:
+    """strategy.compression's codec (None without it)."""
+    return None if strategy.compression == "none" else Codec(strategy.compression, strategy.compression_block)
 
 
-def broadcast_of(cfg: ExperimentConfig) -> Broadcast | None:
+def broadcast_of(strategy: StrategyConfig) -> Broadcast | None:
     """The server's downlink state under strategy.compression (None without it)."""
-    codec = codec_of(cfg)
+    codec = codec_of(strategy)
     return Broadcast(codec) if codec is not None else None
 
 
@@ -148,7 +148,7 @@ def receive_global(work: ClientWork, whole: Adapter | None, downlink: Downlink,
 def take_global(work: ClientWork, whole: Adapter | None, downlink: Downlink | None) -> None:
     """Start the node's round from the message's global: as sent, or under strategy.compression rebuilt by
     `receive_global`."""
-    codec = codec_of(work.cfg)
+    codec = codec_of(work.cfg.strategy)
     if codec is None:
         if whole is None:
             raise ValueError("the message carries no global adapter")
@@ -168,7 +168,7 @@ def decoded(adapter: Adapter | Quantized | None) -> Adapter:
 
 def adapter_to_send(work: ClientWork) -> Adapter | Quantized:
     """The node's adapter for its reply: fp16 as is, or under strategy.compression `upload`'s quantized delta."""
-    codec = codec_of(work.cfg)
+    codec = codec_of(work.cfg.strategy)
     return to_wire(work.learner.policy.adapter()) if codec is None else upload(work, codec)
 
 

@@ -99,7 +99,7 @@ def run(grid: Grid, context: Context, settle_seconds: float = 1.0) -> None:
     started = time.time()
     try:
         protocol_class = run_protocol(cfg)
-        protocol = protocol_class(cfg, task_universe(cfg).public)
+        protocol = protocol_class.from_config(cfg, task_universe(cfg).public)
         evaluator = GlobalEvaluator(cfg) if protocol_class.holds_global_adapter else None
         initial = evaluator.initial_adapter() if evaluator else None
         runner = Runner(cfg, recorder, protocol, evaluator, resume_from=saved, settle_seconds=settle_seconds)

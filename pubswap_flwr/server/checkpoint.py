@@ -243,7 +243,7 @@ def _check_protocol(cfg: ExperimentConfig, protocol: dict, adapters: dict, nodes
     from ..protocols import protocol_class
 
     try:
-        protocol_class(cfg.strategy.mode)(cfg).restore(protocol, adapters, nodes)
+        protocol_class(cfg.strategy.mode).from_config(cfg).restore(protocol, adapters, nodes)
     except (KeyError, TypeError, ValueError) as err:
         raise bad("protocol", f"state cannot be restored ({type(err).__name__}: {str(err)[:300]})") from err
 

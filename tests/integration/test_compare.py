@@ -52,6 +52,7 @@ def _table(report: str) -> dict[str, list[str]]:
     return rows
 
 
+@pytest.mark.rendered_figures  # it checks that every plot is a real, non-trivial PNG
 def test_sweep_report_matches_metrics_and_names_failed_arms(tmp_path, capsys):
     sweep = tmp_path / "mini.toml"
     sweep.write_text(SWEEP)

@@ -1,4 +1,4 @@
-"""The warm worker of a deployed node (pubswap_flwr/warm), with real worker processes: a PubSwap run gives the same
+"""The warm worker of a deployed node (pubswap_flwr/node/warm), with real worker processes: a PubSwap run gives the same
 metrics, adapters and node state as the per-message path, a worker SIGKILLed between messages is started again and
 loses nothing, and the socket is owner-only. Nodes are served through the in-process grid with deployed node configs
 (no `num-partitions`, a `state-dir` each), so the ClientApp routes exactly as on a SuperNode."""

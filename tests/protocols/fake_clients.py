@@ -138,7 +138,7 @@ def serve_rounds(flat: dict, tamper: Tamper | None, *, nodes: int = 3, rounds: i
     from pubswap_flwr.shared import task_universe
 
     cfg = ExperimentConfig.from_flat(flat)
-    protocol = protocol_class(cfg.strategy.mode)(cfg, task_universe(cfg).public)
+    protocol = protocol_class(cfg.strategy.mode).from_config(cfg, task_universe(cfg).public)
     if protocol.holds_global_adapter:
         protocol.master = {k: np.asarray(v, dtype=np.float32).copy() for k, v in adapter.items()}
     grid = grid or FakeClientsGrid(nodes, tamper, adapter, step)

@@ -278,7 +278,7 @@ def _restores(loaded: ServerCheckpoint) -> None:
     from pubswap_flwr.server.runner import Runner
 
     cfg = ExperimentConfig.from_flat(loaded.config)
-    protocol = protocol_class(cfg.strategy.mode)(cfg)
+    protocol = protocol_class(cfg.strategy.mode).from_config(cfg)
     model = {k: np.zeros_like(v) for k, v in ADAPTER.items()}
     evaluator = SimpleNamespace(policy=SimpleNamespace(adapter=lambda: model))
     runner = Runner(cfg, recorder=None, protocol=protocol, evaluator=evaluator)
@@ -291,7 +291,7 @@ def _server_state(family: str) -> dict:
     from pubswap_flwr.protocols import protocol_class
 
     cfg = ExperimentConfig.from_flat(FLATS[family])
-    return protocol_class(cfg.strategy.mode)(cfg).state()
+    return protocol_class(cfg.strategy.mode).from_config(cfg).state()
 
 
 def test_every_protocol_family_keeping_server_state_has_a_checkpoint_state_to_mutate():

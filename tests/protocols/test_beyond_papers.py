@@ -150,7 +150,7 @@ def test_even_positions_reproduce_the_fixed_schedule_and_spread_any_count():
 
 def _protocol(**overrides) -> PubSwapProtocol:
     flat = {"strategy.mode": "pubswap", "train.local-steps": 20, "pubswap.tau-swap": 5, **overrides}
-    return PubSwapProtocol(ExperimentConfig.from_flat(flat), public=None)
+    return PubSwapProtocol.from_config(ExperimentConfig.from_flat(flat))
 
 
 def test_the_protocol_adapts_to_a_synthetic_drift_signal_and_keeps_it_across_a_restart():

@@ -107,7 +107,7 @@ def apply(mutation, content: RecordDict) -> RecordDict:
 
 def _round(mode: str, mutation) -> tuple[dict, dict]:
     cfg = ExperimentConfig.from_flat(MODES[mode])
-    protocol = protocol_class(cfg.strategy.mode)(cfg, task_universe(cfg).public)
+    protocol = protocol_class(cfg.strategy.mode).from_config(cfg, task_universe(cfg).public)
     if protocol.holds_global_adapter:
         protocol.master = {k: v.copy() for k, v in ADAPTER.items()}
     grid = FakeClientsGrid(3, lambda node, message, content: apply(mutation, content) if node == 101 else content,

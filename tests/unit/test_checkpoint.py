@@ -219,36 +219,36 @@ def test_every_checkpoint_corrupt_names_each_file(tmp_path):
     assert f"{state_path(tmp_path, 'checkpoint.prev')}: 'round' must be an integer" in str(err.value)
 
 
-def _runner(protocol, model_adapter=None):
+def _runner(cfg, model_adapter=None):
+    from pubswap_flwr.protocols import protocol_class
     from pubswap_flwr.server.runner import Runner
 
     evaluator = (None if model_adapter is None
                  else SimpleNamespace(policy=SimpleNamespace(adapter=lambda: model_adapter)))
-    runner = Runner(protocol.cfg, recorder=None, protocol=protocol, evaluator=evaluator)
+    protocol = protocol_class(cfg.strategy.mode).from_config(cfg)
+    runner = Runner(cfg, recorder=None, protocol=protocol, evaluator=evaluator)
     runner.exchange = SimpleNamespace(node_index={}, accepted_round={})
     return runner
 
 
 def test_restore_checks_the_adapter_against_the_model_and_names_the_file(tmp_path):
-    from pubswap_flwr.protocols import protocol_class
 
     cfg = ExperimentConfig.from_flat(FEDAVG)
     checkpoint.save(tmp_path, saved(2, node_index={9: 0}, node_rounds={0: 2}))
     loaded = checkpoint.load(tmp_path)
     model = {k: np.zeros_like(v) for k, v in adapter().items()}
-    runner = _runner(protocol_class("fedavg")(cfg), model)
+    runner = _runner(cfg, model)
     assert runner._restore(loaded) == 2
     assert (runner.exchange.node_index, runner.exchange.accepted_round) == ({9: 0}, {0: 2})
     model["a.lora_C.weight"] = np.zeros(1)
     with pytest.raises(CheckpointError, match=rf"{adapter_path(tmp_path)}: adapter keys differ from the model's: "
                                               r"missing \['a.lora_C.weight'\]"):
-        _runner(protocol_class("fedavg")(cfg), model)._restore(loaded)
+        _runner(cfg, model)._restore(loaded)
 
 
 def test_bad_protocol_state_is_refused_on_load_and_on_restore_naming_the_file(tmp_path):
     """load tries the protocol's restore, so a checkpoint.prev can still be used; the runner's restore says the same
     of a checkpoint that got past it."""
-    from pubswap_flwr.protocols import protocol_class
 
     flat = ExperimentConfig.from_flat({"run-name": "x", "strategy.mode": "sapo"}).to_flat()
     bad = {"sapo_pool": [{"sender": "00000-7"}]}
@@ -257,10 +257,9 @@ def test_bad_protocol_state_is_refused_on_load_and_on_restore_naming_the_file(tm
                                               r"\(ValueError: sapo_pool packet 0: packet has no 'item' object"):
         checkpoint.load(tmp_path)
     loaded = ServerCheckpoint(1, flat, node_index={7: 0}, protocol=bad, source=tmp_path / "checkpoint")
-    protocol = protocol_class("sapo")(ExperimentConfig.from_flat(flat))
     with pytest.raises(CheckpointError, match=rf"{state_path(tmp_path)}: 'protocol' state cannot be restored "
                                               r"\(ValueError"):
-        _runner(protocol)._restore(loaded)
+        _runner(ExperimentConfig.from_flat(flat))._restore(loaded)
 
 
 def _context(run_config: dict):
@@ -388,18 +387,17 @@ def test_a_bad_adapters_listing_is_refused(tmp_path, listed, message):
 
 def test_the_downlink_is_restored_from_the_latest_checkpoint_only(tmp_path, caplog):
     """From checkpoint.prev nodes may hold a later global than the saved downlink's: it restarts with whole globals."""
-    from pubswap_flwr.protocols import protocol_class
 
     cfg = ExperimentConfig.from_flat({**FEDAVG, "strategy.compression": "int8"})
     for number in (1, 2):
         checkpoint.save(tmp_path, saved(number, config=cfg.to_flat(), master=adapter(number),
                                         protocol={"downlink_holders": [7]}, adapters={"downlink": adapter(0.25)}))
     model = {k: np.zeros_like(v) for k, v in adapter().items()}
-    latest = _runner(protocol_class("fedavg")(cfg), model)
+    latest = _runner(cfg, model)
     latest._restore(checkpoint.load(tmp_path))
     assert latest.protocol.broadcast.holders == {7} and latest.protocol.broadcast.current is not None
     adapter_path(tmp_path).write_bytes(b"\x00" * 10)  # the latest is lost: checkpoint.prev
-    older = _runner(protocol_class("fedavg")(cfg), model)
+    older = _runner(cfg, model)
     with caplog.at_level(logging.WARNING, logger="pubswap_flwr"):
         assert older._restore(checkpoint.load(tmp_path)) == 1
     assert older.protocol.broadcast.current is None  # whole globals next round

@@ -60,3 +60,41 @@ def test_moments_without_their_parameter_groups_are_refused_naming_the_file(tiny
     save_file(_moments(policy), str(tmp_path / OPTIMIZER_FILE))  # no metadata
     with pytest.raises(ValueError, match=f"{OPTIMIZER_FILE} has no param_groups metadata"):
         store.load(policy)
+
+
+def test_a_round_start_snapshot_from_before_the_safetensors_moments_is_restored_whole(tiny_policy, tmp_path):
+    """A snapshot that holds optimizer.pt (made before the change) is the round's start: the moments saved mid-round
+    in the new file must not be loaded beside its node.json and adapter (they were: step 2 against steps 1)."""
+    policy = _trained(tiny_policy)
+    store = NodeStore(tmp_path, "m")
+    store.save(policy, NodeState(model_name="m", steps=1))
+    torch.save(policy.learner.optimizer.state_dict(), tmp_path / OLD_OPTIMIZER_FILE)  # as the old code wrote it
+    (tmp_path / OPTIMIZER_FILE).unlink()
+    snapshot = tmp_path / "round-start"
+    snapshot.mkdir()
+    for name in ("node.json", "adapter.safetensors", OLD_OPTIMIZER_FILE):
+        (snapshot / name).write_bytes((tmp_path / name).read_bytes())
+    (snapshot / "round").write_text("3")
+    start = _moments(policy)
+    _trained(policy)  # mid-round: the new code saves the moments in the new file and drops the old one
+    store.save(policy, NodeState(model_name="m", steps=2))
+    assert (tmp_path / OPTIMIZER_FILE).is_file() and not (tmp_path / OLD_OPTIMIZER_FILE).exists()
+    store.restore_round_start()
+    assert not (tmp_path / OPTIMIZER_FILE).exists()
+    policy.learner.reset_optimizer()
+    assert store.load(policy).steps == 1
+    _assert_moments_are(policy, start)
+
+
+def test_an_optimizer_file_that_is_not_safetensors_or_lacks_a_moment_is_refused_naming_it(tiny_policy, tmp_path):
+    policy = _trained(tiny_policy)
+    store = NodeStore(tmp_path, "m")
+    store.save(policy, NodeState(model_name="m"))
+    moments, groups = policy.learner.optimizer_tensors()
+    partial = {k: v.clone() for k, v in moments.items() if not k.endswith(".exp_avg_sq")}
+    save_file(partial, str(tmp_path / OPTIMIZER_FILE), metadata={"param_groups": groups})
+    with pytest.raises(ValueError, match=rf"{OPTIMIZER_FILE}: optimizer state 0 holds \['exp_avg', 'step'\]"):
+        store.load(policy)
+    (tmp_path / OPTIMIZER_FILE).write_bytes(b"\x00" * 12)
+    with pytest.raises(ValueError, match=f"{OPTIMIZER_FILE} is not a safetensors file"):
+        store.load(policy)

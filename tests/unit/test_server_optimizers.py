@@ -63,13 +63,13 @@ def _steps(opt, rng, current, count: int):
 @pytest.mark.parametrize("name", OPTIMIZERS)
 def test_the_state_goes_through_a_checkpoint_and_the_restored_optimizer_steps_on_identically(tmp_path, name, mode):
     cfg = config(name, mode)
-    first = protocol_class(mode)(cfg)
+    first = protocol_class(mode).from_config(cfg)
     rng = np.random.default_rng(1)
     master = _steps(first.optimizer, rng, adapter(rng), 2)
     checkpoint.save(tmp_path, checkpoint.ServerCheckpoint(round=2, config=cfg.to_flat(), master=master,
                                                           protocol=first.state(), adapters=first.saved_adapters()))
     loaded = checkpoint.load(tmp_path)  # checks the arrays' files, and restores into a fresh protocol on trial
-    second = protocol_class(mode)(cfg)
+    second = protocol_class(mode).from_config(cfg)
     second.restore(loaded.protocol, loaded.adapters, loaded.node_index)
     assert second.optimizer.steps == first.optimizer.steps == 2
     onwards = [_steps(opt, np.random.default_rng(2), master, 2) for opt in (first.optimizer, second.optimizer)]

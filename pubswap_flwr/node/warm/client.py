@@ -51,7 +51,7 @@ class WorkerError(RuntimeError):
 
 class WorkerUnavailable(WorkerError):
     """No worker could be reached or started, and nothing of the message was sent: the node can serve the message
-    in its own process instead (nodeapp.route does, with a warning)."""
+    in its own process instead (node/app.py:route does, with a warning)."""
 
 
 # -- where a worker lives ----------------------------------------------------------------------------------------
