@@ -236,21 +236,16 @@ class NodeStore:
     def restore_round_start(self) -> None:
         """Put the state saved at the start of the round back in place (the caller reloads it)."""
         snapshot = self.directory / ROUND_START_DIR
-        for name in FILES:
+        for name in (STATE_FILE, ADAPTER_FILE):
             if (snapshot / name).is_file():
                 shutil.copy2(snapshot / name, self.directory / name)
-        # a snapshot from before the safetensors moments holds optimizer.pt: it, not the moments saved mid-round,
-        # is the round's start
-        for name in (OPTIMIZER_FILE, OLD_OPTIMIZER_FILE):
+        # what the snapshot lacks goes too: a snapshot from before the safetensors moments holds optimizer.pt, and
+        # it, not the moments saved mid-round in the new file, is the round's start
+        for name in (OPTIMIZER_FILE, OLD_OPTIMIZER_FILE, *OPTIONAL_FILES):
             if (snapshot / name).is_file():
                 shutil.copy2(snapshot / name, self.directory / name)
-            elif (self.directory / name).is_file():
-                (self.directory / name).unlink()
-        for name in OPTIONAL_FILES:
-            if (snapshot / name).is_file():
-                shutil.copy2(snapshot / name, self.directory / name)
-            elif (self.directory / name).is_file():
-                (self.directory / name).unlink()
+            else:
+                (self.directory / name).unlink(missing_ok=True)
 
     def snapshot_round_start(self, round_number: int) -> None:
         """Copy the saved state as round `round_number`'s starting point (swapped in whole)."""

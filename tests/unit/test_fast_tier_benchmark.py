@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.scripts import load_script
 
 
 def _benchmark():
-    spec = importlib.util.spec_from_file_location("fast_tier_load", ROOT / "benchmarks" / "fast_tier_load.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/fast_tier_load.py")
 
 
 def test_minutes_are_whole_minutes_and_seconds_the_rest():

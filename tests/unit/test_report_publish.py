@@ -3,15 +3,14 @@ its report from the committed runs with the sweep's title and notes and both com
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
+from tests.scripts import load_script
 from tests.unit.test_report_files import make_run
 
-ROOT = Path(__file__).resolve().parents[2]
 SWEEP = '''
 name = "mini-sweep"
 nodes = 2
@@ -27,10 +26,7 @@ strategy.mode = "fedprox"
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("publish_results", ROOT / "scripts" / "publish_results.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/publish_results.py")
 
 
 def _finished_sweep(tmp_path: Path) -> tuple[Path, Path]:

@@ -3,20 +3,18 @@ folder's when pip has one, and whatever PUBSWAP_TORCH says first."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+
+from tests.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def choice():
-    spec = importlib.util.spec_from_file_location("torch_choice", ROOT / "scripts" / "torch_choice.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/torch_choice.py")
 
 
 def test_no_gpu_and_no_local_wheel_takes_the_cpu_only_index(choice):
