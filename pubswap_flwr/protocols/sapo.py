@@ -110,9 +110,9 @@ class SapoProtocol(ServerProtocol):
             if counts[sender] > each:
                 raise ValueError(f"sapo_pool holds more than {each} packets ({self.share_key}) of {sender}")
             try:
-                packet = check_packet(entry, self.limits, self.sapo.completions)
+                packet = check_packet(entry, self.limits, self.sapo.completions, f"sapo_pool packet {position}")
             except Rejected as err:
-                raise ValueError(f"sapo_pool packet {position}: {err}") from None
+                raise ValueError(str(err)) from None
             pool.append(packet.with_sender(sender))
         self.pool = pool
 

@@ -234,5 +234,5 @@ def test_a_packets_behaviour_is_validated_and_relayed():
                               ([_wire([5, 2**31], [-1.0, -1.0], "<u4"), None], "ids must be integers")):
         with pytest.raises(Rejected, match=reason):
             check_packet({**packet.to_wire(), "behaviour": behaviour}, Limits(), 4)
-    with pytest.raises(Rejected, match="'tokenizer' must be a fingerprint"):
+    with pytest.raises(Rejected, match="packet.tokenizer: expected `str` of length <= 64"):
         check_packet({**packet.to_wire(), "tokenizer": "x" * 65}, Limits(), 4)

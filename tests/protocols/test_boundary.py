@@ -189,9 +189,13 @@ def test_a_nodes_self_reported_shortcut_flags_cross_the_boundary_only_as_its_own
               "greedy_shortcut_tasks": ["products", "gcd", "gcd"], "sampled_shortcut_tasks": []}
     clean = check_eval(report)
     assert clean["greedy_shortcut_tasks"] == ["gcd", "products"] and clean["sampled_shortcut_tasks"] == []
-    for bad in (["count_bits"], "gcd", [1], None):
-        with pytest.raises(Rejected, match="eval.greedy_shortcut_tasks is not a list of the evaluation's own task"):
+    for bad, reason in ((["count_bits"], "eval: greedy_shortcut_tasks names tasks the evaluation does not report"),
+                        ("gcd", "eval.greedy_shortcut_tasks: expected `array | null`, got `str`"),
+                        ([1], "eval.greedy_shortcut_tasks[0]: expected `str`, got `int`")):
+        with pytest.raises(Rejected) as caught:
             check_eval({**report, "greedy_shortcut_tasks": bad})
+        assert str(caught.value) == reason
+    assert "greedy_shortcut_tasks" not in check_eval({**report, "greedy_shortcut_tasks": None})  # null: none flagged
 
 
 def test_a_packet_whose_provenance_cannot_be_read_is_refused_by_the_server_and_by_receivers(tmp_path):
@@ -199,7 +203,7 @@ def test_a_packet_whose_provenance_cannot_be_read_is_refused_by_the_server_and_b
     from pubswap_flwr.protocols.sapo import generate_rollouts, train_on_pool
 
     crafted = {**ITEM, "verifier": "rg", "provenance": {"generator": "gcd", "config": [1, 2], "seed": 1, "index": 2}}
-    with pytest.raises(Rejected, match="provenance 'config' must be dict, got list"):
+    with pytest.raises(Rejected, match=r"packet.item: provenance.config: expected `object \| null`, got `array`"):
         check_packet({"item": crafted, "completions": ["a"]}, Limits(), 4)
     cfg = ExperimentConfig.from_flat({**SAPO, "tasks.mix": "gcd:1", "eval.items-per-task": 2})
     learner = Learner(cfg, NodeIdentity(0, tmp_path / "node", "embedded:tiny"))

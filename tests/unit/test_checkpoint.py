@@ -254,7 +254,8 @@ def test_bad_protocol_state_is_refused_on_load_and_on_restore_naming_the_file(tm
     bad = {"sapo_pool": [{"sender": "00000-7"}]}
     checkpoint.save(tmp_path, saved(1, config=flat, protocol=bad, node_index={7: 0}))
     with pytest.raises(CheckpointError, match=rf"{state_path(tmp_path)}: 'protocol' state cannot be restored "
-                                              r"\(ValueError: sapo_pool packet 0: packet has no 'item' object"):
+                                              r"\(ValueError: sapo_pool packet 0: object missing required field "
+                                              r"`item`"):
         checkpoint.load(tmp_path)
     loaded = ServerCheckpoint(1, flat, node_index={7: 0}, protocol=bad, source=tmp_path / "checkpoint")
     with pytest.raises(CheckpointError, match=rf"{state_path(tmp_path)}: 'protocol' state cannot be restored "
