@@ -5,9 +5,11 @@ selection counts, rejections, an optional evaluation), as Flower records."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
+import msgspec
 from flwr.app import Message, RecordDict
+from msgspec import Meta, Struct
 
 from ..algorithms.sapo_selection import Packet
 from ..wire.records import (
@@ -20,11 +22,31 @@ from ..wire.records import (
     read_reply,
     records,
 )
-from ..wire.validate import Limits, check_packets, number
+from ..wire.schema import parse
+from ..wire.validate import Limits, Rejected, check_packets
 
-SCORING_KEYS = ("scoring-timeouts", "scoring-skipped")  # sent only when not 0
-SELECTION_KEYS = ("external-received", "external-used", "external-zero-advantage", "external-rejected",
-                  "external-unverifiable", "external-shortfall")
+Groups = Annotated[int, Meta(ge=0, le=10**9)]
+
+
+class SelectionCounts(Struct, frozen=True, rename="kebab"):
+    """What a node's SAPO training did with the external groups it received, in a reply's metrics."""
+
+    external_received: Groups = 0
+    external_used: Groups = 0
+    external_zero_advantage: Groups = 0
+    external_rejected: Groups = 0
+    external_unverifiable: Groups = 0
+    external_shortfall: Groups = 0
+
+
+class ScoringCounts(Struct, frozen=True, rename="kebab", omit_defaults=True):
+    """Peers' answers whose scoring timed out or was skipped, in a reply's metrics (sent only when not 0)."""
+
+    scoring_timeouts: Groups | None = None
+    scoring_skipped: Groups | None = None
+
+
+SELECTION_KEYS = tuple(f.encode_name for f in msgspec.structs.fields(SelectionCounts))
 
 
 @dataclass(frozen=True)
@@ -106,11 +128,11 @@ class SapoReply(OwnAdapterReply):
         self-reported evaluation that fails validation is ignored with a warning."""
         metrics, payload, report = read_reply(message)
         shared, reasons = check_packets(payload, limits, max_completions) if packets else (None, [])
-        selection = {key: int(number(metrics, key, 0.0, low=0, high=1e9)) for key in SELECTION_KEYS} \
-            if trained else {}
+        numbers = dict(metrics)
+        selection = msgspec.to_builtins(parse(numbers, SelectionCounts, "metrics", Rejected)) if trained else {}
         rejections = payload.get("rejections", [])
         rejections = tuple(str(r)[:300] for r in rejections[:5]) if isinstance(rejections, list) else ()
-        scoring = {key: int(number(metrics, key, low=0, high=1e9)) for key in SCORING_KEYS if key in metrics}
+        scoring = msgspec.to_builtins(parse(numbers, ScoringCounts, "metrics", Rejected))
         return cls(report, **own_evaluations(metrics, payload, report),
                    packets=None if shared is None else tuple(shared), packet_rejections=tuple(reasons),
                    selection=selection, rejections=rejections, scoring=scoring)

@@ -2,24 +2,45 @@
 itself into a reply's metrics and reads itself back from one (checked, as everything from another party), and gives
 its fields of the metrics row: the answer format of a node's own samples, and the foreign text it trained on
 (train.foreign-correction). The client report, the node's work report and the round log hold the blocks instead of
-their loose fields."""
+their loose fields.
+
+Each block is its own schema (wire/schema.py): a msgspec Struct whose fields declare their bounds and, through
+`rename`, their key in a reply's metrics; `from_metrics` parses a reply's metrics into it and then checks the rules
+across its fields (a part never exceeds its whole)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Annotated, Any, Mapping
+
+from msgspec import Meta, Struct
 
 from .. import metrics_schema as schema
-from .validate import number
+from .schema import Tally, parse
+from .validate import Rejected
+
+# a sum of loss weights: each in [0, max(train.is-cap, 1)], and train.is-cap is at most 1000
+WeightSum = Annotated[float, Meta(ge=0, le=1000.0 * 1e12)]
+# a sum of mean token log-probs: each <= 0 and, over any vocabulary this project loads, above -50 (fp32 log-softmax)
+LogprobSum = Annotated[float, Meta(ge=-1e4 * 1e9, le=0)]
+Completions = Annotated[int, Meta(ge=0, le=10**9)]
 
 
-@dataclass(frozen=True)
-class FormatCounts:
+def _read(metrics: Any, block: type[Any]) -> Any:
+    """A reply's metrics (a MetricRecord or dict) as `block`, its cross-field rules checked; Rejected otherwise."""
+    counts = parse(dict(metrics), block, "metrics", Rejected)
+    problem = counts.problem()
+    if problem:
+        raise Rejected(f"metrics: {problem}")
+    return counts
+
+
+class FormatCounts(Struct, frozen=True, rename={"sampled": "sampled-completions",
+                                                "well_formed": "well-formed-completions"}):
     """Completions a node sampled itself, and how many of them had exactly one <answer>...</answer> and nothing
     after it."""
 
-    sampled: int = 0
-    well_formed: int = 0
+    sampled: Tally = 0
+    well_formed: Tally = 0
 
     @classmethod
     def of_shapes(cls, shapes: Mapping[str, int]) -> "FormatCounts":
@@ -34,26 +55,30 @@ class FormatCounts:
 
     @classmethod
     def from_metrics(cls, metrics: Any) -> "FormatCounts":
-        sampled = int(number(metrics, "sampled-completions", 0.0, low=0, high=1e12))
-        return cls(sampled, int(number(metrics, "well-formed-completions", 0.0, low=0, high=sampled)))
+        return _read(metrics, cls)
+
+    def problem(self) -> str:
+        return "well-formed-completions exceeds sampled-completions" if self.well_formed > self.sampled else ""
 
     def row(self) -> dict[str, float]:
         """The client row's share (none before any own sample)."""
         return {schema.WELL_FORMED: self.well_formed / self.sampled} if self.sampled else {}
 
 
-@dataclass(frozen=True)
-class ForeignCounts:
+class ForeignCounts(Struct, frozen=True, rename={
+        "tokens": "foreign-tokens", "weight_sum": "foreign-weight-sum", "capped": "is-capped-tokens",
+        "fallbacks": "foreign-fallbacks", "tag_tokens": "foreign-tag-tokens",
+        "tag_weight_sum": "foreign-tag-weight-sum"}):
     """Foreign tokens trained on (other clients' or nodes' text), their summed loss weight, how many had their
     importance ratio truncated at train.is-cap, and foreign completions without a usable donor behaviour (trained
     with the fallback weight). All zero without train.foreign-correction: then it is not on the wire at all."""
 
-    tokens: int = 0
-    weight_sum: float = 0.0
-    capped: int = 0
-    fallbacks: int = 0
-    tag_tokens: int = 0  # of `tokens`, those that spell an answer tag ("<answer>", "</answer>")
-    tag_weight_sum: float = 0.0  # their summed loss weight
+    tokens: Tally = 0
+    weight_sum: WeightSum = 0.0
+    capped: Tally = 0
+    fallbacks: Tally = 0
+    tag_tokens: Tally = 0  # of `tokens`, those that spell an answer tag ("<answer>", "</answer>")
+    tag_weight_sum: WeightSum = 0.0  # their summed loss weight
 
     @classmethod
     def of_step(cls, extra: Mapping[str, Any]) -> "ForeignCounts":
@@ -81,13 +106,17 @@ class ForeignCounts:
 
     @classmethod
     def from_metrics(cls, metrics: Any) -> "ForeignCounts":
-        tokens = int(number(metrics, "foreign-tokens", 0.0, low=0, high=1e12))
-        tags = int(number(metrics, "foreign-tag-tokens", 0.0, low=0, high=tokens))
-        # weights are in [0, max(train.is-cap, 1)]; train.is-cap is at most 1000
-        return cls(tokens, number(metrics, "foreign-weight-sum", 0.0, low=0, high=1000.0 * max(tokens, 1)),
-                   int(number(metrics, "is-capped-tokens", 0.0, low=0, high=tokens)),
-                   int(number(metrics, "foreign-fallbacks", 0.0, low=0, high=1e12)), tags,
-                   number(metrics, "foreign-tag-weight-sum", 0.0, low=0, high=1000.0 * max(tags, 1)))
+        return _read(metrics, cls)
+
+    def problem(self) -> str:
+        for part, whole in (("foreign-tag-tokens", self.tag_tokens), ("is-capped-tokens", self.capped)):
+            if whole > self.tokens:
+                return f"{part} exceeds foreign-tokens"
+        for key, total, tokens in (("foreign-weight-sum", self.weight_sum, self.tokens),
+                                   ("foreign-tag-weight-sum", self.tag_weight_sum, self.tag_tokens)):
+            if total > 1000.0 * max(tokens, 1):  # a token's weight is at most max(train.is-cap, 1) <= 1000
+                return f"{key} = {total:g} is more than 1000 per token"
+        return ""
 
     def row(self) -> dict[str, float]:
         out = {schema.FOREIGN_WEIGHT_MEAN: self.weight_sum / self.tokens if self.tokens else 0.0,
@@ -100,18 +129,21 @@ class ForeignCounts:
         return out
 
 
-@dataclass(frozen=True)
-class UptakeCounts:
+def _uptake_key(field: str) -> str:
+    return "uptake-" + field.replace("_", "-")
+
+
+class UptakeCounts(Struct, frozen=True, rename=_uptake_key):
     """pubswap.measure-uptake: whether a public step's update raised the receiver's log-probs of the responses it was
     given, donors' (foreign) apart from its own: summed per-completion mean token log-probs before and after the
     update, and how many completions of each kind. A swapped-in response that is learned gains like an own one."""
 
-    foreign: int = 0
-    foreign_before: float = 0.0
-    foreign_after: float = 0.0
-    own: int = 0
-    own_before: float = 0.0
-    own_after: float = 0.0
+    foreign: Completions = 0
+    foreign_before: LogprobSum = 0.0
+    foreign_after: LogprobSum = 0.0
+    own: Completions = 0
+    own_before: LogprobSum = 0.0
+    own_after: LogprobSum = 0.0
 
     def __bool__(self) -> bool:
         return bool(self.foreign or self.own)
@@ -131,14 +163,15 @@ class UptakeCounts:
 
     @classmethod
     def from_metrics(cls, metrics: Any) -> "UptakeCounts":
-        foreign = int(number(metrics, "uptake-foreign", 0.0, low=0, high=1e9))
-        own = int(number(metrics, "uptake-own", 0.0, low=0, high=1e9))
-        # a mean token log-prob is <= 0 and, over any vocabulary this project loads, above -50 (fp32 log-softmax)
-        low = -1e4 * max(foreign, own, 1)
-        return cls(foreign, number(metrics, "uptake-foreign-before", 0.0, low=low, high=0.0),
-                   number(metrics, "uptake-foreign-after", 0.0, low=low, high=0.0),
-                   own, number(metrics, "uptake-own-before", 0.0, low=low, high=0.0),
-                   number(metrics, "uptake-own-after", 0.0, low=low, high=0.0))
+        return _read(metrics, cls)
+
+    def problem(self) -> str:
+        low = -1e4 * max(self.foreign, self.own, 1)  # per completion above -1e4, far below any real mean log-prob
+        for key, total in (("before", self.foreign_before), ("after", self.foreign_after),
+                           ("before", self.own_before), ("after", self.own_after)):
+            if total < low:
+                return f"an uptake log-prob sum {key} the update ({total:g}) is below {low:g}"
+        return ""
 
     def row(self) -> dict[str, float]:
         """Mean per-completion log-prob before and after the updates, per kind (only kinds that occurred)."""

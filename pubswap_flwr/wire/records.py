@@ -9,13 +9,14 @@ checks types and ranges and raises on anything malformed (the exchange's per-rep
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, ClassVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
+import msgspec
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from msgspec import Meta, Struct
 
 from ..tasks.splits import MAX_NODES
 from .codecs import (
@@ -34,7 +35,8 @@ from .codecs import (
     record_of,
 )
 from .counters import ForeignCounts, FormatCounts, UptakeCounts
-from .validate import Rejected, check_eval, number
+from .schema import Fraction, Tally, parse
+from .validate import Rejected, check_eval
 
 if TYPE_CHECKING:
     from ..node.learner import Learner, WorkReport
@@ -45,17 +47,11 @@ log = logging.getLogger("pubswap_flwr")
 Adapter = dict[str, Any]
 MAX_SECONDS = 1e7  # any duration a client reports (about 4 months)
 MAX_TIMESTAMP = 1e11  # a Unix time (year 5138)
+Seconds = Annotated[float, Meta(ge=0, le=MAX_SECONDS)]
+Timestamp = Annotated[float, Meta(ge=0, le=MAX_TIMESTAMP)]
 
 
-# -- reading untrusted records (number() is validate's) ----------------------------------------------------------
-def text(value: Any, what: str, limit: int = 1024) -> str:
-    if not isinstance(value, str):
-        raise Rejected(f"{what} must be text, got {type(value).__name__}")
-    if len(value) > limit:
-        raise Rejected(f"{what} has {len(value)} chars, over the {limit} limit")
-    return value
-
-
+# -- reading untrusted records ---------------------------------------------------------------------------------
 def payload_of(content: RecordDict) -> dict:
     if PAYLOAD_KEY not in content:
         return {}
@@ -132,26 +128,55 @@ class Header:
 MAX_NODE_ROUNDS_CHARS = 32 * MAX_NODES
 
 
-def _node_rounds(text: Any, server_round: int) -> dict[int, int] | None:
+NodeRounds = dict[Annotated[str, Meta(pattern="^[0-9]{1,5}$")], Annotated[int, Meta(ge=0)]]
+
+
+def _node_rounds(value: Any, server_round: int) -> dict[int, int] | None:
     """The exchange's {"<node index>": round} map, checked (ValueError names what is wrong): node indices below
     MAX_NODES, rounds not after this one, and the text no longer than such a map can be."""
-    if text is None:
+    if value is None:
         return None
-    if not isinstance(text, str):
-        raise ValueError(f"{NODE_ROUNDS_KEY} must be JSON text, got {type(text).__name__}")
-    if len(text) > MAX_NODE_ROUNDS_CHARS:
-        raise ValueError(f"{NODE_ROUNDS_KEY} is {len(text)} chars, longer than a map of {MAX_NODES} node indices")
+    if not isinstance(value, str):
+        raise ValueError(f"{NODE_ROUNDS_KEY} must be JSON text, got {type(value).__name__}")
+    if len(value) > MAX_NODE_ROUNDS_CHARS:
+        raise ValueError(f"{NODE_ROUNDS_KEY} is {len(value)} chars, longer than a map of {MAX_NODES} node indices")
     try:
-        raw = json.loads(text)
+        raw = msgspec.json.decode(value)
     except RecursionError:
         raise ValueError(f"{NODE_ROUNDS_KEY} is JSON nested too deeply") from None
-    except ValueError as err:  # JSONDecodeError, or an integer of more than 4300 digits
+    except msgspec.DecodeError as err:  # also an integer too large for 64 bits
         raise ValueError(f"{NODE_ROUNDS_KEY} is not JSON: {str(err)[:200]}") from None
-    if not isinstance(raw, dict) or not all(
-            isinstance(k, str) and k.isascii() and k.isdigit() and len(k) <= 5 and int(k) < MAX_NODES
-            and type(v) is int and 0 <= v <= server_round for k, v in raw.items()):
+    rounds = {int(k): v for k, v in parse(raw, NodeRounds, NODE_ROUNDS_KEY, ValueError).items()}
+    if any(index >= MAX_NODES for index in rounds) or any(r > server_round for r in rounds.values()):
         raise ValueError(f"{NODE_ROUNDS_KEY} must map node indices < {MAX_NODES} to rounds in [0, {server_round}]")
-    return {int(k): v for k, v in raw.items()}
+    return rounds
+
+
+class ReportMetrics(Struct, frozen=True, rename="kebab"):
+    """A ClientReport's numbers in a reply's metrics (its counter blocks read their own keys)."""
+
+    node_index: Annotated[int, Meta(ge=0, lt=MAX_NODES)]
+    num_examples: Tally = 0
+    cumulative_reward: Annotated[float, Meta(ge=0, le=1e9)] = 0.0  # adds one mean reward in [0, 1] per round
+    total_steps: Tally = 0
+    t_start: Timestamp = 0.0
+    t_end: Timestamp | None = None  # t_start when absent
+    sample_seconds: Seconds = 0.0
+    update_seconds: Seconds = 0.0
+    train_reward: Fraction | None = None
+    train_completions: Tally = 0
+    rollout_reward: Fraction | None = None
+
+    def __post_init__(self) -> None:
+        if self.t_end is not None and self.t_end < self.t_start:
+            raise ValueError(f"t-end = {self.t_end} is before t-start = {self.t_start}")
+
+
+class ReportPayload(Struct, frozen=True):
+    """A ClientReport's text in a reply's payload."""
+
+    model: Annotated[str, Meta(max_length=1024)] = ""
+    tasks: Annotated[list[Annotated[str, Meta(max_length=256)]], Meta(max_length=256)] = []
 
 
 @dataclass(frozen=True)
@@ -186,7 +211,8 @@ class ClientReport:
             rollout_reward=report.mean_reward("rollout") if report.has("rollout") else None,
             model=learner.identity.model_name, tasks=tuple(learner.task_names),
             formats=FormatCounts.of_shapes(learner.sampled_shapes),
-            foreign=replace(report.foreign, fallbacks=sum(report.fallbacks.values())), uptake=report.uptake)
+            foreign=msgspec.structs.replace(report.foreign, fallbacks=sum(report.fallbacks.values())),
+            uptake=report.uptake)
 
     def metrics(self) -> dict:
         out = {"node-index": self.node_index, "num-examples": self.num_examples,
@@ -207,29 +233,17 @@ class ClientReport:
 
     @classmethod
     def from_records(cls, metrics: Any, payload: dict) -> "ClientReport":
-        tasks = payload.get("tasks", [])
-        if not isinstance(tasks, list) or len(tasks) > 256:
-            raise Rejected("'tasks' must be a list of at most 256 names")
-        # rewards are in [0, 1]; a node's cumulative reward adds one mean reward per round
-        optional = {key: number(metrics, key, low=0, high=1) if key in metrics else None
-                    for key in ("train-reward", "rollout-reward")}
-        t_start = number(metrics, "t-start", 0.0, low=0, high=MAX_TIMESTAMP)
-        t_end = number(metrics, "t-end", t_start, low=t_start, high=MAX_TIMESTAMP)
+        numbers = parse(dict(metrics), ReportMetrics, "metrics", Rejected)
+        texts = parse(payload, ReportPayload, "payload", Rejected)
         return cls(
-            node_index=int(number(metrics, "node-index", low=0, high=MAX_NODES - 1)),
-            num_examples=int(number(metrics, "num-examples", 0.0, low=0, high=1e12)),
-            cumulative_reward=number(metrics, "cumulative-reward", 0.0, low=0, high=1e9),
-            total_steps=int(number(metrics, "total-steps", 0.0, low=0, high=1e12)),
-            t_start=t_start, t_end=t_end,
-            sample_seconds=number(metrics, "sample-seconds", 0.0, low=0, high=MAX_SECONDS),
-            update_seconds=number(metrics, "update-seconds", 0.0, low=0, high=MAX_SECONDS),
-            train_reward=optional["train-reward"],
-            train_completions=int(number(metrics, "train-completions", 0.0, low=0, high=1e12)),
-            rollout_reward=optional["rollout-reward"],
-            formats=FormatCounts.from_metrics(metrics), foreign=ForeignCounts.from_metrics(metrics),
-            uptake=UptakeCounts.from_metrics(metrics),
-            model=text(payload.get("model", ""), "'model'"),
-            tasks=tuple(text(t, "a task name", 256) for t in tasks))
+            node_index=numbers.node_index, num_examples=numbers.num_examples,
+            cumulative_reward=numbers.cumulative_reward, total_steps=numbers.total_steps, t_start=numbers.t_start,
+            t_end=numbers.t_start if numbers.t_end is None else numbers.t_end,
+            sample_seconds=numbers.sample_seconds, update_seconds=numbers.update_seconds,
+            train_reward=numbers.train_reward, train_completions=numbers.train_completions,
+            rollout_reward=numbers.rollout_reward, formats=FormatCounts.from_metrics(metrics),
+            foreign=ForeignCounts.from_metrics(metrics), uptake=UptakeCounts.from_metrics(metrics),
+            model=texts.model, tasks=tuple(texts.tasks))
 
 
 def reply_records(report: ClientReport, *, payload: dict | None = None, metrics: dict | None = None,
@@ -292,7 +306,11 @@ def own_evaluations(metrics: Any, payload: dict, report: ClientReport) -> dict:
     ignored with a warning, a malformed eval-seconds rejects the reply."""
     return {"eval_initial": _optional_eval(payload.get("eval-initial"), report, "initial evaluation"),
             "eval": _optional_eval(payload.get("eval"), report, "evaluation"),
-            "eval_seconds": number(metrics, "eval-seconds", 0.0, low=0, high=MAX_SECONDS)}
+            "eval_seconds": parse(dict(metrics), EvalSeconds, "metrics", Rejected).eval_seconds}
+
+
+class EvalSeconds(Struct, frozen=True, rename="kebab"):
+    eval_seconds: Seconds = 0.0
 
 
 def _optional_eval(value: Any, report: ClientReport, what: str) -> dict | None:

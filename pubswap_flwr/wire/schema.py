@@ -60,6 +60,7 @@ Flag = Annotated[int, Meta(ge=0, le=1)]
 Count = Annotated[int, Meta(ge=0, le=1_000_000)]
 PositiveCount = Annotated[int, Meta(ge=1, le=1_000_000)]
 Name = Annotated[str, Meta(max_length=128)]
+Tally = Annotated[int, Meta(ge=0, le=10**12)]  # a count a node adds up over a run (examples, steps, tokens)
 
 
 # -- the bounds a run sets -----------------------------------------------------------------------------------------

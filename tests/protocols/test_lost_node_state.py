@@ -54,8 +54,13 @@ def test_the_header_reads_the_stamped_round_or_map_and_defaults_to_none():
     assert Header.from_config({**config, NODE_ROUND_KEY: 2}).accepted_round(7) == 2
     mapped = Header.from_config({**config, NODE_ROUNDS_KEY: '{"7": 2, "8": 3}'})
     assert (mapped.accepted_round(7), mapped.accepted_round(8), mapped.accepted_round(9)) == (2, 3, 0)
-    for bad in ('{"7": -1}', '{"x": 1}', '[1]', '{"7": true}', '{"7": 4}', '{"10000": 1}'):
-        with pytest.raises(ValueError, match=r"must map node indices < 10000 to rounds in \[0, 3\]"):
+    for bad, reason in (('{"7": -1}', r"node-rounds\[...\]: expected `int` >= 0"),
+                        ('{"x": 1}', r"node-rounds \(a key\): expected `str` matching regex"),
+                        ('[1]', "node-rounds: expected `object`, got `array`"),
+                        ('{"7": true}', r"node-rounds\[...\]: expected `int`, got `bool`"),
+                        ('{"7": 4}', r"must map node indices < 10000 to rounds in \[0, 3\]"),
+                        ('{"10000": 1}', r"must map node indices < 10000 to rounds in \[0, 3\]")):
+        with pytest.raises(ValueError, match=reason):
             Header.from_config({**config, NODE_ROUNDS_KEY: bad})
     with pytest.raises(ValueError, match="node-rounds is not JSON"):
         Header.from_config({**config, NODE_ROUNDS_KEY: "{"})

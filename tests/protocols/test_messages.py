@@ -89,26 +89,29 @@ def test_replies_round_trip_and_the_server_rescores_public_responses():
 
 
 @pytest.mark.parametrize("metrics,reason", [
-    ({"node-index": float("nan")}, "'node-index' must be a finite number"),
-    ({"node-index": 999999}, "'node-index' = 999999 is outside"),
-    ({"num-examples": float("inf")}, "'num-examples' must be a finite number"),
-    ({"cumulative-reward": [1.0, 2.0]}, "'cumulative-reward' must be a finite number, got list"),
-    ({"train-reward": float("nan")}, "'train-reward' must be a finite number"),
-    ({"num-examples": -5}, "'num-examples' = -5 is outside"),
-    ({"train-reward": 1e308}, "'train-reward' = 1e+308 is outside [0, 1]"),
-    ({"num-examples": 1e30}, "'num-examples' = 1e+30 is outside"),
-    ({"t-end": 1.0}, "'t-end' = 1.0 is outside [10.0,"),
-    ({"sample-seconds": 1e12}, "'sample-seconds' = 1000000000000.0 is outside"),
-    ({"cumulative-reward": -3.0}, "'cumulative-reward' = -3.0 is outside"),
-    ({"well-formed-completions": 17}, "'well-formed-completions' = 17 is outside [0, 16]"),
+    ({"node-index": float("nan")}, "metrics.node-index: expected `int`, got `float`"),
+    ({"node-index": 3.0}, "metrics.node-index: expected `int`, got `float`"),  # strict: no float for a count
+    ({"node-index": 999999}, "metrics.node-index: expected `int` <= 9999"),
+    ({"num-examples": float("inf")}, "metrics.num-examples: expected `int`, got `float`"),
+    ({"cumulative-reward": [1.0, 2.0]}, "metrics.cumulative-reward: expected `float`, got `array`"),
+    ({"cumulative-reward": float("inf")}, "metrics.cumulative-reward: expected `float` <= 1000000000.0"),
+    ({"train-reward": float("nan")}, "metrics.train-reward: expected `float` >= 0.0"),
+    ({"num-examples": -5}, "metrics.num-examples: expected `int` >= 0"),
+    ({"train-reward": 1e308}, "metrics.train-reward: expected `float` <= 1.0"),
+    ({"num-examples": 10**13}, "metrics.num-examples: expected `int` <= 1000000000000"),
+    ({"t-end": 1.0}, "metrics: t-end = 1.0 is before t-start = 10.0"),
+    ({"sample-seconds": 1e12}, "metrics.sample-seconds: expected `float` <= 10000000.0"),
+    ({"cumulative-reward": -3.0}, "metrics.cumulative-reward: expected `float` >= 0.0"),
+    ({"well-formed-completions": 17}, "metrics: well-formed-completions exceeds sampled-completions"),
 ])
 def test_a_client_report_with_bad_numbers_is_refused(metrics, reason):
     content = reply_records(REPORT)
     values = dict(content[METRICS_KEY])
     values.update(metrics)
     content[METRICS_KEY] = MetricRecord(values)
-    with pytest.raises(Rejected, match=re.escape(reason)):
+    with pytest.raises(Rejected) as caught:
         AdapterReply.from_message(_reply(content), ADAPTER)
+    assert str(caught.value) == reason
 
 
 def test_a_record_of_the_wrong_kind_or_a_list_for_a_count_is_a_wire_error():
@@ -160,7 +163,7 @@ def _garbage(kind: str):
 @pytest.mark.parametrize("kind,reason", [
     ("not-json", "payload is not valid JSON"), ("deep-json", "RecursionError"),
     ("payload-list", "payload is not a JSON object"), ("no-metrics", "reply lacks its metrics or payload record"),
-    ("metrics-list", "'num-examples' must be a finite number, got list"),
+    ("metrics-list", "metrics.num-examples: expected `int`, got `array`"),
 ])
 def test_a_malformed_reply_drops_only_that_client(tmp_path, kind, reason):
     simulate_in_process({"num-server-rounds": 1, "train.local-steps": 1, "train.prompts-per-step": 2,
