@@ -27,21 +27,6 @@ class Rejected(ValueError):
     """A reply (or one packet of it) failed validation; the message is the reason."""
 
 
-def number(record: Any, key: str, default: float | None = None, *, low: float = -math.inf,
-           high: float = math.inf) -> float:
-    """A finite scalar in [low, high] from a Metric/ConfigRecord; Rejected names the key otherwise."""
-    if key not in record:
-        if default is None:
-            raise Rejected(f"'{key}' is missing")
-        return default
-    value = record[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise Rejected(f"'{key}' must be a finite number, got {type(value).__name__}")
-    if not low <= value <= high:
-        raise Rejected(f"'{key}' = {value} is outside [{low}, {high}]")
-    return value
-
-
 def check_adapter(adapter: Adapter, reference: Adapter) -> Adapter:
     """Same tensor keys and shapes as the global adapter, floating point, and, as the fp32 values it is aggregated
     in, finite and within MAX_ADAPTER_VALUE; returns those fp32 copies."""
