@@ -18,19 +18,20 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import os
 import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Annotated, Any, Mapping
 
 import numpy as np
+from msgspec import Meta, Struct
 from safetensors.numpy import load_file, save_file
 
 from ..config import ConfigError, ExperimentConfig
 from ..tasks.splits import MAX_KNOWN_NODES, MAX_NODES
+from ..wire.schema import SchemaError, parse
 from ..wire.validate import MAX_ADAPTER_VALUE
 
 log = logging.getLogger("pubswap_flwr")
@@ -53,6 +54,34 @@ def _is_adapter_name(name: str) -> bool:
 
 class CheckpointError(ValueError):
     """A checkpoint file is missing, unreadable or inconsistent; the message names the file."""
+
+
+Shape = Annotated[list[Annotated[int, Meta(ge=0, lt=2**31)]], Meta(max_length=8)]
+
+
+class AdapterManifest(Struct, frozen=True):
+    """An adapter file's SHA-256 and tensor shapes, as state.json records them."""
+
+    sha256: Annotated[str, Meta(pattern="^[0-9a-f]{64}$")]
+    shapes: dict[str, Shape]
+
+
+class CheckpointState(Struct, frozen=True):
+    """state.json as `save` writes it; `load_directory` parses it before any of it is used (the rules across fields
+    and files are checked there)."""
+
+    round: Annotated[int, Meta(ge=1)]
+    config: dict[str, Any]
+    cumulative_reward: Annotated[float, Meta(ge=0)] = 0.0
+    # Flower node id (up to 64 bits, as text) -> node index
+    node_index: Annotated[dict[Annotated[str, Meta(pattern="^[0-9]{1,20}$")], Annotated[int, Meta(ge=0, lt=MAX_NODES)]],
+                          Meta(max_length=MAX_KNOWN_NODES)] = {}
+    # node index -> the last round its reply was accepted
+    node_rounds: Annotated[dict[Annotated[str, Meta(pattern="^[0-9]{1,5}$")], Annotated[int, Meta(ge=0)]],
+                           Meta(max_length=MAX_KNOWN_NODES)] = {}
+    protocol: dict[str, Any] = {}
+    adapter: AdapterManifest | None = None  # absent in checkpoints of older versions
+    adapters: dict[Annotated[str, Meta(pattern=f"^{ADAPTER_NAME.pattern}$")], AdapterManifest] = {}  # not "global"
 
 
 @dataclass
@@ -175,60 +204,41 @@ def load_directory(directory: Path) -> ServerCheckpoint:
         raise CheckpointError(f"{state_path}: JSON nested too deeply") from None
     except ValueError as err:  # an integer of more digits than Python converts (4300)
         raise CheckpointError(f"{state_path}: not valid JSON ({err})") from None
-    if not isinstance(state, dict):
-        raise CheckpointError(f"{state_path}: must hold a JSON object, got {type(state).__name__}")
+    try:
+        saved = parse(state, CheckpointState, "")
+    except SchemaError as err:
+        raise CheckpointError(f"{state_path}: {err}") from None
 
     def bad(key: str, text: str) -> CheckpointError:
         return CheckpointError(f"{state_path}: {key!r} {text}")
 
-    number = state.get("round")
-    if isinstance(number, bool) or not isinstance(number, int) or number < 1:
-        raise bad("round", f"must be an integer >= 1, got {_short(number)}")
-    config = state.get("config")
-    if not isinstance(config, dict):
-        raise bad("config", f"must be an object, got {type(config).__name__}")
     try:
-        cfg = ExperimentConfig.from_flat(config)
+        cfg = ExperimentConfig.from_flat(saved.config)
     except ConfigError as err:
         raise bad("config", f"is not a valid run config: {err}") from err
+    number = saved.round
     if number > cfg.num_server_rounds:
-        raise bad("round", f"= {_short(number)} is beyond the run's num-server-rounds = {cfg.num_server_rounds}")
-    reward = state.get("cumulative_reward", 0.0)
-    if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
-        raise bad("cumulative_reward", f"must be a finite number, got {_short(reward)}")
-    if not 0 <= reward <= number + 1e-9:  # a round adds a mean reward in [0, 1]
-        raise bad("cumulative_reward", f"= {_short(reward)} is outside [0, {number}] (rewards are in [0, 1])")
-
-    def node_map(key: str, keys: str, key_limit: int, what: str, value_limit: int) -> dict[int, int]:
-        raw = state.get(key, {})
-        if not isinstance(raw, dict):
-            raise bad(key, f"must be an object, got {type(raw).__name__}")
-        if len(raw) > MAX_KNOWN_NODES:
-            raise bad(key, f"has {len(raw)} entries, over {MAX_KNOWN_NODES}")
-        out: dict[int, int] = {}
-        for node, value in raw.items():
-            if (not (node.isascii() and node.isdigit() and len(node) <= 20 and int(node) < key_limit)
-                    or isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= value_limit):
-                raise bad(key, f"must map {keys} to {what}, got {_short(node)}: {_short(value)}")
-            out[int(node)] = value
-        return out
-
-    nodes = node_map("node_index", "node ids", 2**64, f"indices >= 0 and < {MAX_NODES}", MAX_NODES - 1)
-    node_rounds = node_map("node_rounds", f"node indices < {MAX_NODES}", MAX_NODES, f"rounds >= 0 and <= {number}",
-                           number)
-    protocol = state.get("protocol", {})
-    if not isinstance(protocol, dict):
-        raise bad("protocol", f"must be an object, got {type(protocol).__name__}")
-    protocol = dict(protocol)
+        raise bad("round", f"= {number} is beyond the run's num-server-rounds = {cfg.num_server_rounds}")
+    if saved.cumulative_reward > number + 1e-9:  # a round adds a mean reward in [0, 1]
+        raise bad("cumulative_reward", f"= {_short(saved.cumulative_reward)} is more than {number} rounds of "
+                                       "rewards in [0, 1] add up to")
+    nodes = {int(node): index for node, index in saved.node_index.items()}
+    if any(node >= 2**64 for node in nodes):
+        raise bad("node_index", "maps a node id of more than 64 bits")
+    node_rounds = {int(index): done for index, done in saved.node_rounds.items()}
+    late = [f"{index}: {done}" for index, done in node_rounds.items() if index >= MAX_NODES or done > number]
+    if late:
+        raise bad("node_rounds", f"must map node indices < {MAX_NODES} to rounds <= {number}, got {late[0]}")
+    protocol = dict(saved.protocol)
     for key in ("public_cursor", "sapo_pool"):  # checkpoints written before protocols kept their own state
         if key in state:
             protocol.setdefault(key, state[key])
-    master = _load_adapter(directory, state, cfg)
-    adapters = _load_other_adapters(directory, state, master)
+    master = _load_adapter(directory, saved.adapter, cfg)
+    adapters = _load_other_adapters(directory, saved.adapters, master)
     _check_protocol(cfg, protocol, adapters, nodes, bad)
-    return ServerCheckpoint(round=number, config=dict(config), cumulative_reward=float(reward), node_index=nodes,
-                            node_rounds=node_rounds, protocol=protocol, master=master, adapters=adapters,
-                            source=directory)
+    return ServerCheckpoint(round=number, config=dict(saved.config), cumulative_reward=saved.cumulative_reward,
+                            node_index=nodes, node_rounds=node_rounds, protocol=protocol, master=master,
+                            adapters=adapters, source=directory)
 
 
 def _short(value: Any) -> str:
@@ -248,7 +258,8 @@ def _check_protocol(cfg: ExperimentConfig, protocol: dict, adapters: dict, nodes
         raise bad("protocol", f"state cannot be restored ({type(err).__name__}: {str(err)[:300]})") from err
 
 
-def _load_adapter(directory: Path, state: dict, cfg: ExperimentConfig) -> dict[str, np.ndarray] | None:
+def _load_adapter(directory: Path, manifest: AdapterManifest | None, cfg: ExperimentConfig
+                  ) -> dict[str, np.ndarray] | None:
     """The global adapter when the saved config's mode keeps one (asked of the protocol registry), checked against
     the SHA-256 and shapes state.json recorded (checkpoints of older versions recorded none) and for finite
     values."""
@@ -262,43 +273,34 @@ def _load_adapter(directory: Path, state: dict, cfg: ExperimentConfig) -> dict[s
         return None
     if not path.is_file():
         raise CheckpointError(f"{path}: missing; strategy.mode = {mode!r} needs the global adapter")
-    return _read_tensors(path, state.get("adapter"), state_path, "adapter")
+    return _read_tensors(path, manifest, state_path)
 
 
-def _load_other_adapters(directory: Path, state: dict, master: dict[str, np.ndarray] | None
+def _load_other_adapters(directory: Path, listed: dict[str, AdapterManifest], master: dict[str, np.ndarray] | None
                          ) -> dict[str, dict[str, np.ndarray]]:
     """The protocol's other adapters listed under state.json's 'adapters', each checked like the global and
     against its keys and shapes."""
     state_path = directory / STATE_FILE
-    listed = state.get("adapters", {})
-    if not isinstance(listed, dict):
-        raise CheckpointError(f"{state_path}: 'adapters' must be an object, got {type(listed).__name__}")
     adapters = {}
     for name, manifest in listed.items():
         if not _is_adapter_name(name):
             raise CheckpointError(f"{state_path}: 'adapters' names {name!r}, not an adapter name")
-        if manifest is None:
-            raise CheckpointError(f"{state_path}: 'adapters' {name!r} has no manifest")
         path = directory / f"{name}.safetensors"
         if not path.is_file():
             raise CheckpointError(f"{path}: missing; {state_path} lists it")
-        tensors = _read_tensors(path, manifest, state_path, f"adapters.{name}")
+        tensors = _read_tensors(path, manifest, state_path)
         if master is not None:
             check_adapter_shapes(path, tensors, {k: v.shape for k, v in master.items()}, against="the global's")
         adapters[name] = tensors
     return adapters
 
 
-def _read_tensors(path: Path, manifest: Any, state_path: Path, entry: str) -> dict[str, np.ndarray]:
+def _read_tensors(path: Path, manifest: AdapterManifest | None, state_path: Path) -> dict[str, np.ndarray]:
     """A safetensors adapter, checked against its state.json manifest (SHA-256 and shapes; checkpoints of older
     versions recorded none for the global) and for float, finite values within MAX_ADAPTER_VALUE."""
-    if manifest is not None:
-        if (not isinstance(manifest, dict) or not isinstance(manifest.get("sha256"), str)
-                or not isinstance(manifest.get("shapes"), dict)):
-            raise CheckpointError(f"{state_path}: {entry!r} must be an object with 'sha256' and 'shapes'")
-        if _sha256(path) != manifest["sha256"]:
-            raise CheckpointError(f"{path}: content does not match the SHA-256 recorded in {state_path} "
-                                  "(truncated or overwritten)")
+    if manifest is not None and _sha256(path) != manifest.sha256:
+        raise CheckpointError(f"{path}: content does not match the SHA-256 recorded in {state_path} "
+                              "(truncated or overwritten)")
     try:
         tensors = load_file(str(path))
     except Exception as err:  # safetensors raises its own error type, or OSError / ValueError
@@ -306,7 +308,7 @@ def _read_tensors(path: Path, manifest: Any, state_path: Path, entry: str) -> di
     if not tensors:
         raise CheckpointError(f"{path}: holds no tensors")
     if manifest is not None:
-        check_adapter_shapes(path, tensors, manifest["shapes"])
+        check_adapter_shapes(path, tensors, manifest.shapes)
     for key, tensor in tensors.items():
         if not np.issubdtype(tensor.dtype, np.floating):
             raise CheckpointError(f"{path}: tensor {key} has dtype {tensor.dtype}, expected float32")

@@ -42,7 +42,9 @@ def parse(value: Any, schema: type[T], what: str, error: type[ValueError] = Sche
         path = path.rstrip("`")
         key = path.startswith("key` in `")  # msgspec's form for an object's key: "key` in `$.per_task"
         where = what + path.removeprefix("key` in `").removeprefix("$") + (" (a key)" if key else "")
-        raise error(f"{where}: {message[:1].lower()}{message[1:]}") from None
+        where = where if what else where.removeprefix(".")  # a file's fields: "round", not ".round"
+        raise error(f"{where}: {message[:1].lower()}{message[1:]}" if where else
+                    f"{message[:1].lower()}{message[1:]}") from None
 
 
 def text(longest: int, shortest: int = 0) -> Any:

@@ -90,7 +90,7 @@ def test_a_kill_between_the_renames_leaves_a_checkpoint_to_resume_from(tmp_path)
     (b"{not json", "not valid JSON"),
     (b"", "not valid JSON"),
     (b'{"round": 1, "config": \xff}', "not UTF-8 text"),
-    (b"[1, 2]", "must hold a JSON object, got list"),
+    (b"[1, 2]", "state.json: expected `object`, got `array`"),
     (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
 ])
 def test_state_file_that_is_not_a_json_object_is_refused_by_name(tmp_path, content, message):
@@ -102,29 +102,35 @@ def test_state_file_that_is_not_a_json_object_is_refused_by_name(tmp_path, conte
 
 
 @pytest.mark.parametrize("changes, message", [
-    ({"round": "3"}, "'round' must be an integer >= 1, got '3'"),
-    ({"round": True}, "'round' must be an integer >= 1, got True"),
-    ({"round": 0}, "'round' must be an integer >= 1, got 0"),
-    ({"round": ...}, "'round' must be an integer >= 1, got None"),
-    ({"config": ["x"]}, "'config' must be an object, got list"),
-    ({"config": {"train.local-steps": "many"}}, "'config' is not a valid run config: train.local-steps = 'many'"),
+    ({"round": "3"}, "round: expected `int`, got `str`"),
+    ({"round": True}, "round: expected `int`, got `bool`"),
+    ({"round": 0}, "round: expected `int` >= 1"),
+    ({"round": ...}, "object missing required field `round`"),
+    ({"round": 11}, "'round' = 11 is beyond the run's num-server-rounds = 10"),
+    ({"config": ["x"]}, "config: expected `object`, got `array`"),
+    ({"config": {"train.local-steps": "many"}},
+     "'config' is not a valid run config: train.local-steps = 'many': must be an integer"),
     ({"config": {"no-such-key": 1}}, "'config' is not a valid run config: unknown config key 'no-such-key'"),
-    ({"cumulative_reward": "x"}, "'cumulative_reward' must be a finite number, got 'x'"),
-    ({"cumulative_reward": float("nan")}, "'cumulative_reward' must be a finite number, got nan"),
-    ({"node_index": [1]}, "'node_index' must be an object, got list"),
-    ({"node_index": {"abc": 0}}, "'node_index' must map node ids to indices >= 0 and < 10000, got 'abc': 0"),
-    ({"node_index": {"12": -1}}, "'node_index' must map node ids to indices >= 0 and < 10000, got '12': -1"),
-    ({"node_rounds": {"12": True}},
-     "'node_rounds' must map node indices < 10000 to rounds >= 0 and <= 1, got '12': True"),
-    ({"protocol": "cursor"}, "'protocol' must be an object, got str"),
-    ({"adapter": {"sha256": 1}}, "'adapter' must be an object with 'sha256' and 'shapes'"),
+    ({"cumulative_reward": "x"}, "cumulative_reward: expected `float`, got `str`"),
+    ({"cumulative_reward": float("nan")}, "cumulative_reward: expected `float` >= 0.0"),
+    ({"cumulative_reward": 1.5}, "'cumulative_reward' = 1.5 is more than 1 rounds of rewards in [0, 1] add up to"),
+    ({"node_index": [1]}, "node_index: expected `object`, got `array`"),
+    ({"node_index": {"abc": 0}}, "node_index (a key): expected `str` matching regex '^[0-9]{1,20}$'"),
+    ({"node_index": {"99999999999999999999": 0}}, "'node_index' maps a node id of more than 64 bits"),
+    ({"node_index": {"12": -1}}, "node_index[...]: expected `int` >= 0"),
+    ({"node_index": {"12": 10_000}}, "node_index[...]: expected `int` <= 9999"),
+    ({"node_rounds": {"12": True}}, "node_rounds[...]: expected `int`, got `bool`"),
+    ({"node_rounds": {"12": 2}}, "'node_rounds' must map node indices < 10000 to rounds <= 1, got 12: 2"),
+    ({"protocol": "cursor"}, "protocol: expected `object`, got `str`"),
+    ({"adapter": {"sha256": 1}}, "adapter.sha256: expected `str`, got `int`"),
+    ({"adapter": {"sha256": "ab", "shapes": {}}}, "adapter.sha256: expected `str` matching regex '^[0-9a-f]{64}$'"),
 ])
 def test_state_fields_of_the_wrong_type_are_refused_by_name(tmp_path, changes, message):
     checkpoint.save(tmp_path, saved(1))
     edit_state(tmp_path, **changes)
-    with pytest.raises(CheckpointError, match=message.replace("(", r"\(").replace("[", r"\[")) as err:
+    with pytest.raises(CheckpointError) as err:
         checkpoint.load(tmp_path)
-    assert str(state_path(tmp_path)) in str(err.value)
+    assert str(err.value).endswith(f"{state_path(tmp_path)}: {message}")
 
 
 def test_missing_state_file_is_refused_by_name(tmp_path):
@@ -216,7 +222,7 @@ def test_every_checkpoint_corrupt_names_each_file(tmp_path):
     with pytest.raises(CheckpointError) as err:
         checkpoint.load(tmp_path)
     assert f"{state_path(tmp_path)}: not valid JSON" in str(err.value)
-    assert f"{state_path(tmp_path, 'checkpoint.prev')}: 'round' must be an integer" in str(err.value)
+    assert f"{state_path(tmp_path, 'checkpoint.prev')}: round: expected `int`, got `str`" in str(err.value)
 
 
 def _runner(cfg, model_adapter=None):
@@ -374,16 +380,18 @@ def test_an_other_adapter_must_fit_the_global(tmp_path):
 
 
 @pytest.mark.parametrize("listed, message", [
-    ([], "'adapters' must be an object, got list"),
-    ({"../global": {}}, "'adapters' names '../global', not an adapter name"),
-    ({"downlink": None}, "'adapters' 'downlink' has no manifest"),
-    ({"downlink": {"sha256": 1}}, "'adapters.downlink' must be an object with 'sha256' and 'shapes'"),
+    ([], "adapters: expected `object`, got `array`"),
+    ({"../global": {}}, "adapters (a key): expected `str` matching regex '^[a-z][a-z0-9_-]{0,31}$'"),
+    ({"global": {"sha256": "0" * 64, "shapes": {}}}, "'adapters' names 'global', not an adapter name"),
+    ({"downlink": None}, "adapters[...]: expected `object`, got `null`"),
+    ({"downlink": {"sha256": 1}}, "adapters[...].sha256: expected `str`, got `int`"),
 ])
 def test_a_bad_adapters_listing_is_refused(tmp_path, listed, message):
     checkpoint.save(tmp_path, saved(1, adapters={"downlink": adapter()}))
     edit_state(tmp_path, adapters=listed)
-    with pytest.raises(CheckpointError, match=message.replace("[", r"\[").replace(".", r"\.")):
+    with pytest.raises(CheckpointError) as err:
         checkpoint.load(tmp_path)
+    assert str(err.value).endswith(f"{state_path(tmp_path)}: {message}")
 
 
 def test_the_downlink_is_restored_from_the_latest_checkpoint_only(tmp_path, caplog):
