@@ -9,11 +9,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, Any
 
+import msgspec
 import numpy as np
 import torch
+from msgspec import Meta, Struct
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import load_file as load_numpy
 from safetensors.numpy import save_file as save_numpy
@@ -25,6 +28,7 @@ from ..config_sections import MAX_LEARNING_RATE
 from ..policy import Policy
 from ..tasks import StreamCursor
 from ..tasks.splits import MAX_NODES
+from ..wire.schema import parse, parse_file
 
 STATE_FILE = "node.json"
 ADAPTER_FILE = "adapter.safetensors"
@@ -119,40 +123,30 @@ def _round_robin(text: str, index: int) -> str | None:
     return names[index % len(names)] if names else None
 
 
-@dataclass
-class NodeState:
-    """Small JSON-able node state; tensors live in their own files next to it."""
+Tally = Annotated[int, Meta(ge=0)]
+
+
+class NodeState(Struct):
+    """Small JSON-able node state (node.json); tensors live in their own files next to it. Declared in the schema
+    layer's way: a state dir is a file another hand may have touched, so it is parsed, never coerced."""
 
     model_name: str = ""
-    rounds: int = 0
-    steps: int = 0
-    sample_calls: int = 0
-    cumulative_reward: float = 0.0
-    last_round: int = 0
-    cursor: StreamCursor = field(default_factory=StreamCursor)
-    pending_public: dict[str, list[dict]] = field(default_factory=dict)  # uid -> own samples (text, ids)
-    pending_sapo: list[dict] = field(default_factory=list)  # own groups of the current SAPO round
-    peers: dict[str, tuple[int, int]] = field(default_factory=dict)  # sender -> (packets passed, failed)
+    rounds: Tally = 0
+    steps: Tally = 0
+    sample_calls: Tally = 0
+    cumulative_reward: Annotated[float, Meta(ge=0, le=1e9)] = 0.0  # one mean reward in [0, 1] per round
+    last_round: Tally = 0
+    cursor: StreamCursor = msgspec.field(default_factory=StreamCursor)
+    pending_public: dict[str, list[dict[str, Any]]] = msgspec.field(default_factory=dict)  # uid -> own samples
+    pending_sapo: list[dict[str, Any]] = msgspec.field(default_factory=list)  # own groups of the current SAPO round
+    peers: dict[str, tuple[Tally, Tally]] = msgspec.field(default_factory=dict)  # sender -> (passed, failed) packets
 
     def to_dict(self) -> dict:
-        return {
-            "model_name": self.model_name, "rounds": self.rounds, "steps": self.steps,
-            "sample_calls": self.sample_calls, "cumulative_reward": self.cumulative_reward,
-            "last_round": self.last_round, "cursor": self.cursor.to_dict(),
-            "pending_public": self.pending_public, "pending_sapo": self.pending_sapo,
-            "peers": {k: list(v) for k, v in self.peers.items()},
-        }
+        return msgspec.to_builtins(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "NodeState":
-        return cls(
-            model_name=str(data.get("model_name", "")), rounds=int(data.get("rounds", 0)),
-            steps=int(data.get("steps", 0)), sample_calls=int(data.get("sample_calls", 0)),
-            cumulative_reward=float(data.get("cumulative_reward", 0.0)), last_round=int(data.get("last_round", 0)),
-            cursor=StreamCursor.from_dict(data.get("cursor", {})),
-            pending_public=dict(data.get("pending_public", {})), pending_sapo=list(data.get("pending_sapo", [])),
-            peers={str(k): (int(v[0]), int(v[1])) for k, v in dict(data.get("peers", {})).items()},
-        )
+    def from_dict(cls, data: Any) -> "NodeState":
+        return parse(data, cls, "node state", ValueError)
 
 
 class NodeStore:
@@ -168,7 +162,7 @@ class NodeStore:
         path = self.directory / STATE_FILE
         if not path.is_file():
             return NodeState(model_name=self.model_name)
-        state = NodeState.from_dict(json.loads(path.read_text()))
+        state = parse_file(path, NodeState, ValueError)
         if state.model_name and state.model_name != self.model_name:
             raise ValueError(f"state dir {self.directory} belongs to model {state.model_name!r}, "
                              f"not {self.model_name!r}; use another state-dir or run-name")

@@ -31,7 +31,7 @@ from safetensors.numpy import load_file, save_file
 
 from ..config import ConfigError, ExperimentConfig
 from ..tasks.splits import MAX_KNOWN_NODES, MAX_NODES
-from ..wire.schema import SchemaError, parse
+from ..wire.schema import load_json, parse_value_of
 from ..wire.validate import MAX_ADAPTER_VALUE
 
 log = logging.getLogger("pubswap_flwr")
@@ -188,26 +188,8 @@ def load_directory(directory: Path) -> ServerCheckpoint:
     state_path = directory / STATE_FILE
     if not directory.is_dir():
         raise CheckpointError(f"{directory}: not a directory")
-    try:
-        raw = state_path.read_bytes()
-    except FileNotFoundError:
-        raise CheckpointError(f"{state_path}: missing") from None
-    except OSError as err:
-        raise CheckpointError(f"{state_path}: cannot be read ({err.strerror or err})") from err
-    try:
-        state = json.loads(raw)
-    except UnicodeDecodeError as err:
-        raise CheckpointError(f"{state_path}: not UTF-8 text ({err.reason} at byte {err.start})") from err
-    except json.JSONDecodeError as err:
-        raise CheckpointError(f"{state_path}: not valid JSON ({err.msg} at line {err.lineno})") from err
-    except RecursionError:
-        raise CheckpointError(f"{state_path}: JSON nested too deeply") from None
-    except ValueError as err:  # an integer of more digits than Python converts (4300)
-        raise CheckpointError(f"{state_path}: not valid JSON ({err})") from None
-    try:
-        saved = parse(state, CheckpointState, "")
-    except SchemaError as err:
-        raise CheckpointError(f"{state_path}: {err}") from None
+    state = load_json(state_path, CheckpointError)
+    saved = parse_value_of(state_path, state, CheckpointState, CheckpointError)
 
     def bad(key: str, text: str) -> CheckpointError:
         return CheckpointError(f"{state_path}: {key!r} {text}")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import msgspec
@@ -45,6 +46,40 @@ def parse(value: Any, schema: type[T], what: str, error: type[ValueError] = Sche
         where = where if what else where.removeprefix(".")  # a file's fields: "round", not ".round"
         raise error(f"{where}: {message[:1].lower()}{message[1:]}" if where else
                     f"{message[:1].lower()}{message[1:]}") from None
+
+
+def load_json(path: Path, error: type[ValueError] = SchemaError) -> Any:
+    """The JSON value of a file another party may have written (a run directory, node state): `error` naming the
+    file when it is missing, unreadable, not UTF-8 text, not JSON or nested too deeply."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise error(f"{path}: missing") from None
+    except OSError as err:
+        raise error(f"{path}: cannot be read ({err.strerror or err})") from None
+    try:
+        return json.loads(raw)
+    except UnicodeDecodeError as err:
+        raise error(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    except json.JSONDecodeError as err:
+        raise error(f"{path}: not valid JSON ({err.msg} at line {err.lineno})") from None
+    except RecursionError:
+        raise error(f"{path}: JSON nested too deeply") from None
+    except ValueError as err:  # an integer of more digits than Python converts (4300)
+        raise error(f"{path}: not valid JSON ({err})") from None
+
+
+def parse_file(path: Path, schema: type[T], error: type[ValueError] = SchemaError) -> T:
+    """A JSON file (load_json) as `schema`; `error` names the file, then the field."""
+    return parse_value_of(path, load_json(path, error), schema, error)
+
+
+def parse_value_of(path: Path, value: Any, schema: type[T], error: type[ValueError] = SchemaError) -> T:
+    """`value`, read from the file `path`, as `schema`; `error` names the file, then the field."""
+    try:
+        return parse(value, schema, "")
+    except SchemaError as err:
+        raise error(f"{path}: {err}") from None
 
 
 def text(longest: int, shortest: int = 0) -> Any:

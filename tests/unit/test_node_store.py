@@ -1,6 +1,9 @@
-"""NodeStore: a node's adapter, Adam moments and JSON state survive a save and a load, without pickle."""
+"""NodeStore: a node's adapter, Adam moments and JSON state survive a save and a load, without pickle, and a state
+file someone edited is refused naming the file and the field."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
@@ -98,3 +101,38 @@ def test_an_optimizer_file_that_is_not_safetensors_or_lacks_a_moment_is_refused_
     (tmp_path / OPTIMIZER_FILE).write_bytes(b"\x00" * 12)
     with pytest.raises(ValueError, match=f"{OPTIMIZER_FILE} is not a safetensors file"):
         store.load(policy)
+
+
+def test_a_node_state_round_trips_through_its_json(tmp_path):
+    state = NodeState(model_name="m", rounds=2, steps=9, cumulative_reward=0.75, last_round=2,
+                      pending_sapo=[{"uid": "a"}], peers={"n1": (3, 1)})
+    state.cursor.next_index["gcd"] = 4
+    back = NodeState.from_dict(json.loads(json.dumps(state.to_dict())))
+    assert back == state and back.peers == {"n1": (3, 1)} and back.cursor.next_index == {"gcd": 4}
+
+
+@pytest.mark.parametrize("change, reason", [
+    ({"steps": "7"}, "steps: expected `int`, got `str`"),
+    ({"steps": 7.0}, "steps: expected `int`, got `float`"),
+    ({"rounds": -1}, "rounds: expected `int` >= 0"),
+    ({"cumulative_reward": float("inf")}, "cumulative_reward: expected `float` <= 1000000000.0"),
+    ({"peers": {"n1": [1]}}, "peers[...]: expected `array` of length 2, got 1"),
+    ({"cursor": {"draws": "x"}}, "cursor.draws: expected `int`, got `str`"),
+    ({"pending_sapo": {"a": 1}}, "pending_sapo: expected `array`, got `object`"),
+])
+def test_an_edited_state_file_is_refused_naming_the_file_and_the_field(tiny_policy, tmp_path, change, reason):
+    store = NodeStore(tmp_path, "m")
+    store.save(tiny_policy, NodeState(model_name="m", steps=3))
+    path = tmp_path / "node.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **change}))
+    with pytest.raises(ValueError) as caught:
+        store.load(tiny_policy)
+    assert str(caught.value) == f"{path}: {reason}"
+
+
+def test_a_state_file_that_is_not_json_is_refused_naming_the_file(tiny_policy, tmp_path):
+    store = NodeStore(tmp_path, "m")
+    store.save(tiny_policy, NodeState(model_name="m"))
+    (tmp_path / "node.json").write_text("{")
+    with pytest.raises(ValueError, match=r"node\.json: not valid JSON \(Expecting property name"):
+        store.load(tiny_policy)
