@@ -8,9 +8,12 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from msgspec import Meta, Struct
 
 from ..config import ExperimentConfig
+from ..wire.schema import parse
 
 log = logging.getLogger("pubswap_flwr")
 
@@ -179,70 +182,68 @@ class MetricsError(ValueError):
     """A metrics.jsonl row the readers cannot use; the message names the file, line and field."""
 
 
-# eval fields the readers (report, verify, progress) use as numbers; a row may hold others
-EVAL_NUMBERS = ("greedy_accuracy", "greedy_reward", "sampled_accuracy", "sampled_reward", "sampled_accuracy_se",
-                "sampled_reward_se", "greedy_lenient_accuracy", "greedy_well_formed", "sampled_lenient_accuracy",
-                "sampled_lenient_accuracy_se", "sampled_well_formed", "items", "samples")
-ROW_NUMBERS = ("train_reward", "cumulative_reward", "parameter_drift")
-LARGEST = 1e300  # an integer beyond a float's range would overflow where the report takes its mean
+class EvalTaskNumbers(Struct):
+    """The held-out metrics the readers (report, verify, progress) use as numbers; a row may hold others. Any JSON
+    number passes (NaN too), one beyond a float's range does not: the report takes means of them."""
+
+    greedy_accuracy: float | None = None
+    greedy_reward: float | None = None
+    sampled_accuracy: float | None = None
+    sampled_reward: float | None = None
+    sampled_accuracy_se: float | None = None
+    sampled_reward_se: float | None = None
+    greedy_lenient_accuracy: float | None = None
+    greedy_well_formed: float | None = None
+    sampled_lenient_accuracy: float | None = None
+    sampled_lenient_accuracy_se: float | None = None
+    sampled_well_formed: float | None = None
+    items: float | None = None
+    samples: float | None = None
 
 
-def _number(value: Any, where: str, optional: bool = True) -> None:
-    if value is None and optional:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, int)
-                                                                          and abs(value) > LARGEST):
-        raise MetricsError(f"{where} must be a number, got {_short(value)}")
+class EvalNumbers(EvalTaskNumbers):
+    per_task: dict[str, EvalTaskNumbers] = {}
 
 
-def _object(value: Any, where: str) -> dict:
-    if not isinstance(value, dict):
-        raise MetricsError(f"{where} must be an object, got {_short(value)}")
-    return value
+class RoundTime(Struct):
+    round_s: float
 
 
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+class RoundBytes(Struct):
+    sent_by_clients: float
+    received_by_clients: float
 
 
-def _check_eval(value: Any, where: str) -> None:
-    for key in EVAL_NUMBERS:
-        _number(_object(value, where).get(key), f"{where}.{key}")
-    for task, entry in _object(value.get("per_task", {}), f"{where}.per_task").items():
-        for key in EVAL_NUMBERS:
-            _number(_object(entry, f"{where}.per_task[{task!r}]").get(key), f"{where}.per_task[{task!r}].{key}")
+class SwapNumbers(Struct):
+    policy_disagreement: float | None = None
+
+
+class ClientNumbers(Struct):
+    well_formed: float | None = None
+    node_index: int | None = None
+
+
+class MetricsRow(Struct):
+    """A metrics.jsonl row as far as its readers use it (the runner writes more)."""
+
+    round: Annotated[int, Meta(ge=0, lt=10**9)]
+    mode: str = ""
+    train_reward: float | None = None
+    cumulative_reward: float | None = None
+    parameter_drift: float | None = None
+    eval: EvalNumbers | None = None
+    node_eval: dict[str, EvalNumbers] | None = None
+    time: RoundTime | None = None
+    bytes: RoundBytes | None = None
+    swap: SwapNumbers | None = None
+    dropped: dict[str, Any] | None = None
+    clients: dict[str, ClientNumbers] | None = None
 
 
 def check_row(row: Any, where: str) -> dict:
-    """`row` when its fields that readers use have the types they expect; MetricsError naming `where` and the field
-    otherwise."""
-    row = _object(row, where)
-    number = row.get("round")
-    if isinstance(number, bool) or not isinstance(number, int) or not 0 <= number < 10**9:
-        raise MetricsError(f"{where}: round must be a round number, got {_short(number)}")
-    if not isinstance(row.get("mode", ""), str):
-        raise MetricsError(f"{where}: mode must be text, got {_short(row['mode'])}")
-    for key in ROW_NUMBERS:
-        _number(row.get(key), f"{where}: {key}")
-    if row.get("eval"):
-        _check_eval(row["eval"], f"{where}: eval")
-    for node, result in _object(row.get("node_eval") or {}, f"{where}: node_eval").items():
-        _check_eval(result, f"{where}: node_eval[{node!r}]")
-    if "time" in row:
-        _number(_object(row["time"], f"{where}: time").get("round_s"), f"{where}: time.round_s", optional=False)
-    if "bytes" in row:
-        for key in ("sent_by_clients", "received_by_clients"):
-            _number(_object(row["bytes"], f"{where}: bytes").get(key), f"{where}: bytes.{key}", optional=False)
-    if row.get("swap") is not None:
-        _number(_object(row["swap"], f"{where}: swap").get("policy_disagreement"), f"{where}: swap.policy_disagreement")
-    _object(row.get("dropped") or {}, f"{where}: dropped")
-    for node, client in _object(row.get("clients") or {}, f"{where}: clients").items():
-        client = _object(client, f"{where}: clients[{node!r}]")
-        _number(client.get("well_formed"), f"{where}: clients[{node!r}].well_formed")
-        index = client.get("node_index")
-        if index is not None and (isinstance(index, bool) or not isinstance(index, int)):
-            raise MetricsError(f"{where}: clients[{node!r}].node_index must be an integer, got {_short(index)}")
+    """`row` when its fields that readers use have the types they expect (MetricsRow); MetricsError naming `where`
+    and the field otherwise."""
+    parse(row, MetricsRow, f"{where}: row", MetricsError)
     return row
 
 
