@@ -5,7 +5,7 @@ pool), the way main does it and with a declared pydantic v2 model, side by side 
     python benchmarks/schema_decode.py [--packets 24] [--completions 8] [--repeats 200]
 
 Main: `json.loads` then `wire/validate.check_packets`: hand-written checks until 7c728d1 (the decision's run,
-docs/results/schema-decode/2026-12-03.txt), since then the schema layer (wire/schema.py: `msgspec.convert` of each
+docs/results/schema-decode/2026-12-03.txt), since then the schema layer (wire/payloads.py: `msgspec.convert` of each
 parsed packet into a declared Struct). pydantic: one `TypeAdapter` over the same bounds (lengths, the verifier's name,
 1..L completions) validating the JSON text and building the same Packets; msgspec: a `Decoder` doing the same from the
 text. Prints the median time per reply of each and the ratios; every decoder must accept the same payload and build
@@ -25,9 +25,10 @@ from typing import Annotated, Any, Literal
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pubswap_flwr.algorithms.sapo_selection import Packet  # noqa: E402
+from pubswap_flwr.schema import check_depth, check_utf8  # noqa: E402
 from pubswap_flwr.tasks import TaskItem  # noqa: E402
 from pubswap_flwr.tasks.verifiers import VERIFIERS  # noqa: E402
-from pubswap_flwr.wire.schema import Limits, check_depth, check_utf8  # noqa: E402
+from pubswap_flwr.wire.payloads import Limits  # noqa: E402
 from pubswap_flwr.wire.validate import check_packets  # noqa: E402
 
 

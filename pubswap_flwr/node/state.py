@@ -26,9 +26,9 @@ from ..config import ExperimentConfig
 from ..config_keys import PLAIN_COMPONENT, is_plain_component
 from ..config_sections import MAX_LEARNING_RATE
 from ..policy import Policy
+from ..schema import parse, parse_file
 from ..tasks import StreamCursor
 from ..tasks.splits import MAX_NODES
-from ..wire.schema import parse, parse_file
 
 STATE_FILE = "node.json"
 ADAPTER_FILE = "adapter.safetensors"

@@ -12,6 +12,7 @@ from flwr.app import Message, RecordDict
 from msgspec import Meta, Struct
 
 from ..algorithms.sapo_selection import Packet
+from ..schema import parse
 from ..wire.records import (
     Header,
     Instruction,
@@ -22,7 +23,6 @@ from ..wire.records import (
     read_reply,
     records,
 )
-from ..wire.schema import parse
 from ..wire.validate import Limits, Rejected, check_packets
 
 Groups = Annotated[int, Meta(ge=0, le=10**9)]

@@ -30,8 +30,8 @@ from msgspec import Meta, Struct
 from safetensors.numpy import load_file, save_file
 
 from ..config import ConfigError, ExperimentConfig
+from ..schema import load_json, parse_value_of
 from ..tasks.splits import MAX_KNOWN_NODES, MAX_NODES
-from ..wire.schema import load_json, parse_value_of
 from ..wire.validate import MAX_ADAPTER_VALUE
 
 log = logging.getLogger("pubswap_flwr")

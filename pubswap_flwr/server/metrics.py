@@ -13,7 +13,7 @@ from typing import Annotated, Any
 from msgspec import Meta, Struct
 
 from ..config import ExperimentConfig
-from ..wire.schema import parse
+from ..schema import parse
 
 log = logging.getLogger("pubswap_flwr")
 

@@ -5,6 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from msgspec import Struct
+
+from ..schema import parse
+
 # A question's characters per token of generation.max-prompt-tokens: a prompt keeps only its last max-prompt-tokens
 # tokens, and a token of these tokenizers spans far fewer characters, so text beyond this is never seen and only
 # costs tokenizing (an 8 MB question took 18 s). 8192 at the default 256, and never less.
@@ -50,40 +54,24 @@ class TaskItem:
 
     @classmethod
     def from_dict(cls, data: Any) -> "TaskItem":
-        """The inverse of `to_dict`, also for items from elsewhere (peers' SAPO packets, saved node state): `uid`,
-        `task`, `question` and `verifier` must be text, `answer` text or null, `family` text or absent, `metadata`
-        and `provenance` objects or absent. Anything else raises ValueError naming the field (nothing is coerced
-        with str(): a dict is not a question)."""
-        if not isinstance(data, dict):
-            raise ValueError(f"a task item must be an object, got {type(data).__name__}")
+        """The inverse of `to_dict`, also for items from elsewhere (peers' SAPO packets, saved node state), as
+        ItemRecord declares it; anything else raises ValueError naming the field (nothing is coerced with str():
+        a dict is not a question)."""
+        record = parse(data, ItemRecord, "task item", ValueError)
+        return cls(uid=record.uid, task=record.task, question=record.question, answer=record.answer,
+                   verifier=record.verifier, metadata=dict(record.metadata or {}),
+                   provenance=dict(record.provenance or {}), family=record.family or "plain")
 
-        def optional_text(key: str) -> str | None:
-            value = data.get(key)
-            if value is not None and not isinstance(value, str):
-                raise ValueError(f"task item field {key!r} must be text, got {type(value).__name__}")
-            return value
 
-        def text(key: str) -> str:
-            value = optional_text(key)
-            if value is None:
-                raise ValueError(f"task item field {key!r} is missing")
-            return value
+class ItemRecord(Struct):
+    """A task item in JSON: `uid`, `task`, `question` and `verifier` text, `answer` text or null, `family` text,
+    `metadata` and `provenance` objects; all but the first four may be absent or null."""
 
-        def mapping(key: str) -> dict[str, Any]:
-            value = data.get(key)
-            if value is None:
-                return {}
-            if not isinstance(value, dict):
-                raise ValueError(f"task item field {key!r} must be an object, got {type(value).__name__}")
-            return dict(value)
-
-        return cls(
-            uid=text("uid"),
-            task=text("task"),
-            question=text("question"),
-            answer=optional_text("answer"),
-            verifier=text("verifier"),
-            metadata=mapping("metadata"),
-            provenance=mapping("provenance"),
-            family=optional_text("family") or "plain",
-        )
+    uid: str
+    task: str
+    question: str
+    verifier: str
+    answer: str | None = None
+    family: str | None = None
+    metadata: dict[str, Any] | None = None
+    provenance: dict[str, Any] | None = None

@@ -4,7 +4,7 @@ its fields of the metrics row: the answer format of a node's own samples, and th
 (train.foreign-correction). The client report, the node's work report and the round log hold the blocks instead of
 their loose fields.
 
-Each block is its own schema (wire/schema.py): a msgspec Struct whose fields declare their bounds and, through
+Each block is its own schema (pubswap_flwr/schema.py): a msgspec Struct whose fields declare their bounds and, through
 `rename`, their key in a reply's metrics; `from_metrics` parses a reply's metrics into it and then checks the rules
 across its fields (a part never exceeds its whole)."""
 
@@ -15,7 +15,7 @@ from typing import Annotated, Any, Mapping
 from msgspec import Meta, Struct
 
 from .. import metrics_schema as schema
-from .schema import Tally, parse
+from ..schema import Tally, parse
 from .validate import Rejected
 
 # a sum of loss weights: each in [0, max(train.is-cap, 1)], and train.is-cap is at most 1000

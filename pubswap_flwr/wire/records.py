@@ -18,6 +18,7 @@ import msgspec
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from msgspec import Meta, Struct
 
+from ..schema import Fraction, Tally, parse
 from ..tasks.splits import MAX_NODES
 from .codecs import (
     ADAPTER_KEY,
@@ -35,7 +36,6 @@ from .codecs import (
     record_of,
 )
 from .counters import ForeignCounts, FormatCounts, UptakeCounts
-from .schema import Fraction, Tally, parse
 from .validate import Rejected, check_eval
 
 if TYPE_CHECKING:

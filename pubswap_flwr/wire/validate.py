@@ -13,9 +13,10 @@ import numpy as np
 
 from ..algorithms.sapo_selection import Packet, behaviours_from_wire
 from ..rollouts import Behaviour
+from ..schema import check_utf8, parse
 from ..tasks import TaskItem
 from .compression import Codec, CodecError, Quantized
-from .schema import EvalResult, Limits, check_utf8, packet_schema, parse, responses_schema
+from .payloads import EvalResult, Limits, packet_schema, responses_schema
 
 Adapter = dict[str, np.ndarray]
 # An adapter value an honest node can send: adapters travel as fp16, whose largest finite value this is. Bounding

@@ -240,15 +240,15 @@ def test_task_item_from_dict_round_trips_and_fills_absent_optional_fields():
 
 
 @pytest.mark.parametrize("changes, message", [
-    ({"question": {"text": "q"}}, "task item field 'question' must be text, got dict"),
-    ({"uid": 7}, "task item field 'uid' must be text, got int"),
-    ({"task": ["gcd"]}, "task item field 'task' must be text, got list"),
-    ({"verifier": None}, "task item field 'verifier' is missing"),
-    ({"answer": 2}, "task item field 'answer' must be text, got int"),
-    ({"answer": True}, "task item field 'answer' must be text, got bool"),
-    ({"family": {"f": 1}}, "task item field 'family' must be text, got dict"),
-    ({"metadata": [["k", 1]]}, "task item field 'metadata' must be an object, got list"),
-    ({"provenance": "row 1"}, "task item field 'provenance' must be an object, got str"),
+    ({"question": {"text": "q"}}, "task item.question: expected `str`, got `object`"),
+    ({"uid": 7}, "task item.uid: expected `str`, got `int`"),
+    ({"task": ["gcd"]}, "task item.task: expected `str`, got `array`"),
+    ({"verifier": None}, "task item.verifier: expected `str`, got `null`"),
+    ({"answer": 2}, "task item.answer: expected `str | null`, got `int`"),
+    ({"answer": True}, "task item.answer: expected `str | null`, got `bool`"),
+    ({"family": {"f": 1}}, "task item.family: expected `str | null`, got `object`"),
+    ({"metadata": [["k", 1]]}, "task item.metadata: expected `object | null`, got `array`"),
+    ({"provenance": "row 1"}, "task item.provenance: expected `object | null`, got `str`"),
 ])
 def test_task_item_from_dict_refuses_fields_that_are_not_text(changes, message):
     with pytest.raises(ValueError) as info:
@@ -257,7 +257,7 @@ def test_task_item_from_dict_refuses_fields_that_are_not_text(changes, message):
 
 
 def test_task_item_from_dict_refuses_a_missing_field_and_a_non_object():
-    with pytest.raises(ValueError, match="^task item field 'uid' is missing$"):
+    with pytest.raises(ValueError, match="^task item: object missing required field `uid`$"):
         TaskItem.from_dict({k: v for k, v in ITEM.items() if k != "uid"})
-    with pytest.raises(ValueError, match="^a task item must be an object, got list$"):
+    with pytest.raises(ValueError, match="^task item: expected `object`, got `array`$"):
         TaskItem.from_dict([ITEM])

@@ -1,19 +1,13 @@
-"""The schema layer (wire/schema.py): declarations check types and bounds strictly and errors name the field."""
+"""The schema layer (schema.py, and the payloads declared with it in wire/payloads.py): declarations check types and
+bounds strictly and errors name the field."""
 
 from __future__ import annotations
 
 import pytest
 
+from pubswap_flwr.schema import SchemaError, parse
 from pubswap_flwr.tasks.verifiers import VERIFIERS
-from pubswap_flwr.wire.schema import (
-    EvalResult,
-    Limits,
-    SchemaError,
-    item_schema,
-    packet_schema,
-    parse,
-    responses_schema,
-)
+from pubswap_flwr.wire.payloads import EvalResult, Limits, item_schema, packet_schema, responses_schema
 
 ITEM = {"uid": "gcd/1", "task": "gcd", "question": "What is gcd(4, 6)?", "answer": "2", "verifier": "exact"}
 
