@@ -1,13 +1,14 @@
 """SAPO node groups: held-out results of the nodes that run each model (e.g. the weak nodes of a strong/weak swarm),
 or (`--split own-task`) of each node on the tasks it practises against the tasks only its peers practise, per arm
-with 95% CIs over seeds, and paired against a baseline arm seed by seed. Reads metrics.jsonl only.
+with 95% CIs over seeds, and paired against a baseline arm seed by seed. Reads metrics.jsonl and status.json only.
 
     python scripts/node_groups.py docs/results/control-sapo-strong-weak/runs --baseline sapo-8-0
     python scripts/node_groups.py docs/results/control-sapo-skills/runs --baseline sapo-8-0 --split own-task
 
-`--mechanism` adds, per run and model, the external groups its nodes received, discarded for zero advantage, used
-and fell short of J by, summed over the rounds, and the well-formed share of their own rollouts in the first and last
-round.
+Only completed runs count (status.json says so): a run still going, stopped or failed is named on stderr and left
+out, so a sweep can be read while it runs. `--mechanism` adds, per run and model, the external groups its nodes
+received, discarded for zero advantage, used and fell short of J by, summed over the rounds, and the well-formed
+share of their own rollouts in the first and last round.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pubswap_flwr.report import fmt_ci, group, mean_ci, paired_differences, summarize_run  # noqa: E402
+from pubswap_flwr.server.metrics import read_status  # noqa: E402
 
 METRICS = ("sampled_accuracy", "greedy_accuracy")
 
@@ -73,6 +75,18 @@ def mechanism(rows: list[dict]) -> dict[str, dict[str, float]]:
     return out
 
 
+def completed_runs(runs: Path) -> tuple[list[Path], list[str]]:
+    """The run folders under `runs` whose status.json says completed, and a line for each one left out."""
+    done, left_out = [], []
+    for run_dir in sorted(p for p in runs.iterdir() if (p / "metrics.jsonl").is_file()):
+        status = read_status(run_dir).get("status") or "no status"
+        if status == "completed":
+            done.append(run_dir)
+        else:
+            left_out.append(f"left out {run_dir.name}: {status}")
+    return done, left_out
+
+
 def print_mechanism(run_dirs: list[Path]) -> None:
     columns = [*EXTERNAL, "well_formed first", "well_formed last"]
     print("| run | model | " + " | ".join(c.replace("external_", "").replace("_", " ") for c in columns) + " |")
@@ -94,7 +108,9 @@ def main() -> None:
     args = parser.parse_args()
     groups_of = model_groups if args.split == "model" else own_task_groups
     runs = []
-    run_dirs = sorted(p for p in Path(args.runs).iterdir() if (p / "metrics.jsonl").is_file())
+    run_dirs, left_out = completed_runs(Path(args.runs))
+    for line in left_out:
+        print(line, file=sys.stderr)
     for run_dir in run_dirs:
         summary = summarize_run(run_dir)
         for model, metrics in groups_of(summary.rows).items():

@@ -3,6 +3,8 @@ hand-made metrics rows."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.scripts import load_script
@@ -61,3 +63,15 @@ def test_mechanism_sums_each_models_external_groups_and_takes_its_first_and_last
     assert out["raw"]["well_formed first"] == pytest.approx(0.05)
     assert out["raw"]["well_formed last"] == pytest.approx(0.3)
     assert out["warm"]["external_used"] == 4 and out["warm"]["well_formed last"] == 1.0
+
+
+def test_only_completed_runs_are_grouped(tmp_path):
+    for name, status in (("sapo-8-0-s0", "completed"), ("sapo-8-0-s1", "running"), ("sapo-4-4-s0", None)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.jsonl").write_text('{"round": 0}\n')
+        if status:
+            (tmp_path / name / "status.json").write_text(json.dumps({"status": status}))
+    (tmp_path / "notes").mkdir()  # no metrics: not a run
+    done, left_out = _script("node_groups").completed_runs(tmp_path)
+    assert [p.name for p in done] == ["sapo-8-0-s0"]
+    assert left_out == ["left out sapo-4-4-s0: no status", "left out sapo-8-0-s1: running"]
