@@ -6,7 +6,8 @@ import multiprocessing
 from pathlib import Path
 from typing import Any, Sequence
 
-from .server.metrics import CONFIG_FILE, METRICS_FILE, MetricsError, parse_metrics
+from .schema import parse_value_of
+from .server.metrics import CONFIG_FILE, METRICS_FILE, MetricsError, RunConfigFile, parse_metrics
 from .untrusted import UntrustedFileError, check_no_links, is_present, read_bytes, read_json, read_text
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -25,11 +26,11 @@ def read_config(run_dir: Path):
     path = run_dir / CONFIG_FILE
     if not is_present(path):
         raise VerifyError(f"{run_dir} has no {CONFIG_FILE}: not a run directory")
-    data = _json(path, run_dir)
-    if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
-        raise VerifyError(f"{path}: must be an object whose 'config' holds the run-config keys")
+    data = parse_value_of(path, _json(path, run_dir), RunConfigFile, VerifyError)
+    if not data.config:
+        raise VerifyError(f"{path}: holds no run-config keys ('config')")
     try:
-        return ExperimentConfig.from_flat(data["config"])
+        return ExperimentConfig.from_flat(data.config)
     except (ConfigError, TypeError) as err:
         raise VerifyError(f"{path}: {err}") from None
 

@@ -8,7 +8,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..metrics_schema import WELL_FORMED_WARNING
-from ..server.metrics import CONFIG_FILE, STATUS_FILE, read_eval_items, read_metrics
+from ..schema import parse, parse_value_of
+from ..server.metrics import (
+    CONFIG_FILE,
+    STATUS_FILE,
+    EvalItemsRecord,
+    RunConfigFile,
+    RunStatusFile,
+    SamplingSettings,
+    read_eval_items,
+    read_metrics,
+)
 from ..untrusted import UntrustedFileError, is_present, read_json
 
 RUN_NAME = re.compile(r"^(?P<arm>.+)-s(?P<seed>\d+)$")
@@ -55,7 +65,7 @@ def summarize_run(run_dir: Path) -> RunSummary:
     wall = sum(r["time"]["round_s"] for r in trained if "time" in r)
     status = run_dir / STATUS_FILE
     if is_present(status):
-        wall = _number(_json_object(status).get("elapsed_s"), f"{status}: elapsed_s") or wall
+        wall = parse_value_of(status, read_json(status), RunStatusFile, UntrustedFileError).elapsed_s or wall
     values = {
         "greedy_accuracy": _get(final, "greedy_accuracy"),
         "sampled_accuracy": _get(final, "sampled_accuracy"),
@@ -87,23 +97,16 @@ def item_values(run_dir: Path, samples_by_round: dict[int, int | None] | None = 
         records = [row["global"]] if isinstance(row.get("global"), dict) else [
             value for key, value in row.items() if key != "round" and isinstance(value, dict)]
         sums: dict[str, dict[str, list[float]]] = {}
-        for record in records:
-            uids = record.get("uids")
-            if not isinstance(uids, list):
-                raise ValueError(f"{run_dir}: eval_items.jsonl round {row['round']}: a record without its uids")
-            samples = record.get("samples") or (samples_by_round or {}).get(row["round"]) or 1
-            if not isinstance(samples, (int, float)) or isinstance(samples, bool) or samples <= 0:
-                raise ValueError(f"{run_dir}: eval_items.jsonl round {row['round']}: 'samples' is not a count")
-            for metric, key, scale in (("greedy_accuracy", "greedy", 1), ("sampled_accuracy", "sampled", samples)):
-                counts = record.get(key)
-                if not isinstance(counts, list) or len(counts) != len(uids):
+        for raw in records:
+            record = parse(raw, EvalItemsRecord, f"{run_dir}: eval_items.jsonl round {row['round']}", ValueError)
+            samples = record.samples or (samples_by_round or {}).get(row["round"]) or 1
+            for metric, counts, scale in (("greedy_accuracy", record.greedy, 1),
+                                          ("sampled_accuracy", record.sampled, samples)):
+                if counts is None or len(counts) != len(record.uids):
                     continue
-                if not all(isinstance(c, (int, float)) and not isinstance(c, bool) for c in counts):
-                    raise ValueError(f"{run_dir}: eval_items.jsonl round {row['round']}: '{key}' holds a value "
-                                     "that is not a count")
                 target = sums.setdefault(metric, {})
-                for uid, count in zip(uids, counts):
-                    target.setdefault(str(uid), []).append(float(count) / scale)
+                for uid, count in zip(record.uids, counts):
+                    target.setdefault(uid, []).append(count / scale)
         out[row["round"]] = {metric: {uid: statistics.fmean(v) for uid, v in values.items()}
                              for metric, values in sums.items()}
     return out
@@ -124,27 +127,9 @@ def _sampling_temperature(run_dir: Path) -> float:
     path = run_dir / CONFIG_FILE
     if not is_present(path):
         return NAN
-    config = _json_object(path).get("config", {})
-    if not isinstance(config, dict):
-        raise UntrustedFileError(f"{path}: config must be an object of run-config keys")
-    temperature = _number(config.get("generation.temperature"), f"{path}: generation.temperature")
+    config = parse_value_of(path, read_json(path), RunConfigFile, UntrustedFileError).config
+    temperature = parse(config, SamplingSettings, f"{path}: config", UntrustedFileError).temperature
     return NAN if temperature is None else temperature
-
-
-def _json_object(path: Path) -> dict:
-    data = read_json(path)
-    if not isinstance(data, dict):
-        raise UntrustedFileError(f"{path}: must hold a JSON object, got {type(data).__name__}")
-    return data
-
-
-def _number(value, where: str) -> float | None:
-    """`value` as a float, None when absent; UntrustedFileError naming `where` for anything but a number."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or abs(value) > 1e300:
-        raise UntrustedFileError(f"{where} must be a number, got {str(value)[:60]!r}")
-    return float(value)
 
 
 def format_health(trained: list[dict]) -> dict[str, float]:

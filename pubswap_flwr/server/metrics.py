@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Annotated, Any
 
+import msgspec
 from msgspec import Meta, Struct
 
 from ..config import ExperimentConfig
@@ -238,6 +239,35 @@ class MetricsRow(Struct):
     swap: SwapNumbers | None = None
     dropped: dict[str, Any] | None = None
     clients: dict[str, ClientNumbers] | None = None
+
+
+class RunConfigFile(Struct):
+    """config.json as its readers use it: the run's flat config keys (checked further by ExperimentConfig; absent,
+    {}: the report reads only the sampling temperature from it, verify refuses a run without them)."""
+
+    config: dict[str, Any] = {}
+
+
+class SamplingSettings(Struct):
+    """The one config key the report reads without building the whole config: held-out samples' temperature."""
+
+    temperature: float | None = msgspec.field(default=None, name="generation.temperature")
+
+
+class RunStatusFile(Struct):
+    """status.json as the report reads it."""
+
+    status: str = ""
+    elapsed_s: float | None = None
+
+
+class EvalItemsRecord(Struct):
+    """One adapter's per-item counts in an eval_items.jsonl row (counts of another length than uids are skipped)."""
+
+    uids: list[str]
+    samples: Annotated[float, Meta(gt=0)] | None = None
+    greedy: list[float] | None = None
+    sampled: list[float] | None = None
 
 
 def check_row(row: Any, where: str) -> dict:
