@@ -22,6 +22,9 @@ from .config_keys import (
 )
 from .places import OUTPUT_ROOT_ENV
 from .protocols import catalog, optimizers
+from .settings import GenerationSettings, GRPOSettings
+
+GENERATION, GRPO = GenerationSettings(), GRPOSettings()  # the defaults of the keys they share (settings.py)
 
 MODES = catalog.modes()
 MAX_LEARNING_RATE = 10  # train.learning-rate, each train.node-learning-rates entry, node-config learning-rate
@@ -67,26 +70,27 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class GenerationConfig:
-    max_new_tokens: int = opt(16, between(1, 32768))
-    temperature: float = opt(1.0, between(0, 100, above=True))
-    top_k: int = opt(0, between(0, 1_000_000), "0 = no top-k filter")
-    top_p: float = opt(1.0, fraction)
-    max_prompt_tokens: int = opt(256, between(1, 1_048_576))
-    sampler: str = opt("cached", one_of("cached", "generate"), "cached: our KV-cache decode loop (one prefill per "
-                                                               "prompt, finished rows leave the batch); generate: "
-                                                               "Hugging Face's model.generate")
-    dtype: str = opt("auto", one_of("auto", "float32", "bfloat16", "float16"),
+    max_new_tokens: int = opt(GENERATION.max_new_tokens, between(1, 32768))
+    temperature: float = opt(GENERATION.temperature, between(0, 100, above=True))
+    top_k: int = opt(GENERATION.top_k, between(0, 1_000_000), "0 = no top-k filter")
+    top_p: float = opt(GENERATION.top_p, fraction)
+    max_prompt_tokens: int = opt(GENERATION.max_prompt_tokens, between(1, 1_048_576))
+    sampler: str = opt(GENERATION.sampler, one_of("cached", "generate"),
+                       "cached: our KV-cache decode loop (one prefill per prompt, finished rows leave the batch); "
+                       "generate: Hugging Face's model.generate")
+    dtype: str = opt(GENERATION.dtype, one_of("auto", "float32", "bfloat16", "float16"),
                      "precision of the sampling copy of the model (training stays in model.dtype); auto: bfloat16 "
                      "for models of 50M parameters or more where the hardware computes it natively, else model.dtype")
-    stop_at_answer: bool = opt(False, doc="cached sampler: end a completion with EOS right after it closes its "
-                                          "</answer> (the EOS log-prob is the model's own there)")
+    stop_at_answer: bool = opt(GENERATION.stop_at_answer,
+                               doc="cached sampler: end a completion with EOS right after it closes its </answer> "
+                                   "(the EOS log-prob is the model's own there)")
     max_completion_chars: int = opt(4096, between(1, 1_048_576), "longer completions get reward 0; also the "
                                                                  "limit on peers' response texts")
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    learning_rate: float = opt(2e-3, between(0, MAX_LEARNING_RATE, above=True))
+    learning_rate: float = opt(GRPO.learning_rate, between(0, MAX_LEARNING_RATE, above=True))
     node_learning_rates: str = opt("", number_list(0, MAX_LEARNING_RATE),
                                    "simulation: comma-separated learning rates assigned to partitions round robin, as "
                                    "model.node-models (a swarm of different models needs each one's own); empty = "
@@ -94,34 +98,35 @@ class TrainConfig:
     local_steps: int = opt(15, between(1, 10_000), "tau: GRPO steps per client per round")
     prompts_per_step: int = opt(8, between(1, 4096), "times completions-per-prompt at most 65536 completions per step")
     completions_per_prompt: int = opt(8, between(2, 1024), "K (GRPO group size)")
-    loss_type: str = opt("dapo", one_of("dapo", "grpo"))
-    epsilon_low: float = opt(0.2, below_one)
-    epsilon_high: float = opt(0.28, between(0, 10))
-    kl_beta: float = opt(0.0, between(0, 1000))
-    inner_iterations: int = opt(1, between(1, 1000), "mu: optimizer steps per rollout batch")
-    micro_batch_size: int = opt(64, between(1, 65536))
-    recompute_layers: bool = opt(True, doc="a real vocabulary's update recomputes the completion pass's decoder "
-                                           "layers in the backward pass instead of keeping their activations "
-                                           "(SmolLM2 client peak 3.2 -> 1.8 GB at 1.4x the update time); false "
-                                           "keeps them")
-    max_grad_norm: float = opt(1.0, between(0, 1e6), "0 = no clipping")
-    weight_decay: float = opt(0.0, between(0, 100))
+    loss_type: str = opt(GRPO.loss_type, one_of("dapo", "grpo"))
+    epsilon_low: float = opt(GRPO.epsilon_low, below_one)
+    epsilon_high: float = opt(GRPO.epsilon_high, between(0, 10))
+    kl_beta: float = opt(GRPO.kl_beta, between(0, 1000))
+    inner_iterations: int = opt(GRPO.inner_iterations, between(1, 1000), "mu: optimizer steps per rollout batch")
+    micro_batch_size: int = opt(GRPO.micro_batch_size, between(1, 65536))
+    recompute_layers: bool = opt(GRPO.recompute_layers,
+                                 doc="a real vocabulary's update recomputes the completion pass's decoder layers in "
+                                     "the backward pass instead of keeping their activations (SmolLM2 client peak "
+                                     "3.2 -> 1.8 GB at 1.4x the update time); false keeps them")
+    max_grad_norm: float = opt(GRPO.max_grad_norm, between(0, 1e6), "0 = no clipping")
+    weight_decay: float = opt(GRPO.weight_decay, between(0, 100))
     reset_optimizer: bool = opt(False, doc="reset Adam moments when a new global adapter arrives")
-    scale_rewards: str = opt("group", one_of("group", "batch", "none"), "TRL's scale_rewards: divide r - group mean "
-                                                                       "by the group's reward std, the batch's, or "
-                                                                       "nothing")
-    mask_truncated_completions: bool = opt(False, doc="TRL's mask_truncated_completions: completions cut at "
-                                                      "generation.max-new-tokens without EOS leave the loss")
-    foreign_correction: str = opt("none", one_of("none", "weight", "is"),
+    scale_rewards: str = opt(GRPO.scale_rewards, one_of("group", "batch", "none"),
+                             "TRL's scale_rewards: divide r - group mean by the group's reward std, the batch's, or "
+                             "nothing")
+    mask_truncated_completions: bool = opt(GRPO.mask_truncated_completions,
+                                           doc="TRL's mask_truncated_completions: completions cut at "
+                                               "generation.max-new-tokens without EOS leave the loss")
+    foreign_correction: str = opt(GRPO.foreign_correction, one_of("none", "weight", "is"),
                                   "loss weight of foreign completions (other clients' / nodes' text): none (ratio 1, "
                                   "as in both papers); weight: train.foreign-weight; is: per-token truncated "
                                   "importance weight min(pi_self / mu_donor, train.is-cap) from the donor's sampling "
                                   "log-probs "
                                   "(sent with its responses; same tokenizer only, else train.foreign-weight)")
-    foreign_weight: float = opt(0.5, between(0, 1), "weight of foreign tokens with foreign-correction weight, and "
-                                                    "the fallback of is")
-    is_cap: float = opt(2.0, between(0, 1000, above=True), "C: truncation of the importance weight (foreign-correction "
-                                                           "is)")
+    foreign_weight: float = opt(GRPO.foreign_weight, between(0, 1),
+                                "weight of foreign tokens with foreign-correction weight, and the fallback of is")
+    is_cap: float = opt(GRPO.is_cap, between(0, 1000, above=True),
+                        "C: truncation of the importance weight (foreign-correction is)")
 
 
 @dataclass(frozen=True)

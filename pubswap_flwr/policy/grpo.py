@@ -33,6 +33,8 @@ from typing import Sequence
 import torch
 
 from ..rollouts import RolloutGroup
+from ..settings import GenerationSettings
+from ..settings import GRPOSettings as GRPOSettings  # declared there, light; re-exported
 from .grpo_batch import Batch, build_batch, tag_token_mask
 from .grpo_loss import (
     FOREIGN_CORRECTIONS,
@@ -47,34 +49,11 @@ from .grpo_loss import (
 from .grpo_loss import foreign_token_weights as foreign_token_weights
 from .grpo_loss import logprob_gap as logprob_gap
 from .grpo_loss import per_token_logps as per_token_logps
-from .sampling import GenerationSettings
 
 SCALE_REWARDS = ("group", "batch", "none")
 
 
 ADAM_MOMENTS = frozenset({"step", "exp_avg", "exp_avg_sq"})  # what AdamW keeps per parameter
-
-
-@dataclass(frozen=True)
-class GRPOSettings:
-    learning_rate: float = 1e-3
-    loss_type: str = "dapo"
-    epsilon_low: float = 0.2
-    epsilon_high: float = 0.28
-    kl_beta: float = 0.0
-    inner_iterations: int = 1
-    micro_batch_size: int = 64
-    recompute_layers: bool = True  # grpo_loss.completion_logps: the chunked path's completion layers recomputed
-    max_grad_norm: float = 1.0
-    weight_decay: float = 0.0
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.99
-    proximal_mu: float = 0.0
-    scale_rewards: str = "group"
-    mask_truncated_completions: bool = False
-    foreign_correction: str = "none"
-    foreign_weight: float = 0.5
-    is_cap: float = 2.0
 
 
 @dataclass

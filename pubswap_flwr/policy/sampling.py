@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..settings import GenerationSettings as GenerationSettings  # declared there, light; re-exported
+
 SAMPLERS = ("cached", "generate")
 COMPACT_FRACTION = 0.25  # drop finished rows from the decode batch once they are this share of it
 ANSWER_CLOSE = "</answer>"
@@ -120,18 +122,6 @@ def decode_cache(model, room: int):
     layer = growing_layer_class()
     cache.layers = [layer(room) if type(old) is DynamicLayer else old for old in cache.layers]
     return cache
-
-
-@dataclass(frozen=True)
-class GenerationSettings:
-    max_new_tokens: int = 16
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    max_prompt_tokens: int = 256
-    sampler: str = "cached"
-    dtype: str = "auto"  # the sampling copy's precision (policy.sampling_precision)
-    stop_at_answer: bool = False  # cached sampler: EOS right after a completion closes its </answer>
 
 
 @dataclass
