@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Annotated, Any, Callable, Sequence
+
+from msgspec import Meta, Struct
 
 from ..rollouts import MAX_BEHAVIOUR_TOKENS, Behaviour
+from ..schema import parse
 from ..tasks import TaskItem
 
 
@@ -37,14 +40,26 @@ class Packet:
         return out
 
     @classmethod
-    def from_wire(cls, data: dict[str, Any]) -> "Packet":
-        """A packet as the server relays it; behaviours are checked again (ValueError) since they feed the loss."""
-        completions = tuple(data["completions"])
-        return cls(str(data["sender"]), TaskItem.from_dict(data["item"]), completions,
-                   behaviours_from_wire(data.get("behaviour"), len(completions)), str(data.get("tokenizer", ""))[:64])
+    def from_wire(cls, data: Any) -> "Packet":
+        """A packet as the server relays it (RelayedPacket); behaviours are checked again (ValueError) since they
+        feed the loss."""
+        record = parse(data, RelayedPacket, "a relayed packet", ValueError)
+        return cls(record.sender, TaskItem.from_dict(record.item), tuple(record.completions),
+                   behaviours_from_wire(record.behaviour, len(record.completions)), record.tokenizer)
 
     def with_sender(self, sender: str) -> "Packet":
         return Packet(sender, self.item, self.completions, self.behaviour, self.tokenizer)
+
+
+class RelayedPacket(Struct):
+    """A packet in the pool the server relays: its sender, its item (TaskItem.from_dict checks it), its completions
+    and, optionally, a behaviour per completion with the sampler's tokenizer fingerprint."""
+
+    sender: str
+    item: dict[str, Any]
+    completions: Annotated[list[str], Meta(min_length=1)]
+    behaviour: list[str | None] | None = None
+    tokenizer: Annotated[str, Meta(max_length=64)] = ""
 
 
 def behaviours_from_wire(raw: Any, count: int, max_tokens: int = MAX_BEHAVIOUR_TOKENS

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Annotated, Any, ClassVar, Generic, TypeVar
 
 from flwr.app import Message, RecordDict
+from msgspec import Meta, Struct
 
 from ..rollouts import Behaviour
+from ..schema import Fraction, parse
 from ..tasks import extract_answer, score_completion, training_reward
 from ..wire.codecs import DEFAULT_MAX_PAYLOAD_BYTES, config_int
 from ..wire.compression import Codec, Quantized
@@ -54,20 +56,29 @@ class SwapEntry:
 
     @classmethod
     def from_dict(cls, data: Any) -> "SwapEntry":
-        if not isinstance(data, dict):
-            raise ValueError(f"a response-set entry is {type(data).__name__}, not an object")
-        index, reward = data.get("own_index", -1), data.get("reward")
-        if isinstance(index, bool) or not isinstance(index, int):
-            raise ValueError(f"own_index must be an integer, got {type(index).__name__}")
-        if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not 0 <= reward <= 1:
-            raise ValueError(f"reward must be a number in [0, 1], got {reward!r}")
-        if index >= 0:
-            return cls(float(reward), index)
-        text, source = data.get("text"), data.get("source", "peer")
-        if not isinstance(text, str) or not isinstance(source, str):
-            raise ValueError("a foreign response needs text and a source name")
-        behaviour = Behaviour.from_wire(data["behaviour"]) if data.get("behaviour") is not None else None
-        return cls(float(reward), -1, text, source, behaviour)
+        return cls.of(parse(data, SwapEntryRecord, "a response-set entry", ValueError))
+
+    @classmethod
+    def of(cls, record: "SwapEntryRecord") -> "SwapEntry":
+        if record.own_index >= 0:
+            return cls(record.reward, record.own_index)
+        behaviour = Behaviour.from_wire(record.behaviour) if record.behaviour is not None else None
+        return cls(record.reward, -1, record.text or "", record.source, behaviour)
+
+
+class SwapEntryRecord(Struct):
+    """A SwapEntry on the wire: an own response by index, or a foreign one with its text, source and, optionally,
+    the donor's behaviour (decoded and checked by Behaviour.from_wire)."""
+
+    reward: Fraction
+    own_index: int = -1
+    text: str | None = None
+    source: str = "peer"
+    behaviour: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.own_index < 0 and self.text is None:
+            raise ValueError("a foreign response needs its text")
 
 
 MAX_CANDIDATES = 64  # pubswap.donor-candidates' bound
@@ -118,17 +129,19 @@ class DonorChoice:
 
     @classmethod
     def from_dict(cls, data: Any, k: int) -> "DonorChoice":
-        if not isinstance(data, dict):
-            raise ValueError(f"a donor choice is {type(data).__name__}, not an object")
-        slots, candidates = data.get("slots"), data.get("candidates")
-        if not isinstance(slots, list) or not isinstance(candidates, list):
-            raise ValueError("a donor choice needs 'slots' and 'candidates' lists")
-        if not slots or len(set(slots)) != len(slots) or not all(type(i) is int and 0 <= i < k for i in slots):
+        record = parse(data, DonorChoiceRecord, "a donor choice", ValueError)
+        if len(set(record.slots)) != len(record.slots) or not all(0 <= i < k for i in record.slots):
             raise ValueError(f"donor choice slots must be distinct integers in [0, {k})")
-        entries = tuple(SwapEntry.from_dict(c) for c in candidates)
-        if not len(slots) <= len(entries) <= MAX_CANDIDATES or any(e.own_index >= 0 for e in entries):
-            raise ValueError(f"a donor choice needs {len(slots)}..{MAX_CANDIDATES} foreign candidates")
-        return cls(tuple(slots), entries)
+        if len(record.candidates) < len(record.slots) or any(e.own_index >= 0 for e in record.candidates):
+            raise ValueError(f"a donor choice needs {len(record.slots)}..{MAX_CANDIDATES} foreign candidates")
+        return cls(tuple(record.slots), tuple(SwapEntry.of(e) for e in record.candidates))
+
+
+class DonorChoiceRecord(Struct):
+    """A DonorChoice on the wire: the slots (checked against K after parsing) and the foreign candidates."""
+
+    slots: Annotated[list[int], Meta(min_length=1)]
+    candidates: Annotated[list[SwapEntryRecord], Meta(max_length=MAX_CANDIDATES)]
 
 
 @dataclass(frozen=True)

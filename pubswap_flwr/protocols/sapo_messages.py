@@ -88,10 +88,7 @@ class SapoTrain(Instruction):
         pool = payload_of(content).get("pool", [])
         if not isinstance(pool, list):
             raise ValueError("the relayed pool is not a list")
-        try:
-            packets = tuple(Packet.from_wire(p) for p in pool)
-        except (TypeError, KeyError, ValueError, AttributeError) as err:
-            raise ValueError(f"malformed relayed packet: {type(err).__name__}: {err}") from None
+        packets = tuple(Packet.from_wire(p) for p in pool)  # ValueError naming the field of a malformed one
         return cls(Header.from_config(config), packets,
                    bool(config.get("evaluate", False)), bool(config.get("save-adapter", False)),
                    bool(config.get("evaluate-initial", False)))

@@ -120,7 +120,13 @@ def test_donor_choices_round_trip_and_malformed_ones_are_refused():
                         ({"slots": [0, 0], "candidates": []}, "distinct"),
                         ({"slots": [0], "candidates": []}, "needs 1..64 foreign candidates"),
                         ({"slots": [0], "candidates": [{"own_index": 1, "reward": 1.0}]}, "foreign candidates"),
-                        ("x", "not an object")):
+                        ({"slots": [0], "candidates": [{"reward": 1.0}]},
+                         r"^a donor choice.candidates\[0\]: a foreign response needs its text$"),
+                        ({"slots": [0], "candidates": [{"reward": 2, "text": "t"}]},
+                         r"^a donor choice.candidates\[0\].reward: expected `float` <= 1.0$"),
+                        ({"slots": [True], "candidates": []},
+                         r"^a donor choice.slots\[0\]: expected `int`, got `bool`$"),
+                        ("x", "^a donor choice: expected `object`, got `str`$")):
         with pytest.raises(ValueError, match=reason):
             DonorChoice.from_dict(bad, 2)
 

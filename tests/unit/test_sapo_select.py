@@ -51,6 +51,20 @@ def test_packet_wire_round_trip():
     assert isinstance(back.completions, tuple)
 
 
+@pytest.mark.parametrize("change, reason", [
+    ({"completions": "ab"}, "a relayed packet.completions: expected `array`, got `str`"),
+    ({"completions": []}, "a relayed packet.completions: expected `array` of length >= 1"),
+    ({"sender": 3}, "a relayed packet.sender: expected `str`, got `int`"),
+    ({"item": {"uid": "u"}}, "task item: object missing required field `task`"),
+    ({"behaviour": [None]}, "behaviour must list one entry per completion (2)"),
+])
+def test_a_malformed_relayed_packet_is_refused_naming_the_field(change, reason):
+    wire = Packet("n3", TaskItem("u/1", "gcd", "q", "2", "exact"), ("a", "b")).to_wire()
+    with pytest.raises(ValueError) as caught:
+        Packet.from_wire({**wire, **change})
+    assert str(caught.value) == reason
+
+
 # --- select_external --------------------------------------------------------------------------------------------
 
 
