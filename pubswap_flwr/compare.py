@@ -34,6 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
+from msgspec import Struct
+
 from .config import ConfigError, ExperimentConfig, flatten, load_toml
 from .places import outside_checkout, resolve_output
 from .server.metrics import STATUS_FILE
@@ -139,6 +142,24 @@ class RunOutcome:
     detail: str = ""
     seconds: float = 0.0
     reused: bool = False
+
+
+class OutcomeEntry(Struct):
+    """One run's entry of a sweep's outcomes.json, as `pubswap compare` writes it and scripts/publish_results.py
+    reads it (which also checks the arm and seed against the sweep file)."""
+
+    arm: str
+    seed: int
+    status: str
+    detail: str = ""
+    seconds: float = 0.0
+    reused: bool = False
+    run_dir: str = ""
+
+    @classmethod
+    def of(cls, outcome: RunOutcome) -> "OutcomeEntry":
+        return cls(outcome.arm, outcome.seed, outcome.status, outcome.detail, round(outcome.seconds, 1),
+                   outcome.reused, str(outcome.run_dir))
 
 
 def run_status(run_dir: Path) -> dict:
@@ -264,8 +285,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     outcomes = run_sweep(sweep, out, args.only, args.dry_run, args.report_only)
     if args.dry_run:
         return 0
-    entries = [{"arm": o.arm, "seed": o.seed, "status": o.status, "detail": o.detail, "seconds": round(o.seconds, 1),
-                "reused": o.reused, "run_dir": str(o.run_dir)} for o in outcomes]
+    entries = [msgspec.to_builtins(OutcomeEntry.of(o)) for o in outcomes]
     (out / "outcomes.json").write_text(json.dumps(merged_outcomes(out / "outcomes.json", sweep, entries), indent=2))
     # Every completed run of the sweep on disk (an --only invocation keeps the other arms in the report).
     completed = [out / "runs" / sweep.run_name(arm.name, seed) for arm in sweep.arms for seed in sweep.seeds

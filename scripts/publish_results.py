@@ -39,14 +39,16 @@ import sys
 import tempfile
 from pathlib import Path
 
+import msgspec
 import numpy as np
 from safetensors import SafetensorError
 from safetensors.numpy import load, save
 
-from pubswap_flwr.compare import NOT_RUN, SweepError, is_failure, load_sweep
+from pubswap_flwr.compare import NOT_RUN, OutcomeEntry, SweepError, is_failure, load_sweep
 from pubswap_flwr.config_keys import PLAIN_COMPONENT, is_plain_component
 from pubswap_flwr.report import summarize_run, write_report
 from pubswap_flwr.report.writer import read_summary
+from pubswap_flwr.schema import parse
 from pubswap_flwr.server.metrics import MetricsError, parse_metrics
 from pubswap_flwr.untrusted import UntrustedFileError, is_present, one_line, parse_json, read_bytes
 from pubswap_flwr.verify import NoAdapterError, VerifyError, final_adapters
@@ -100,23 +102,16 @@ def _outcomes(path: Path, root: Path, sweep) -> list[dict]:
         entries = parse_json(_read(path, root).decode("utf-8"), str(path))
     except (UnicodeDecodeError, UntrustedFileError) as err:
         raise PublishError(f"{path}: not JSON text ({err})") from None
-    if not isinstance(entries, list):
-        raise PublishError(f"{path}: must be a list of run outcomes")
     arms = {arm.name for arm in sweep.arms}
     checked = []
-    for number, entry in enumerate(entries):
+    for number, entry in enumerate(parse(entries, list[OutcomeEntry], str(path), PublishError)):
         where = f"{path}: entry {number}"
-        if not isinstance(entry, dict):
-            raise PublishError(f"{where} is not an object")
-        arm, seed = entry.get("arm"), entry.get("seed")
-        if not isinstance(arm, str) or arm not in arms:  # a list or an object would not even hash
-            raise PublishError(f"{where}: arm {str(arm)[:80]!r} is not an arm of {sweep.source}")
-        if isinstance(seed, bool) or seed not in sweep.seeds:
-            raise PublishError(f"{where}: seed {str(seed)[:40]!r} is not a seed of {sweep.source}")
-        if not isinstance(entry.get("status"), str) or not isinstance(entry.get("detail", ""), str):
-            raise PublishError(f"{where}: status and detail must be text")
-        checked.append({**entry, "detail": entry.get("detail", ""),
-                        "run_dir": str(Path("runs") / sweep.run_name(arm, seed))})
+        if entry.arm not in arms:
+            raise PublishError(f"{where}: arm {entry.arm[:80]!r} is not an arm of {sweep.source}")
+        if entry.seed not in sweep.seeds:
+            raise PublishError(f"{where}: seed {entry.seed} is not a seed of {sweep.source}")
+        checked.append({**msgspec.to_builtins(entry), "run_dir": str(Path("runs") / sweep.run_name(entry.arm,
+                                                                                                   entry.seed))})
     return checked
 
 
