@@ -69,8 +69,21 @@ def setup(*, verbose: bool = False, flower: bool = False) -> logging.Handler:
     return handler
 
 
+class _CurrentStderr(logging.StreamHandler):
+    """A handler that writes to sys.stderr as it is when a line is logged: one bound at setup kept writing to a stream
+    a caller had replaced and closed since (pytest's capture of an earlier test: '--- Logging error ---')."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:  # StreamHandler.__init__ and setStream assign it: sys.stderr is always used
+        pass
+
+
 def _stderr_handler() -> logging.Handler:
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _CurrentStderr()
     handler.setFormatter(logging.Formatter(FORMAT, datefmt="%H:%M:%S"))
     handler._pubswap = True  # type: ignore[attr-defined]  # found again by a second setup()
     return handler

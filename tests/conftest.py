@@ -46,6 +46,22 @@ def _figures_unrendered(request, monkeypatch):
         monkeypatch.setattr(plots, "render_png", lambda fig: UNRENDERED_PNG)
 
 
+@pytest.fixture(autouse=True)
+def _logging_as_it_was():
+    """A test that runs a `pubswap` command configures the package's console logging for the whole process; each test
+    starts from the same logging state instead (a command's INFO lines otherwise reached the next tests' stderr)."""
+    import logging
+
+    names = ("", "flwr", "pubswap_flwr", "pubswap_flwr.clients")
+    saved = [(logger, list(logger.handlers), logger.level, logger.propagate)
+             for logger in map(logging.getLogger, names)]
+    yield
+    for logger, handlers, level, propagate in saved:
+        logger.handlers[:] = handlers
+        logger.setLevel(level)
+        logger.propagate = propagate
+
+
 @pytest.fixture(scope="session")
 def tiny_location() -> str:
     from pubswap_flwr.policy.model import resolve_model

@@ -41,12 +41,13 @@ def _root_handler_like_basic_config() -> io.StringIO:
 
 @pytest.fixture()
 def console(monkeypatch):
-    """setup() with its handler writing into a buffer (Flower's handler holds the stream of its import time)."""
+    """setup() with its handler writing into a buffer (Flower's handler holds the stream of its import time; ours
+    writes to sys.stderr as it is when a line is logged)."""
 
     def configure(**kwargs) -> io.StringIO:
         handler = logs.setup(**kwargs)
         stream = io.StringIO()
-        monkeypatch.setattr(handler, "stream", stream)
+        monkeypatch.setattr(*((handler, "stream") if kwargs.get("flower") else ("sys.stderr",)), stream)
         return stream
 
     return configure
@@ -135,3 +136,15 @@ def test_every_exchange_logs_its_progress_inside_the_round():
         "[round 3] train.segment #2: sent to 2 client(s), waiting for replies", "[round 3] train.segment #2: 0 of 2",
         "[round 4] query.rollouts #1: sent to 1 client(s), waiting for replies", "[round 4] query.rollouts #1: 0 of 1"]
     assert progress[1].endswith(", 2 dropped")
+
+
+def test_the_console_handler_writes_to_stderr_as_it_is_when_a_line_is_logged(monkeypatch):
+    first, second = io.StringIO(), io.StringIO()
+    monkeypatch.setattr("sys.stderr", first)
+    logs.setup()
+    logging.getLogger(logs.PACKAGE).info("one")
+    first.close()  # as pytest closes an earlier test's capture
+    monkeypatch.setattr("sys.stderr", second)
+    logs.setup()  # a second setup finds the same handler again
+    logging.getLogger(logs.PACKAGE).info("two")
+    assert second.getvalue().rstrip().endswith("two") and "Logging error" not in second.getvalue()
