@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import io
 import json
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from flwr.app.typing import MetricRecordValues
+from msgspec import Meta
+
+from ..schema import parse
 
 ADAPTER_KEY = "adapter"
 QUANTIZED_KEY = "adapter-q"  # strategy.compression: an adapter delta as blockwise codes and scales
@@ -31,6 +34,8 @@ class WireError(ValueError):
 
 
 PACKED_KEY, INDEX_KEY = "packed", "index"
+# the packed adapter's index: [name, shape] per tensor, a shape of at most 8 sizes in [0, 2**31)
+AdapterIndex = list[tuple[str, Annotated[list[Annotated[int, Meta(ge=0, lt=2**31)]], Meta(max_length=8)]]]
 MAX_INDEX_BYTES = 4 * 1024 * 1024  # names and shapes of the packed tensors (SmolLM2's 420 LoRA tensors: ~40 KB)
 
 
@@ -54,14 +59,9 @@ def _unpack(record: ArrayRecord) -> dict[str, np.ndarray]:
     if raw.dtype != np.uint8 or raw.ndim != 1 or raw.size > MAX_INDEX_BYTES:
         raise WireError(f"adapter index must be at most {MAX_INDEX_BYTES} bytes of uint8 JSON")
     try:
-        index = json.loads(raw.tobytes().decode("utf-8"))
+        index = parse(json.loads(raw.tobytes().decode("utf-8")), AdapterIndex, "adapter index", WireError)
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
         raise WireError(f"adapter index is not JSON text: {err}") from None
-    if not isinstance(index, list) or not all(
-            isinstance(e, list) and len(e) == 2 and isinstance(e[0], str) and isinstance(e[1], list)
-            and len(e[1]) <= 8 and all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**31
-                                       for d in e[1]) for e in index):
-        raise WireError("adapter index must be a list of [name, shape] with shapes of at most 8 sizes in [0, 2**31)")
     names = [name for name, _ in index]
     if len(set(names)) != len(names):
         raise WireError("adapter index names a tensor twice")
