@@ -4,8 +4,9 @@ and `parse_file` read a file someone else may have written. Imports nothing of t
 its own records with it (wire/payloads.py, server/checkpoint.py, node/state.py, server/metrics.py, tasks/items.py).
 
 msgspec was chosen over pydantic v2 (docs/results/schema-decode): it is strict by default (a string is never coerced
-into a number, a bool is not an int), it is one small wheel without dependencies, and it decoded a SAPO reply in 0.52x
-the hand-written checks' time where pydantic took 0.70x. Bounds that depend on a run's settings (`Limits`) are
+into a number, a bool is not an int), it is one small wheel without dependencies, and decoding a SAPO reply's text
+it took 0.52x the hand-written checks' time where pydantic took 0.70x (the layer as built converts the parsed JSON
+instead: docs/benchmarks.md). Bounds that depend on a run's settings (`Limits`) are
 declared by small factories over them, cached per value. What a declaration cannot say (JSON nesting depth, text
 that is not valid Unicode, a rule across fields) is checked in the Struct's `__post_init__`, so the error still
 names where it is.

@@ -142,11 +142,18 @@ class NodeState(Struct):
     peers: dict[str, tuple[Tally, Tally]] = msgspec.field(default_factory=dict)  # sender -> (passed, failed) packets
 
     def to_dict(self) -> dict:
-        return msgspec.to_builtins(self)
+        return msgspec.to_builtins(self, enc_hook=_plain)
 
     @classmethod
     def from_dict(cls, data: Any) -> "NodeState":
         return parse(data, cls, "node state", ValueError)
+
+
+def _plain(value: Any) -> Any:
+    """A numpy scalar (reasoning-gym metadata in a pending SAPO group's item) as the Python number it holds."""
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"node state cannot hold a {type(value).__name__}")
 
 
 class NodeStore:

@@ -88,8 +88,13 @@ class SapoTrain(Instruction):
         pool = payload_of(content).get("pool", [])
         if not isinstance(pool, list):
             raise ValueError("the relayed pool is not a list")
-        packets = tuple(Packet.from_wire(p) for p in pool)  # ValueError naming the field of a malformed one
-        return cls(Header.from_config(config), packets,
+        packets = []
+        for index, entry in enumerate(pool):
+            try:
+                packets.append(Packet.from_wire(entry))
+            except ValueError as err:  # its message names the field
+                raise ValueError(f"relayed packet {index}: {err}") from None
+        return cls(Header.from_config(config), tuple(packets),
                    bool(config.get("evaluate", False)), bool(config.get("save-adapter", False)),
                    bool(config.get("evaluate-initial", False)))
 

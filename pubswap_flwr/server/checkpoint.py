@@ -57,12 +57,14 @@ class CheckpointError(ValueError):
 
 
 Shape = Annotated[list[Annotated[int, Meta(ge=0, lt=2**31)]], Meta(max_length=8)]
+# \Z, not $: msgspec matches a pattern with re.search, and "$" also matches before a final newline ("7\n")
+NodeIdText = Annotated[str, Meta(pattern=r"^[0-9]{1,20}\Z")]
 
 
 class AdapterManifest(Struct, frozen=True):
     """An adapter file's SHA-256 and tensor shapes, as state.json records them."""
 
-    sha256: Annotated[str, Meta(pattern="^[0-9a-f]{64}$")]
+    sha256: Annotated[str, Meta(pattern=r"^[0-9a-f]{64}\Z")]
     shapes: dict[str, Shape]
 
 
@@ -74,14 +76,14 @@ class CheckpointState(Struct, frozen=True):
     config: dict[str, Any]
     cumulative_reward: Annotated[float, Meta(ge=0)] = 0.0
     # Flower node id (up to 64 bits, as text) -> node index
-    node_index: Annotated[dict[Annotated[str, Meta(pattern="^[0-9]{1,20}$")], Annotated[int, Meta(ge=0, lt=MAX_NODES)]],
+    node_index: Annotated[dict[NodeIdText, Annotated[int, Meta(ge=0, lt=MAX_NODES)]],
                           Meta(max_length=MAX_KNOWN_NODES)] = {}
     # node index -> the last round its reply was accepted
-    node_rounds: Annotated[dict[Annotated[str, Meta(pattern="^[0-9]{1,5}$")], Annotated[int, Meta(ge=0)]],
+    node_rounds: Annotated[dict[Annotated[str, Meta(pattern=r"^[0-9]{1,5}\Z")], Annotated[int, Meta(ge=0)]],
                            Meta(max_length=MAX_KNOWN_NODES)] = {}
     protocol: dict[str, Any] = {}
     adapter: AdapterManifest | None = None  # absent in checkpoints of older versions
-    adapters: dict[Annotated[str, Meta(pattern=f"^{ADAPTER_NAME.pattern}$")], AdapterManifest] = {}  # not "global"
+    adapters: dict[Annotated[str, Meta(pattern=rf"^{ADAPTER_NAME.pattern}\Z")], AdapterManifest] = {}  # not "global"
 
 
 @dataclass

@@ -234,11 +234,12 @@ class MetricsRow(Struct):
     parameter_drift: float | None = None
     eval: EvalNumbers | None = None
     node_eval: dict[str, EvalNumbers] | None = None
-    time: RoundTime | None = None
-    bytes: RoundBytes | None = None
+    # absent or an object, never null: the readers index into them whenever the key is there
+    time: RoundTime | msgspec.UnsetType = msgspec.UNSET
+    bytes: RoundBytes | msgspec.UnsetType = msgspec.UNSET
     swap: SwapNumbers | None = None
     dropped: dict[str, Any] | None = None
-    clients: dict[str, ClientNumbers] | None = None
+    clients: dict[str, ClientNumbers] | msgspec.UnsetType = msgspec.UNSET
 
 
 class RunConfigFile(Struct):

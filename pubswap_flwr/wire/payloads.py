@@ -74,8 +74,11 @@ def item_schema(limits: Limits) -> Any:
             check_depth(value, limits.max_depth, f"'{key}'")
             if len(repr(value)) > limits.max_metadata_chars:
                 raise ValueError(f"'{key}' is over the {limits.max_metadata_chars}-char limit")
-        check_utf8(json.dumps([self.uid, self.task, self.question, self.answer, self.family, self.metadata,
-                               self.provenance], ensure_ascii=False), "the item")
+        for key in ("uid", "task", "question", "answer", "family"):
+            if getattr(self, key) is not None:
+                check_utf8(getattr(self, key), f"'{key}'")
+        for key in ("metadata", "provenance"):  # the strings inside them too
+            check_utf8(json.dumps(getattr(self, key), ensure_ascii=False), f"'{key}'")
 
     return msgspec.defstruct("SharedItem", [
         ("uid", text(256)), ("task", text(256)), ("question", text(limits.max_question_chars, 1)),

@@ -128,7 +128,8 @@ class Header:
 MAX_NODE_ROUNDS_CHARS = 32 * MAX_NODES
 
 
-NodeRounds = dict[Annotated[str, Meta(pattern="^[0-9]{1,5}$")], Annotated[int, Meta(ge=0)]]
+# \Z, not $: msgspec matches a pattern with re.search, and "$" also matches before a final newline ("3\n")
+NodeRounds = dict[Annotated[str, Meta(pattern=r"^[0-9]{1,5}\Z")], Annotated[int, Meta(ge=0)]]
 
 
 def _node_rounds(value: Any, server_round: int) -> dict[int, int] | None:

@@ -113,7 +113,7 @@ def test_text_that_is_not_valid_unicode_is_refused_where_it_enters():
         check_public_responses({"responses": {"p": ["ok", "\ud800"]}}, ["p"], 2, Limits())
     with pytest.raises(Rejected, match="a completion is not valid Unicode text"):
         check_packet({"item": ITEM, "completions": ["\udfff"]}, Limits(), 4)
-    with pytest.raises(Rejected, match="the item is not valid Unicode text"):
+    with pytest.raises(Rejected, match="'metadata' is not valid Unicode text"):
         check_packet({"item": {**ITEM, "metadata": {"x": ["\ud800"]}}, "completions": ["a"]}, Limits(), 4)
     deep: dict = {}
     for _ in range(40):

@@ -56,6 +56,7 @@ def test_the_header_reads_the_stamped_round_or_map_and_defaults_to_none():
     assert (mapped.accepted_round(7), mapped.accepted_round(8), mapped.accepted_round(9)) == (2, 3, 0)
     for bad, reason in (('{"7": -1}', r"node-rounds\[...\]: expected `int` >= 0"),
                         ('{"x": 1}', r"node-rounds \(a key\): expected `str` matching regex"),
+                        ('{"3\\n": 1, "3": 2}', r"node-rounds \(a key\): expected `str` matching regex"),
                         ('[1]', "node-rounds: expected `object`, got `array`"),
                         ('{"7": true}', r"node-rounds\[...\]: expected `int`, got `bool`"),
                         ('{"7": 4}', r"must map node indices < 10000 to rounds in \[0, 3\]"),

@@ -18,7 +18,15 @@ from pubswap_flwr.protocols.sapo import CollectRollouts, SapoAsyncRound, SapoRep
 from pubswap_flwr.server.metrics import read_metrics
 from pubswap_flwr.simulation import simulate_in_process
 from pubswap_flwr.tasks import Score, TaskItem
-from pubswap_flwr.wire.codecs import ADAPTER_KEY, CONFIG_KEY, METRICS_KEY, PAYLOAD_KEY, WireError, payload_record
+from pubswap_flwr.wire.codecs import (
+    ADAPTER_KEY,
+    CONFIG_KEY,
+    METRICS_KEY,
+    PAYLOAD_KEY,
+    WireError,
+    payload_from_record,
+    payload_record,
+)
 from pubswap_flwr.wire.counters import FormatCounts
 from pubswap_flwr.wire.records import ClientReport, Header, reply_records
 from pubswap_flwr.wire.validate import Limits, Rejected
@@ -86,6 +94,17 @@ def test_replies_round_trip_and_the_server_rescores_public_responses():
     back = SapoReply.from_message(_reply(shared.to_record()), Limits(), 4, packets=True, trained=True)
     assert back.packets[0].item == ITEM and back.selection["external-used"] == 3
     assert back.selection["external-received"] == 0
+
+
+def test_a_malformed_relayed_packet_is_refused_naming_its_place_in_the_pool():
+    good = Packet("00000-1", ITEM, ("<answer>2</answer>",))
+    content = SapoTrain(HEADER, (good, good)).to_record()
+    payload = payload_from_record(content[PAYLOAD_KEY])
+    payload["pool"][1]["completions"] = "not a list"
+    content[PAYLOAD_KEY] = payload_record(payload)
+    with pytest.raises(ValueError,
+                       match=r"^relayed packet 1: a relayed packet.completions: expected `array`, got `str`$"):
+        SapoTrain.from_record(content)
 
 
 @pytest.mark.parametrize("metrics,reason", [

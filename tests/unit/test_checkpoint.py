@@ -115,15 +115,16 @@ def test_state_file_that_is_not_a_json_object_is_refused_by_name(tmp_path, conte
     ({"cumulative_reward": float("nan")}, "cumulative_reward: expected `float` >= 0.0"),
     ({"cumulative_reward": 1.5}, "'cumulative_reward' = 1.5 is more than 1 rounds of rewards in [0, 1] add up to"),
     ({"node_index": [1]}, "node_index: expected `object`, got `array`"),
-    ({"node_index": {"abc": 0}}, "node_index (a key): expected `str` matching regex '^[0-9]{1,20}$'"),
+    ({"node_index": {"abc": 0}}, "node_index (a key): expected `str` matching regex '^[0-9]{1,20}\\\\Z'"),
     ({"node_index": {"99999999999999999999": 0}}, "'node_index' maps a node id of more than 64 bits"),
+    ({"node_index": {"7\n": 0}}, "node_index (a key): expected `str` matching regex '^[0-9]{1,20}\\\\Z'"),
     ({"node_index": {"12": -1}}, "node_index[...]: expected `int` >= 0"),
     ({"node_index": {"12": 10_000}}, "node_index[...]: expected `int` <= 9999"),
     ({"node_rounds": {"12": True}}, "node_rounds[...]: expected `int`, got `bool`"),
     ({"node_rounds": {"12": 2}}, "'node_rounds' must map node indices < 10000 to rounds <= 1, got 12: 2"),
     ({"protocol": "cursor"}, "protocol: expected `object`, got `str`"),
     ({"adapter": {"sha256": 1}}, "adapter.sha256: expected `str`, got `int`"),
-    ({"adapter": {"sha256": "ab", "shapes": {}}}, "adapter.sha256: expected `str` matching regex '^[0-9a-f]{64}$'"),
+    ({"adapter": {"sha256": "ab", "shapes": {}}}, "adapter.sha256: expected `str` matching regex '^[0-9a-f]{64}\\\\Z'"),
 ])
 def test_state_fields_of_the_wrong_type_are_refused_by_name(tmp_path, changes, message):
     checkpoint.save(tmp_path, saved(1))
@@ -381,7 +382,7 @@ def test_an_other_adapter_must_fit_the_global(tmp_path):
 
 @pytest.mark.parametrize("listed, message", [
     ([], "adapters: expected `object`, got `array`"),
-    ({"../global": {}}, "adapters (a key): expected `str` matching regex '^[a-z][a-z0-9_-]{0,31}$'"),
+    ({"../global": {}}, "adapters (a key): expected `str` matching regex '^[a-z][a-z0-9_-]{0,31}\\\\Z'"),
     ({"global": {"sha256": "0" * 64, "shapes": {}}}, "'adapters' names 'global', not an adapter name"),
     ({"downlink": None}, "adapters[...]: expected `object`, got `null`"),
     ({"downlink": {"sha256": 1}}, "adapters[...].sha256: expected `str`, got `int`"),

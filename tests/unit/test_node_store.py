@@ -136,3 +136,12 @@ def test_a_state_file_that_is_not_json_is_refused_naming_the_file(tiny_policy, t
     (tmp_path / "node.json").write_text("{")
     with pytest.raises(ValueError, match=r"node\.json: not valid JSON \(Expecting property name"):
         store.load(tiny_policy)
+
+
+def test_a_numpy_number_in_a_pending_group_is_saved_as_the_number_it_holds(tiny_policy, tmp_path):
+    import numpy as np
+
+    store = NodeStore(tmp_path, "m")
+    metadata = {"difficulty": np.float64(0.5), "terms": np.int64(3)}  # as reasoning-gym's metadata may hold
+    store.save(tiny_policy, NodeState(model_name="m", pending_sapo=[{"item": {"metadata": metadata}}]))
+    assert store.load(tiny_policy).pending_sapo == [{"item": {"metadata": {"difficulty": 0.5, "terms": 3}}}]

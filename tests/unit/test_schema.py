@@ -65,7 +65,8 @@ def test_an_item_is_checked_across_its_fields():
     assert reason({**ITEM, "metadata": {"a": "b" * 40}}, item) == "x: 'metadata' is over the 40-char limit"
     assert reason({**ITEM, "provenance": {"seed": "7"}}, item) == \
         "x: provenance.seed: expected `int | null`, got `str`"
-    assert reason({**ITEM, "family": "\ud800"}, item).startswith("x: the item is not valid Unicode text")
+    assert reason({**ITEM, "family": "\ud800"}, item).startswith("x: 'family' is not valid Unicode text")
+    assert reason({**ITEM, "provenance": {"a": ["\udc00"]}}, item).startswith("x: 'provenance' is not valid Unicode")
     kept = parse({**ITEM, "provenance": {"seed": 7, "note": "kept"}}, item, "x")
     assert kept.provenance == {"seed": 7, "note": "kept"}  # keys beyond the four typed ones pass through
 
