@@ -7,9 +7,10 @@ import hashlib
 from dataclasses import dataclass, fields
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from .config import ExperimentConfig
+from .config_sections import GenerationConfig, ModelConfig, TasksConfig, TrainConfig
 from .policy import GenerationSettings, GRPOSettings, LoraSettings, PolicySpec
 from .policy.data import ModelError, data_dir
 from .tasks import HeldOutSet, PublicSet, load_items, parse_custom_tasks, parse_mix
@@ -113,7 +114,23 @@ def settings_from(section: Any, settings: type[T], **overrides: Any) -> T:
     return settings(**{**values, **overrides})
 
 
-def policy_spec(cfg: ExperimentConfig, model_name: str | None = None, proximal_mu: float = 0.0,
+class PolicySections(Protocol):
+    """The config sections a policy is built from: a run's ExperimentConfig, or a node's NodeSettings."""
+
+    @property
+    def model(self) -> ModelConfig: ...
+
+    @property
+    def generation(self) -> GenerationConfig: ...
+
+    @property
+    def train(self) -> TrainConfig: ...
+
+    @property
+    def tasks(self) -> TasksConfig: ...
+
+
+def policy_spec(cfg: PolicySections, model_name: str | None = None, proximal_mu: float = 0.0,
                 learning_rate: float | None = None) -> PolicySpec:
     """The policy a node (or the server's evaluator) builds; `proximal_mu` is the protocol's FedProx term,
     `learning_rate` the node's own (train.node-learning-rates, node-config learning-rate) over train.learning-rate."""

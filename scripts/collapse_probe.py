@@ -20,7 +20,7 @@ from pathlib import Path
 
 from pubswap_flwr.config import ExperimentConfig, parse_overrides
 from pubswap_flwr.evaluation import evaluate
-from pubswap_flwr.node.learner import Learner, WorkReport
+from pubswap_flwr.node.learner import Learner, NodeSettings, WorkReport
 from pubswap_flwr.node.state import NodeIdentity
 from pubswap_flwr.tasks.verifiers import completion_shape
 
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> None:
     flat = {"run-name": "probe", "eval.items-per-task": args.eval_items, **parse_overrides(args.overrides)}
     cfg = ExperimentConfig.from_flat(flat)
     with tempfile.TemporaryDirectory() as state:
-        learner = Learner(cfg, NodeIdentity(args.node, Path(state), cfg.model.name))
+        learner = Learner(NodeSettings.of(cfg), NodeIdentity(args.node, Path(state), cfg.model.name))
         items = learner.universe.held_out.items
         print(f"node {args.node} tasks {learner.task_names}; lr {cfg.train.learning_rate}; "
               f"{len(items)} held-out items", flush=True)

@@ -15,11 +15,12 @@ from typing import Sequence
 import torch
 
 from ..config import ExperimentConfig
+from ..config_sections import EvalConfig, GenerationConfig, ModelConfig, StrategyConfig, TasksConfig, TrainConfig
 from ..policy import Policy, cached_policy
 from ..policy.behaviour import accept_behaviour
 from ..policy.threads import apply_threads
 from ..rollouts import Behaviour, Completion, RolloutGroup
-from ..shared import derive_seed, policy_spec, resolve_data_path, task_universe
+from ..shared import TaskUniverse, derive_seed, policy_spec, resolve_data_path, task_universe
 from ..tasks import (
     ItemListStream,
     MixtureStream,
@@ -78,17 +79,40 @@ class WorkReport:
         return any(s.kind == kind for s in self.steps)
 
 
+@dataclass(frozen=True)
+class NodeSettings:
+    """What a node reads of the run, handed to its learner's constructor: the seed, the run-wide sections it acts on,
+    the facts its adapter card states (mode, rounds), and the task universe every party derives from the run config.
+    A mode's own section (sapo.*, pubswap.*) reaches that mode's node side apart, through serving.ClientWork."""
+
+    seed: int
+    num_server_rounds: int
+    model: ModelConfig
+    generation: GenerationConfig
+    train: TrainConfig
+    tasks: TasksConfig
+    eval: EvalConfig
+    strategy: StrategyConfig
+    universe: TaskUniverse
+
+    @classmethod
+    def of(cls, cfg: ExperimentConfig) -> "NodeSettings":
+        return cls(cfg.seed, cfg.num_server_rounds, cfg.model, cfg.generation, cfg.train, cfg.tasks, cfg.eval,
+                   cfg.strategy, task_universe(cfg))
+
+
 class Learner:
     """One organization's learner; `proximal_mu` > 0 adds FedProx's term towards the last global adapter."""
 
-    def __init__(self, cfg: ExperimentConfig, identity: NodeIdentity, proximal_mu: float = 0.0):
-        self.cfg = cfg
+    def __init__(self, settings: NodeSettings, identity: NodeIdentity, proximal_mu: float = 0.0):
+        self.settings = settings
         self.identity = identity
-        self.universe = task_universe(cfg)
-        self.rewards = parse_rewards(cfg.tasks.rewards)  # tasks.rewards: user reward functions by task
+        self.universe = settings.universe
+        self.rewards = parse_rewards(settings.tasks.rewards)  # tasks.rewards: user reward functions by task
         check_rewards(self.rewards)  # a node that cannot import one fails here, before it trains
-        apply_threads(cfg.model.threads, identity.cpus)
-        self.policy: Policy = cached_policy(policy_spec(cfg, identity.model_name, proximal_mu, identity.learning_rate))
+        apply_threads(settings.model.threads, identity.cpus)
+        self.policy: Policy = cached_policy(policy_spec(settings, identity.model_name, proximal_mu,
+                                                        identity.learning_rate))
         self.uses_proximal = proximal_mu > 0
         self.store = NodeStore(identity.state_dir, identity.model_name)
         self.state = self._load()
@@ -106,7 +130,7 @@ class Learner:
 
     # -- persistence -----------------------------------------------------------------------------------------
     def _load(self) -> NodeState:
-        self.policy.reset(derive_seed(self.cfg.seed, self.identity.index, "init"))  # the cached policy is shared
+        self.policy.reset(derive_seed(self.settings.seed, self.identity.index, "init"))  # the cached policy is shared
         return self.store.load(self.policy)
 
     def save(self) -> None:
@@ -130,27 +154,27 @@ class Learner:
         return False
 
     def _build_stream(self):
-        cfg = self.cfg
+        settings = self.settings
         exclude = self.universe.training_exclude
         if self.identity.data_path:
-            items = load_items(resolve_data_path(self.identity.data_path), fmt=cfg.tasks.data_format,
+            items = load_items(resolve_data_path(self.identity.data_path), fmt=settings.tasks.data_format,
                                uid_prefix=f"node{self.identity.index}",
-                               max_question=max_question_chars(cfg.generation.max_prompt_tokens))
-            return ItemListStream(items, exclude, seed=derive_seed(cfg.seed, self.identity.index, "data"))
-        custom = parse_custom_tasks(cfg.tasks.custom)
+                               max_question=max_question_chars(settings.generation.max_prompt_tokens))
+            return ItemListStream(items, exclude, seed=derive_seed(settings.seed, self.identity.index, "data"))
+        custom = parse_custom_tasks(settings.tasks.custom)
         if self.identity.task_mix:
             mix = parse_mix(self.identity.task_mix, custom, key="node-config task-mix")
-        elif cfg.tasks.node_mixes.strip():
-            mixes = [m for m in cfg.tasks.node_mixes.split(";") if m.strip()]
+        elif settings.tasks.node_mixes.strip():
+            mixes = [m for m in settings.tasks.node_mixes.split(";") if m.strip()]
             mix = parse_mix(mixes[self.identity.index % len(mixes)], custom, key="tasks.node-mixes")
         else:
-            base = parse_mix(cfg.tasks.mix, custom)
-            mix = node_mixes(base, self.identity.index + 1, cfg.tasks.per_node)[self.identity.index]
+            base = parse_mix(settings.tasks.mix, custom)
+            mix = node_mixes(base, self.identity.index + 1, settings.tasks.per_node)[self.identity.index]
         names = [t.name for t in self.universe.tasks]
         unknown = [s.name for s in mix if s.name not in names]
         if unknown:
             raise ValueError(f"node task mix names tasks outside tasks.mix: {unknown}")
-        return MixtureStream(mix, self.universe.tasks, self.identity.index, exclude, cfg.tasks.data_seed)
+        return MixtureStream(mix, self.universe.tasks, self.identity.index, exclude, settings.tasks.data_seed)
 
     def own_items(self, question: str) -> list[TaskItem]:
         """This node's own training items (an organization data file) with this question text; none for a generated
@@ -183,12 +207,12 @@ class Learner:
                                    if self.uses_proximal else None)
         if self.proximal_reference is not None:
             self.store.save_reference(self.proximal_reference)
-        if self.cfg.train.reset_optimizer:
+        if self.settings.train.reset_optimizer:
             self.policy.learner.reset_optimizer()
 
     # -- rollouts and updates --------------------------------------------------------------------------------
     def seed_sampling(self) -> None:
-        torch.manual_seed(derive_seed(self.cfg.seed, self.identity.index, self.state.sample_calls, "sample"))
+        torch.manual_seed(derive_seed(self.settings.seed, self.identity.index, self.state.sample_calls, "sample"))
         self.state.sample_calls += 1
 
     def rollout(self, items: Sequence[TaskItem], k: int) -> tuple[list[RolloutGroup], float]:
@@ -198,7 +222,7 @@ class Learner:
         samples = self.policy.sample(items, k)
         prompts = self.policy.prompts(items)
         groups = []
-        limit, partial = self.cfg.generation.max_completion_chars, self.cfg.tasks.partial_credit
+        limit, partial = self.settings.generation.max_completion_chars, self.settings.tasks.partial_credit
         for item, prompt, row in zip(items, prompts, samples):
             completions = [Completion(s.text, tuple(s.token_ids), behaviour=Behaviour(tuple(s.token_ids),
                                                                                       tuple(s.logprobs))
@@ -223,9 +247,9 @@ class Learner:
         """Another party's text as a foreign group member. With train.foreign-correction = "is" it keeps the sender's
         behaviour when this node can use it (same tokenizer, ids decoding to the text); otherwise it is text only,
         weighted by train.foreign-weight, and the reason is counted in `report.fallbacks` (when given)."""
-        if self.cfg.train.foreign_correction != "is":
+        if self.settings.train.foreign_correction != "is":
             return Completion(text, None, source)
-        usable, why = (accept_behaviour(self.policy.tokenizer, text, behaviour, self.cfg.generation.max_new_tokens)
+        usable, why = (accept_behaviour(self.policy.tokenizer, text, behaviour, self.settings.generation.max_new_tokens)
                        if same_tokenizer else (None, "the sender's tokenizer differs"))
         if usable is None and report is not None:
             report.fallbacks[why] += 1
@@ -236,7 +260,7 @@ class Learner:
         if report.fallbacks:
             log.info("node %d: %d foreign completions without a usable sender behaviour, weighted by "
                      "train.foreign-weight = %g: %s", self.identity.index, sum(report.fallbacks.values()),
-                     self.cfg.train.foreign_weight,
+                     self.settings.train.foreign_weight,
                      "; ".join(f"{why} ({n})" for why, n in report.fallbacks.most_common()))
 
     def learn_step(self, groups: Sequence[RolloutGroup], kind: str, report: WorkReport,
@@ -251,7 +275,7 @@ class Learner:
 
     def private_steps(self, count: int, report: WorkReport) -> None:
         """`count` GRPO steps on fresh prompts from the private stream."""
-        cfg = self.cfg.train
+        cfg = self.settings.train
         for _ in range(count):
             items = self.stream.take(cfg.prompts_per_step, self.state.cursor)
             groups, sample_s = self.rollout(items, cfg.completions_per_prompt)

@@ -50,7 +50,8 @@ def register_client_handlers(app: "ClientApp", run_config: dict | None = None, w
     from .serving import serve
 
     for message_type, (handler, owner) in client_handlers().items():
-        entry = serve(handler, tuple(owner.modes), run_protocol, run_config)
+        entry = serve(handler, tuple(owner.modes), run_protocol, run_config,
+                      owner.section[0] if owner.section else None)
         category, action = message_type.split(".")
         getattr(app, category)(action)(wrap(entry) if wrap else entry)
     return app

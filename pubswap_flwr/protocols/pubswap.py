@@ -292,7 +292,7 @@ def public_generate(work: ClientWork, uids: tuple[str, ...], k: int
     learner.state.pending_public = {item.uid: [{"text": s.text, "ids": s.token_ids} for s in row]
                                     for item, row in zip(items, samples)}
     work.report.sample_seconds += time.perf_counter() - started
-    if learner.cfg.train.foreign_correction == "is":  # the log-probs travel with whatever is donated
+    if learner.settings.train.foreign_correction == "is":  # the log-probs travel with whatever is donated
         return {uid: [s.text for s in row] for uid, row in zip(uids, samples)}, {
             uid: [Behaviour(tuple(s.token_ids), tuple(s.logprobs)) if s.token_ids else None for s in row]
             for uid, row in zip(uids, samples)}
@@ -343,7 +343,7 @@ def public_update(work: ClientWork, response_sets: dict[str, tuple[SwapEntry, ..
     if not groups:
         return
     learner.log_fallbacks(work.report)
-    before = response_logprobs(learner, groups) if work.cfg.pubswap.measure_uptake else None
+    before = response_logprobs(learner, groups) if work.section.measure_uptake else None
     learner.learn_step(groups, "public", work.report)
     if before is not None:
         work.report.uptake += uptake(groups, before, response_logprobs(learner, groups))

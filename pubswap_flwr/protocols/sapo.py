@@ -195,118 +195,128 @@ def shuffled(seq: Sequence, seed: int) -> list:
     return out
 
 
-def generate_rollouts(learner: Learner, round_number: int, report: WorkReport) -> list[Packet]:
-    """Sample B questions x L completions, keep them for training, and return the groups to share: with
-    `sapo.sharing = "local"` (the paper) B = I and all I are shared, so a node that trains on few of its own groups
-    also gives the swarm few; with "fixed", B = sapo.questions and sapo.share of them are shared."""
-    scfg = learner.cfg.sapo
-    count, share = (scfg.local, scfg.local) if scfg.sharing == "local" else (scfg.questions, scfg.share)
-    learner.state.pending_sapo = []
-    if count == 0:
-        return []
-    items = learner.stream.take(count, learner.state.cursor)
-    groups, sample_s = learner.rollout(items, scfg.completions)
-    learner.state.pending_sapo = [
-        {"item": item.to_dict(), "texts": [c.text for c in g.completions],
-         "ids": [list(c.token_ids or ()) for c in g.completions], "rewards": g.rewards}
-        for item, g in zip(items, groups)]
-    behaviour = learner.cfg.train.foreign_correction == "is"  # the receivers weigh these completions by them
-    fingerprint = tokenizer_fingerprint(learner.policy.tokenizer) if behaviour else ""
-    rewards = [r for g in groups for r in g.rewards]
-    mean = sum(rewards) / len(rewards)
-    learner.state.cumulative_reward += mean
-    report.add(StepRecord(learner.state.steps, "rollout", mean, len(rewards), sample_s, 0.0,
-                          sum(not g.has_signal for g in groups), 0))
-    chosen = shuffled(range(len(items)), derive_seed(learner.cfg.seed, learner.identity.index, round_number, "share"))
-    return [Packet("", items[i], tuple(c.text for c in groups[i].completions),
-                   tuple(c.behaviour for c in groups[i].completions) if behaviour else None, fingerprint)
-            for i in chosen[:share]]
+class SapoNode:
+    """A node's side of SAPO: its learner and the run's sapo section, handed to the constructor."""
 
+    def __init__(self, learner: Learner, sapo: SapoConfig):
+        self.learner = learner
+        self.sapo = sapo
 
-def pending_groups(learner: Learner) -> list[RolloutGroup]:
-    out = []
-    for row in learner.state.pending_sapo:
-        item = TaskItem.from_dict(row["item"])
-        completions = [Completion(t, tuple(ids)) for t, ids in zip(row["texts"], row["ids"])]
-        out.append(RolloutGroup(learner.prompt(item), completions, list(row["rewards"]), item.uid, item.task))
-    return out
+    def generate_rollouts(self, round_number: int, report: WorkReport) -> list[Packet]:
+        """Sample B questions x L completions, keep them for training, and return the groups to share: with
+        `sapo.sharing = "local"` (the paper) B = I and all I are shared, so a node that trains on few of its own
+        groups also gives the swarm few; with "fixed", B = sapo.questions and sapo.share of them are shared."""
+        learner, scfg = self.learner, self.sapo
+        count, share = (scfg.local, scfg.local) if scfg.sharing == "local" else (scfg.questions, scfg.share)
+        learner.state.pending_sapo = []
+        if count == 0:
+            return []
+        items = learner.stream.take(count, learner.state.cursor)
+        groups, sample_s = learner.rollout(items, scfg.completions)
+        learner.state.pending_sapo = [
+            {"item": item.to_dict(), "texts": [c.text for c in g.completions],
+             "ids": [list(c.token_ids or ()) for c in g.completions], "rewards": g.rewards}
+            for item, g in zip(items, groups)]
+        behaviour = learner.settings.train.foreign_correction == "is"  # the receivers weigh completions by them
+        fingerprint = tokenizer_fingerprint(learner.policy.tokenizer) if behaviour else ""
+        rewards = [r for g in groups for r in g.rewards]
+        mean = sum(rewards) / len(rewards)
+        learner.state.cumulative_reward += mean
+        report.add(StepRecord(learner.state.steps, "rollout", mean, len(rewards), sample_s, 0.0,
+                              sum(not g.has_signal for g in groups), 0))
+        chosen = shuffled(range(len(items)), derive_seed(learner.settings.seed, learner.identity.index, round_number,
+                                                         "share"))
+        return [Packet("", items[i], tuple(c.text for c in groups[i].completions),
+                       tuple(c.behaviour for c in groups[i].completions) if behaviour else None, fingerprint)
+                for i in chosen[:share]]
 
+    def pending_groups(self) -> list[RolloutGroup]:
+        out = []
+        for row in self.learner.state.pending_sapo:
+            item = TaskItem.from_dict(row["item"])
+            completions = [Completion(t, tuple(ids)) for t, ids in zip(row["texts"], row["ids"])]
+            out.append(RolloutGroup(self.learner.prompt(item), completions, list(row["rewards"]), item.uid,
+                                    item.task))
+        return out
 
-def rescore(learner: Learner, packet: Packet, score=None) -> list[float]:
-    """Rewards of a peer's completions under this node's own verifier, or its own tasks.rewards function for the
-    item's task (never one a peer could name); `score`: under the sender's scoring budget in a round (the budget
-    applies the same rewards), else score_completion. ValueError when it cannot score them."""
-    item = verified_item(learner, packet.item)
-    if item.verifier not in VERIFIERS:
-        raise ValueError(f"unknown verifier {item.verifier!r}")
-    if item.answer is None and item.verifier != "rg":
-        raise ValueError("packet has no answer")
-    if not packet.completions:
-        raise ValueError("packet has no completions")
-    if len(packet.completions) > learner.cfg.sapo.completions * 4:
-        raise ValueError(f"packet has {len(packet.completions)} completions")
-    score = score or partial(score_completion, reward=learner.rewards.for_task(item.task))
-    scores = [score(text, item, max_chars=learner.cfg.generation.max_completion_chars) for text in packet.completions]
-    return [training_reward(s.reward, learner.cfg.tasks.partial_credit) for s in scores]
+    def rescore(self, packet: Packet, score=None) -> list[float]:
+        """Rewards of a peer's completions under this node's own verifier, or its own tasks.rewards function for the
+        item's task (never one a peer could name); `score`: under the sender's scoring budget in a round (the budget
+        applies the same rewards), else score_completion. ValueError when it cannot score them."""
+        learner = self.learner
+        item = verified_item(learner, packet.item, self.sapo)
+        if item.verifier not in VERIFIERS:
+            raise ValueError(f"unknown verifier {item.verifier!r}")
+        if item.answer is None and item.verifier != "rg":
+            raise ValueError("packet has no answer")
+        if not packet.completions:
+            raise ValueError("packet has no completions")
+        if len(packet.completions) > self.sapo.completions * 4:
+            raise ValueError(f"packet has {len(packet.completions)} completions")
+        score = score or partial(score_completion, reward=learner.rewards.for_task(item.task))
+        limit = learner.settings.generation.max_completion_chars
+        scores = [score(text, item, max_chars=limit) for text in packet.completions]
+        return [training_reward(s.reward, learner.settings.tasks.partial_credit) for s in scores]
 
+    def train_on_pool(self, pool: Sequence[Packet], round_number: int, report: WorkReport,
+                      budget: ScoringBudget | None = None) -> Selection:
+        """Train on I own groups + J external groups (re-scored here under each sender's scoring budget,
+        zero-advantage ones dropped)."""
+        learner, scfg = self.learner, self.sapo
+        index = learner.identity.index
+        rng = random.Random(derive_seed(learner.settings.seed, index, round_number, "select"))
+        local = select_local(self.pending_groups(), scfg.local, rng)
+        weight = None
+        if scfg.reputation:
+            weight = lambda sender: reputation(*learner.state.peers.get(sender, (0, 0)))  # noqa: E731
+        budget = budget or ScoringBudget(Limits.score_seconds, Limits.sender_scoring_seconds, rewards=learner.rewards)
 
-def train_on_pool(learner: Learner, pool: Sequence[Packet], round_number: int, report: WorkReport,
-                  budget: ScoringBudget | None = None) -> Selection:
-    """Train on I own groups + J external groups (re-scored here under each sender's scoring budget,
-    zero-advantage ones dropped)."""
-    scfg = learner.cfg.sapo
-    index = learner.identity.index
-    rng = random.Random(derive_seed(learner.cfg.seed, index, round_number, "select"))
-    local = select_local(pending_groups(learner), scfg.local, rng)
-    weight = None
-    if scfg.reputation:
-        weight = lambda sender: reputation(*learner.state.peers.get(sender, (0, 0)))  # noqa: E731
-    budget = budget or ScoringBudget(Limits.score_seconds, Limits.sender_scoring_seconds, rewards=learner.rewards)
+        def scored(packet: Packet) -> list[float]:
+            """One peer packet's rewards; any failure rejects that packet only (select_external records
+            ValueErrors)."""
+            try:
+                return self.rescore(packet, partial(budget.score, packet.sender))
+            except ValueError:
+                raise
+            except Exception as err:  # noqa: BLE001 - the receiver's per-packet guard: a peer's packet must not fail it
+                raise ValueError(f"cannot be scored ({type(err).__name__}: {str(err)[:200]})") from None
 
-    def scored(packet: Packet) -> list[float]:
-        """One peer packet's rewards; any failure rejects that packet only (select_external records ValueErrors)."""
-        try:
-            return rescore(learner, packet, partial(budget.score, packet.sender))
-        except ValueError:
-            raise
-        except Exception as err:  # noqa: BLE001 - the receiver's per-packet guard: a peer's packet must not fail it
-            raise ValueError(f"cannot be scored ({type(err).__name__}: {str(err)[:200]})") from None
+        selection = select_external(pool, scfg.external, scored, rng, weight)
+        for sender in sorted({p.sender for p in pool}):  # verification record per peer (reputation)
+            passed, failed = learner.state.peers.get(sender, (0, 0))
+            count = sum(r.startswith(sender + "/") for r in selection.rejections)
+            sent = sum(p.sender == sender for p in pool)
+            learner.state.peers[sender] = (passed + sent - count, failed + count)
+        for problem in selection.rejections:
+            log.warning("node %d dropped a peer packet: %s", index, problem)
+        if selection.shortfall and scfg.external:
+            log.info("node %d: %d of J=%d external groups available after filtering (%d zero-advantage, "
+                     "%d rejected, %d received)", index, len(selection.chosen), scfg.external,
+                     selection.zero_advantage, selection.rejected, selection.received)
+        external = [RolloutGroup(learner.prompt(s.packet.item), self.external_completions(s.packet, report),
+                                 list(s.rewards), s.packet.item.uid, s.packet.item.task) for s in selection.chosen]
+        groups = local + external
+        learner.log_fallbacks(report)
+        if groups:
+            learner.learn_step(groups, "sapo", report)
+        learner.state.pending_sapo = []
+        return selection
 
-    selection = select_external(pool, scfg.external, scored, rng, weight)
-    for sender in sorted({p.sender for p in pool}):  # verification record per peer (reputation)
-        passed, failed = learner.state.peers.get(sender, (0, 0))
-        count = sum(r.startswith(sender + "/") for r in selection.rejections)
-        sent = sum(p.sender == sender for p in pool)
-        learner.state.peers[sender] = (passed + sent - count, failed + count)
-    for problem in selection.rejections:
-        log.warning("node %d dropped a peer packet: %s", index, problem)
-    if selection.shortfall and scfg.external:
-        log.info("node %d: %d of J=%d external groups available after filtering (%d zero-advantage, "
-                 "%d rejected, %d received)", index, len(selection.chosen), scfg.external,
-                 selection.zero_advantage, selection.rejected, selection.received)
-    external = [RolloutGroup(learner.prompt(s.packet.item), external_completions(learner, s.packet, report),
-                             list(s.rewards), s.packet.item.uid, s.packet.item.task) for s in selection.chosen]
-    groups = local + external
-    learner.log_fallbacks(report)
-    if groups:
-        learner.learn_step(groups, "sapo", report)
-    learner.state.pending_sapo = []
-    return selection
-
-
-def external_completions(learner: Learner, packet: Packet, report: WorkReport) -> list[Completion]:
-    """A peer's completions as foreign members of a group (with their sender's behaviours where usable)."""
-    same = learner.cfg.train.foreign_correction == "is" and packet.tokenizer == tokenizer_fingerprint(
-        learner.policy.tokenizer)
-    behaviours = packet.behaviour or (None,) * len(packet.completions)
-    return [learner.foreign_completion(text, packet.sender, behaviour, report, same)
-            for text, behaviour in zip(packet.completions, behaviours)]
+    def external_completions(self, packet: Packet, report: WorkReport) -> list[Completion]:
+        """A peer's completions as foreign members of a group (with their sender's behaviours where usable)."""
+        learner = self.learner
+        same = learner.settings.train.foreign_correction == "is" and packet.tokenizer == tokenizer_fingerprint(
+            learner.policy.tokenizer)
+        behaviours = packet.behaviour or (None,) * len(packet.completions)
+        return [learner.foreign_completion(text, packet.sender, behaviour, report, same)
+                for text, behaviour in zip(packet.completions, behaviours)]
 
 
 def _train_reply(work: ClientWork, message: SapoTrain, packets: list[Packet] | None,
                  eval_initial: dict | None) -> RecordDict:
     budget = ScoringBudget(Limits.score_seconds, Limits.sender_scoring_seconds, rewards=work.learner.rewards)
-    selection = train_on_pool(work.learner, message.pool, message.header.server_round, work.report, budget)
+    selection = SapoNode(work.learner, work.section).train_on_pool(message.pool, message.header.server_round,
+                                                                   work.report, budget)
     usage = budget.summary().values()
     scoring = {"scoring-timeouts": sum(int(u["timeouts"]) for u in usage),
                "scoring-skipped": sum(int(u["skipped"]) for u in usage)}
@@ -323,7 +333,7 @@ def _train_reply(work: ClientWork, message: SapoTrain, packets: list[Packet] | N
 def collect_rollouts(work: ClientWork) -> RecordDict:
     message = CollectRollouts.from_record(work.message.content)
     eval_initial = work.evaluate() if message.evaluate_initial else None
-    packets = generate_rollouts(work.learner, message.header.server_round, work.report)
+    packets = SapoNode(work.learner, work.section).generate_rollouts(message.header.server_round, work.report)
     return SapoReply(work.client_report(), eval_initial, packets=tuple(packets)).to_record()
 
 
@@ -336,6 +346,6 @@ def sapo_train(work: ClientWork) -> RecordDict:
 def sapo_async_round(work: ClientWork) -> RecordDict:
     message = SapoAsyncRound.from_record(work.message.content)
     eval_initial = work.evaluate() if message.evaluate_initial else None
-    packets = generate_rollouts(work.learner, message.header.server_round, work.report)
+    packets = SapoNode(work.learner, work.section).generate_rollouts(message.header.server_round, work.report)
     return _train_reply(work, message, packets, eval_initial)
 

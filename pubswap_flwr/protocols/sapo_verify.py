@@ -16,18 +16,19 @@ from ..node.learner import Learner
 from ..tasks import TaskItem
 from ..tasks.specs import generate_entry
 from ..tasks.splits import RANGE
+from .catalog import SapoConfig
 
 
-def verified_item(learner: Learner, item: TaskItem) -> TaskItem:
+def verified_item(learner: Learner, item: TaskItem, sapo: SapoConfig) -> TaskItem:
     """The item a peer's completions are scored against (the peer's uid kept): regenerated from provenance, the
     receiver's own copy, or (sapo.accept-unverifiable) the item as sent. ValueError when the peer's item contradicts
     what the receiver derives (forged); Unverifiable when it derives nothing."""
-    if item.verifier == "rg" and learner.cfg.sapo.verify_provenance:
+    if item.verifier == "rg" and sapo.verify_provenance:
         return regenerated(learner, item)
     own = own_copy(learner, item)
     if own is not None:
         return own
-    if learner.cfg.sapo.accept_unverifiable:
+    if sapo.accept_unverifiable:
         return item
     why = ("sapo.verify-provenance is off" if item.verifier == "rg" else
            "this node holds no item with that question in its own data")

@@ -7,14 +7,14 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from flwr.app import Context, Message, RecordDict
 
 from ..config import ExperimentConfig
 from ..evaluation import evaluate
 from ..logs import route_logs_to_flower
-from ..node.learner import Learner, WorkReport
+from ..node.learner import Learner, NodeSettings, WorkReport
 from ..node.state import NodeIdentity
 from ..wire.records import ClientReport, Header, config_of
 from .base import ServerProtocol
@@ -24,21 +24,26 @@ log = logging.getLogger("pubswap_flwr")
 
 @dataclass
 class ClientWork:
-    """What a client handler works with: the config, this node's learner, the decoded message, and the report."""
+    """What a client handler works with: this node's learner (with the run-wide settings it reads), the mode's own
+    config section (sapo.*, pubswap.*; None for a mode without one), the decoded message, and the report."""
 
-    cfg: ExperimentConfig
     learner: Learner
+    section: Any
     header: Header
     message: Message
     report: WorkReport = field(default_factory=WorkReport)
     started: float = field(default_factory=time.time)
 
+    @property
+    def settings(self) -> NodeSettings:
+        return self.learner.settings
+
     def evaluate(self) -> dict:
         """The node's own model on the held-out set (SAPO: there is no global model)."""
-        e = self.cfg.eval
+        e, settings = self.settings.eval, self.settings
         return evaluate(self.learner.policy, self.learner.universe.held_out.items, sampled=e.sampled,
-                        samples=e.samples, batch_size=e.batch_size, seed=self.cfg.seed,
-                        max_chars=self.cfg.generation.max_completion_chars, lenient=e.lenient,
+                        samples=e.samples, batch_size=e.batch_size, seed=settings.seed,
+                        max_chars=settings.generation.max_completion_chars, lenient=e.lenient,
                         rewards=self.learner.rewards)
 
     def client_report(self) -> ClientReport:
@@ -63,7 +68,7 @@ def evaluate_own_adapter(work: ClientWork, evaluate: bool, save: bool) -> tuple[
 
         folder = work.learner.state_dir / "adapter"
         save_adapter(work.learner.policy, folder)
-        write_card(folder, run_summary(work.cfg, work.header.server_round, {"eval": evaluation or {}},
+        write_card(folder, run_summary(work.settings, work.header.server_round, {"eval": evaluation or {}},
                                        node=work.learner.state_dir.name, spec=work.learner.policy.spec))
     return evaluation, seconds
 
@@ -93,10 +98,12 @@ def check_state_continues(learner: Learner, header: Header) -> None:
 
 
 def serve(handler: ClientHandler, modes: tuple[str, ...],
-          resolve: Callable[[ExperimentConfig], type[ServerProtocol]], run_config: dict | None = None):
+          resolve: Callable[[ExperimentConfig], type[ServerProtocol]], run_config: dict | None = None,
+          section: str | None = None):
     """A ClientApp function running `handler` (a message type the protocol of `modes` sends): reads the config,
     builds this node's learner from its disk state, snapshots at a round's start, runs the handler, saves the state.
-    `resolve(cfg)` is the run's protocol; `run_config` replaces context.run_config (in-process simulation)."""
+    `resolve(cfg)` is the run's protocol; `run_config` replaces context.run_config (in-process simulation);
+    `section` names the protocol's own config section, which the handler gets as `work.section`."""
 
     def entry(message: Message, context: Context) -> Message:
         started = time.time()
@@ -113,11 +120,11 @@ def serve(handler: ClientHandler, modes: tuple[str, ...],
             raise ValueError(f"this node's model {identity.model_name!r} differs from the run's model.name "
                              f"{cfg.model.name!r}; strategy.mode = {cfg.strategy.mode!r} averages one model, so "
                              "every node must run it (sapo lets nodes keep different models)")
-        learner = Learner(cfg, identity, protocol.proximal_mu(cfg))
+        learner = Learner(NodeSettings.of(cfg), identity, protocol.proximal_mu(cfg))
         check_state_continues(learner, header)
         if header.round_start:
             learner.begin_round(header.server_round)
-        work = ClientWork(cfg, learner, header, message, started=started)
+        work = ClientWork(learner, getattr(cfg, section) if section else None, header, message, started=started)
         content = handler(work)
         learner.state.rounds = max(learner.state.rounds, header.server_round)
         learner.state.last_round = header.server_round

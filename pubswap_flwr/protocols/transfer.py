@@ -148,7 +148,7 @@ def receive_global(work: ClientWork, whole: Adapter | None, downlink: Downlink,
 def take_global(work: ClientWork, whole: Adapter | None, downlink: Downlink | None) -> None:
     """Start the node's round from the message's global: as sent, or under strategy.compression rebuilt by
     `receive_global`."""
-    codec = codec_of(work.cfg.strategy)
+    codec = codec_of(work.settings.strategy)
     if codec is None:
         if whole is None:
             raise ValueError("the message carries no global adapter")
@@ -168,7 +168,7 @@ def decoded(adapter: Adapter | Quantized | None) -> Adapter:
 
 def adapter_to_send(work: ClientWork) -> Adapter | Quantized:
     """The node's adapter for its reply: fp16 as is, or under strategy.compression `upload`'s quantized delta."""
-    codec = codec_of(work.cfg.strategy)
+    codec = codec_of(work.settings.strategy)
     return to_wire(work.learner.policy.adapter()) if codec is None else upload(work, codec)
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from pubswap_flwr.config import ExperimentConfig
 from pubswap_flwr.evaluation import evaluate
-from pubswap_flwr.node.learner import Learner, WorkReport
+from pubswap_flwr.node.learner import Learner, NodeSettings, WorkReport
 from pubswap_flwr.node.state import NodeIdentity
 from pubswap_flwr.shared import task_universe
 
@@ -18,7 +18,7 @@ def test_local_grpo_raises_held_out_sampled_reward(tmp_path):
     # sharpens sampling first (docs/results/README.md), so the measure is held-out *sampled* reward (T=1, fixed seed).
     cfg = ExperimentConfig.from_flat({"tasks.mix": "gcd:1,count_bits:1", "tasks.per-node": 0,
                                       "eval.items-per-task": 200, "train.learning-rate": 2e-3, "seed": 0})
-    node = Learner(cfg, NodeIdentity(0, tmp_path / "node", "embedded:tiny"))
+    node = Learner(NodeSettings.of(cfg), NodeIdentity(0, tmp_path / "node", "embedded:tiny"))
     held_out = task_universe(cfg).held_out.items
     before = evaluate(node.policy, held_out, seed=0)
     report = WorkReport()

@@ -21,10 +21,10 @@ from hypothesis import strategies as st
 
 from pubswap_flwr.algorithms.sapo_selection import Packet, select_external
 from pubswap_flwr.config import ExperimentConfig
-from pubswap_flwr.node.learner import Learner
+from pubswap_flwr.node.learner import Learner, NodeSettings
 from pubswap_flwr.node.state import NodeIdentity
 from pubswap_flwr.protocols.fedavg import aggregate_adapters
-from pubswap_flwr.protocols.sapo import rescore
+from pubswap_flwr.protocols.sapo import SapoNode
 from pubswap_flwr.protocols.sapo_messages import SapoTrain
 from pubswap_flwr.server.roundlog import RoundLog
 from pubswap_flwr.tasks import MixtureStream, StreamCursor, TaskItem, score_completion
@@ -39,7 +39,7 @@ OWN_ROWS = [{"question": "What is 4 + 7?", "answer": "11"},
             {"question": "Spell 'cat' backward.", "answer": "tac"}]
 
 
-def _node(tmp_path, name: str, flat: dict | None = None, rows: list | None = None) -> Learner:
+def _node(tmp_path, name: str, flat: dict | None = None, rows: list | None = None) -> SapoNode:
     cfg = ExperimentConfig.from_flat({"strategy.mode": "sapo", "tasks.mix": MIX, "tasks.per-node": 0,
                                       "eval.items-per-task": 3, "sapo.completions": 4, **(flat or {})})
     data = None
@@ -47,7 +47,8 @@ def _node(tmp_path, name: str, flat: dict | None = None, rows: list | None = Non
         data = tmp_path / f"{name}.jsonl"
         data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     data_path = None if data is None else str(data)
-    return Learner(cfg, NodeIdentity(0, tmp_path / name, "embedded:tiny", data_path=data_path))
+    identity = NodeIdentity(0, tmp_path / name, "embedded:tiny", data_path=data_path)
+    return SapoNode(Learner(NodeSettings.of(cfg), identity), cfg.sapo)
 
 
 @pytest.fixture(scope="module")
@@ -61,9 +62,10 @@ def holder(tmp_path_factory):
     return _node(tmp_path_factory.mktemp("holder"), "org", rows=OWN_ROWS)
 
 
-def _own_task_item(node: Learner, task: str) -> TaskItem:
-    spec = next(t for t in node.universe.tasks if t.name == task)
-    return MixtureStream([spec], node.universe.tasks, node=5, exclude=set()).take(1, StreamCursor())[0]
+def _own_task_item(node: SapoNode, task: str) -> TaskItem:
+    universe = node.learner.universe
+    spec = next(t for t in universe.tasks if t.name == task)
+    return MixtureStream([spec], universe.tasks, node=5, exclude=set()).take(1, StreamCursor())[0]
 
 
 def tagged(*answers: str) -> tuple[str, ...]:
@@ -77,23 +79,23 @@ def test_1_a_forged_answer_under_a_non_reasoning_gym_verifier_is_never_trained_o
     forged = TaskItem("liar/1", item.task, item.question, wrong, "exact")
     pool = [Packet("liar", forged, tagged(wrong, item.answer))]
     with pytest.raises(ValueError, match="cannot verify"):
-        rescore(receiver, pool[0])
-    selection = select_external(pool, 4, lambda p: rescore(receiver, p), random.Random(0))
+        receiver.rescore(pool[0])
+    selection = select_external(pool, 4, lambda p: receiver.rescore(p), random.Random(0))
     assert selection.chosen == [] and selection.rejected == 1 and selection.unverifiable == 1
     assert "liar/liar/1: cannot verify" in selection.rejections[0]
 
 
 def test_1_a_holder_scores_a_peer_copy_of_its_own_item_against_its_own_answer(holder):
     own = TaskItem("peer/3", "org", "What is 4 + 7?", "11", "exact")
-    assert rescore(holder, Packet("peer", own, tagged("12", "11", "eleven"))) == [0.0, 1.0, 0.0]
+    assert holder.rescore(Packet("peer", own, tagged("12", "11", "eleven"))) == [0.0, 1.0, 0.0]
     with pytest.raises(ValueError, match="does not match this node's own answer"):
-        rescore(holder, Packet("peer", replace(own, answer="12"), tagged("12", "11")))
+        holder.rescore(Packet("peer", replace(own, answer="12"), tagged("12", "11")))
     with pytest.raises(ValueError, match="does not match this node's own answer"):  # another verifier is no way out
-        rescore(holder, Packet("peer", replace(own, answer="12", verifier="numeric"), tagged("12", "11")))
+        holder.rescore(Packet("peer", replace(own, answer="12", verifier="numeric"), tagged("12", "11")))
     half = TaskItem("peer/4", "org", "What is half of 3?", "1.5", "numeric")
-    assert rescore(holder, Packet("peer", half, tagged("1.50", "2"))) == [1.0, 0.0]
+    assert holder.rescore(Packet("peer", half, tagged("1.50", "2"))) == [1.0, 0.0]
     with pytest.raises(ValueError, match="cannot verify"):
-        rescore(holder, Packet("peer", TaskItem("peer/5", "org", "What is 9 + 9?", "18", "exact"), tagged("18", "1")))
+        holder.rescore(Packet("peer", TaskItem("peer/5", "org", "What is 9 + 9?", "18", "exact"), tagged("18", "1")))
 
 
 def test_1_unverifiable_items_are_scored_as_sent_only_under_sapo_accept_unverifiable(tmp_path):
@@ -101,7 +103,7 @@ def test_1_unverifiable_items_are_scored_as_sent_only_under_sapo_accept_unverifi
     assert ExperimentConfig().sapo.accept_unverifiable is False
     item = _own_task_item(trusting, "basic_arithmetic")
     forged = TaskItem("liar/1", item.task, item.question, "12", "exact")
-    assert rescore(trusting, Packet("liar", forged, tagged("12", item.answer))) == [1.0, 0.0]
+    assert trusting.rescore(Packet("liar", forged, tagged("12", item.answer))) == [1.0, 0.0]
 
 
 # -- 2. one sender floods the pool ----------------------------------------------------------------------------------
@@ -246,7 +248,7 @@ answers = st.one_of(st.none(), st.sampled_from(["11", "12", "1.5", "tac", "x"]),
 def test_peer_items_of_any_verifier_and_answer_are_trained_on_only_as_the_receiver_verifies_them(
         holder, verifier, answer, which, provenance):
     """Whatever a peer claims, rewards come from the receiver's own truth for the question, or it raises."""
-    own = holder.stream.items
+    own = holder.learner.stream.items
     questions = [i.question for i in own] + ["What is 9 + 9?", "Is this forged?"]
     question = questions[which % len(questions)]
     prov = {"none": {}, "own": {"row": 0}, "junk": {"generator": "gcd", "config": {}, "seed": 1, "index": 2}}
@@ -254,7 +256,7 @@ def test_peer_items_of_any_verifier_and_answer_are_trained_on_only_as_the_receiv
     completions = tagged("11", "1.5", "tac", str(answer))
     truth = next((i for i in own if i.question == question), None)
     try:
-        rewards = rescore(holder, Packet("peer", item, completions))
+        rewards = holder.rescore(Packet("peer", item, completions))
     except ValueError:
         return
     assert truth is not None and truth.answer == answer

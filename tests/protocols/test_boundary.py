@@ -199,18 +199,18 @@ def test_a_nodes_self_reported_shortcut_flags_cross_the_boundary_only_as_its_own
 
 
 def test_a_packet_whose_provenance_cannot_be_read_is_refused_by_the_server_and_by_receivers(tmp_path):
-    from pubswap_flwr.node.learner import Learner, WorkReport
-    from pubswap_flwr.protocols.sapo import generate_rollouts, train_on_pool
+    from pubswap_flwr.node.learner import Learner, NodeSettings, WorkReport
+    from pubswap_flwr.protocols.sapo import SapoNode
 
     crafted = {**ITEM, "verifier": "rg", "provenance": {"generator": "gcd", "config": [1, 2], "seed": 1, "index": 2}}
     with pytest.raises(Rejected, match=r"packet.item: provenance.config: expected `object \| null`, got `array`"):
         check_packet({"item": crafted, "completions": ["a"]}, Limits(), 4)
     cfg = ExperimentConfig.from_flat({**SAPO, "tasks.mix": "gcd:1", "eval.items-per-task": 2})
-    learner = Learner(cfg, NodeIdentity(0, tmp_path / "node", "embedded:tiny"))
-    generate_rollouts(learner, 1, WorkReport())
+    node = SapoNode(Learner(NodeSettings.of(cfg), NodeIdentity(0, tmp_path / "node", "embedded:tiny")), cfg.sapo)
+    node.generate_rollouts(1, WorkReport())
     bad = Packet("peer", TaskItem("gcd/x", "gcd", "q?", None, "rg", {}, {"generator": "gcd", "config": [1, 2]}),
                  ("<answer>1</answer>", "<answer>2</answer>"))
-    selection = train_on_pool(learner, [bad], 1, WorkReport())
+    selection = node.train_on_pool([bad], 1, WorkReport())
     assert selection.rejected == 1 and "cannot be scored (TypeError" in selection.rejections[0]
 
 

@@ -140,21 +140,21 @@ def test_the_scoring_budget_of_the_server_and_of_sapo_receivers_applies_the_runs
 
 def test_a_sapo_receiver_rescores_a_peers_completions_with_its_own_configured_reward(tmp_path):
     from pubswap_flwr.algorithms.sapo_selection import Packet
-    from pubswap_flwr.node.learner import Learner
+    from pubswap_flwr.node.learner import Learner, NodeSettings
     from pubswap_flwr.node.state import NodeIdentity
-    from pubswap_flwr.protocols.sapo import rescore
+    from pubswap_flwr.protocols.sapo import SapoNode
     from pubswap_flwr.tasks import MixtureStream, StreamCursor
 
     cfg = ExperimentConfig.from_flat({"strategy.mode": "sapo", "tasks.mix": "gcd:1", "tasks.per-node": 0,
                                       "eval.items-per-task": 2, "sapo.completions": 4,
                                       "tasks.rewards": "examples.my_reward:reward"})
-    node = Learner(cfg, NodeIdentity(0, tmp_path / "node", "embedded:tiny"))
+    node = Learner(NodeSettings.of(cfg), NodeIdentity(0, tmp_path / "node", "embedded:tiny"))
     spec = node.universe.tasks[0]
     item = MixtureStream([spec], node.universe.tasks, node=5, exclude=set()).take(1, StreamCursor())[0]
     # within 1% of the reference: examples.my_reward pays 1, the built-in gcd verifier less (0/1 training rewards)
     packet = Packet("peer", item, (f"<answer>{item.answer}.001</answer>", "<answer>forty</answer>"))
-    assert rescore(node, packet) == [1.0, 0.0]
-    assert rescore(replace_rewards(node, ""), packet) == [0.0, 0.0]
+    assert SapoNode(node, cfg.sapo).rescore(packet) == [1.0, 0.0]
+    assert SapoNode(replace_rewards(node, ""), cfg.sapo).rescore(packet) == [0.0, 0.0]
 
 
 def replace_rewards(learner, text: str):

@@ -10,10 +10,9 @@ import pytest
 
 from pubswap_flwr.algorithms.sapo_selection import Packet, reputation, select_external, weighted_sample
 from pubswap_flwr.config import ExperimentConfig
-from pubswap_flwr.node.learner import Learner, WorkReport
+from pubswap_flwr.node.learner import Learner, NodeSettings, WorkReport
 from pubswap_flwr.node.state import NodeIdentity
-from pubswap_flwr.protocols.sapo import generate_rollouts, rescore, train_on_pool
-from pubswap_flwr.shared import task_universe
+from pubswap_flwr.protocols.sapo import SapoNode
 
 MIX = "gcd:1,rg:binary_matrix:1"
 
@@ -22,22 +21,23 @@ MIX = "gcd:1,rg:binary_matrix:1"
 def node(tmp_path):
     cfg = ExperimentConfig.from_flat({"strategy.mode": "sapo", "tasks.mix": MIX, "tasks.per-node": 0,
                                       "eval.items-per-task": 5, "sapo.completions": 4})
-    return Learner(cfg, NodeIdentity(0, tmp_path / "node", "embedded:tiny"))
+    return SapoNode(Learner(NodeSettings.of(cfg), NodeIdentity(0, tmp_path / "node", "embedded:tiny")), cfg.sapo)
 
 
 def _peer_item(node, task: str):
     """An item a peer would have drawn from its own private stream (another node's seed range)."""
     from pubswap_flwr.tasks import MixtureStream, StreamCursor
 
-    spec = next(t for t in node.universe.tasks if t.name == task)
-    stream = MixtureStream([spec], node.universe.tasks, node=5, exclude=set())
+    universe = node.learner.universe
+    spec = next(t for t in universe.tasks if t.name == task)
+    stream = MixtureStream([spec], universe.tasks, node=5, exclude=set())
     return stream.take(1, StreamCursor())[0]
 
 
 def test_honest_packet_is_rescored_with_the_regenerated_entry(node):
     item = _peer_item(node, "gcd")
     packet = Packet("peer", item, (f"<answer>{item.answer}</answer>", "<answer>nope</answer>"))
-    assert rescore(node, packet) == [1.0, 0.0]
+    assert node.rescore(packet) == [1.0, 0.0]
 
 
 def test_forged_answer_and_foreign_task_specs_are_rejected(node):
@@ -45,20 +45,20 @@ def test_forged_answer_and_foreign_task_specs_are_rejected(node):
     wrong = str(int(item.answer) + 1)
     forged = Packet("peer", replace(item, answer=wrong), (f"<answer>{wrong}</answer>",) * 2)
     with pytest.raises(ValueError, match="answer does not match its provenance"):
-        rescore(node, forged)
+        node.rescore(forged)
     other_config = replace(item, provenance={**item.provenance, "config": {"max_value": 10**9}})
     with pytest.raises(ValueError, match="provenance names a task this node does not run"):
-        rescore(node, Packet("peer", other_config, ("<answer>1</answer>",)))
+        node.rescore(Packet("peer", other_config, ("<answer>1</answer>",)))
     moved = replace(item, provenance={**item.provenance, "index": item.provenance["index"] + 1})
     with pytest.raises(ValueError, match="question does not match its provenance"):
-        rescore(node, Packet("peer", moved, ("<answer>1</answer>",)))
+        node.rescore(Packet("peer", moved, ("<answer>1</answer>",)))
 
 
 def test_tampered_metadata_does_not_change_the_score(node):
     item = _peer_item(node, "rg:binary_matrix")
     lying = replace(item, metadata={**item.metadata, "solution": [[0]]})
     packet = Packet("peer", lying, (f"<answer>{item.answer}</answer>",))
-    assert rescore(node, packet) == [1.0]
+    assert node.rescore(packet) == [1.0]
 
 
 def test_eval_payload_in_a_shared_completion_is_never_executed(node, tmp_path):
@@ -66,7 +66,7 @@ def test_eval_payload_in_a_shared_completion_is_never_executed(node, tmp_path):
     marker = tmp_path / "pwned"
     payload = f"__import__('pathlib').Path({str(marker)!r}).write_text('x')"
     packet = Packet("peer", item, (f"<answer>{payload}</answer>", f"<answer>{item.answer}</answer>"))
-    assert rescore(node, packet) == [0.0, 1.0]
+    assert node.rescore(packet) == [0.0, 1.0]
     assert not marker.exists()
 
 
@@ -74,7 +74,7 @@ def test_rejections_feed_reputation_and_weighted_sampling(node):
     good = _peer_item(node, "gcd")
     honest = [Packet("honest", good, (f"<answer>{good.answer}</answer>", "<answer>x</answer>"))] * 3
     forged = [Packet("liar", replace(good, answer="1234"), ("<answer>1234</answer>", "<answer>x</answer>"))] * 3
-    selection = select_external(honest + forged, 2, lambda p: rescore(node, p), random.Random(0))
+    selection = select_external(honest + forged, 2, lambda p: node.rescore(p), random.Random(0))
     assert selection.rejected == 3 and all(s.packet.sender == "honest" for s in selection.chosen)
     assert all("liar/" in r and "forged" in r for r in selection.rejections)
     assert reputation(10, 0) > 0.9 and reputation(0, 10) < 0.1 and reputation(0, 0) == 0.5
@@ -87,7 +87,7 @@ def test_reputation_is_recorded_per_sender_in_node_state(node):
     good = _peer_item(node, "gcd")
     pool = [Packet("honest", good, (f"<answer>{good.answer}</answer>", "<answer>x</answer>")),
             Packet("liar", replace(good, answer="999"), ("<answer>999</answer>",) * 2)]
-    generate_rollouts(node, 1, WorkReport())
-    train_on_pool(node, pool, 1, WorkReport())
-    assert node.state.peers == {"honest": (1, 0), "liar": (0, 1)}
-    assert task_universe(node.cfg).tasks[1].generator == "binary_matrix"
+    node.generate_rollouts(1, WorkReport())
+    node.train_on_pool(pool, 1, WorkReport())
+    assert node.learner.state.peers == {"honest": (1, 0), "liar": (0, 1)}
+    assert node.learner.universe.tasks[1].generator == "binary_matrix"
