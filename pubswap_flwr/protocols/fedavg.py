@@ -17,15 +17,17 @@ from flwr.app import Message, RecordDict
 
 from ..aggregate import aggregate, mean_pairwise_l2, median_clip, not_robust, update_norm
 from ..config import ExperimentConfig
-from ..wire.codecs import config_int
+from ..schema import Count
 from ..wire.compression import Codec, Quantized
 from ..wire.records import (
     Adapter,
     ClientReport,
     Header,
     Instruction,
+    InstructionFields,
     adapter_of,
     config_of,
+    instruction_fields,
     read_reply,
     records,
     reply_records,
@@ -51,6 +53,10 @@ from .transfer import (
 
 
 # -- messages ------------------------------------------------------------------------------------------------------
+class LocalRoundFields(InstructionFields, frozen=True, kw_only=True):
+    local_steps: Count
+
+
 @dataclass(frozen=True)
 class LocalRound(Instruction):
     message_type: ClassVar[str] = "train.local_round"
@@ -67,11 +73,12 @@ class LocalRound(Instruction):
     @classmethod
     def from_record(cls, content: RecordDict) -> "LocalRound":
         config = config_of(content)
+        fields = instruction_fields(config, LocalRoundFields)
         adapter = adapter_of(content)
         downlink = Downlink.read(config, content)
         if adapter is None and (downlink is None or downlink.delta is None):
             raise ValueError("a local round needs the global adapter")
-        return cls(Header.from_config(config), adapter, config_int(config, "local-steps"), downlink)
+        return cls(fields.header(), adapter, fields.local_steps, downlink)
 
 
 @dataclass(frozen=True)

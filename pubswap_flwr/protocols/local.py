@@ -14,13 +14,28 @@ from typing import ClassVar
 
 from flwr.app import RecordDict
 
-from ..wire.codecs import config_int
-from ..wire.records import Header, Instruction, OwnAdapterReply, config_of, records
+from ..schema import Count
+from ..wire.records import (
+    Header,
+    Instruction,
+    InstructionFields,
+    OwnAdapterReply,
+    config_of,
+    instruction_fields,
+    records,
+)
 from .base import RoundContext, ServerProtocol
 from .serving import ClientWork, evaluate_own_adapter
 
 
 # -- messages ------------------------------------------------------------------------------------------------------
+class TrainAloneFields(InstructionFields, frozen=True, kw_only=True):
+    local_steps: Count
+    evaluate: bool = False
+    save_adapter: bool = False
+    evaluate_initial: bool = False
+
+
 @dataclass(frozen=True)
 class TrainAlone(Instruction):
     message_type: ClassVar[str] = "train.alone"
@@ -36,9 +51,8 @@ class TrainAlone(Instruction):
 
     @classmethod
     def from_record(cls, content: RecordDict) -> "TrainAlone":
-        config = config_of(content)
-        return cls(Header.from_config(config), config_int(config, "local-steps"), bool(config.get("evaluate", False)),
-                   bool(config.get("save-adapter", False)), bool(config.get("evaluate-initial", False)))
+        f = instruction_fields(config_of(content), TrainAloneFields)
+        return cls(f.header(), f.local_steps, f.evaluate, f.save_adapter, f.evaluate_initial)
 
 
 # -- server --------------------------------------------------------------------------------------------------------

@@ -12,17 +12,19 @@ from flwr.app import Message, RecordDict
 from msgspec import Meta, Struct
 
 from ..rollouts import Behaviour
-from ..schema import Fraction, parse
+from ..schema import Count, Fraction, PositiveCount, parse
 from ..tasks import extract_answer, score_completion, training_reward
-from ..wire.codecs import DEFAULT_MAX_PAYLOAD_BYTES, config_int
+from ..wire.codecs import DEFAULT_MAX_PAYLOAD_BYTES
 from ..wire.compression import Codec, Quantized
 from ..wire.records import (
     Adapter,
     ClientReport,
     Header,
     Instruction,
+    InstructionFields,
     adapter_of,
     config_of,
+    instruction_fields,
     payload_of,
     read_reply,
     records,
@@ -144,6 +146,13 @@ class DonorChoiceRecord(Struct):
     candidates: Annotated[list[SwapEntryRecord], Meta(max_length=MAX_CANDIDATES)]
 
 
+class SegmentFields(InstructionFields, frozen=True, kw_only=True):
+    private_steps: Count = 0
+    public_uids: str = ""  # the next public prompts' uids, one per line
+    k: PositiveCount
+    final: bool = False
+
+
 @dataclass(frozen=True)
 class Segment(Instruction):
     message_type: ClassVar[str] = "train.segment"
@@ -173,9 +182,10 @@ class Segment(Instruction):
     @classmethod
     def from_record(cls, content: RecordDict) -> "Segment":
         config = config_of(content)
+        fields = instruction_fields(config, SegmentFields)
         payload = payload_of(content)
         sets, choices = payload.get("response-sets"), payload.get("donor-choices")
-        k = config_int(config, "k")
+        k = fields.k
         try:
             response_sets = None if sets is None else {str(uid): tuple(SwapEntry.from_dict(e) for e in entries)
                                                        for uid, entries in dict(sets).items()}
@@ -183,10 +193,8 @@ class Segment(Instruction):
                                                           for uid, c in dict(choices).items()}
         except (TypeError, KeyError, ValueError) as err:
             raise ValueError(f"malformed response sets: {type(err).__name__}: {err}") from None
-        return cls(Header.from_config(config), config_int(config, "private-steps", 0),
-                   tuple(u for u in str(config.get("public-uids", "")).split("\n") if u), k,
-                   bool(config.get("final", False)), adapter_of(content), response_sets, Downlink.read(config, content),
-                   donor_choices)
+        return cls(fields.header(), fields.private_steps, tuple(u for u in fields.public_uids.split("\n") if u), k,
+                   fields.final, adapter_of(content), response_sets, Downlink.read(config, content), donor_choices)
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,10 @@ from ..schema import parse
 from ..wire.records import (
     Header,
     Instruction,
+    InstructionFields,
     OwnAdapterReply,
     config_of,
+    instruction_fields,
     own_evaluations,
     payload_of,
     read_reply,
@@ -49,6 +51,15 @@ class ScoringCounts(Struct, frozen=True, rename="kebab", omit_defaults=True):
 SELECTION_KEYS = tuple(f.encode_name for f in msgspec.structs.fields(SelectionCounts))
 
 
+class CollectRolloutsFields(InstructionFields, frozen=True, kw_only=True):
+    evaluate_initial: bool = False
+
+
+class SapoTrainFields(CollectRolloutsFields, frozen=True, kw_only=True):
+    evaluate: bool = False
+    save_adapter: bool = False
+
+
 @dataclass(frozen=True)
 class CollectRollouts(Instruction):
     """Sync phase 1: sample this round's rollouts and share some as packets."""
@@ -62,8 +73,8 @@ class CollectRollouts(Instruction):
 
     @classmethod
     def from_record(cls, content: RecordDict) -> "CollectRollouts":
-        config = config_of(content)
-        return cls(Header.from_config(config), bool(config.get("evaluate-initial", False)))
+        fields = instruction_fields(config_of(content), CollectRolloutsFields)
+        return cls(fields.header(), fields.evaluate_initial)
 
 
 @dataclass(frozen=True)
@@ -84,7 +95,7 @@ class SapoTrain(Instruction):
 
     @classmethod
     def from_record(cls, content: RecordDict) -> "SapoTrain":
-        config = config_of(content)
+        fields = instruction_fields(config_of(content), SapoTrainFields)
         pool = payload_of(content).get("pool", [])
         if not isinstance(pool, list):
             raise ValueError("the relayed pool is not a list")
@@ -94,9 +105,7 @@ class SapoTrain(Instruction):
                 packets.append(Packet.from_wire(entry))
             except ValueError as err:  # its message names the field
                 raise ValueError(f"relayed packet {index}: {err}") from None
-        return cls(Header.from_config(config), tuple(packets),
-                   bool(config.get("evaluate", False)), bool(config.get("save-adapter", False)),
-                   bool(config.get("evaluate-initial", False)))
+        return cls(fields.header(), tuple(packets), fields.evaluate, fields.save_adapter, fields.evaluate_initial)
 
 
 @dataclass(frozen=True)

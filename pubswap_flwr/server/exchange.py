@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Callable, Generic, Iterable, Protocol, TypeVar
 from flwr.app import ConfigRecord, Message
 from flwr.serverapp import Grid
 
-from ..wire.codecs import CONFIG_KEY, NODE_ROUND_KEY, NODE_ROUNDS_KEY, config_int, record_bytes
+from ..wire.codecs import CONFIG_KEY, NODE_ROUND_KEY, NODE_ROUNDS_KEY, record_bytes
 from ..wire.validate import Rejected
 
 if TYPE_CHECKING:
@@ -229,7 +229,8 @@ class Exchange:
         else:
             stamp = {}
         msg.content[CONFIG_KEY] = ConfigRecord({**config, **stamp})  # a copy: messages may share one record
-        return config_int(config, "server-round", self.round)
+        server_round = config.get("server-round", self.round)  # the server's own instruction: always an int
+        return server_round if isinstance(server_round, int) else self.round
 
     def _send_and_receive(self, messages: list[Message], step: str = "") -> tuple[list[Message], list[int]]:
         """The replies that came within the timeout, and the nodes whose message the grid did not take."""

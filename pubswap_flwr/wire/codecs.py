@@ -154,15 +154,6 @@ def record_of(content: RecordDict, key: str, kind: type[RecordT]) -> RecordT:
     return record
 
 
-def config_int(config: ConfigRecord, key: str, default: int | None = None) -> int:
-    """int() of config[key], or of `default` when the key is absent and a default is given (a KeyError without);
-    a list value is a WireError."""
-    value = config[key] if default is None else config.get(key, default)
-    if isinstance(value, list):
-        raise WireError(f"config {key!r} must be a number, got a list")
-    return int(value)
-
-
 def record_bytes(content: RecordDict) -> int:
     """Bytes a message's records occupy (arrays' raw bytes plus config/metric values)."""
     total = 0

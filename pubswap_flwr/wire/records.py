@@ -12,13 +12,13 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, TypeVar
 
 import msgspec
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from msgspec import Meta, Struct
 
-from ..schema import Fraction, Tally, parse
+from ..schema import Count, Fraction, Tally, parse
 from ..tasks.splits import MAX_NODES
 from .codecs import (
     ADAPTER_KEY,
@@ -29,7 +29,6 @@ from .codecs import (
     PAYLOAD_KEY,
     adapter_from_record,
     adapter_record,
-    config_int,
     metrics_record,
     payload_from_record,
     payload_record,
@@ -113,14 +112,37 @@ class Header:
                 "round-start": self.round_start}
 
     @classmethod
-    def from_config(cls, config: ConfigRecord) -> "Header":
-        server_round = config_int(config, "server-round")
-        node_round = config_int(config, NODE_ROUND_KEY, 0)
-        if not 0 <= node_round <= server_round:
-            raise ValueError(f"{NODE_ROUND_KEY} = {node_round} is not a round in [0, {server_round}]")
-        return cls(server_round, str(config["run-name"]), str(config.get("run-dir", "")),
-                   bool(config.get("round-start", False)), node_round,
-                   _node_rounds(config.get(NODE_ROUNDS_KEY), server_round))
+    def from_config(cls, config: ConfigRecord | dict) -> "Header":
+        return instruction_fields(config, InstructionFields).header()
+
+
+class InstructionFields(Struct, frozen=True, kw_only=True, rename="kebab"):
+    """An instruction's config record as a node reads it: the header's keys, which every instruction carries. A
+    message type that sends more declares a subclass with its own keys (fedavg.LocalRoundFields, ...). Keys that
+    are not declared (strategy.compression's downlink keys, which transfer.Downlink reads) are left to their
+    readers."""
+
+    server_round: Count
+    run_name: Annotated[str, Meta(max_length=255)]  # one path component (node.state.safe_component checks it)
+    run_dir: str = ""
+    round_start: bool = False
+    node_round: Count = 0  # NODE_ROUND_KEY
+    node_rounds: str | None = None  # NODE_ROUNDS_KEY: JSON text, checked by _node_rounds
+
+    def header(self) -> Header:
+        if self.node_round > self.server_round:
+            raise ValueError(f"{NODE_ROUND_KEY} = {self.node_round} is not a round in [0, {self.server_round}]")
+        return Header(self.server_round, self.run_name, self.run_dir, self.round_start, self.node_round,
+                      _node_rounds(self.node_rounds, self.server_round))
+
+
+F = TypeVar("F", bound=InstructionFields)
+
+
+def instruction_fields(config: ConfigRecord | dict, fields: type[F]) -> F:
+    """An instruction's config record checked against its declaration; ValueError naming the key, as in
+    "instruction config.local-steps: expected `int`, got `float`"."""
+    return parse(dict(config), fields, "instruction config", ValueError)
 
 
 # the longest {"<node index>": round} map: MAX_NODES entries of at most 32 characters each (an index below MAX_NODES
@@ -132,13 +154,11 @@ MAX_NODE_ROUNDS_CHARS = 32 * MAX_NODES
 NodeRounds = dict[Annotated[str, Meta(pattern=r"^[0-9]{1,5}\Z")], Annotated[int, Meta(ge=0)]]
 
 
-def _node_rounds(value: Any, server_round: int) -> dict[int, int] | None:
+def _node_rounds(value: str | None, server_round: int) -> dict[int, int] | None:
     """The exchange's {"<node index>": round} map, checked (ValueError names what is wrong): node indices below
     MAX_NODES, rounds not after this one, and the text no longer than such a map can be."""
     if value is None:
         return None
-    if not isinstance(value, str):
-        raise ValueError(f"{NODE_ROUNDS_KEY} must be JSON text, got {type(value).__name__}")
     if len(value) > MAX_NODE_ROUNDS_CHARS:
         raise ValueError(f"{NODE_ROUNDS_KEY} is {len(value)} chars, longer than a map of {MAX_NODES} node indices")
     try:

@@ -84,7 +84,8 @@ def _work(scores: dict[str, float]):
     """A client whose policy scores each text as `scores` says (a known policy)."""
     policy_learner = SimpleNamespace(mean_logprobs=lambda prompt, completions: [scores[c.text] for c in completions])
     cfg = ExperimentConfig()
-    learner = SimpleNamespace(cfg=cfg, policy=SimpleNamespace(learner=policy_learner, tokenizer=None))
+    learner = SimpleNamespace(settings=SimpleNamespace(train=cfg.train, generation=cfg.generation),
+                              policy=SimpleNamespace(learner=policy_learner, tokenizer=None))
     learner.foreign_completion = lambda *args: Learner.foreign_completion(learner, *args)
     return SimpleNamespace(learner=learner, report=WorkReport())
 
@@ -100,7 +101,8 @@ def test_the_client_fills_the_slots_with_the_candidates_its_policy_finds_most_li
 
 
 def test_donor_ordering_under_the_real_policy_prefers_what_it_would_say(tiny_policy):
-    learner = SimpleNamespace(cfg=ExperimentConfig(), policy=tiny_policy)
+    cfg = ExperimentConfig()
+    learner = SimpleNamespace(settings=SimpleNamespace(train=cfg.train, generation=cfg.generation), policy=tiny_policy)
     learner.foreign_completion = lambda *args: Learner.foreign_completion(learner, *args)
     work = SimpleNamespace(learner=learner, report=WorkReport())
     prompt = tiny_policy.formatter(ITEM)

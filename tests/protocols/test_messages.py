@@ -144,8 +144,34 @@ def test_a_record_of_the_wrong_kind_or_a_list_for_a_count_is_a_wire_error():
         LocalRound.from_record(content)
     content = LocalRound(HEADER, ADAPTER, 5).to_record()
     content[CONFIG_KEY] = ConfigRecord({**content[CONFIG_KEY], "local-steps": [5, 6]})
-    with pytest.raises(WireError, match="config 'local-steps' must be a number, got a list"):
+    with pytest.raises(ValueError, match=re.escape("instruction config.local-steps: expected `int`, got `array`")):
         LocalRound.from_record(content)
+
+
+MISSING = object()
+
+
+@pytest.mark.parametrize("kind, key, value, reason", [
+    (LocalRound, "local-steps", 3.7, "instruction config.local-steps: expected `int`, got `float`"),  # never cut to 3
+    (LocalRound, "local-steps", "5", "instruction config.local-steps: expected `int`, got `str`"),
+    (LocalRound, "server-round", True, "instruction config.server-round: expected `int`, got `bool`"),
+    (LocalRound, "local-steps", -1, "instruction config.local-steps: expected `int` >= 0"),
+    (Segment, "k", 0, "instruction config.k: expected `int` >= 1"),
+    (Segment, "final", 1, "instruction config.final: expected `bool`, got `int`"),  # 1 was read as True
+    (SapoTrain, "save-adapter", "no", "instruction config.save-adapter: expected `bool`, got `str`"),  # was True
+    (CollectRollouts, "run-name", MISSING, "instruction config: object missing required field `run-name`"),
+    (CollectRollouts, "node-round", 4, "node-round = 4 is not a round in [0, 3]"),
+])
+def test_an_instruction_whose_config_breaks_its_declaration_is_refused_naming_the_key(kind, key, value, reason):
+    message = {LocalRound: LocalRound(HEADER, ADAPTER, 5), Segment: Segment(HEADER, 2, ("public/gcd/1",), 4, False),
+               SapoTrain: SapoTrain(HEADER, ()), CollectRollouts: CollectRollouts(HEADER, True)}[kind]
+    content = message.to_record()
+    config = {k: v for k, v in content[CONFIG_KEY].items() if k != key}
+    content[CONFIG_KEY] = ConfigRecord(config if value is MISSING else {**config, key: value})
+    with pytest.raises(ValueError, match=re.escape(reason)):
+        kind.from_record(content)
+    content[CONFIG_KEY] = ConfigRecord({**message.to_record()[CONFIG_KEY], "a-later-key": "ignored"})
+    assert kind.from_record(content).header == HEADER  # a key the declaration does not name is left alone
 
 
 def test_a_round_start_without_the_global_adapter_is_refused_with_a_reason():
@@ -155,7 +181,7 @@ def test_a_round_start_without_the_global_adapter_is_refused_with_a_reason():
     from pubswap_flwr.protocols.transfer import take_global
 
     with pytest.raises(ValueError, match="the message carries no global adapter"):
-        take_global(SimpleNamespace(cfg=ExperimentConfig()), None, None)
+        take_global(SimpleNamespace(settings=SimpleNamespace(strategy=ExperimentConfig().strategy)), None, None)
 
 
 def _garbage(kind: str):
