@@ -6,6 +6,7 @@ runs of one report were made by different code."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import platform
 import subprocess
@@ -15,6 +16,11 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from msgspec import Struct, field
+
+from .schema import SchemaError, parse
+
+log = logging.getLogger(__name__)
 PROVENANCE_FILE = "provenance.json"
 PACKAGES = ("torch", "flwr", "transformers", "peft", "reasoning-gym", "numpy")
 # what can change a run's numbers: a checkout with changes here is "dirty"; runs/, results/, docs/ do not count
@@ -94,7 +100,7 @@ def write(run_dir: Path, *, resumed: bool = False) -> dict[str, Any]:
     """Append this start's provenance to run_dir/provenance.json (a new run starts the list afresh)."""
     entry = {**collect(), "start": "resume" if resumed else "new"}
     path = Path(run_dir) / PROVENANCE_FILE
-    starts = read(run_dir) if resumed else []
+    starts = [s for s in _recorded(run_dir) if isinstance(s, dict)] if resumed else []  # kept as written
     starts.append(entry)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"starts": starts}, indent=1) + "\n")
@@ -102,8 +108,41 @@ def write(run_dir: Path, *, resumed: bool = False) -> dict[str, Any]:
     return entry
 
 
-def read(run_dir: Path) -> list[dict[str, Any]]:
-    """The recorded starts of a run ([] for a run made before provenance was recorded)."""
+class CodeRecord(Struct, frozen=True):
+    """A start's `code`: the commit and whether the code paths had changes, or why there is no commit."""
+
+    commit: str | None = None
+    dirty: bool = False
+    changed: list[str] = field(default_factory=list)
+    checkout: str = "unknown"
+
+
+class DeviceRecord(Struct, frozen=True):
+    """The part of a start's `device` that labels it (platform, cpus, threads are recorded but not read back)."""
+
+    cpu: str = ""
+    cpu_flags: list[str] | None = None  # None: recorded before the flags were
+
+
+class ProvenanceStart(Struct, frozen=True):
+    """One start of a run as the report and the logs read it; every field may be absent (older records)."""
+
+    version: str = "?"
+    code_dir: str = ""
+    start: str = "new"
+    code: CodeRecord = field(default_factory=CodeRecord)
+    packages: dict[str, str] = field(default_factory=dict)
+    device: DeviceRecord = field(default_factory=DeviceRecord)
+
+
+def start_of(value: Any, what: str = "provenance start") -> ProvenanceStart:
+    """A recorded start checked against its declaration; SchemaError naming the field."""
+    return parse(value, ProvenanceStart, what)
+
+
+def _recorded(run_dir: Path) -> list[Any]:
+    """The starts list of run_dir/provenance.json as written ([] when there is none or it cannot be read: the file is
+    another party's, so unreadable content counts as no record, with a warning)."""
     from .untrusted import UntrustedFileError, is_present, parse_json, read_bytes
 
     path = Path(run_dir) / PROVENANCE_FILE
@@ -112,41 +151,44 @@ def read(run_dir: Path) -> list[dict[str, Any]]:
     raw = read_bytes(path)  # a link or FIFO is refused (UntrustedFileError), never followed or opened
     try:
         data = parse_json(raw.decode("utf-8"), str(path))
-    except (UnicodeDecodeError, UntrustedFileError):  # unreadable content: no usable record, as before one was kept
+    except (UnicodeDecodeError, UntrustedFileError):
+        log.warning("%s is not JSON text: read as no provenance record", path)
         return []
     starts = data.get("starts") if isinstance(data, dict) else None
-    return [s for s in starts if _usable(s)] if isinstance(starts, list) else []
+    if not isinstance(starts, list):
+        log.warning("%s holds no list of starts: read as no provenance record", path)
+        return []
+    return starts
 
 
-def _usable(start: Any) -> bool:
-    """A start whose `code` and `packages` (when present) are objects, as code_label / environment_label read them."""
-    return (isinstance(start, dict) and isinstance(start.get("code", {}), dict)
-            and isinstance(start.get("packages", {}), dict))
+def read(run_dir: Path) -> list[ProvenanceStart]:
+    """The recorded starts of a run ([] for a run made before provenance was recorded); a start that breaks its
+    declaration is left out with a warning naming the field."""
+    usable = []
+    for index, start in enumerate(_recorded(run_dir)):
+        try:
+            usable.append(start_of(start, f"starts[{index}]"))
+        except SchemaError as err:
+            log.warning("%s: %s; that start is left out", Path(run_dir) / PROVENANCE_FILE, err)
+    return usable
 
 
-def code_label(entry: dict[str, Any]) -> str:
+def code_label(entry: ProvenanceStart) -> str:
     """`abc1234`, `abc1234+changes`, or `not a git checkout` (plus the package version)."""
-    code = entry.get("code", {})
-    if "commit" in code:
-        label = str(code["commit"])[:7] + ("+changes" if code.get("dirty") else "")
-    else:
-        label = str(code.get("checkout", "unknown"))
-    return f"{label} (pubswap-flwr {entry.get('version', '?')})"
+    code = entry.code
+    label = code.commit[:7] + ("+changes" if code.dirty else "") if code.commit is not None else code.checkout
+    return f"{label} (pubswap-flwr {entry.version})"
 
 
-def environment_label(entry: dict[str, Any]) -> str:
-    packages = entry.get("packages", {})
-    return ", ".join(f"{name} {packages.get(name, '?')}" for name in ("torch", "flwr", "transformers", "peft"))
+def environment_label(entry: ProvenanceStart) -> str:
+    return ", ".join(f"{name} {entry.packages.get(name, '?')}" for name in ("torch", "flwr", "transformers", "peft"))
 
 
-def cpu_label(entry: dict[str, Any]) -> str:
+def cpu_label(entry: ProvenanceStart) -> str:
     """`AMD EPYC`, or with the numerics-relevant flags when recorded: `Intel(R) Xeon(R) Processor (avx2, amx_bf16)`;
     `unknown CPU` for a start that recorded none."""
-    device = entry.get("device")
-    device = device if isinstance(device, dict) else {}
-    name = device.get("cpu")
-    label = name if isinstance(name, str) and name else "unknown CPU"
-    flags = device.get("cpu_flags")
-    if isinstance(flags, list) and all(isinstance(f, str) for f in flags):
-        label += f" ({', '.join(flags) or 'no avx2'})"
+    device = entry.device
+    label = device.cpu or "unknown CPU"
+    if device.cpu_flags is not None:
+        label += f" ({', '.join(device.cpu_flags) or 'no avx2'})"
     return label

@@ -95,7 +95,7 @@ def run(grid: Grid, context: Context, settle_seconds: float = 1.0) -> None:
     add_exit_handler(recorder.stopped_on_exit, run_before_force_exit=True)
     made_by = provenance.write(run_dir, resumed=saved is not None)
     log.info("pubswap-flwr run %s: mode %s, outputs in %s; code %s from %s", context.run_id, cfg.strategy.mode,
-             run_dir, provenance.code_label(made_by), made_by["code_dir"])
+             run_dir, provenance.code_label(provenance.start_of(made_by)), made_by["code_dir"])
     started = time.time()
     try:
         protocol_class = run_protocol(cfg)

@@ -47,11 +47,25 @@ def test_written_read_back_and_appended_on_resume(tmp_path):
     assert "commit" in first["code"] or first["code"] == {"checkout": "not a git checkout"}
     provenance.write(tmp_path, resumed=True)
     starts = provenance.read(tmp_path)
-    assert [s["start"] for s in starts] == ["new", "resume"]
+    assert [s.start for s in starts] == ["new", "resume"]
+    assert starts[0].packages == first["packages"] and starts[0].code_dir == first["code_dir"]
+    written = json.loads((tmp_path / provenance.PROVENANCE_FILE).read_text())["starts"]
+    assert written[0] == first  # a resume keeps the earlier start as written, undeclared keys too
     provenance.write(tmp_path)  # a new run in the same folder starts the record afresh
     assert len(provenance.read(tmp_path)) == 1
     (tmp_path / provenance.PROVENANCE_FILE).write_text("{not json")
     assert provenance.read(tmp_path) == []
+
+
+def test_a_start_that_breaks_its_declaration_is_left_out_with_a_warning_naming_the_field(tmp_path, caplog):
+    good = {"version": "0.1.0", "code": {"commit": "c" * 40, "dirty": False}, "extra": {"any": "thing"}}
+    bad = {"version": "0.1.0", "code": {"commit": 7}}
+    (tmp_path / provenance.PROVENANCE_FILE).write_text(json.dumps({"starts": [bad, good, ["not", "an object"]]}))
+    with caplog.at_level("WARNING", logger="pubswap_flwr.provenance"):
+        starts = provenance.read(tmp_path)
+    assert [provenance.code_label(s) for s in starts] == ["ccccccc (pubswap-flwr 0.1.0)"]
+    assert "starts[0].code.commit: expected `str | null`, got `int`; that start is left out" in caplog.text
+    assert "starts[2]: expected `object`, got `array`; that start is left out" in caplog.text
 
 
 def _record(run: Path, commit: str, dirty: bool = False, torch: str = "2.13.0+cpu", device: dict | None = None) -> None:
@@ -65,11 +79,15 @@ def test_the_cpu_and_its_numeric_instruction_sets_are_recorded_and_labelled():
     device = provenance.collect()["device"]
     assert set(device["cpu_flags"]) <= set(provenance.CPU_NUMERIC_FLAGS)
     assert list(device["cpu_flags"]) == [f for f in provenance.CPU_NUMERIC_FLAGS if f in device["cpu_flags"]]
-    assert provenance.cpu_label({"device": {"cpu": "AMD EPYC"}}) == "AMD EPYC"  # a record made before the flags
-    xeon = {"device": {"cpu": "Xeon", "cpu_flags": ["avx2", "amx_bf16"]}}
-    assert provenance.cpu_label(xeon) == "Xeon (avx2, amx_bf16)"
-    assert provenance.cpu_label({"device": {"cpu": "Old", "cpu_flags": []}}) == "Old (no avx2)"
-    assert provenance.cpu_label({}) == provenance.cpu_label({"device": ["not", "an object"]}) == "unknown CPU"
+    def label(start: dict) -> str:
+        return provenance.cpu_label(provenance.start_of(start))
+
+    assert label({"device": {"cpu": "AMD EPYC"}}) == "AMD EPYC"  # a record made before the flags
+    assert label({"device": {"cpu": "Xeon", "cpu_flags": ["avx2", "amx_bf16"]}}) == "Xeon (avx2, amx_bf16)"
+    assert label({"device": {"cpu": "Old", "cpu_flags": []}}) == "Old (no avx2)"
+    assert label({}) == "unknown CPU"
+    with pytest.raises(ValueError, match=r"provenance start.device: expected `object`, got `array`"):
+        label({"device": ["not", "an object"]})
 
 
 def test_report_warns_when_the_runs_were_made_on_different_cpus(tmp_path):
