@@ -105,12 +105,13 @@ def check_utf8(value: str, what: str) -> str:
     return value
 
 
-def check_depth(value: Any, limit: int, what: str) -> None:
-    """Objects and lists nested at most `limit` deep (checked without recursion)."""
-    stack = [(value, 1)]
+def check_depth(value: Any, limit: int, what: str, start: int = 1) -> None:
+    """Objects and lists (and tuples) nested at most `limit` deep, `value` itself at depth `start` (checked without
+    recursion)."""
+    stack = [(value, start)]
     while stack:
         current, depth = stack.pop()
-        if isinstance(current, (dict, list)):
+        if isinstance(current, (dict, list, tuple)):
             if depth > limit:
                 raise ValueError(f"{what} is nested more than {limit} levels deep")
             children = current.values() if isinstance(current, dict) else current

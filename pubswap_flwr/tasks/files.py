@@ -1,4 +1,5 @@
-"""An organization's own data: JSONL or parquet rows (question, answer, optional verifier and metadata) as task items.
+"""An organization's own data: JSONL or parquet rows (question, answer, optional verifier and metadata; declared as
+`GenericRow`) as task items.
 
 JSONL is parsed line by line, parquet is read through Hugging Face `datasets`. A JSONL line that is not UTF-8 text or
 not JSON, is longer than MAX_ROW_BYTES or nests deeper than MAX_DEPTH, or a row without a question or answer (or
@@ -16,6 +17,9 @@ import math
 from pathlib import Path
 from typing import Any, Callable
 
+from msgspec import Struct
+
+from ..schema import SchemaError, check_depth, parse
 from .items import MAX_ANSWER_CHARS, MIN_QUESTION_CHARS, QUESTION_CHARS_PER_PROMPT_TOKEN, TaskItem, max_question_chars
 from .specs import TaskError
 from .verifiers import check_verifier
@@ -32,25 +36,38 @@ class BadRow(ValueError):
     """One row cannot become a task item; the message says why."""
 
 
+class GenericRow(Struct):
+    """A row of the generic format: `question` text, `answer` text or a number (a bool is refused), optional
+    `verifier`, `task` and `family` text and `metadata` (an object, or its JSON text as parquet columns hold it).
+    Other keys are ignored."""
+
+    question: str
+    answer: str | int | float
+    verifier: str | None = None
+    metadata: dict[str, Any] | str | None = None
+    task: str | None = None
+    family: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.question.strip():
+            raise ValueError("missing or empty 'question'")
+        if isinstance(self.answer, str) and not self.answer.strip():
+            raise ValueError("missing or empty 'answer'")
+        if isinstance(self.answer, float) and not math.isfinite(self.answer):
+            raise ValueError(f"'answer' must be a finite number, got {self.answer!r}")
+
+
 def _generic_row(row: dict[str, Any], number: int, default_verifier: str) -> TaskItem:
-    question = row.get("question")
-    answer = row.get("answer")
-    if not isinstance(question, str) or not question.strip():
-        raise BadRow("missing or empty 'question'")
-    if answer is None or (isinstance(answer, str) and not answer.strip()):
-        raise BadRow("missing or empty 'answer'")
-    if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
-        raise BadRow(f"'answer' must be text or a number, got {type(answer).__name__} {answer!r}")
-    if isinstance(answer, float) and not math.isfinite(answer):
-        raise BadRow(f"'answer' must be a finite number, got {answer!r}")
-    verifier = row.get("verifier") or default_verifier
-    if not isinstance(verifier, str):
-        raise BadRow("'verifier' must be text")
+    try:
+        fields = parse(row, GenericRow, "")
+    except SchemaError as err:
+        raise BadRow(str(err)) from None
+    verifier = fields.verifier or default_verifier
     try:
         check_verifier(verifier, where=f"row {number}")
     except TaskError as err:
         raise BadRow(str(err)) from err
-    metadata = row.get("metadata") or {}
+    metadata = fields.metadata or {}
     if isinstance(metadata, str):
         try:
             metadata = json.loads(metadata)
@@ -58,29 +75,22 @@ def _generic_row(row: dict[str, Any], number: int, default_verifier: str) -> Tas
             raise BadRow(f"'metadata' is nested more than {MAX_DEPTH} levels deep") from None
         except ValueError as err:  # JSONDecodeError, or an integer too long to convert
             raise BadRow(f"'metadata' is not a JSON object: {err}") from err
-        _check_depth(metadata, MAX_DEPTH, "'metadata'", start=1)  # at the depth it has in the row
-    if not isinstance(metadata, dict):
-        raise BadRow("'metadata' must be an object")
-    task = row.get("task") or metadata.get("task") or "org"
-    family = row.get("family") or "plain"
-    for key, value in (("task", task), ("family", family)):
-        if not isinstance(value, str):
-            raise BadRow(f"{key!r} must be text, got {type(value).__name__}")
-    return TaskItem(uid=f"row/{number}", task=task, question=question, answer=str(answer).strip(),
-                    verifier=verifier, metadata=metadata, provenance={"row": number}, family=family)
+        _check_depth(metadata, "'metadata'", start=1)  # at the depth it has in the row
+        if not isinstance(metadata, dict):
+            raise BadRow("'metadata' must be an object")
+    task = fields.task or metadata.get("task") or "org"
+    if not isinstance(task, str):
+        raise BadRow(f"metadata's 'task' must be text, got {type(task).__name__}")
+    return TaskItem(uid=f"row/{number}", task=task, question=fields.question, answer=str(fields.answer).strip(),
+                    verifier=verifier, metadata=metadata, provenance={"row": number}, family=fields.family or "plain")
 
 
-def _check_depth(value: Any, limit: int, what: str, start: int = 0) -> None:
-    """Objects and lists nested at most `limit` levels below the row, `value` being `start` levels below it
-    (checked without recursion)."""
-    stack = [(value, start)]
-    while stack:
-        current, depth = stack.pop()
-        if isinstance(current, (dict, list, tuple)):
-            if depth > limit:
-                raise BadRow(f"{what} is nested more than {limit} levels deep")
-            children = current.values() if isinstance(current, dict) else current
-            stack.extend((child, depth + 1) for child in children)
+def _check_depth(value: Any, what: str, start: int = 0) -> None:
+    """Objects and lists nested at most MAX_DEPTH levels below the row, `value` being `start` levels below it."""
+    try:
+        check_depth(value, MAX_DEPTH, what, start)
+    except ValueError as err:
+        raise BadRow(str(err)) from None
 
 
 ADAPTERS: dict[str, RowAdapter] = {"generic": _generic_row}
@@ -109,7 +119,7 @@ def _json_row(raw: bytes, number: int) -> dict[str, Any] | str:
     if not isinstance(value, dict):
         return "not a JSON object"
     try:
-        _check_depth(value, MAX_DEPTH, "row")
+        _check_depth(value, "row")
     except BadRow as err:
         return str(err)
     return value
@@ -144,7 +154,7 @@ def _parquet_rows(path: Path) -> list[tuple[int, dict[str, Any] | str]]:
     rows: list[tuple[int, dict[str, Any] | str]] = []
     for i, row in enumerate(table):
         try:
-            _check_depth(row, MAX_DEPTH, "row")
+            _check_depth(row, "row")
         except BadRow as err:
             rows.append((i + 1, str(err)))
             continue

@@ -52,22 +52,24 @@ def test_blank_lines_are_skipped_but_line_numbers_kept(tmp_path):
 BAD_ROWS = [
     ('{"question": "q", "answer": ', "line 2: not valid JSON"),
     ('["a", "list"]', "line 2: not a JSON object"),
-    ({"answer": "4"}, "row 2: missing or empty 'question'"),
+    ({"answer": "4"}, "row 2: object missing required field `question`"),
     ({"question": "   ", "answer": "4"}, "row 2: missing or empty 'question'"),
-    ({"question": "q"}, "row 2: missing or empty 'answer'"),
+    ({"question": "q"}, "row 2: object missing required field `answer`"),
     ({"question": "q", "answer": ""}, "row 2: missing or empty 'answer'"),
-    ({"question": "q", "answer": ["4"]}, "row 2: 'answer' must be text or a number, got list"),
+    ({"question": "q", "answer": ["4"]}, "row 2: answer: expected `int | float | str`, got `array`"),
     ({"question": "q", "answer": "4", "verifier": "judge"}, "row 2: row 2: unknown verifier 'judge'"),
-    ({"question": "q", "answer": "4", "verifier": 3}, "row 2: 'verifier' must be text"),
+    ({"question": "q", "answer": "4", "verifier": 3}, "row 2: verifier: expected `str | null`, got `int`"),
     ({"question": "q", "answer": "4", "metadata": "{oops"}, "row 2: 'metadata' is not a JSON object"),
-    ({"question": "q", "answer": "4", "metadata": [1]}, "row 2: 'metadata' must be an object"),
-    ('{"question": "q", "answer": true}', "row 2: 'answer' must be text or a number, got bool True"),
-    ('{"question": "q", "answer": false}', "row 2: 'answer' must be text or a number, got bool False"),
+    ({"question": "q", "answer": "4", "metadata": "[1]"}, "row 2: 'metadata' must be an object"),
+    ({"question": "q", "answer": "4", "metadata": {"task": 7}}, "row 2: metadata's 'task' must be text, got int"),
+    ({"question": "q", "answer": "4", "metadata": [1]}, "row 2: metadata: expected `str | object | null`, got `array`"),
+    ('{"question": "q", "answer": true}', "row 2: answer: expected `int | float | str`, got `bool`"),
+    ('{"question": "q", "answer": false}', "row 2: answer: expected `int | float | str`, got `bool`"),
     ('{"question": "q", "answer": NaN}', "row 2: 'answer' must be a finite number, got nan"),
     ('{"question": "q", "answer": Infinity}', "row 2: 'answer' must be a finite number, got inf"),
     ('{"question": "q", "answer": -Infinity}', "row 2: 'answer' must be a finite number, got -inf"),
-    ({"question": "q", "answer": "4", "task": {"name": "x"}}, "row 2: 'task' must be text, got dict"),
-    ({"question": "q", "answer": "4", "family": ["math"]}, "row 2: 'family' must be text, got list"),
+    ({"question": "q", "answer": "4", "task": {"name": "x"}}, "row 2: task: expected `str | null`, got `object`"),
+    ({"question": "q", "answer": "4", "family": ["math"]}, "row 2: family: expected `str | null`, got `array`"),
     ('{"question": "q", "answer": ' + "1" * 5000 + "}", "line 2: not valid JSON (Exceeds the limit"),
     ('{"question": "q", "answer": "4", "metadata": ' + "[" * 100_000 + "]" * 100_000 + "}",
      "line 2: nested more than 16 levels deep"),
@@ -198,7 +200,7 @@ def test_parquet_bad_row_names_row_number(tmp_path):
     path = tmp_path / "org.parquet"
     datasets.Dataset.from_list([{"question": "q", "answer": "1"}, {"question": "r", "answer": None}]).to_parquet(
         str(path))
-    with pytest.raises(TaskError, match=r"row 2: missing or empty 'answer'"):
+    with pytest.raises(TaskError, match=r"row 2: answer: expected `int \| float \| str`, got `null`"):
         load_items(path)
 
 
