@@ -35,8 +35,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # tests.integration.flower_harness: the localhost deployment the tests use
 
+from pubswap_flwr.algorithms.public_schedule import fixed_positions  # noqa: E402
 from pubswap_flwr.cli import submit, wait  # noqa: E402
-from pubswap_flwr.schedule import fixed_positions  # noqa: E402
 from pubswap_flwr.server.metrics import read_metrics  # noqa: E402
 from tests.integration.flower_harness import CONNECTION, ORGS, PROJECT, Deployment  # noqa: E402
 

@@ -13,7 +13,7 @@ candidate, averaged over seeds:
   cost     1 - honest-only progress under the candidate / under the plain mean (no attacker)
   one 3x   the same cost when one honest client's true step is 3 d (the others' d): a client that moves much further
            than the others (non-IID data, a task the others lack) is discounted by a robust rule as an attacker is
-The aggregators are pubswap_flwr/aggregate.py's own functions.
+The aggregators are pubswap_flwr/algorithms/lora_averaging.py's own functions.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import argparse
 
 import numpy as np
 
-from pubswap_flwr.aggregate import aggregate, median_clip
+from pubswap_flwr.algorithms.lora_averaging import aggregate, median_clip
 
 CLIP = 3.0
 CANDIDATES = {  # name -> strategy.aggregation (after strategy.median-clip = 3)

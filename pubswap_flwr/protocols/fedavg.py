@@ -15,7 +15,7 @@ from typing import ClassVar
 import numpy as np
 from flwr.app import Message, RecordDict
 
-from ..aggregate import aggregate, mean_pairwise_l2, median_clip, not_robust, update_norm
+from ..algorithms.lora_averaging import aggregate, mean_pairwise_l2, median_clip, not_robust, update_norm
 from ..config import ExperimentConfig
 from ..schema import Count
 from ..wire.compression import Codec, Quantized

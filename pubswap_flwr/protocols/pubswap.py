@@ -12,7 +12,8 @@ next sets. The last segment's reply carries the adapter, aggregated as in fedavg
 Beyond the paper (each off by default): with `train.foreign-correction = "is"` replies carry each response's
 sampling ids and log-probs, which travel with a donated response to its receiver; with `pubswap.donor = "likely"`
 a failing client gets candidates and keeps the ones its own policy finds most likely; with `pubswap.schedule =
-"adaptive"` the number of public steps per round follows the last round's policy disagreement (schedule.py).
+"adaptive"` the number of public steps per round follows the last round's policy disagreement
+(algorithms/public_schedule.py).
 """
 
 from __future__ import annotations
@@ -26,10 +27,10 @@ from itertools import combinations
 import numpy as np
 from flwr.app import RecordDict
 
+from ..algorithms.public_schedule import even_positions, fixed_positions, public_step_count
 from ..algorithms.pubswap_response_sets import Response, build_response_sets, most_likely
 from ..config import ExperimentConfig
 from ..rollouts import OWN, Behaviour, Completion, RolloutGroup
-from ..schedule import even_positions, fixed_positions, public_step_count
 from ..tasks import ScoringBudget
 from ..tasks.rewards import parse_rewards
 from ..tasks.verifiers import completion_shape

@@ -12,6 +12,7 @@ import pytest
 from flwr.app import Message
 from flwr.supercore.task_identity import TaskIdentity
 
+from pubswap_flwr.algorithms.public_schedule import even_positions, fixed_positions, public_step_count
 from pubswap_flwr.algorithms.pubswap_response_sets import Response, balanced_choice, build_response_sets, most_likely
 from pubswap_flwr.algorithms.sapo_selection import Packet
 from pubswap_flwr.config import ConfigError, ExperimentConfig
@@ -26,7 +27,6 @@ from pubswap_flwr.protocols.pubswap import (
     likeliest,
 )
 from pubswap_flwr.rollouts import Behaviour
-from pubswap_flwr.schedule import even_positions, fixed_positions, public_step_count
 from pubswap_flwr.tasks import TaskItem
 from pubswap_flwr.wire.records import ClientReport, Header
 from pubswap_flwr.wire.validate import Limits, Rejected, check_packet

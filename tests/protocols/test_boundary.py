@@ -13,7 +13,7 @@ import pytest
 from flwr.app import ConfigRecord, MetricRecord
 from safetensors.numpy import load_file
 
-from pubswap_flwr.aggregate import weighted_mean
+from pubswap_flwr.algorithms.lora_averaging import weighted_mean
 from pubswap_flwr.algorithms.sapo_selection import Packet, fair_share
 from pubswap_flwr.config import ExperimentConfig
 from pubswap_flwr.node.state import NodeIdentity

@@ -165,6 +165,12 @@ def not_robust(method: str, replies: int, median_norm: float) -> str | None:
     return None
 
 
+def dp_noise_std(noise_multiplier: float, clip_norm: float, clients: int) -> float:
+    """DP-FedAvg's noise on the average of `clients` updates clipped to `clip_norm`: z·C/n (McMahan et al. 2018;
+    Flower's compute_stdv gives the same)."""
+    return float(noise_multiplier * clip_norm / clients)
+
+
 def aggregate(adapters: Sequence[Adapter], weights: Sequence[float], *, method: str = "mean",
               trim_fraction: float = 0.2, reference: Adapter | None = None, clip_norm: float = 0.0,
               noise_multiplier: float = 0.0, rng: np.random.Generator | None = None) -> Adapter:
@@ -180,12 +186,10 @@ def aggregate(adapters: Sequence[Adapter], weights: Sequence[float], *, method: 
             raise AggregationError("update clipping needs the reference (global) adapter")
         adapters = [clip_update(a, reference, clip_norm) for a in adapters]
     if noise_multiplier > 0:
-        from flwr.supercore.differential_privacy import compute_stdv
-
         if clip_norm <= 0 or method != "mean" or rng is None:
             raise AggregationError("differential privacy needs clip_norm > 0, the mean, and a seeded rng")
         average = weighted_mean(adapters, [1.0] * len(adapters))
-        std = compute_stdv(noise_multiplier, clip_norm, len(adapters))
+        std = dp_noise_std(noise_multiplier, clip_norm, len(adapters))
         return {k: (v + rng.normal(0.0, std, v.shape)).astype(np.float32) for k, v in average.items()}
     if method == "mean":
         return weighted_mean(adapters, weights)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pubswap_flwr.aggregate import (
+from pubswap_flwr.algorithms.lora_averaging import (
     AggregationError,
     aggregate,
     clip_update,
@@ -260,7 +260,7 @@ def test_mean_pairwise_l2_sums_over_all_tensors():
 def test_dp_fedavg_clips_averages_equally_and_adds_calibrated_noise():
     import numpy as np
 
-    from pubswap_flwr.aggregate import AggregationError, aggregate
+    from pubswap_flwr.algorithms.lora_averaging import AggregationError, aggregate
 
     reference = {"w": np.zeros(20000, dtype=np.float32)}
     big = {"w": np.full(20000, 10.0, dtype=np.float32)}  # update norm 1414, clipped to 1
@@ -308,3 +308,12 @@ def test_geometric_median_equals_weiszfeld_over_the_coordinates(n, spread, weigh
 def test_geometric_median_of_points_on_a_line_is_the_middle_one():
     points = [{"W": np.array([x, 2 * x], dtype=np.float32)} for x in (0.0, 1.0, 5.0)]
     np.testing.assert_allclose(geometric_median(points)["W"], [1.0, 2.0], atol=1e-6)  # the iterate reaches a point
+
+
+def test_the_dp_noise_is_what_flowers_compute_stdv_gives():
+    from flwr.supercore.differential_privacy import compute_stdv
+
+    from pubswap_flwr.algorithms.lora_averaging import dp_noise_std
+
+    for z, clip, n in ((2.0, 1.0, 2), (0.7, 0.05, 7), (1.0, 3.0, 100)):
+        assert dp_noise_std(z, clip, n) == compute_stdv(z, clip, n)
