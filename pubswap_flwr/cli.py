@@ -305,11 +305,11 @@ def main(argv: list[str] | None = None) -> int:
     register_compare(sub)
     register_deploy(sub)
     from .export import register as register_export  # `pubswap export RUN OUT [--merged]`
-    from .verify import register as register_verify  # `pubswap verify RUN`
+    from .results.verify import register as register_verify  # `pubswap verify RUN`
 
     register_export(sub)
     register_verify(sub)
-    from .ask import register as register_ask  # `pubswap ask RUN "question"`
+    from .results.ask import register as register_ask  # `pubswap ask RUN "question"`
 
     register_ask(sub)
     args = parser.parse_args(argv)

@@ -48,10 +48,10 @@ from pubswap_flwr.compare import NOT_RUN, OutcomeEntry, SweepError, is_failure, 
 from pubswap_flwr.config_keys import PLAIN_COMPONENT, is_plain_component
 from pubswap_flwr.report import summarize_run, write_report
 from pubswap_flwr.report.writer import read_summary
+from pubswap_flwr.results.verify import NoAdapterError, VerifyError, final_adapters
 from pubswap_flwr.schema import parse
 from pubswap_flwr.server.metrics import MetricsError, parse_metrics
 from pubswap_flwr.untrusted import UntrustedFileError, is_present, one_line, parse_json, read_bytes
-from pubswap_flwr.verify import NoAdapterError, VerifyError, final_adapters
 
 RUN_FILES = ("metrics.jsonl", "config.json", "status.json")
 OPTIONAL_FILES = ("provenance.json", "eval_items.jsonl")  # runs made before either existed have none

@@ -206,8 +206,8 @@ def test_pubswap_ask_answers_greedily_as_transformers_and_peft_do(reward_run, ca
     from peft import PeftModel
 
     from pubswap_flwr import cli
-    from pubswap_flwr.ask import ask
     from pubswap_flwr.policy.model import load_causal_lm, load_tokenizer, resolve_model
+    from pubswap_flwr.results.ask import ask
     from pubswap_flwr.tasks import extract_answer
 
     question = "What is the GCD of 12 and 18?"
@@ -236,7 +236,7 @@ def test_pubswap_ask_answers_greedily_as_transformers_and_peft_do(reward_run, ca
 
 
 def test_verify_imports_a_runs_reward_only_when_told(reward_run):
-    from pubswap_flwr.verify import render, run_rewards, verify
+    from pubswap_flwr.results.verify import render, run_rewards, verify
 
     [without] = verify(reward_run, items_per_task=2, samples=1)
     assert "NOTE: the run used user rewards" in render([without])

@@ -182,7 +182,7 @@ SLOW_TEMPLATE = ("{% for i in range(100000) %}{% for j in range(400) %}{% endfor
 
 
 def test_verify_cuts_off_a_hostile_chat_template(tmp_path, capsys, monkeypatch):
-    from pubswap_flwr import verify
+    from pubswap_flwr.results import verify
 
     monkeypatch.setattr(verify, "TEMPLATE_SECONDS", 0.5, raising=False)
     model = model_folder(tmp_path / "theirs", SLOW_TEMPLATE)

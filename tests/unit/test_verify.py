@@ -8,8 +8,8 @@ import json
 import pytest
 
 from pubswap_flwr.cli import main as pubswap
+from pubswap_flwr.results.verify import VerifyError, final_adapters, verify
 from pubswap_flwr.simulation import simulate_in_process
-from pubswap_flwr.verify import VerifyError, final_adapters, verify
 
 SMALL = {"num-server-rounds": 1, "train.local-steps": 1, "train.prompts-per-step": 2,
          "train.completions-per-prompt": 4, "eval.items-per-task": 4, "eval.samples": 2, "model.threads": 1,
@@ -225,7 +225,7 @@ def test_against_refuses_a_run_of_other_tasks(fedavg_run, tmp_path):
 def test_verify_says_what_it_starts_and_how_far_each_pass_got(fedavg_run):
     import io
 
-    from pubswap_flwr.verify import Progress
+    from pubswap_flwr.results.verify import Progress
 
     stream = io.StringIO()
     verify(fedavg_run, batch_size=4, progress=Progress(stream, every=0.0))  # every batch, to see each line
@@ -242,7 +242,7 @@ def test_verify_says_what_it_starts_and_how_far_each_pass_got(fedavg_run):
 def test_progress_lines_come_at_most_every_ten_seconds():
     import io
 
-    from pubswap_flwr.verify import Progress
+    from pubswap_flwr.results.verify import Progress
 
     now = [0.0]
     stream = io.StringIO()

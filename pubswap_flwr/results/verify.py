@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Callable
 
-from .untrusted import one_line
+from ..untrusted import one_line
 from .verify_inputs import (
     VerifyError,
     adapter_base,
@@ -32,7 +32,7 @@ from .verify_inputs import (
 )
 
 if TYPE_CHECKING:
-    from .policy import Policy
+    from ..policy import Policy
 
 SEED_OFFSET = 1000  # default verification data seed: the run's tasks.data-seed + this
 BATCH_SIZE = 32  # sequences sampled at once: SmolLM2 at the runs' eval.batch-size 256 held ~13 GB (its KV cache)
@@ -111,10 +111,10 @@ class _Evaluator:
     def __call__(self, base: str, folder: Path, weights, items, samples: int | None) -> dict:
         import torch
 
-        from .evaluation import evaluate
-        from .policy import Policy
-        from .policy.model import ModelError
-        from .shared import policy_spec
+        from ..evaluation import evaluate
+        from ..policy import Policy
+        from ..policy.model import ModelError
+        from ..shared import policy_spec
 
         cfg = self.cfg
         if base not in self.policies:
@@ -142,7 +142,7 @@ def run_rewards(cfg, import_rewards: bool):
     """(the RewardTable verify scores with, a note for the report or None). A run's tasks.rewards names code that
     verify imports only when told to (`import_rewards`): config.json is untrusted input; without the flag the
     built-in verifiers score its tasks and the note says so."""
-    from .tasks.rewards import RewardError, RewardTable, check_rewards, parse_rewards
+    from ..tasks.rewards import RewardError, RewardTable, check_rewards, parse_rewards
 
     table = parse_rewards(cfg.tasks.rewards)
     if table.empty:
@@ -163,10 +163,10 @@ def verify(run_dir: Path, data_seed: int | None = None, items_per_task: int | No
            samples: int | None = None, against: Path | None = None,
            batch_size: int = BATCH_SIZE, progress: Progress | None = None,
            import_rewards: bool = False) -> list[dict[str, Any]]:
-    from .policy.threads import apply_threads
-    from .shared import task_universe
-    from .tasks.specs import TaskError
-    from .tasks.splits import question_key
+    from ..policy.threads import apply_threads
+    from ..shared import task_universe
+    from ..tasks.specs import TaskError
+    from ..tasks.splits import question_key
 
     run_dir = Path(run_dir)
     cfg = read_config(run_dir)
@@ -233,7 +233,7 @@ def _against(cfg, other_dir: Path) -> tuple[Path, dict[str, tuple[Path, str, Any
 def paired_on_items(first: dict, second: dict) -> dict[str, dict[str, float]]:
     """Per held-out metric, second minus first on the same items: mean difference and its standard error over items
     (each item's difference is one draw: the SE covers which questions were drawn and the sampling)."""
-    from .evaluation import mean_and_se
+    from ..evaluation import mean_and_se
 
     out = {}
     a, b = first["item_results"], second["item_results"]

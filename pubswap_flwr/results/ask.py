@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .untrusted import one_line
+from ..untrusted import one_line
 from .verify_inputs import VerifyError, adapter_base, adapter_folder, read_config, read_weights
 
 ASK_UID = "ask/0"
@@ -30,7 +30,7 @@ class Answer:
 
 def question_item(question: str, family: str = "plain"):
     """The question as a task item the prompt formatter renders (no reference answer: nothing is scored)."""
-    from .tasks import TaskItem
+    from ..tasks import TaskItem
 
     return TaskItem(uid=ASK_UID, task="ask", question=question, answer=None, verifier="exact", family=family)
 
@@ -60,11 +60,11 @@ def ask(run_dir: Path, question: str, *, adapter: Path | None = None, node: int 
     """(the prompt, the answers): one greedy answer when `samples` is 0, else `samples` sampled ones."""
     import torch
 
-    from .policy import Policy
-    from .policy.model import ModelError
-    from .policy.threads import apply_threads
-    from .shared import policy_spec
-    from .tasks import extract_answer
+    from ..policy import Policy
+    from ..policy.model import ModelError
+    from ..policy.threads import apply_threads
+    from ..shared import policy_spec
+    from ..tasks import extract_answer
 
     if samples < 0:
         raise VerifyError(f"--samples must be >= 0, got {samples}")
@@ -72,7 +72,7 @@ def ask(run_dir: Path, question: str, *, adapter: Path | None = None, node: int 
     overrides = {**({"generation.temperature": temperature} if temperature is not None else {}),
                  **({"generation.max-new-tokens": max_new_tokens} if max_new_tokens is not None else {})}
     if overrides:
-        from .config import ConfigError
+        from ..config import ConfigError
 
         try:
             cfg = cfg.with_overrides(overrides)

@@ -6,9 +6,9 @@ import multiprocessing
 from pathlib import Path
 from typing import Any, Sequence
 
-from .schema import parse_value_of
-from .server.metrics import CONFIG_FILE, METRICS_FILE, MetricsError, RunConfigFile, parse_metrics
-from .untrusted import UntrustedFileError, check_no_links, is_present, read_bytes, read_json, read_text
+from ..schema import parse_value_of
+from ..server.metrics import CONFIG_FILE, METRICS_FILE, MetricsError, RunConfigFile, parse_metrics
+from ..untrusted import UntrustedFileError, check_no_links, is_present, read_bytes, read_json, read_text
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -21,7 +21,7 @@ class VerifyError(ValueError):
 
 def read_config(run_dir: Path):
     """The run's ExperimentConfig from its config.json."""
-    from .config import ConfigError, ExperimentConfig
+    from ..config import ConfigError, ExperimentConfig
 
     path = run_dir / CONFIG_FILE
     if not is_present(path):
@@ -71,8 +71,8 @@ def named_models(cfg) -> list[str]:
 def _same_model(named: str, base: str) -> bool:
     if named == base:
         return True
-    from .policy.model import EMBEDDED_PREFIX
-    from .policy.packaged import is_packaged
+    from ..policy.model import EMBEDDED_PREFIX
+    from ..policy.packaged import is_packaged
 
     if is_packaged(named) or named.startswith(EMBEDDED_PREFIX):
         return False
@@ -101,8 +101,8 @@ def adapter_base(folder: Path, cfg, run_dir: Path) -> str:
 def check_offline(name: str, run_dir: Path) -> None:
     """An embedded or packaged model, or a local folder outside the run directory: verify never downloads a hub id
     and never runs weights the run itself ships."""
-    from .policy.model import EMBEDDED_PREFIX
-    from .policy.packaged import is_packaged
+    from ..policy.model import EMBEDDED_PREFIX
+    from ..policy.packaged import is_packaged
 
     if is_packaged(name) or name.startswith(EMBEDDED_PREFIX):
         return
@@ -116,8 +116,8 @@ def check_offline(name: str, run_dir: Path) -> None:
 
 
 def is_local_folder(name: str) -> bool:
-    from .policy.model import EMBEDDED_PREFIX
-    from .policy.packaged import is_packaged
+    from ..policy.model import EMBEDDED_PREFIX
+    from ..policy.packaged import is_packaged
 
     return not (is_packaged(name) or name.startswith(EMBEDDED_PREFIX))
 
@@ -140,8 +140,8 @@ def _render_all(location: str, items: Sequence, template: str, max_chars: int, c
     """In the child: load the tokenizer, say so, then render every prompt; reply "" or what was wrong."""
     from jinja2 import TemplateError
 
-    from .policy.model import ModelError, load_tokenizer
-    from .tasks import PromptFormatter
+    from ..policy.model import ModelError, load_tokenizer
+    from ..tasks import PromptFormatter
 
     try:
         tokenizer = load_tokenizer(location)
