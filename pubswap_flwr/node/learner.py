@@ -10,8 +10,9 @@ import collections
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Sequence, TypeVar
 
+import msgspec
 import torch
 
 from ..config import ExperimentConfig
@@ -20,6 +21,7 @@ from ..policy import Policy, cached_policy
 from ..policy.behaviour import accept_behaviour
 from ..policy.threads import apply_threads
 from ..rollouts import Behaviour, Completion, RolloutGroup
+from ..schema import parse
 from ..shared import TaskUniverse, derive_seed, policy_spec, resolve_data_path, task_universe
 from ..tasks import (
     ItemListStream,
@@ -36,9 +38,10 @@ from ..tasks.items import max_question_chars
 from ..tasks.rewards import check_rewards, parse_rewards
 from ..tasks.verifiers import completion_shape
 from ..wire.counters import ForeignCounts, UptakeCounts
-from .state import NodeIdentity, NodeState, NodeStore
+from .state import NodeIdentity, NodeState, NodeStore, plain
 
 log = logging.getLogger(__name__)
+FamilyState = TypeVar("FamilyState", bound=msgspec.Struct)
 
 
 @dataclass
@@ -115,6 +118,7 @@ class Learner:
                                                         identity.learning_rate))
         self.uses_proximal = proximal_mu > 0
         self.store = NodeStore(identity.state_dir, identity.model_name)
+        self._family_state: msgspec.Struct | None = None  # family_state's parse of state.mode
         self.state = self._load()
         self.stream = self._build_stream()
         self._by_question: dict[str, list[TaskItem]] | None = None  # own_items' index of self.stream
@@ -131,9 +135,19 @@ class Learner:
     # -- persistence -----------------------------------------------------------------------------------------
     def _load(self) -> NodeState:
         self.policy.reset(derive_seed(self.settings.seed, self.identity.index, "init"))  # the cached policy is shared
+        self._family_state = None
         return self.store.load(self.policy)
 
+    def family_state(self, kind: type[FamilyState]) -> FamilyState:
+        """This node's state of its mode family, as the family declares it (`kind`, the catalog's node_state), kept
+        in node.json under `mode`: parsed on first use, saved back by `save`."""
+        if not isinstance(self._family_state, kind):
+            self._family_state = parse(self.state.mode, kind, "node state.mode", ValueError)
+        return self._family_state
+
     def save(self) -> None:
+        if self._family_state is not None:
+            self.state.mode = msgspec.to_builtins(self._family_state, enc_hook=plain)
         self.store.save(self.policy, self.state)
 
     def begin_round(self, round_number: int) -> bool:

@@ -137,19 +137,19 @@ class NodeState(Struct):
     cumulative_reward: Annotated[float, Meta(ge=0, le=1e9)] = 0.0  # one mean reward in [0, 1] per round
     last_round: Tally = 0
     cursor: StreamCursor = msgspec.field(default_factory=StreamCursor)
-    pending_public: dict[str, list[dict[str, Any]]] = msgspec.field(default_factory=dict)  # uid -> own samples
-    pending_sapo: list[dict[str, Any]] = msgspec.field(default_factory=list)  # own groups of the current SAPO round
-    peers: dict[str, tuple[Tally, Tally]] = msgspec.field(default_factory=dict)  # sender -> (passed, failed) packets
+    # the mode family's own state (pubswap's pending public samples, SAPO's pending groups and peer record), as that
+    # family declares it (catalog: node_state) and Learner.family_state parses it
+    mode: dict[str, Any] = msgspec.field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return msgspec.to_builtins(self, enc_hook=_plain)
+        return msgspec.to_builtins(self, enc_hook=plain)
 
     @classmethod
     def from_dict(cls, data: Any) -> "NodeState":
         return parse(data, cls, "node state", ValueError)
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
     """A numpy scalar (reasoning-gym metadata in a pending SAPO group's item) as the Python number it holds."""
     if isinstance(value, np.generic):
         return value.item()

@@ -5,6 +5,8 @@ A protocol family declares itself with `register(Protocol(...))` at the end of t
 - `handlers`: each client message type it sends (`train.<action>` or `query.<action>`, Flower's only forms), with
   the dotted path of the client handler serving it (`handler(work: serving.ClientWork) -> RecordDict`);
 - `section`: its own run-config section, a frozen dataclass of `opt` fields (keys `<section>.<key>`), if any;
+- `node_state`: the dotted path of the msgspec Struct its nodes keep between messages (node.json's `mode`, read
+  through `Learner.family_state`), if any;
 - `validate(cfg)`: its cross-key checks, run for a config of one of its modes (ConfigError naming the keys);
 - `averages_adapters`: False for a protocol whose server keeps no global adapter (sapo): the strategy keys acting on
   adapters must then stay at their defaults (checked here for every such protocol);
@@ -25,8 +27,8 @@ runs and flows (test_rounds, test_properties, test_attack_properties, tests/gold
 
 To add a mode, touch these files:
 1. protocols/<mode>.py like fedavg.py (the smallest): its messages, server class and client handlers;
-2. this file: its `register(Protocol(...))` with modes, handlers, section and validate if any, smoke_runs (with
-   flows covering every message type) and golden_runs;
+2. this file: its `register(Protocol(...))` with modes, handlers, section, node_state and validate if any,
+   smoke_runs (with flows covering every message type) and golden_runs;
 3. tests/golden/<run>.json for each golden run, recorded with `python -m tests.golden.runs write <run>`;
 4. docs/protocols.md: its row in "Messages per round", naming its message types;
 5. its own tests of what the shared ones do not cover (e.g. tests/protocols/test_<mode>.py);
@@ -64,6 +66,7 @@ class Protocol:
     modes: Mapping[str, str]  # strategy.mode -> dotted path of its ServerProtocol class
     handlers: Mapping[str, str]  # client message type -> dotted path of its handler
     section: tuple[str, type] | None = None  # (section name, its dataclass)
+    node_state: str | None = None  # dotted path of the Struct its nodes keep in node.json's "mode"
     validate: Callable[["ExperimentConfig"], None] | None = None
     averages_adapters: bool = True
     # run name -> {"config": flat overrides with its strategy.mode, "flow": the message types a round sends}
@@ -84,6 +87,8 @@ def register(protocol: Protocol) -> Protocol:
         if not MODE_NAME.fullmatch(mode) or mode in CATALOG:
             raise ValueError(f"protocol {protocol.family!r}: mode {mode!r} is malformed or already declared")
         _check_path(path)
+    if protocol.node_state is not None:
+        _check_path(protocol.node_state)
     for message_type, path in protocol.handlers.items():
         if not MESSAGE_TYPE.fullmatch(message_type) or message_type in served:
             raise ValueError(f"protocol {protocol.family!r}: message type {message_type!r} is not train.<action> or "
@@ -266,7 +271,7 @@ def check_pubswap(cfg: "ExperimentConfig") -> None:
 _PUBSWAP_GOLDEN = {"strategy.mode": "pubswap", "pubswap.tau-swap": 1, "pubswap.public-prompts": 2}
 register(Protocol("pubswap", modes={"pubswap": ".pubswap:PubSwapProtocol"},
                   handlers={"train.segment": ".pubswap:segment"}, section=("pubswap", PubSwapConfig),
-                  validate=check_pubswap,
+                  node_state=".pubswap_messages:PubSwapNodeState", validate=check_pubswap,
                   # tau = 2, tau_swap = 1: public steps 1 and 2, so 3 segments
                   smoke_runs={"pubswap": {"config": {"strategy.mode": "pubswap", "train.local-steps": 2,
                                                      "pubswap.tau-swap": 1, "pubswap.public-prompts": 2},
@@ -322,7 +327,8 @@ _SAPO_GOLDEN = {**_SAPO_SMOKE, "sapo.sharing": "fixed"}  # the behaviour these r
 register(Protocol("sapo", modes={"sapo": ".sapo:SapoProtocol"},
                   handlers={"query.rollouts": ".sapo:collect_rollouts", "train.sapo": ".sapo:sapo_train",
                             "train.sapo_async": ".sapo:sapo_async_round"},
-                  section=("sapo", SapoConfig), validate=check_sapo, averages_adapters=False,
+                  section=("sapo", SapoConfig), node_state=".sapo:SapoNodeState", validate=check_sapo,
+                  averages_adapters=False,
                   smoke_runs={"sapo": {"config": _SAPO_SMOKE, "flow": ("query.rollouts", "train.sapo")},
                               "sapo-async": {"config": {**_SAPO_SMOKE, "sapo.async": True},
                                              "flow": ("train.sapo_async",)}},

@@ -40,7 +40,16 @@ from .base import RoundContext, RunSettings, ServerProtocol, record_scoring
 from .catalog import PubSwapConfig
 from .fedavg import aggregate_adapters, averaging_state, restore_averaging
 from .optimizers import build as build_optimizer
-from .pubswap_messages import DonorChoice, Scored, Segment, SegmentReply, SwapEntry, fit_behaviours
+from .pubswap_messages import (
+    DonorChoice,
+    PendingSample,
+    PubSwapNodeState,
+    Scored,
+    Segment,
+    SegmentReply,
+    SwapEntry,
+    fit_behaviours,
+)
 from .pubswap_messages import check_behaviours as check_behaviours  # re-exported for tests that import it from here
 from .serving import ClientWork
 from .transfer import Downlink, adapter_to_send, broadcast_of, decoded, global_for, start_round, take_global
@@ -290,14 +299,15 @@ def public_generate(work: ClientWork, uids: tuple[str, ...], k: int
     started = time.perf_counter()
     samples = learner.policy.sample(items, k)
     learner.sampled_shapes.update(completion_shape(s.text) for row in samples for s in row)
-    learner.state.pending_public = {item.uid: [{"text": s.text, "ids": s.token_ids} for s in row]
-                                    for item, row in zip(items, samples)}
+    saved = learner.family_state(PubSwapNodeState)
+    saved.pending = {item.uid: [PendingSample(s.text, list(s.token_ids)) for s in row]
+                     for item, row in zip(items, samples)}
     work.report.sample_seconds += time.perf_counter() - started
     if learner.settings.train.foreign_correction == "is":  # the log-probs travel with whatever is donated
         return {uid: [s.text for s in row] for uid, row in zip(uids, samples)}, {
             uid: [Behaviour(tuple(s.token_ids), tuple(s.logprobs)) if s.token_ids else None for s in row]
             for uid, row in zip(uids, samples)}
-    return {uid: [s["text"] for s in rows] for uid, rows in learner.state.pending_public.items()}, {}
+    return {uid: [s.text for s in rows] for uid, rows in saved.pending.items()}, {}
 
 
 def likeliest(work: ClientWork, prompt: str, entries: tuple[SwapEntry, ...], choice: DonorChoice) -> tuple:
@@ -326,7 +336,7 @@ def public_update(work: ClientWork, response_sets: dict[str, tuple[SwapEntry, ..
     groups = []
     for uid, entries in response_sets.items():
         item = public_items(work, [uid])[0]
-        own = learner.state.pending_public.get(uid, [])
+        own = learner.family_state(PubSwapNodeState).pending.get(uid, [])
         if choices and uid in choices:
             entries = likeliest(work, learner.prompt(item), entries, choices[uid])
         completions = []
@@ -336,7 +346,7 @@ def public_update(work: ClientWork, response_sets: dict[str, tuple[SwapEntry, ..
                     raise ValueError(f"response set for {uid!r} names own response {entry.own_index}, "
                                      f"but only {len(own)} exist")
                 sample = own[entry.own_index]
-                completions.append(Completion(sample["text"], tuple(sample["ids"])))
+                completions.append(Completion(sample.text, tuple(sample.ids)))
             else:
                 completions.append(learner.foreign_completion(entry.text, entry.source, entry.behaviour,
                                                               work.report))
@@ -348,7 +358,7 @@ def public_update(work: ClientWork, response_sets: dict[str, tuple[SwapEntry, ..
     learner.learn_step(groups, "public", work.report)
     if before is not None:
         work.report.uptake += uptake(groups, before, response_logprobs(learner, groups))
-    learner.state.pending_public = {}
+    learner.family_state(PubSwapNodeState).pending = {}
 
 
 def response_logprobs(learner, groups: list[RolloutGroup]) -> list[list[float]]:

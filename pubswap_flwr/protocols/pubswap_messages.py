@@ -1,6 +1,6 @@
 """PubSwap's messages: the `train.segment` instruction (response sets of the pending public step, private steps
 to run, next public prompt ids) and its reply (scored public responses, sampling behaviours, the last segment's
-adapter), as Flower records."""
+adapter), as Flower records; and what a node keeps between segments (PubSwapNodeState)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Annotated, Any, ClassVar, Generic, TypeVar
 
+import msgspec
 from flwr.app import Message, RecordDict
 from msgspec import Meta, Struct
 
@@ -260,3 +261,18 @@ def check_behaviours(raw: Any, uids: list[str], k: int, limits: Limits) -> dict[
         except Rejected as err:
             raise Rejected(f"prompt {uid}: {err}") from None
     return out
+
+
+# -- the node's state between segments ------------------------------------------------------------------------
+class PendingSample(Struct):
+    """One of the node's own responses to a public prompt: its text and the ids it sampled."""
+
+    text: str
+    ids: list[int]
+
+
+class PubSwapNodeState(Struct):
+    """What a PubSwap node keeps between segments (node.json's `mode`): its own responses to the pending public
+    prompts, which the next segment's response sets name by index."""
+
+    pending: dict[str, list[PendingSample]] = msgspec.field(default_factory=dict)  # public uid -> own responses

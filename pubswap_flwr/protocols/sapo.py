@@ -18,9 +18,11 @@ import logging
 import random
 from collections import Counter
 from functools import partial
-from typing import Sequence
+from typing import Any, Sequence
 
+import msgspec
 from flwr.app import Message, RecordDict
+from msgspec import Struct
 
 from .. import metrics_schema as schema
 from ..algorithms.sapo_selection import (
@@ -37,6 +39,7 @@ from ..config import ExperimentConfig
 from ..node.learner import Learner, StepRecord, WorkReport
 from ..policy.behaviour import tokenizer_fingerprint
 from ..rollouts import Completion, RolloutGroup
+from ..schema import Tally
 from ..shared import derive_seed
 from ..tasks import ScoringBudget, TaskItem, score_completion, training_reward
 from ..tasks.splits import MAX_NODES
@@ -195,12 +198,21 @@ def shuffled(seq: Sequence, seed: int) -> list:
     return out
 
 
+class SapoNodeState(Struct):
+    """What a SAPO node keeps between messages (node.json's `mode`): its own groups of the current round, sampled in
+    `query.rollouts` and trained on in `train.sapo`, and its record of each peer's packets (sapo.reputation)."""
+
+    pending: list[dict[str, Any]] = msgspec.field(default_factory=list)  # item, texts, ids, rewards per group
+    peers: dict[str, tuple[Tally, Tally]] = msgspec.field(default_factory=dict)  # sender -> (passed, failed)
+
+
 class SapoNode:
     """A node's side of SAPO: its learner and the run's sapo section, handed to the constructor."""
 
     def __init__(self, learner: Learner, sapo: SapoConfig):
         self.learner = learner
         self.sapo = sapo
+        self.saved = learner.family_state(SapoNodeState)
 
     def generate_rollouts(self, round_number: int, report: WorkReport) -> list[Packet]:
         """Sample B questions x L completions, keep them for training, and return the groups to share: with
@@ -208,12 +220,12 @@ class SapoNode:
         groups also gives the swarm few; with "fixed", B = sapo.questions and sapo.share of them are shared."""
         learner, scfg = self.learner, self.sapo
         count, share = (scfg.local, scfg.local) if scfg.sharing == "local" else (scfg.questions, scfg.share)
-        learner.state.pending_sapo = []
+        self.saved.pending = []
         if count == 0:
             return []
         items = learner.stream.take(count, learner.state.cursor)
         groups, sample_s = learner.rollout(items, scfg.completions)
-        learner.state.pending_sapo = [
+        self.saved.pending = [
             {"item": item.to_dict(), "texts": [c.text for c in g.completions],
              "ids": [list(c.token_ids or ()) for c in g.completions], "rewards": g.rewards}
             for item, g in zip(items, groups)]
@@ -232,7 +244,7 @@ class SapoNode:
 
     def pending_groups(self) -> list[RolloutGroup]:
         out = []
-        for row in self.learner.state.pending_sapo:
+        for row in self.saved.pending:
             item = TaskItem.from_dict(row["item"])
             completions = [Completion(t, tuple(ids)) for t, ids in zip(row["texts"], row["ids"])]
             out.append(RolloutGroup(self.learner.prompt(item), completions, list(row["rewards"]), item.uid,
@@ -268,7 +280,7 @@ class SapoNode:
         local = select_local(self.pending_groups(), scfg.local, rng)
         weight = None
         if scfg.reputation:
-            weight = lambda sender: reputation(*learner.state.peers.get(sender, (0, 0)))  # noqa: E731
+            weight = lambda sender: reputation(*self.saved.peers.get(sender, (0, 0)))  # noqa: E731
         budget = budget or ScoringBudget(Limits.score_seconds, Limits.sender_scoring_seconds, rewards=learner.rewards)
 
         def scored(packet: Packet) -> list[float]:
@@ -283,10 +295,10 @@ class SapoNode:
 
         selection = select_external(pool, scfg.external, scored, rng, weight)
         for sender in sorted({p.sender for p in pool}):  # verification record per peer (reputation)
-            passed, failed = learner.state.peers.get(sender, (0, 0))
+            passed, failed = self.saved.peers.get(sender, (0, 0))
             count = sum(r.startswith(sender + "/") for r in selection.rejections)
             sent = sum(p.sender == sender for p in pool)
-            learner.state.peers[sender] = (passed + sent - count, failed + count)
+            self.saved.peers[sender] = (passed + sent - count, failed + count)
         for problem in selection.rejections:
             log.warning("node %d dropped a peer packet: %s", index, problem)
         if selection.shortfall and scfg.external:
@@ -299,7 +311,7 @@ class SapoNode:
         learner.log_fallbacks(report)
         if groups:
             learner.learn_step(groups, "sapo", report)
-        learner.state.pending_sapo = []
+        self.saved.pending = []
         return selection
 
     def external_completions(self, packet: Packet, report: WorkReport) -> list[Completion]:

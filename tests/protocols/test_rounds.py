@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 
+import msgspec
 import pytest
 
 from pubswap_flwr.protocols import catalog
@@ -50,8 +51,13 @@ def test_each_round_sends_the_modes_message_types(tmp_path, name):
     assert [r["round"] for r in rows] == [0, 1, 2]
     assert all(len(r["clients"]) == NODES and not r["dropped"] for r in rows[1:])
     weights = sum(r["bytes"]["array_records"] for r in rows[1:])
-    averages = catalog.protocol(SMOKE[name]["config"]["strategy.mode"]).averages_adapters
-    assert (weights == 0) == (not averages)  # no weights ever cross the network in a mode that averages none
+    family = catalog.protocol(SMOKE[name]["config"]["strategy.mode"])
+    assert (weights == 0) == (not family.averages_adapters)  # no weights cross the network in a mode averaging none
+    # each node keeps its family's own state, as the catalog declares it, and nothing else (node.json's "mode")
+    kind = catalog.load(family.node_state) if family.node_state else None
+    for node in sorted((tmp_path / name / "nodes").iterdir()):
+        saved = json.loads((node / "node.json").read_text())["mode"]
+        assert (msgspec.convert(saved, kind, strict=True) is not None) if kind else saved == {}
 
 
 def _raise_in_round_one(message_type: str, partition: int):

@@ -93,6 +93,7 @@ def test_a_protocols_section_is_a_config_section_with_its_keys():
     (catalog.Protocol("x", modes={"x": ".x:X"}, handlers={"generate": ".x:f"}), "is not train.<action>"),
     (catalog.Protocol("x", modes={"x": ".x:X"}, handlers={"query.gen-x": ".x:f"}), "is not train.<action>"),
     (catalog.Protocol("x", modes={"x": "x.X"}, handlers={}), "is not a dotted path"),
+    (catalog.Protocol("x", modes={"x": ".x:X"}, handlers={}, node_state=".x.State"), "'.x.State' is not a dotted path"),
     (catalog.Protocol("x", modes={"x": ".x:X"}, handlers={}, section=("sapo", object)), "section 'sapo' is already"),
     (catalog.Protocol("x", modes={"x": ".x:X"}, handlers={"train.x": ".x:f"},
                       smoke_runs={"x": {"config": {"strategy.mode": "x"}}}),
@@ -113,6 +114,17 @@ def test_a_clashing_or_malformed_declaration_is_refused_and_leaves_the_catalog_a
     with pytest.raises(ValueError, match=re.escape(problem)):
         catalog.register(declaration)
     assert catalog.CATALOG == before
+
+
+def test_each_declared_node_state_is_a_struct_a_fresh_node_starts_from():
+    import msgspec
+
+    declared = {p.family: p.node_state for p in catalog.families() if p.node_state}
+    assert sorted(declared) == ["pubswap", "sapo"]  # fedavg and local nodes keep nothing of their own
+    for path in declared.values():
+        kind = catalog.load(path)
+        assert issubclass(kind, msgspec.Struct)
+        assert msgspec.convert({}, kind, strict=True) == kind()  # what an empty node.json "mode" reads as
 
 
 def test_an_unknown_mode_names_the_known_ones():

@@ -3,6 +3,7 @@ dropped), never evaluates code in shared completions, and can weight senders by 
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import replace
 
@@ -89,5 +90,17 @@ def test_reputation_is_recorded_per_sender_in_node_state(node):
             Packet("liar", replace(good, answer="999"), ("<answer>999</answer>",) * 2)]
     node.generate_rollouts(1, WorkReport())
     node.train_on_pool(pool, 1, WorkReport())
-    assert node.learner.state.peers == {"honest": (1, 0), "liar": (0, 1)}
+    assert node.saved.peers == {"honest": (1, 0), "liar": (0, 1)}
+    node.learner.save()  # kept in node.json's "mode", as the family declares it, and read back by a new learner
+    again = SapoNode(Learner(node.learner.settings, node.learner.identity), node.sapo)
+    assert again.saved.peers == {"honest": (1, 0), "liar": (0, 1)} and again.saved.pending == []
+
+
+def test_a_family_state_that_breaks_its_declaration_is_refused_naming_the_field(node):
+    node.learner.save()
+    path = node.learner.state_dir / "node.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "mode": {"peers": {"n1": [1]}}}))  # edited by hand
+    learner = Learner(node.learner.settings, node.learner.identity)
+    with pytest.raises(ValueError, match=r"node state\.mode\.peers\[\.\.\.\]: expected `array` of length 2, got 1"):
+        SapoNode(learner, node.sapo)
     assert node.learner.universe.tasks[1].generator == "binary_matrix"
