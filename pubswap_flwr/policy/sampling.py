@@ -144,9 +144,9 @@ def encode_prompts(tokenizer, prompts: list[str], max_prompt_tokens: int) -> dic
 def process_logits(logits: torch.Tensor, settings: GenerationSettings) -> torch.Tensor:
     """Hugging Face's sampling warpers in its order (temperature, top-k, top-p); filtered tokens get -inf. The
     log-softmax of the result at the drawn token is the behaviour log-prob."""
-    scores = logits.float()
+    scores = logits.to(torch.float32, copy=True)  # a copy even of float32 logits: divided in place below
     if settings.temperature != 1.0:
-        scores = scores / settings.temperature
+        scores.div_(settings.temperature)  # the same values as scores / T, without a second vocabulary-wide tensor
     if 0 < settings.top_k < scores.shape[-1]:
         kth = torch.topk(scores, settings.top_k, dim=-1).values[..., -1, None]
         scores = scores.masked_fill(scores < kth, float("-inf"))
@@ -166,7 +166,8 @@ def draw(probs: torch.Tensor) -> torch.Tensor:
     SmolLM2: 0.52 s a decode step at 192 rows on one thread, as long as the step's forward); this is one number a row
     and a cumulative sum (0.04 s), from the same distribution. A token of probability 0 is never drawn: the uniform
     stays below the row's total, so the first cumulative sum above it belongs to a token that adds to it."""
-    cdf = probs.to(torch.float64 if probs.device.type != "mps" else torch.float32).cumsum(dim=-1)
+    # the sum in float64 without a float64 copy of the probabilities first (the same values: each is cast, then added)
+    cdf = torch.cumsum(probs, dim=-1, dtype=torch.float64 if probs.device.type != "mps" else torch.float32)
     total = cdf[:, -1:]
     u = torch.rand(total.shape, dtype=cdf.dtype, device=cdf.device) * total
     u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))
