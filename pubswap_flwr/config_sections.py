@@ -160,9 +160,10 @@ class EvalConfig:
     every: int = opt(1, between(0, 1_000_000), "evaluate the global adapter every N rounds (0 = only round 0 and "
                                                 "last)")
     items_per_task: int = opt(100, between(1, 100_000))
-    sampled: bool = opt(True, doc="also report sampled (T=1) accuracy/reward, which RL moves first")
-    samples: int = opt(4, between(1, 1024), "T=1 samples per held-out item: sampled pass@1 and reward average them "
-                                        "(standard errors over items are reported)")
+    sampled: bool = opt(True, doc="also report sampled accuracy/reward (at generation.temperature), which RL moves "
+                                  "first")
+    samples: int = opt(4, between(1, 1024), "samples per held-out item at generation.temperature: sampled pass@1 and "
+                                        "reward average them (standard errors over items are reported)")
     batch_size: int = opt(256, between(1, 65536))
     lenient: bool = opt(False, doc="also report lenient accuracy (the tagged answer, else the last number or word: "
                                    "right whatever the format) and the well-formed share of the same samples")
