@@ -1,6 +1,8 @@
-"""The metrics.jsonl row's key names, each spelled once: the runner, the round log and the protocols' counters write
+"""The metrics.jsonl row's shared key names, each spelled once: the runner, the round log and the protocols write
 rows with them, and progress lines, the report, the trackers and the model cards read them (docs/protocols.md
-describes every field). Imports nothing, so readers of finished runs load neither Flower nor torch through it."""
+describes every field). A key only one protocol writes and nothing else reads by name (fedavg's `robust`, pubswap's
+`public_steps`, sapo's `packets_rejected`, a counter block's keys, which its Struct's `rename` gives) is spelled in
+that protocol's module. Imports nothing, so readers of finished runs load neither Flower nor torch through it."""
 
 from __future__ import annotations
 

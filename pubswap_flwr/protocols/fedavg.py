@@ -15,6 +15,7 @@ from typing import ClassVar
 import numpy as np
 from flwr.app import Message, RecordDict
 
+from .. import metrics_schema as schema
 from ..algorithms.lora_averaging import aggregate, mean_pairwise_l2, median_clip, not_robust, update_norm
 from ..config import ExperimentConfig
 from ..schema import Count
@@ -137,7 +138,7 @@ def aggregate_adapters(ctx: RoundContext, settings: RunSettings, master: Adapter
     else:
         chosen = [a for a, _ in valid.values()]
         reference = master if base is None else base
-        ctx.log.extra["parameter_drift"] = mean_pairwise_l2(chosen)
+        ctx.log.extra[schema.PARAMETER_DRIFT] = mean_pairwise_l2(chosen)
         claim_robustness(ctx, s.aggregation, chosen, reference)
         if s.median_clip > 0 and s.dp_noise_multiplier == 0:  # DP's guarantee rests on its fixed clip alone
             chosen = clip_to_median(ctx, list(valid), chosen, reference, s.median_clip)
@@ -158,7 +159,7 @@ def server_step(ctx: RoundContext, optimizer: ServerOptimizer, current: Adapter,
     `server_optimizer`: its step count, and the norms of the aggregate's update and of the step it took."""
     new = optimizer.step(current, aggregate)
     if optimizer.name != "none":
-        ctx.log.extra["server_optimizer"] = {
+        ctx.log.extra[schema.SERVER_OPTIMIZER] = {
             "steps": optimizer.steps, "aggregate_norm": norm({k: aggregate[k] - current[k] for k in current}),
             "update_norm": norm({k: new[k] - current[k] for k in current})}
     return new

@@ -27,6 +27,7 @@ from itertools import combinations
 import numpy as np
 from flwr.app import RecordDict
 
+from .. import metrics_schema as schema
 from ..algorithms.public_schedule import even_positions, fixed_positions, public_step_count
 from ..algorithms.pubswap_response_sets import Response, build_response_sets, most_likely
 from ..config import ExperimentConfig
@@ -188,7 +189,7 @@ class PubSwapProtocol(ServerProtocol):
         self.master = aggregate_adapters(ctx, self.settings, self.master,
                                          {n: decoded(r.adapter) for n, r in final_replies.items()}, expected,
                                          base=master, optimizer=self.optimizer)
-        ctx.log.extra["swap"] = summarise_public_steps(ctx.log.extra["public_steps"])
+        ctx.log.extra[schema.SWAP] = summarise_public_steps(ctx.log.extra["public_steps"])
         if ctx.log.extra["public_steps"]:
             self.last_disagreement = ctx.log.extra["swap"]["policy_disagreement"]
         record_scoring(ctx, budget)

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import Meta, Struct
 
+from .. import metrics_schema as ms
 from ..config import ExperimentConfig
 from ..schema import parse
 
@@ -103,25 +104,26 @@ class RunRecorder:
 
     def progress(self, row: dict) -> None:
         """One console line per round."""
-        parts = [f"[round {row['round']}/{self.cfg.num_server_rounds}]"]
-        if row.get("train_reward") is not None:
-            parts.append(f"train reward {row['train_reward']:.3f} (cumulative {row.get('cumulative_reward', 0):.2f})")
-        held = row.get("eval")
+        parts = [f"[round {row[ms.ROUND]}/{self.cfg.num_server_rounds}]"]
+        if row.get(ms.TRAIN_REWARD) is not None:
+            parts.append(f"train reward {row[ms.TRAIN_REWARD]:.3f} "
+                         f"(cumulative {row.get(ms.CUMULATIVE_REWARD, 0):.2f})")
+        held = row.get(ms.EVAL)
         if held:
-            text = ("held-out, self-reported by the nodes," if row.get("node_eval") else "held-out") + \
-                f" greedy {held['greedy_accuracy']:.3f}"
-            if "sampled_accuracy" in held:
-                text += f" sampled {held['sampled_accuracy']:.3f} (reward {held['sampled_reward']:.3f})"
+            text = ("held-out, self-reported by the nodes," if row.get(ms.NODE_EVAL) else "held-out") + \
+                f" greedy {held[ms.GREEDY_ACCURACY]:.3f}"
+            if ms.SAMPLED_ACCURACY in held:
+                text += f" sampled {held[ms.SAMPLED_ACCURACY]:.3f} (reward {held[ms.SAMPLED_REWARD]:.3f})"
             parts.append(text)
-        if "clients" in row:
-            text = f"{len(row['clients'])} clients"
-            if row.get("dropped"):
-                text += f", {len(row['dropped'])} dropped"
+        if ms.CLIENTS in row:
+            text = f"{len(row[ms.CLIENTS])} clients"
+            if row.get(ms.DROPPED):
+                text += f", {len(row[ms.DROPPED])} dropped"
             parts.append(text)
-        if "swap" in row:
-            parts.append(f"swapped pairs {row['swap']['swapped_pair_fraction']:.2f}")
-        if "time" in row:
-            parts.append(f"{row['time']['round_s']:.1f} s")
+        if ms.SWAP in row:
+            parts.append(f"swapped pairs {row[ms.SWAP]['swapped_pair_fraction']:.2f}")
+        if ms.TIME in row:
+            parts.append(f"{row[ms.TIME]['round_s']:.1f} s")
         log.info(" | ".join(parts))
 
 

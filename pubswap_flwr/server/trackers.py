@@ -48,9 +48,9 @@ def by_node_index(row: Any, node_index: Mapping[int, int]) -> Any:
     node id: Flower draws new random ids for every run, so a client's curves line up across runs only by its index.
     `node_index` maps Flower node ids to indices (the exchange's); a client entry's own `node_index` also counts."""
     names = {str(node): f"node-{index}" for node, index in node_index.items()}
-    if isinstance(row, dict) and isinstance(row.get("clients"), dict):
-        names.update({str(node): f"node-{entry['node_index']}" for node, entry in row["clients"].items()
-                      if isinstance(entry, dict) and isinstance(entry.get("node_index"), int)})
+    if isinstance(row, dict) and isinstance(row.get(schema.CLIENTS), dict):
+        names.update({str(node): f"node-{entry[schema.NODE_INDEX]}" for node, entry in row[schema.CLIENTS].items()
+                      if isinstance(entry, dict) and isinstance(entry.get(schema.NODE_INDEX), int)})
     return _renamed(row, names)
 
 
