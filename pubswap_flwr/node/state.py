@@ -26,7 +26,7 @@ from ..config import ExperimentConfig
 from ..config_keys import PLAIN_COMPONENT, is_plain_component
 from ..config_sections import MAX_LEARNING_RATE
 from ..policy import Policy
-from ..schema import parse, parse_file
+from ..schema import load_json, parse, parse_value_of
 from ..tasks import StreamCursor
 from ..tasks.splits import MAX_NODES
 
@@ -156,6 +156,21 @@ def plain(value: Any) -> Any:
     raise TypeError(f"node state cannot hold a {type(value).__name__}")
 
 
+def with_family_state(saved: Any) -> Any:
+    """A node.json written before each mode family kept its own state (2026-12-04): its pubswap or SAPO keys moved
+    into `mode` as that family declares them, so a run resumed across the change keeps them (SAPO's peer record
+    decides which external groups a node picks under sapo.reputation). Anything else is returned as it is."""
+    if not isinstance(saved, dict) or "mode" in saved:
+        return saved
+    old = {key: saved[key] for key in ("pending_public", "pending_sapo", "peers") if key in saved}
+    rest = {key: value for key, value in saved.items() if key not in old}
+    if old.get("pending_public"):
+        return {**rest, "mode": {"pending": old["pending_public"]}}
+    if old.get("pending_sapo") or old.get("peers"):
+        return {**rest, "mode": {"pending": old.get("pending_sapo") or [], "peers": old.get("peers") or {}}}
+    return rest
+
+
 class NodeStore:
     """Reads and writes one node's state dir: the JSON state, the adapter and the optimizer moments."""
 
@@ -169,7 +184,7 @@ class NodeStore:
         path = self.directory / STATE_FILE
         if not path.is_file():
             return NodeState(model_name=self.model_name)
-        state = parse_file(path, NodeState, ValueError)
+        state = parse_value_of(path, with_family_state(load_json(path, ValueError)), NodeState, ValueError)
         if state.model_name and state.model_name != self.model_name:
             raise ValueError(f"state dir {self.directory} belongs to model {state.model_name!r}, "
                              f"not {self.model_name!r}; use another state-dir or run-name")

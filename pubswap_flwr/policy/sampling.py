@@ -166,7 +166,7 @@ def draw(probs: torch.Tensor) -> torch.Tensor:
     SmolLM2: 0.52 s a decode step at 192 rows on one thread, as long as the step's forward); this is one number a row
     and a cumulative sum (0.04 s), from the same distribution. A token of probability 0 is never drawn: the uniform
     stays below the row's total, so the first cumulative sum above it belongs to a token that adds to it."""
-    # the sum in float64 without a float64 copy of the probabilities first (the same values: each is cast, then added)
+    # the sum in float64 (cumsum's dtype casts the probabilities first, as .to(float64) did: the same values)
     cdf = torch.cumsum(probs, dim=-1, dtype=torch.float64 if probs.device.type != "mps" else torch.float32)
     total = cdf[:, -1:]
     u = torch.rand(total.shape, dtype=cdf.dtype, device=cdf.device) * total

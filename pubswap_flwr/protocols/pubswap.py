@@ -191,7 +191,7 @@ class PubSwapProtocol(ServerProtocol):
                                          base=master, optimizer=self.optimizer)
         ctx.log.extra[schema.SWAP] = summarise_public_steps(ctx.log.extra["public_steps"])
         if ctx.log.extra["public_steps"]:
-            self.last_disagreement = ctx.log.extra["swap"]["policy_disagreement"]
+            self.last_disagreement = ctx.log.extra[schema.SWAP]["policy_disagreement"]
         record_scoring(ctx, budget)
 
     def global_for(self, node: int, master: Adapter, segment: int, sets: dict | None

@@ -198,11 +198,20 @@ def shuffled(seq: Sequence, seed: int) -> list:
     return out
 
 
+class PendingGroup(Struct):
+    """One of the node's own groups of the current round: the item, its completions' texts and ids, their rewards."""
+
+    item: dict[str, Any]  # TaskItem.to_dict(), read back through TaskItem.from_dict (the item's own declaration)
+    texts: list[str]
+    ids: list[list[int]]
+    rewards: list[float]
+
+
 class SapoNodeState(Struct):
     """What a SAPO node keeps between messages (node.json's `mode`): its own groups of the current round, sampled in
     `query.rollouts` and trained on in `train.sapo`, and its record of each peer's packets (sapo.reputation)."""
 
-    pending: list[dict[str, Any]] = msgspec.field(default_factory=list)  # item, texts, ids, rewards per group
+    pending: list[PendingGroup] = msgspec.field(default_factory=list)
     peers: dict[str, tuple[Tally, Tally]] = msgspec.field(default_factory=dict)  # sender -> (passed, failed)
 
 
@@ -225,10 +234,9 @@ class SapoNode:
             return []
         items = learner.stream.take(count, learner.state.cursor)
         groups, sample_s = learner.rollout(items, scfg.completions)
-        self.saved.pending = [
-            {"item": item.to_dict(), "texts": [c.text for c in g.completions],
-             "ids": [list(c.token_ids or ()) for c in g.completions], "rewards": g.rewards}
-            for item, g in zip(items, groups)]
+        self.saved.pending = [PendingGroup(item.to_dict(), [c.text for c in g.completions],
+                                           [list(c.token_ids or ()) for c in g.completions], list(g.rewards))
+                              for item, g in zip(items, groups)]
         behaviour = learner.settings.train.foreign_correction == "is"  # the receivers weigh completions by them
         fingerprint = tokenizer_fingerprint(learner.policy.tokenizer) if behaviour else ""
         rewards = [r for g in groups for r in g.rewards]
@@ -244,11 +252,10 @@ class SapoNode:
 
     def pending_groups(self) -> list[RolloutGroup]:
         out = []
-        for row in self.saved.pending:
-            item = TaskItem.from_dict(row["item"])
-            completions = [Completion(t, tuple(ids)) for t, ids in zip(row["texts"], row["ids"])]
-            out.append(RolloutGroup(self.learner.prompt(item), completions, list(row["rewards"]), item.uid,
-                                    item.task))
+        for group in self.saved.pending:
+            item = TaskItem.from_dict(group.item)
+            completions = [Completion(t, tuple(ids)) for t, ids in zip(group.texts, group.ids)]
+            out.append(RolloutGroup(self.learner.prompt(item), completions, list(group.rewards), item.uid, item.task))
         return out
 
     def rescore(self, packet: Packet, score=None) -> list[float]:

@@ -144,3 +144,20 @@ def test_a_numpy_number_in_a_pending_group_is_saved_as_the_number_it_holds(tiny_
     metadata = {"difficulty": np.float64(0.5), "terms": np.int64(3)}  # as reasoning-gym's metadata may hold
     store.save(tiny_policy, NodeState(model_name="m", mode={"pending": [{"item": {"metadata": metadata}}]}))
     assert store.load(tiny_policy).mode == {"pending": [{"item": {"metadata": {"difficulty": 0.5, "terms": 3}}}]}
+
+
+@pytest.mark.parametrize("old, mode", [
+    ({"peers": {"n1": [3, 1]}, "pending_sapo": [], "pending_public": {}}, {"pending": [], "peers": {"n1": [3, 1]}}),
+    ({"pending_public": {"public/gcd/1": [{"text": "a", "ids": [1, 2]}]}, "pending_sapo": [], "peers": {}},
+     {"pending": {"public/gcd/1": [{"text": "a", "ids": [1, 2]}]}}),
+    ({"pending_public": {}, "pending_sapo": [], "peers": {}}, {}),
+])
+def test_a_state_file_from_before_the_family_states_keeps_its_family_keys(tiny_policy, tmp_path, old, mode):
+    store = NodeStore(tmp_path, "m")
+    store.save(tiny_policy, NodeState(model_name="m", steps=3))
+    path = tmp_path / "node.json"
+    saved = json.loads(path.read_text())
+    del saved["mode"]
+    path.write_text(json.dumps({**saved, **old}))  # as the code before 2026-12-04 wrote it
+    loaded = store.load(tiny_policy)
+    assert loaded.mode == mode and loaded.steps == 3

@@ -104,3 +104,14 @@ def test_a_family_state_that_breaks_its_declaration_is_refused_naming_the_field(
     with pytest.raises(ValueError, match=r"node state\.mode\.peers\[\.\.\.\]: expected `array` of length 2, got 1"):
         SapoNode(learner, node.sapo)
     assert node.learner.universe.tasks[1].generator == "binary_matrix"
+
+
+def test_a_nodes_pending_groups_survive_its_state_file(node):
+    node.generate_rollouts(1, WorkReport())
+    before = node.pending_groups()
+    assert len(before) == node.sapo.local and all(len(g.completions) == node.sapo.completions for g in before)
+    node.learner.save()
+    again = SapoNode(Learner(node.learner.settings, node.learner.identity), node.sapo)
+    after = again.pending_groups()
+    assert [(g.prompt, g.rewards, g.item_uid, [(c.text, c.token_ids) for c in g.completions]) for g in after] == \
+        [(g.prompt, g.rewards, g.item_uid, [(c.text, c.token_ids) for c in g.completions]) for g in before]
