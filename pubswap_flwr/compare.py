@@ -32,14 +32,16 @@ import time
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
-from msgspec import Struct
+from msgspec import Meta, Struct
 
 from .config import ConfigError, ExperimentConfig, flatten, load_toml
 from .places import outside_checkout, resolve_output
+from .schema import parse_value_of
 from .server.metrics import STATUS_FILE
+from .tasks.splits import MAX_NODES
 from .untrusted import one_line
 
 log = logging.getLogger("pubswap_flwr.compare")
@@ -78,6 +80,26 @@ class Sweep:
                 "output.dir": str(out / "runs")}
 
 
+class SweepFile(Struct, kw_only=True, rename="kebab"):
+    """A sweep file (TOML) as `pubswap compare` reads it: `[arms.<name>]` tables of config keys over a `base` config
+    file and a `[config]` table, the seeds and nodes every arm runs, and how Ray places the clients."""
+
+    arms: Annotated[dict[str, dict[str, Any]], Meta(min_length=1)]
+    name: str = ""
+    nodes: Annotated[int, Meta(ge=1, le=MAX_NODES)] = 4
+    seeds: Annotated[list[Annotated[int, Meta(ge=0)]], Meta(min_length=1)] = msgspec.field(default_factory=lambda: [0])
+    base: str = ""  # a config file beside the sweep file
+    config: dict[str, Any] = msgspec.field(default_factory=dict)
+    cpus_per_client: Annotated[int, Meta(ge=1)] = 1
+    gpus_per_client: Annotated[float, Meta(ge=0)] = 0.0  # a fraction shares a GPU
+    timeout_s: Annotated[float, Meta(gt=0)] = 4 * 3600
+    notes: str = ""
+    ray_address: str | None = None
+
+
+SWEEP_KEYS = sorted(SweepFile.__struct_encode_fields__)
+
+
 def load_sweep(path: str | Path) -> Sweep:
     """Parse and check a sweep file; an arm with an unknown key or a bad value is kept with its error."""
     path = Path(path)
@@ -85,52 +107,38 @@ def load_sweep(path: str | Path) -> Sweep:
         raw = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as err:
         raise SweepError(f"{path}: cannot read the sweep file: {err}") from err
-    known = {"name", "nodes", "seeds", "base", "config", "arms", "cpus-per-client", "gpus-per-client", "timeout-s",
-             "notes", "ray-address"}
-    unknown = sorted(set(raw) - known)
+    unknown = sorted(set(raw) - set(SWEEP_KEYS))
     if unknown:
-        raise SweepError(f"{path}: unknown sweep keys {unknown}; known: {sorted(known)}")
-    arms_raw = raw.get("arms")
-    if not isinstance(arms_raw, dict) or not arms_raw:
+        raise SweepError(f"{path}: unknown sweep keys {unknown}; known: {SWEEP_KEYS}")
+    if not raw.get("arms"):
         raise SweepError(f"{path}: no [arms.<name>] tables")
-    seeds = raw.get("seeds", [0])
-    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and s >= 0 for s in seeds):
-        raise SweepError(f"{path}: seeds must be a non-empty list of integers >= 0")
+    sweep = parse_value_of(path, raw, SweepFile, SweepError)
     base: dict[str, Any] = {}
-    if raw.get("base"):
-        base.update(load_toml(path.parent / str(raw["base"])))
-    base.update(flatten(raw.get("config", {})))
+    if sweep.base:
+        base.update(load_toml(path.parent / sweep.base))
+    base.update(flatten(sweep.config))
     try:
         ExperimentConfig.from_flat(base)
     except ConfigError as err:
         raise SweepError(f"{path}: the base config is invalid: {err}") from err
     arms = []
-    for name, body in arms_raw.items():
-        if not isinstance(body, dict):
-            raise SweepError(f"{path}: arm {name!r} must be a table of config keys")
-        arm = Arm(str(name), flatten(body))
+    for name, body in sweep.arms.items():
+        arm = Arm(name, flatten(body))
         try:
             ExperimentConfig.from_flat({**base, **arm.overrides})
         except ConfigError as err:
             arm.error = f"arm {name!r}: {err}"
         arms.append(arm)
-    nodes = raw.get("nodes", 4)
-    if not isinstance(nodes, int) or nodes < 1:
-        raise SweepError(f"{path}: nodes must be a positive integer")
-    gpus = raw.get("gpus-per-client", 0.0)
-    if isinstance(gpus, bool) or not isinstance(gpus, (int, float)) or gpus < 0:
-        raise SweepError(f"{path}: gpus-per-client must be a number >= 0 (a fraction shares a GPU), got {gpus!r}")
-    address = raw.get("ray-address")
+    address = sweep.ray_address
     if address is not None:
         from .simulation import check_ray_address
 
         try:
-            address = check_ray_address(str(address))
+            address = check_ray_address(address)
         except ValueError as err:
             raise SweepError(f"{path}: {err}") from err
-    return Sweep(str(raw.get("name") or path.stem), nodes, seeds, base, arms, path,
-                 int(raw.get("cpus-per-client", 1)), float(gpus), float(raw.get("timeout-s", 4 * 3600)),
-                 str(raw.get("notes", "")), address)
+    return Sweep(sweep.name or path.stem, sweep.nodes, list(sweep.seeds), base, arms, path, sweep.cpus_per_client,
+                 float(sweep.gpus_per_client), float(sweep.timeout_s), sweep.notes, address)
 
 
 @dataclass

@@ -104,7 +104,8 @@ def test_a_sweeps_ray_address_reaches_every_arms_process(tmp_path, monkeypatch):
     assert "--ray-address" not in commands[1] and json.loads(commands[1][-1]) == {"seed": 1}
 
 
-@pytest.mark.parametrize("value, message", [('"10.0.0.5"', "is not host:port"), ("6379", "is not host:port"),
+@pytest.mark.parametrize("value, message", [('"10.0.0.5"', "is not host:port"),
+                                            ("6379", r"ray-address: expected `str \| null`, got `int`"),
                                             ('"ray://10.0.0.5:10001"', "is a URL")])
 def test_a_bad_ray_address_in_a_sweep_file_is_refused(tmp_path, value, message):
     path = tmp_path / "s.toml"

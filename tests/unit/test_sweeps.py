@@ -40,12 +40,17 @@ def test_sapo_sweep_ratios_sum_to_eight(name):
 
 @pytest.mark.parametrize("text, message", [
     ("name = 'x'\n", "no [arms.<name>] tables"),
-    ("seeds = []\n[arms.a]\nseed = 1\n", "seeds must be a non-empty list"),
+    ("seeds = []\n[arms.a]\nseed = 1\n", "s.toml: seeds: expected `array` of length >= 1"),
+    ("seeds = [0, -1]\n[arms.a]\nseed = 1\n", "s.toml: seeds[1]: expected `int` >= 0"),
+    ("seeds = [0.5]\n[arms.a]\nseed = 1\n", "s.toml: seeds[0]: expected `int`, got `float`"),
     ("colour = 1\n[arms.a]\nseed = 1\n", "unknown sweep keys ['colour']"),
     ("[config]\ntrain.local-steps = 0\n[arms.a]\nseed = 1\n", "the base config is invalid: train.local-steps = 0"),
-    ("[arms]\na = 3\n", "arm 'a' must be a table"),
-    ("gpus-per-client = -1\n[arms.a]\nseed = 1\n", "gpus-per-client must be a number >= 0"),
-    ("gpus-per-client = 'all'\n[arms.a]\nseed = 1\n", "gpus-per-client must be a number >= 0"),
+    ("[arms]\na = 3\n", "s.toml: arms[...]: expected `object`, got `int`"),
+    ("nodes = 0\n[arms.a]\nseed = 1\n", "s.toml: nodes: expected `int` >= 1"),
+    ("timeout-s = '1h'\n[arms.a]\nseed = 1\n", "s.toml: timeout-s: expected `float`, got `str`"),  # was float()'d
+    ("cpus-per-client = 1.5\n[arms.a]\nseed = 1\n", "s.toml: cpus-per-client: expected `int`, got `float`"),  # cut
+    ("gpus-per-client = -1\n[arms.a]\nseed = 1\n", "s.toml: gpus-per-client: expected `float` >= 0.0"),
+    ("gpus-per-client = 'all'\n[arms.a]\nseed = 1\n", "s.toml: gpus-per-client: expected `float`, got `str`"),
 ])
 def test_bad_sweep_files_are_refused_with_a_reason(tmp_path, text, message):
     path = tmp_path / "s.toml"
