@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from dataclasses import replace
 from functools import partial
 from itertools import combinations
 
@@ -47,11 +48,11 @@ from .pubswap_messages import (
     PubSwapNodeState,
     Scored,
     Segment,
+    SegmentAsk,
     SegmentReply,
     SwapEntry,
     fit_behaviours,
 )
-from .pubswap_messages import check_behaviours as check_behaviours  # re-exported for tests that import it from here
 from .serving import ClientWork
 from .transfer import Downlink, adapter_to_send, broadcast_of, decoded, global_for, start_round, take_global
 
@@ -168,9 +169,11 @@ class PubSwapProtocol(ServerProtocol):
                                 is_final, *self.global_for(node, master, segment, pending_sets.get(node)),
                                 choices=pending_choices.get(node) or None)
                         .to_message(node) for node in active]
+            ask = SegmentAsk(tuple(uids), k, self.limits, self.public, master if is_final else None,
+                             partial_credit=self.settings.tasks.partial_credit, codec=codec,
+                             with_behaviour=self.settings.train.foreign_correction == "is")
             result = ctx.exchange.send(messages, lambda node, reply: SegmentReply.from_message(
-                reply, uids, k, self.limits, self.public, master if is_final else None, partial(budget.score, node),
-                self.settings.tasks.partial_credit, codec, self.settings.train.foreign_correction == "is"))
+                reply, replace(ask, score=partial(budget.score, node))))
             if segment == 0 and self.broadcast is not None:
                 self.broadcast.confirm(result.replies)
             ctx.log.absorb(result)

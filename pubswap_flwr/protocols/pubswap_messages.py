@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import Annotated, Any, ClassVar, Generic, TypeVar
+from typing import Annotated, Any, Callable, ClassVar, Generic, TypeVar
 
 import msgspec
 from flwr.app import Message, RecordDict
@@ -219,29 +219,45 @@ class SegmentReply(Generic[Responses]):
         return reply_records(self.report, payload=payload, adapter=self.adapter)
 
     @classmethod
-    def from_message(cls, message: Message, uids: list[str], k: int, limits: Limits, public,
-                     reference: Adapter | None, score=score_completion,
-                     partial_credit: bool = True, codec: Codec | None = None,
-                     with_behaviour: bool = False) -> "SegmentReply[Scored]":
-        """Decode and check a client's reply, scoring its responses with the server's verifier or the run's
-        tasks.rewards function for the item's task (`score`: the client's scoring budget in a round, which applies
-        them; graded or 0/1 rewards as `tasks.partial-credit` says); with `with_behaviour`, also its responses'
-        sampling log-probs (checked; a missing one is passed on as None)."""
+    def from_message(cls, message: Message, ask: "SegmentAsk") -> "SegmentReply[Scored]":
+        """Decode and check a client's reply against what the server asked (`ask`), scoring its responses with the
+        server's verifier or the run's tasks.rewards function for the item's task; with `ask.with_behaviour`, also
+        its responses' sampling log-probs (checked; a missing one is passed on as None)."""
         _, payload, report = read_reply(message)
         scored: Scored = {}
         behaviour: dict[str, list[Behaviour | None]] = {}
+        uids, k, limits = list(ask.uids), ask.k, ask.limits
         if uids:
             texts = check_public_responses(payload, uids, k, limits)
-            if with_behaviour:
+            if ask.with_behaviour:
                 behaviour = check_behaviours(payload.get("behaviour"), uids, k, limits)
             limit = limits.max_completion_chars
-            scored = {uid: [(t, training_reward(score(t, public.get(uid), max_chars=limit).reward, partial_credit))
+            scored = {uid: [(t, training_reward(ask.score(t, ask.public.get(uid), max_chars=limit).reward,
+                                                ask.partial_credit))
                             for t in texts[uid]]
                       for uid in uids}
-        adapter = checked_adapter(message.content, reference, codec) if reference is not None else None
+        adapter = checked_adapter(message.content, ask.reference, ask.codec) if ask.reference is not None else None
         modal = {uid: Counter(extract_answer(t) for t in texts).most_common(1)[0][0]
                  for uid, texts in (texts.items() if uids else ())}
         return SegmentReply(report, scored, adapter, modal, behaviour)
+
+
+@dataclass(frozen=True)
+class SegmentAsk:
+    """What the server asked of one segment's replies, and how it scores them: the public prompts (`uids`, K
+    responses each, with their sampling behaviours when `with_behaviour`), the last segment's adapter checked
+    against `reference` (under strategy.compression's `codec`), responses scored by `score` (the client's scoring
+    budget in a round) against the public set's items, graded or 0/1 as tasks.partial-credit says."""
+
+    uids: tuple[str, ...]
+    k: int
+    limits: Limits
+    public: Any  # the public set: .get(uid) -> its TaskItem
+    reference: Adapter | None = None
+    score: Callable[..., Any] = score_completion
+    partial_credit: bool = True
+    codec: Codec | None = None
+    with_behaviour: bool = False
 
 
 def check_behaviours(raw: Any, uids: list[str], k: int, limits: Limits) -> dict[str, list[Behaviour | None]]:

@@ -23,9 +23,9 @@ from pubswap_flwr.protocols.pubswap import (
     Segment,
     SegmentReply,
     SwapEntry,
-    check_behaviours,
     likeliest,
 )
+from pubswap_flwr.protocols.pubswap_messages import SegmentAsk, check_behaviours
 from pubswap_flwr.rollouts import Behaviour
 from pubswap_flwr.tasks import TaskItem
 from pubswap_flwr.wire.records import ClientReport, Header
@@ -207,10 +207,10 @@ def _wire(ids, logps, id_dtype: str = "<u2") -> str:
 def test_a_reply_carries_its_sampling_behaviour_to_the_server():
     behaviour = {"p": [Behaviour((1, 2), (-0.5, -0.25)), None]}
     reply = SegmentReply(REPORT, {"p": ["<answer>2</answer>", "<answer>3</answer>"]}, behaviour=behaviour)
-    decoded = SegmentReply.from_message(_reply(reply.to_record()), ["p"], 2, Limits(), _Public(), None,
-                                        with_behaviour=True)
+    decoded = SegmentReply.from_message(_reply(reply.to_record()),
+                                        SegmentAsk(("p",), 2, Limits(), _Public(), with_behaviour=True))
     assert decoded.behaviour == behaviour
-    plain = SegmentReply.from_message(_reply(reply.to_record()), ["p"], 2, Limits(), _Public(), None)
+    plain = SegmentReply.from_message(_reply(reply.to_record()), SegmentAsk(("p",), 2, Limits(), _Public()))
     assert plain.behaviour == {}  # not asked for: ignored
 
 

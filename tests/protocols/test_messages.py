@@ -14,6 +14,7 @@ from flwr.supercore.task_identity import TaskIdentity
 from pubswap_flwr.algorithms.sapo_selection import Packet
 from pubswap_flwr.protocols.fedavg import AdapterReply, LocalRound
 from pubswap_flwr.protocols.pubswap import Segment, SegmentReply, SwapEntry
+from pubswap_flwr.protocols.pubswap_messages import SegmentAsk
 from pubswap_flwr.protocols.sapo import CollectRollouts, SapoAsyncRound, SapoReply, SapoTrain
 from pubswap_flwr.server.metrics import read_metrics
 from pubswap_flwr.simulation import simulate_in_process
@@ -79,7 +80,8 @@ def test_replies_round_trip_and_the_server_rescores_public_responses():
             return ITEM
 
     claimed = SegmentReply(REPORT, {"public/gcd/1": ["<answer>2</answer>", "<answer>9</answer>"]})
-    scored = SegmentReply.from_message(_reply(claimed.to_record()), ["public/gcd/1"], 2, Limits(), Public(), None)
+    ask = SegmentAsk(("public/gcd/1",), 2, Limits(), Public())
+    scored = SegmentReply.from_message(_reply(claimed.to_record()), ask)
     assert scored.responses == {"public/gcd/1": [("<answer>2</answer>", 1.0), ("<answer>9</answer>", 0.0)]}
     graded = SegmentReply(REPORT, {"public/gcd/1": ["<answer>0.5</answer>"]})
 
@@ -87,8 +89,8 @@ def test_replies_round_trip_and_the_server_rescores_public_responses():
         return Score(0.5)
 
     for partial_credit, reward in ((True, 0.5), (False, 0.0)):
-        rescored = SegmentReply.from_message(_reply(graded.to_record()), ["public/gcd/1"], 1, Limits(), Public(),
-                                             None, half, partial_credit)
+        ask = SegmentAsk(("public/gcd/1",), 1, Limits(), Public(), score=half, partial_credit=partial_credit)
+        rescored = SegmentReply.from_message(_reply(graded.to_record()), ask)
         assert rescored.responses == {"public/gcd/1": [("<answer>0.5</answer>", reward)]}
     shared = SapoReply(REPORT, packets=(Packet("", ITEM, ("<answer>2</answer>",)),), selection={"external-used": 3})
     back = SapoReply.from_message(_reply(shared.to_record()), Limits(), 4, packets=True, trained=True)
