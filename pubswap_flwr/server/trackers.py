@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator, Mapping
 from .. import metrics_schema as schema
 from ..config import ConfigError, ExperimentConfig
 from ..config_sections import REPORT_TO
+from ..registry import Registry
 
 log = logging.getLogger("pubswap_flwr")
 
@@ -78,14 +79,14 @@ class Backend:
     make: Callable[[Path, ExperimentConfig], Tracker]
 
 
-BACKENDS: dict[str, Backend] = {}
+BACKENDS: Registry[Backend] = Registry("tracker backend")
 
 
 def backend(name: str, module: str, extra: str):
     """Registers a tracker class under an `output.report-to` value."""
 
     def wrap(cls):
-        BACKENDS[name] = Backend(module, extra, cls)
+        BACKENDS.add(name, Backend(module, extra, cls))
         return cls
 
     return wrap

@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from msgspec import Struct
 
+from ..registry import Registry
 from ..schema import SchemaError, check_depth, parse
 from .items import MAX_ANSWER_CHARS, MIN_QUESTION_CHARS, QUESTION_CHARS_PER_PROMPT_TOKEN, TaskItem, max_question_chars
 from .specs import TaskError
@@ -93,11 +94,11 @@ def _check_depth(value: Any, what: str, start: int = 0) -> None:
         raise BadRow(str(err)) from None
 
 
-ADAPTERS: dict[str, RowAdapter] = {"generic": _generic_row}
+ADAPTERS: Registry[RowAdapter] = Registry("data format", {"generic": _generic_row}, replace=True)
 
 
 def register_adapter(name: str, adapter: RowAdapter) -> None:
-    ADAPTERS[name] = adapter
+    ADAPTERS.add(name, adapter)
 
 
 def _json_row(raw: bytes, number: int) -> dict[str, Any] | str:
@@ -202,8 +203,7 @@ def load_items(path: str | Path, *, fmt: str = "generic", default_verifier: str 
     path = Path(path).expanduser()
     if not path.is_file():
         raise TaskError(f"data file not found: {path}")
-    if fmt not in ADAPTERS:
-        raise TaskError(f"unknown data format {fmt!r}; known: {', '.join(sorted(ADAPTERS))}")
+    ADAPTERS.lookup(fmt, TaskError)
     if on_bad_row not in {"error", "skip"}:
         raise TaskError(f"on_bad_row must be 'error' or 'skip', got {on_bad_row!r}")
     check_verifier(default_verifier, where="default verifier")

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from ..registry import Registry
 from .isolation import RemoteScorerError, default_isolated_scorer
 from .items import TaskItem
 from .reasoning_gym_scoring import MAX_LITERAL_CHARS, score_reasoning_gym, scored_in_worker
@@ -157,20 +158,17 @@ def _score_numeric(answer: str, item: TaskItem) -> float:
 
 
 # name -> scorer(answer, item) -> float in [0, 1]. Exceptions become reward 0 with the reason logged.
-VERIFIERS: dict[str, Callable[[str, TaskItem], float]] = {
-    "rg": score_reasoning_gym,
-    "exact": _score_exact,
-    "numeric": _score_numeric,
-}
+# A name registered again replaces its scorer (an organization may override a built-in).
+VERIFIERS: Registry[Callable[[str, TaskItem], float]] = Registry(
+    "verifier", {"rg": score_reasoning_gym, "exact": _score_exact, "numeric": _score_numeric}, replace=True)
 
 
 def register_verifier(name: str, scorer: Callable[[str, TaskItem], float]) -> None:
-    VERIFIERS[name] = scorer
+    VERIFIERS.add(name, scorer)
 
 
 def check_verifier(name: str, where: str = "verifier") -> None:
-    if name not in VERIFIERS:
-        raise TaskError(f"{where}: unknown verifier {name!r}; known: {', '.join(sorted(VERIFIERS))}")
+    VERIFIERS.lookup(name, TaskError, where)
 
 
 def score_completion(

@@ -14,6 +14,7 @@ import types
 import pytest
 
 import pubswap_flwr
+from pubswap_flwr.registry import Registry
 from pubswap_flwr.tasks import TaskItem, extract_answer, is_correct, reasoning_gym_scoring, score_completion, verifiers
 from pubswap_flwr.tasks.reasoning_gym_scoring import SAFE_RG_SCORERS, _int_expression, is_plain_math
 from pubswap_flwr.tasks.specs import PRESETS, TaskSpec, generator_dataset
@@ -150,7 +151,7 @@ def test_scorer_return_values_are_checked_and_clamped(monkeypatch, returned, exp
 
 
 def test_register_verifier(monkeypatch):
-    monkeypatch.setattr(verifiers, "VERIFIERS", dict(VERIFIERS))
+    monkeypatch.setattr(verifiers, "VERIFIERS", Registry("verifier", VERIFIERS, replace=True))
     register_verifier("len3", lambda answer, item: float(len(answer) == 3))
     assert score_completion(tagged("abc"), plain("x", verifier="len3")).reward == 1.0
     assert score_completion(tagged("ab"), plain("x", verifier="len3")).reward == 0.0

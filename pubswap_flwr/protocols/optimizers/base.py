@@ -7,13 +7,15 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import numpy as np
 
+from ...registry import Registry
+
 if TYPE_CHECKING:
     from ...config import StrategyConfig
 
 Adapter = dict[str, np.ndarray]
 STATE_KEY = "server_optimizer"  # its entry in the protocol's checkpoint state
 
-OPTIMIZERS: dict[str, type["ServerOptimizer"]] = {}
+OPTIMIZERS: Registry[type["ServerOptimizer"]] = Registry("server optimizer")
 
 
 def register(name: str) -> Callable[[type["ServerOptimizer"]], type["ServerOptimizer"]]:
@@ -22,8 +24,8 @@ def register(name: str) -> Callable[[type["ServerOptimizer"]], type["ServerOptim
     def wrap(cls: type[ServerOptimizer]) -> type[ServerOptimizer]:
         if name in OPTIMIZERS:
             raise ValueError(f"server optimizer {name!r} is already registered by {OPTIMIZERS[name].__name__}")
+        OPTIMIZERS.add(name, cls)
         cls.name = name
-        OPTIMIZERS[name] = cls
         return cls
 
     return wrap
