@@ -26,7 +26,8 @@ measured side by side in one run, printing medians and ratios.
    code as it was before 2026-12-03 (the LM head given a strided input, so torch multiplied it against a copy of the
    head's weight per prompt; Hugging Face's concatenating KV cache; torch.multinomial; a greedy pass, then a sampled
    pass) and as it is (contiguous head input, sampling.GrowingLayer, sampling.draw, each prompt prefilled once for
-   its greedy and its sampled completions: evaluation.SHARED_PREFILL); each arm in its own process, interleaved:
+   its greedy and its sampled completions: evaluation.SHARED_PREFILL); each arm in its own process, interleaved,
+   at each torch thread count of --eval-threads (default 1):
    time, peak RSS, whether the greedy results are the same, and the sampled pass@1 of each (other draws of the same
    distribution).
 5. Rounds of the real-model learning sweep (configs/real.toml, 2 clients through Flower's Ray engine: the fedavg arm
@@ -355,7 +356,7 @@ def _where_sampling_goes(policy, args) -> None:
 EVAL_MIX = "basic_arithmetic:1,chain_sum:1,products:1"  # configs/real.toml's held-out mix
 
 
-def _evaluation_arm(old: bool, per_task: int, queue) -> None:
+def _evaluation_arm(old: bool, per_task: int, threads: int, queue) -> None:
     import torch
     from transformers import DynamicCache
 
@@ -364,7 +365,7 @@ def _evaluation_arm(old: bool, per_task: int, queue) -> None:
     from pubswap_flwr.policy import sampling
     from pubswap_flwr.tasks import HeldOutSet, parse_mix
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     policy = _policy(model="smollm2-135m-warm", temperature=0.7)
     if old:  # the code before 2026-12-03: no head hook, Hugging Face's concatenating cache, torch.multinomial
         for model in (policy.model, policy.sampling_model):
@@ -382,16 +383,23 @@ def _evaluation_arm(old: bool, per_task: int, queue) -> None:
 
 
 def evaluation_speed(args) -> None:
-    """Part 7: the held-out evaluator before and after the head and cache changes, side by side."""
+    """Part 7: the held-out evaluator before and after the head and cache changes, side by side, at each thread
+    count of --eval-threads (1: the like-for-like kernel comparison; the CPUs a run's server process has: what a
+    run's evaluation gets, as the server evaluates while the clients wait)."""
+    for threads in sorted({int(t) for t in args.eval_threads.split(",")}):
+        _evaluation_pairs(args, threads)
+
+
+def _evaluation_pairs(args, threads: int) -> None:
     context = multiprocessing.get_context("spawn")
     print(f"\n7. Held-out evaluation of smollm2-135m-warm, {args.eval_items} items per task x 3 tasks, greedy + 4 "
-          f"samples, batch 256, 1 thread, each arm in its own process (old, new interleaved, {args.eval_repeats} "
-          f"pair(s)):")
+          f"samples, batch 256, {threads} thread(s), each arm in its own process (old, new interleaved, "
+          f"{args.eval_repeats} pair(s)):")
     runs: dict[str, list] = {"old": [], "new": []}
     for _ in range(args.eval_repeats):
         for label in ("old", "new"):
             queue = context.Queue()
-            proc = context.Process(target=_evaluation_arm, args=(label == "old", args.eval_items, queue))
+            proc = context.Process(target=_evaluation_arm, args=(label == "old", args.eval_items, threads, queue))
             proc.start()
             runs[label].append(queue.get())
             proc.join()
@@ -525,6 +533,8 @@ def main() -> None:
     parser.add_argument("--round-from", help="part 5 from this finished run of the sweep instead of a 1-round run")
     parser.add_argument("--eval-items", type=int, default=16, help="held-out items per task in part 7")
     parser.add_argument("--eval-repeats", type=int, default=2, help="old/new pairs in part 7")
+    parser.add_argument("--eval-threads", default="1", help="comma-separated torch thread counts for part 7, each "
+                                                           "measured old against new (e.g. 1,2)")
     parser.add_argument("--skip", default="", help="comma-separated parts to skip: sampling,update,ceiling,"
                                                    "memory,threads,evaluation,round")
     args = parser.parse_args()
