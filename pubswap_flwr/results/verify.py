@@ -5,8 +5,9 @@ numbers, with each task's shortcut check (the best constant answer's accuracy, t
 A run's numbers are then checked from what it published alone (config.json, metrics.jsonl and its adapters), in a
 process that shares nothing with the one that trained: a wrong or swapped adapter, an evaluation bug or a held-out
 set that leaked into training shows as a gap far outside the two standard errors. With --against, a second run's
-adapter is scored on the same fresh items and their difference is given with its standard error over items: the
-part of a comparison between two runs that comes from which questions were drawn.
+adapters are scored on the same fresh items and each difference is given with its standard error over items: the
+part of a comparison between two runs that comes from which questions were drawn. Adapters pair by label (global,
+node N), or a run's single global adapter pairs with each node of the other (FedAvg against training alone).
 """
 
 from __future__ import annotations
@@ -190,13 +191,14 @@ def verify(run_dir: Path, data_seed: int | None = None, items_per_task: int | No
         raise VerifyError(f"{run_dir / 'config.json'}: its tasks cannot be drawn: {str(err)[:300]}") from None
     overlap = sum(1 for i in items if question_key(i.question) in run_items)
     other = _against(cfg, Path(against)) if against is not None else None
+    pairs = pairings([label for label, *_ in found], list(other[1]), other[0]) if other is not None else {}
     progress = progress or Progress()
     threads = apply_threads(cfg.model.threads)  # 0: the CPUs this process was given, as training sizes its threads
     progress.start(f"{len(found)} adapter(s) of {run_dir}, {len(items)} fresh items, torch threads "
                    f"{threads.threads} ({threads.reason})")
     rewards, rewards_note = run_rewards(cfg, import_rewards)
     evaluate = _Evaluator(cfg, batch_size, progress, rewards)
-    results = []
+    results, scored_other = [], {}
     for label, folder, base, weights, (round_number, theirs) in found:
         if is_local_folder(base):
             check_chat_template(base, items, cfg.tasks.template, TEMPLATE_SECONDS)
@@ -206,16 +208,33 @@ def verify(run_dir: Path, data_seed: int | None = None, items_per_task: int | No
                   "rewards_note": rewards_note}
         if other is not None:
             other_dir, adapters = other
-            if label not in adapters:
-                raise VerifyError(f"{other_dir} has no {label} adapter to compare with")
-            other_folder, other_base, other_weights = adapters[label]
-            if is_local_folder(other_base):
-                check_chat_template(other_base, items, cfg.tasks.template, TEMPLATE_SECONDS)
-            result["against"] = {"run": str(other_dir), "folder": str(other_folder),
-                                 "verify": evaluate(other_base, other_folder, other_weights, items, samples)}
-            result["paired"] = paired_on_items(result["against"]["verify"], mine)  # this run minus the other
+            result["against"] = []
+            for other_label in pairs[label]:
+                other_folder, other_base, other_weights = adapters[other_label]
+                if other_label not in scored_other:  # each of the other run's adapters is scored once
+                    if is_local_folder(other_base):
+                        check_chat_template(other_base, items, cfg.tasks.template, TEMPLATE_SECONDS)
+                    scored_other[other_label] = evaluate(other_base, other_folder, other_weights, items, samples)
+                result["against"].append({"run": str(other_dir), "adapter": other_label, "folder": str(other_folder),
+                                          "verify": scored_other[other_label],
+                                          # this run minus the other
+                                          "paired": paired_on_items(scored_other[other_label], mine)})
         results.append(result)
     return results
+
+
+def pairings(mine: list[str], theirs: list[str], other_dir: Path) -> dict[str, list[str]]:
+    """Which of the other run's adapters each of this run's is compared with, decided before any scoring: the one of
+    the same label (global, node N); else a run's single adapter against every adapter of the other (a FedAvg run's
+    global adapter against each node of a local or SAPO run, or each node against it)."""
+    if all(label in theirs for label in mine):
+        return {label: [label] for label in mine}
+    if len(mine) == 1:
+        return {mine[0]: list(theirs)}
+    if len(theirs) == 1:
+        return {label: list(theirs) for label in mine}
+    raise VerifyError(f"{other_dir}'s adapters ({', '.join(theirs)}) do not match the run's ({', '.join(mine)}): "
+                      "compare runs whose adapters have the same labels, or where one run has a single adapter")
 
 
 def _against(cfg, other_dir: Path) -> tuple[Path, dict[str, tuple[Path, str, Any]]]:
@@ -293,10 +312,10 @@ def render(results: list[dict]) -> str:
                 diff += " (within 2 SE)" if z <= 2 else f" ({z:.1f} SE)"
             lines.append(f"  {key:<26}{_cell(r['run'], key):>18}{_cell(r['verify'], key):>18}  {diff}")
         lines += _shortcut_lines(r)
-        if "paired" in r:
-            lines.append(f"  against {r['against']['folder']} on the same {r['items']} items (this run minus it, "
-                         "SE over items):")
-            for metric, d in r["paired"].items():
+        for other in r.get("against", []):
+            lines.append(f"  against {other['adapter']} adapter {other['folder']} on the same {r['items']} items (this "
+                         "run minus it, SE over items):")
+            for metric, d in other["paired"].items():
                 lines.append(f"    {metric:<24}{d['difference']:+.3f} ± {d['se']:.3f}")
     return "\n".join(lines)
 
@@ -324,7 +343,9 @@ def register(sub) -> None:
     parser.add_argument("--items-per-task", type=int, help="default: the run's eval.items-per-task")
     parser.add_argument("--samples", type=int, help="sampled answers per item (default: the run's eval.samples)")
     parser.add_argument("--against", metavar="RUN2", help="also score RUN2's adapter(s) on the same fresh items and "
-                                                          "print the paired difference with its SE over items")
+                                                          "print the paired difference with its SE over items: "
+                                                          "adapters of the same label, or a run's single (global) "
+                                                          "adapter against each of the other's")
     parser.add_argument("--batch-size", type=int, default=BATCH_SIZE,
                         help="sequences sampled at once (default %(default)s; memory grows with it: a SmolLM2 KV cache "
                              "of 256 sequences holds about 10 GB)")

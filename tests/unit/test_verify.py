@@ -207,13 +207,67 @@ def test_verify_flags_a_constant_answer_adapter_on_gcd(fedavg_run, capsys, monke
 def test_against_scores_a_second_run_on_the_same_fresh_items(fedavg_run, tmp_path, capsys):
     simulate_in_process({**SMALL, "seed": 5, "output.dir": str(tmp_path), "run-name": "g"}, 2)
     [result] = verify(fedavg_run, items_per_task=3, against=tmp_path / "g")
-    first, second = result["verify"]["item_results"], result["against"]["verify"]["item_results"]
+    [other] = result["against"]
+    assert other["adapter"] == "global"
+    first, second = result["verify"]["item_results"], other["verify"]["item_results"]
     assert first["uids"] == second["uids"] and len(first["uids"]) == 6
     expected = sum(a - b for a, b in zip(first["greedy"], second["greedy"])) / 6  # this run minus the other
-    assert result["paired"]["greedy_accuracy"]["difference"] == pytest.approx(expected)
-    assert result["paired"]["sampled_accuracy"]["items"] == 6
+    assert other["paired"]["greedy_accuracy"]["difference"] == pytest.approx(expected)
+    assert other["paired"]["sampled_accuracy"]["items"] == 6
     assert pubswap(["verify", str(fedavg_run), "--items-per-task", "3", "--against", str(tmp_path / "g")]) == 0
-    assert "on the same 6 items (this run minus it, SE over items)" in capsys.readouterr().out
+    assert "against global adapter" in (out := capsys.readouterr().out)
+    assert "on the same 6 items (this run minus it, SE over items)" in out
+
+
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("local")
+    simulate_in_process({**SMALL, "strategy.mode": "local", "output.dir": str(out), "run-name": "l"}, 2)
+    return out / "l"
+
+
+def test_against_pairs_a_global_adapter_with_each_node_of_a_local_run(fedavg_run, local_run, monkeypatch, capsys):
+    from pubswap_flwr.results import verify as module
+
+    scored = []
+    real = module._Evaluator.__call__
+    monkeypatch.setattr(module._Evaluator, "__call__",
+                        lambda self, base, folder, *rest: scored.append(folder) or real(self, base, folder, *rest))
+    [result] = verify(fedavg_run, items_per_task=3, against=local_run)
+    assert [other["adapter"] for other in result["against"]] == ["node 0", "node 1"]
+    assert len(scored) == 3  # the global adapter, then each node's once
+    for other in result["against"]:
+        mine, theirs = result["verify"]["item_results"], other["verify"]["item_results"]
+        expected = sum(a - b for a, b in zip(mine["greedy"], theirs["greedy"])) / 6
+        assert other["paired"]["greedy_accuracy"]["difference"] == pytest.approx(expected)
+    assert [r["adapter"] for r in verify(local_run, items_per_task=3, against=fedavg_run)] == ["node 0", "node 1"]
+    assert pubswap(["verify", str(fedavg_run), "--items-per-task", "3", "--against", str(local_run)]) == 0
+    out = capsys.readouterr().out
+    assert "against node 0 adapter" in out and "against node 1 adapter" in out
+
+
+def test_against_refuses_unmatched_adapters_before_scoring_any(local_run, tmp_path, monkeypatch, capsys):
+    from pubswap_flwr.results import verify as module
+
+    simulate_in_process({**SMALL, "strategy.mode": "local", "output.dir": str(tmp_path), "run-name": "three"}, 3)
+    monkeypatch.setattr(module._Evaluator, "__call__", lambda *args: pytest.fail("scored before the refusal"))
+    with pytest.raises(VerifyError, match=r"adapters \(node 0, node 1\) do not match the run's \(node 0, node 1, "
+                                          r"node 2\)"):
+        verify(tmp_path / "three", items_per_task=3, against=local_run)
+    assert pubswap(["verify", str(tmp_path / "three"), "--against", str(local_run)]) == 2
+    assert "do not match" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mine, theirs, expected", [
+    (["global"], ["global"], {"global": ["global"]}),
+    (["node 0", "node 1"], ["node 0", "node 1", "node 2"], {"node 0": ["node 0"], "node 1": ["node 1"]}),
+    (["global"], ["node 0", "node 1"], {"global": ["node 0", "node 1"]}),
+    (["node 0", "node 1"], ["global"], {"node 0": ["global"], "node 1": ["global"]}),
+])
+def test_pairings(mine, theirs, expected, tmp_path):
+    from pubswap_flwr.results.verify import pairings
+
+    assert pairings(mine, theirs, tmp_path) == expected
 
 
 def test_against_refuses_a_run_of_other_tasks(fedavg_run, tmp_path):
