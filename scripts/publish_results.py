@@ -22,10 +22,11 @@ all linear layers: 155,648 parameters) 0.32 MB, i.e. 3.7 MB for a 4-arm x 3-seed
 compare-sapo (4 arms x 3 seeds x 8 nodes); on SmolLM2-135M (r 8, all linear: 2.5M parameters) 4.9 MB each, i.e.
 29 MB for real-pubswap's 6 runs but 176 MB for real-sapo's 9 runs x 4 nodes. The script prints the total.
 So that published adapters stop growing the repository, the command copies by default only the sweep's first
-seed's adapters (every arm's, so each arm stays verifiable) and, of a SAPO run, only the first node of each model
-(partition 0, or partitions 0..k-1 with k models in model.node-models round robin): a real-model SAPO sweep's 176 MB
-becomes 20 MB. --adapter-seeds and --adapter-nodes choose others, --all-adapters copies every one, --no-adapters
-none (the report does not need them; `pubswap verify` does). The report's command names the choice it made.
+seed's adapters (every arm's, so each arm stays verifiable) and, of a SAPO or local run, only the first node of
+each model (partition 0, or partitions 0..k-1 with k models in model.node-models round robin): a real-model SAPO
+sweep's 176 MB becomes 20 MB. --adapter-seeds and --adapter-nodes choose others, --all-adapters copies every one,
+--no-adapters none (the report does not need them; `pubswap verify` does). The report's command names the choice it
+made.
 """
 
 from __future__ import annotations
@@ -246,7 +247,7 @@ def publish(sweep_file: Path, results: Path, docs: Path = DOCS, force: bool = Fa
     if adapters:
         print(f"final adapters: {adapter_bytes / 1e6:.1f} MB (fp16)"
               + (f" of seeds {sorted(adapter_seeds)}" if adapter_seeds is not None else "")
-              + (f", SAPO nodes {sorted(adapter_nodes)}" if adapter_nodes is not None else "")
+              + (f", nodes {sorted(adapter_nodes)} of SAPO and local runs" if adapter_nodes is not None else "")
               + (f"; none kept by {len(without)} run(s): {', '.join(without[:5])}" if without else ""))
     return dst
 
@@ -281,11 +282,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--adapter-seeds", type=int, nargs="+", metavar="SEED",
                         help="copy only these seeds' adapters (default: the sweep's first seed)")
     parser.add_argument("--adapter-nodes", type=int, nargs="+", metavar="PARTITION",
-                        help="of SAPO runs, copy only these partitions' node adapters (default: the first node of "
-                             "each model)")
+                        help="of SAPO and local runs, copy only these partitions' node adapters (default: the first "
+                             "node of each model)")
     parser.add_argument("--all-adapters", action="store_true",
-                        help="copy every seed's and every node's adapters (default: the first seed's, and of SAPO "
-                             "runs the first node of each model)")
+                        help="copy every seed's and every node's adapters (default: the first seed's, and of SAPO and "
+                             "local runs the first node of each model)")
     args = parser.parse_args(argv)
     try:
         _run(parser, args)

@@ -174,7 +174,7 @@ def test_publish_copies_only_the_chosen_sapo_nodes_adapters(fedavg_run, tmp_path
         [{"arm": "sapo", "seed": 0, "status": "completed", "detail": "", "run_dir": str(run)}]))
     published = _script().publish(tmp_path / "mini.toml", tmp_path / "results", docs=tmp_path / "docs",
                                   adapter_nodes={0, 2})
-    assert "final adapters: 0.6 MB (fp16), SAPO nodes [0, 2]" in capsys.readouterr().out
+    assert "final adapters: 0.6 MB (fp16), nodes [0, 2] of SAPO and local runs" in capsys.readouterr().out
     copied = published / "runs" / "sapo-s0"
     assert [label for label, _ in final_adapters(copied)] == ["node 0", "node 2"]
     assert not (copied / "nodes" / "partition-1").exists()
