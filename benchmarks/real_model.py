@@ -386,8 +386,19 @@ def evaluation_speed(args) -> None:
     """Part 7: the held-out evaluator before and after the head and cache changes, side by side, at each thread
     count of --eval-threads (1: the like-for-like kernel comparison; the CPUs a run's server process has: what a
     run's evaluation gets, as the server evaluates while the clients wait)."""
-    for threads in sorted({int(t) for t in args.eval_threads.split(",")}):
+    for threads in args.eval_threads:
         _evaluation_pairs(args, threads)
+
+
+def thread_counts(text: str) -> list[int]:
+    """--eval-threads: distinct positive thread counts, ascending ("1,2" -> [1, 2])."""
+    try:
+        counts = sorted({int(part) for part in text.split(",")})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text!r}") from None
+    if counts[0] < 1:
+        raise argparse.ArgumentTypeError(f"thread counts must be at least 1, got {text!r}")
+    return counts
 
 
 def _evaluation_pairs(args, threads: int) -> None:
@@ -533,8 +544,8 @@ def main() -> None:
     parser.add_argument("--round-from", help="part 5 from this finished run of the sweep instead of a 1-round run")
     parser.add_argument("--eval-items", type=int, default=16, help="held-out items per task in part 7")
     parser.add_argument("--eval-repeats", type=int, default=2, help="old/new pairs in part 7")
-    parser.add_argument("--eval-threads", default="1", help="comma-separated torch thread counts for part 7, each "
-                                                           "measured old against new (e.g. 1,2)")
+    parser.add_argument("--eval-threads", type=thread_counts, default=[1],
+                        help="comma-separated torch thread counts for part 7, each measured old against new (e.g. 1,2)")
     parser.add_argument("--skip", default="", help="comma-separated parts to skip: sampling,update,ceiling,"
                                                    "memory,threads,evaluation,round")
     args = parser.parse_args()

@@ -14,8 +14,9 @@ Every file is read and checked before anything is written (regular files only: a
 and seeds come from the sweep file, each arm name one plain path component); a publication it replaces stays
 until the new one is whole, and a problem is one line on stderr with exit code 2.
 
-Adapters: the global one (adapters/final/) or, for SAPO, every node's own (nodes/partition-N/adapter/), at the same
-paths under the published run, with adapter_config.json and the model card but not the tokenizer (the base model's).
+Adapters: the global one (adapters/final/) or, for SAPO and local runs, every node's own (nodes/partition-N/adapter/),
+at the same paths under the published run, with adapter_config.json and the model card but not the tokenizer (the
+base model's).
 Weights are stored as fp16 (the run keeps fp32 master weights; fp16 is also what travels on the wire), so an adapter
 costs 2 bytes per LoRA parameter plus ~8 KB of JSON and card: on the embedded tiny model with the default LoRA (r 16,
 all linear layers: 155,648 parameters) 0.32 MB, i.e. 3.7 MB for a 4-arm x 3-seed fedavg/pubswap sweep and 30 MB for
@@ -134,8 +135,8 @@ def adapter_files(src: Path, rel: Path, root: Path) -> dict[Path, bytes]:
 
 def run_files(src: Path, name: str, with_adapters: bool, nodes: set[int] | None = None) -> dict[Path, bytes]:
     """Everything published of one run, read and checked: its small files and (`with_adapters`) its final
-    adapter(s) (verify.final_adapters: global, or each SAPO node's, only partitions in `nodes` when given) at the
-    same paths."""
+    adapter(s) (verify.final_adapters: global, or each SAPO or local node's, only partitions in `nodes` when given)
+    at the same paths."""
     run, rel = src / "runs" / name, Path("runs") / name
     files = {rel / f: _read(run / f, src) for f in RUN_FILES}
     files.update({rel / f: _read(run / f, src) for f in OPTIONAL_FILES if is_present(run / f)})
@@ -197,7 +198,7 @@ def publish(sweep_file: Path, results: Path, docs: Path = DOCS, force: bool = Fa
             adapter_seeds: set[int] | None = None, adapter_nodes: set[int] | None = None) -> Path:
     """Copy a finished sweep's completed runs to docs/results/<sweep> and write its report. `adapters`: copy the
     runs' final adapters as fp16 too; `adapter_seeds`: only those of these seeds (None: every seed);
-    `adapter_nodes`: of a SAPO run, only these partitions' adapters (None: every node's). Everything is
+    `adapter_nodes`: of a SAPO or local run, only these partitions' adapters (None: every node's). Everything is
     read and checked before anything is written, and a publication it replaces stays until the new one is whole;
     PublishError names what was wrong."""
     sweep = _sweep(sweep_file)

@@ -192,6 +192,12 @@ def verify(run_dir: Path, data_seed: int | None = None, items_per_task: int | No
     overlap = sum(1 for i in items if question_key(i.question) in run_items)
     other = _against(cfg, Path(against)) if against is not None else None
     pairs = pairings([label for label, *_ in found], list(other[1]), other[0]) if other is not None else {}
+    bases = [base for _, _, base, *_ in found]
+    if other is not None:
+        bases += [other[1][label][1] for labels in pairs.values() for label in labels]
+    for base in dict.fromkeys(bases):  # each base model's template once, before minutes of scoring
+        if is_local_folder(base):
+            check_chat_template(base, items, cfg.tasks.template, TEMPLATE_SECONDS)
     progress = progress or Progress()
     threads = apply_threads(cfg.model.threads)  # 0: the CPUs this process was given, as training sizes its threads
     progress.start(f"{len(found)} adapter(s) of {run_dir}, {len(items)} fresh items, torch threads "
@@ -200,8 +206,6 @@ def verify(run_dir: Path, data_seed: int | None = None, items_per_task: int | No
     evaluate = _Evaluator(cfg, batch_size, progress, rewards)
     results, scored_other = [], {}
     for label, folder, base, weights, (round_number, theirs) in found:
-        if is_local_folder(base):
-            check_chat_template(base, items, cfg.tasks.template, TEMPLATE_SECONDS)
         mine = evaluate(base, folder, weights, items, samples)
         result = {"adapter": label, "folder": str(folder), "base": base, "run_round": round_number,
                   "run": theirs, "verify": mine, "data_seed": seed, "items": len(items), "shared_questions": overlap,
@@ -212,8 +216,6 @@ def verify(run_dir: Path, data_seed: int | None = None, items_per_task: int | No
             for other_label in pairs[label]:
                 other_folder, other_base, other_weights = adapters[other_label]
                 if other_label not in scored_other:  # each of the other run's adapters is scored once
-                    if is_local_folder(other_base):
-                        check_chat_template(other_base, items, cfg.tasks.template, TEMPLATE_SECONDS)
                     scored_other[other_label] = evaluate(other_base, other_folder, other_weights, items, samples)
                 result["against"].append({"run": str(other_dir), "adapter": other_label, "folder": str(other_folder),
                                           "verify": scored_other[other_label],
@@ -225,16 +227,16 @@ def verify(run_dir: Path, data_seed: int | None = None, items_per_task: int | No
 
 def pairings(mine: list[str], theirs: list[str], other_dir: Path) -> dict[str, list[str]]:
     """Which of the other run's adapters each of this run's is compared with, decided before any scoring: the one of
-    the same label (global, node N); else a run's single adapter against every adapter of the other (a FedAvg run's
-    global adapter against each node of a local or SAPO run, or each node against it)."""
+    the same label (global, node N); else a run's global adapter against every node of the other (a FedAvg run
+    against a local or SAPO run, or each node against it). A node is never compared with another partition's."""
     if all(label in theirs for label in mine):
         return {label: [label] for label in mine}
-    if len(mine) == 1:
-        return {mine[0]: list(theirs)}
-    if len(theirs) == 1:
-        return {label: list(theirs) for label in mine}
+    if mine == ["global"] and theirs:
+        return {"global": list(theirs)}
+    if theirs == ["global"]:
+        return {label: ["global"] for label in mine}
     raise VerifyError(f"{other_dir}'s adapters ({', '.join(theirs)}) do not match the run's ({', '.join(mine)}): "
-                      "compare runs whose adapters have the same labels, or where one run has a single adapter")
+                      "compare adapters of the same label, or a run's global adapter with the other's nodes")
 
 
 def _against(cfg, other_dir: Path) -> tuple[Path, dict[str, tuple[Path, str, Any]]]:

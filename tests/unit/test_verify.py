@@ -240,7 +240,10 @@ def test_against_pairs_a_global_adapter_with_each_node_of_a_local_run(fedavg_run
         mine, theirs = result["verify"]["item_results"], other["verify"]["item_results"]
         expected = sum(a - b for a, b in zip(mine["greedy"], theirs["greedy"])) / 6
         assert other["paired"]["greedy_accuracy"]["difference"] == pytest.approx(expected)
-    assert [r["adapter"] for r in verify(local_run, items_per_task=3, against=fedavg_run)] == ["node 0", "node 1"]
+    reverse = verify(local_run, items_per_task=3, against=fedavg_run)  # each node against the one global adapter
+    assert [(r["adapter"], [o["adapter"] for o in r["against"]]) for r in reverse] == [("node 0", ["global"]),
+                                                                                       ("node 1", ["global"])]
+    assert len(scored) == 6  # two nodes, and the global adapter once for both
     assert pubswap(["verify", str(fedavg_run), "--items-per-task", "3", "--against", str(local_run)]) == 0
     out = capsys.readouterr().out
     assert "against node 0 adapter" in out and "against node 1 adapter" in out
@@ -263,11 +266,25 @@ def test_against_refuses_unmatched_adapters_before_scoring_any(local_run, tmp_pa
     (["node 0", "node 1"], ["node 0", "node 1", "node 2"], {"node 0": ["node 0"], "node 1": ["node 1"]}),
     (["global"], ["node 0", "node 1"], {"global": ["node 0", "node 1"]}),
     (["node 0", "node 1"], ["global"], {"node 0": ["global"], "node 1": ["global"]}),
+    (["node 1"], ["node 0", "node 1"], {"node 1": ["node 1"]}),
 ])
 def test_pairings(mine, theirs, expected, tmp_path):
     from pubswap_flwr.results.verify import pairings
 
     assert pairings(mine, theirs, tmp_path) == expected
+
+
+@pytest.mark.parametrize("mine, theirs", [
+    (["node 0", "node 1"], ["node 0"]),  # node 1 would meet another partition's node
+    (["node 2"], ["node 0", "node 1"]),
+    (["global"], []),
+])
+def test_pairings_never_cross_partitions(mine, theirs, tmp_path):
+    from pubswap_flwr.results.verify import pairings
+
+    with pytest.raises(VerifyError, match=r"do not match the run's .*: compare adapters of the same label, or a run's "
+                                          r"global adapter with the other's nodes"):
+        pairings(mine, theirs, tmp_path)
 
 
 def test_against_refuses_a_run_of_other_tasks(fedavg_run, tmp_path):
