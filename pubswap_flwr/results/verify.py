@@ -190,11 +190,9 @@ def verify(run_dir: Path, data_seed: int | None = None, items_per_task: int | No
     except TaskError as err:
         raise VerifyError(f"{run_dir / 'config.json'}: its tasks cannot be drawn: {str(err)[:300]}") from None
     overlap = sum(1 for i in items if question_key(i.question) in run_items)
-    other = _against(cfg, Path(against)) if against is not None else None
-    pairs = pairings([label for label, *_ in found], list(other[1]), other[0]) if other is not None else {}
-    bases = [base for _, _, base, *_ in found]
-    if other is not None:
-        bases += [other[1][label][1] for labels in pairs.values() for label in labels]
+    other_dir, adapters = _against(cfg, Path(against)) if against is not None else (None, {})
+    pairs = pairings([label for label, *_ in found], list(adapters), other_dir) if other_dir is not None else {}
+    bases = [base for _, _, base, *_ in found] + [adapters[label][1] for labels in pairs.values() for label in labels]
     for base in dict.fromkeys(bases):  # each base model's template once, before minutes of scoring
         if is_local_folder(base):
             check_chat_template(base, items, cfg.tasks.template, TEMPLATE_SECONDS)
@@ -210,8 +208,7 @@ def verify(run_dir: Path, data_seed: int | None = None, items_per_task: int | No
         result = {"adapter": label, "folder": str(folder), "base": base, "run_round": round_number,
                   "run": theirs, "verify": mine, "data_seed": seed, "items": len(items), "shared_questions": overlap,
                   "rewards_note": rewards_note}
-        if other is not None:
-            other_dir, adapters = other
+        if other_dir is not None:
             result["against"] = []
             for other_label in pairs[label]:
                 other_folder, other_base, other_weights = adapters[other_label]
