@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Mapping
+from typing import Callable, Mapping
 
 from .statistics import CONFIDENCE, NAN, Interval, t_quantile
 
@@ -72,34 +72,44 @@ def last_evaluated(run) -> int | None:
     return rounds[-1] if rounds else None
 
 
-def run_items(run, round_number: int | None, metric: str) -> dict[str, float] | None:
-    """One run's per-item values of `metric` at a round, or None when the run did not record them."""
+ItemFilter = Callable[[str], bool]  # keeps an item uid (e.g. one task's items)
+
+
+def run_items(run, round_number: int | None, metric: str, keep: ItemFilter | None = None
+              ) -> dict[str, float] | None:
+    """One run's per-item values of `metric` at a round (only the items `keep` accepts, when given), or None when the
+    run did not record them or none is kept."""
     if round_number is None:
         return None
-    return run.items.get(round_number, {}).get(metric) or None
+    values = run.items.get(round_number, {}).get(metric) or {}
+    if keep is not None:
+        values = {uid: value for uid, value in values.items() if keep(uid)}
+    return values or None
 
 
-def paired_item_interval(arm_runs: list, base_runs: list, metric: str) -> Interval | None:
-    """Arm minus baseline at each run's last evaluated round over seeds x items, or None when any paired run lacks
-    per-item results (the caller then falls back to the seeds-only interval)."""
+def paired_item_interval(arm_runs: list, base_runs: list, metric: str, keep: ItemFilter | None = None
+                         ) -> Interval | None:
+    """Arm minus baseline at each run's last evaluated round over seeds x items (the items `keep` accepts), or None
+    when any paired run lacks per-item results (the caller then falls back to the seeds-only interval)."""
     base = {r.seed: r for r in base_runs}
     arm_table, base_table = {}, {}
     for run in arm_runs:
         if run.seed not in base:
             continue
-        mine = run_items(run, last_evaluated(run), metric)
-        theirs = run_items(base[run.seed], last_evaluated(base[run.seed]), metric)
+        mine = run_items(run, last_evaluated(run), metric, keep)
+        theirs = run_items(base[run.seed], last_evaluated(base[run.seed]), metric, keep)
         if mine is None or theirs is None:
             return None
         arm_table[run.seed], base_table[run.seed] = mine, theirs
     return two_way_interval(difference_table(arm_table, base_table)) if arm_table else None
 
 
-def learning_item_interval(runs: list, metric: str) -> Interval | None:
-    """Last evaluated round minus round 0 over seeds x items, or None when any run lacks per-item results."""
+def learning_item_interval(runs: list, metric: str, keep: ItemFilter | None = None) -> Interval | None:
+    """Last evaluated round minus round 0 over seeds x items (the items `keep` accepts), or None when any run lacks
+    per-item results."""
     last_table, first_table = {}, {}
     for run in runs:
-        last, first = run_items(run, last_evaluated(run), metric), run_items(run, 0, metric)
+        last, first = run_items(run, last_evaluated(run), metric, keep), run_items(run, 0, metric, keep)
         if last is None or first is None:
             return None
         last_table[run.seed], first_table[run.seed] = last, first

@@ -37,6 +37,7 @@ class RunSummary:
     # round -> metric (greedy_accuracy, sampled_accuracy) -> item uid -> the item's value (eval_items.jsonl; {} for
     # runs made before it existed)
     items: dict[int, dict[str, dict[str, float]]] = field(default_factory=dict, repr=False)
+    item_tasks: dict[str, str] = field(default_factory=dict, repr=False)  # item uid -> its task, where recorded
     node_evals: dict[int, dict] = field(default_factory=dict)  # sapo: each node's own last held-out report, by index
 
 
@@ -83,16 +84,19 @@ def summarize_run(run_dir: Path) -> RunSummary:
     values.update(format_health(trained))
     arm, seed = arm_and_seed(run_dir)
     samples = {row["round"]: row["eval"].get("samples") for row in evaluated}
+    items, item_tasks = item_values(run_dir, samples)
     return RunSummary(arm, seed, run_dir, rows[-1].get("mode", "?"), values, final.get("per_task", {}), rows,
-                      items=item_values(run_dir, samples), node_evals=node_evals)
+                      items=items, item_tasks=item_tasks, node_evals=node_evals)
 
 
 def item_values(run_dir: Path, samples_by_round: dict[int, int | None] | None = None
-                ) -> dict[int, dict[str, dict[str, float]]]:
+                ) -> tuple[dict[int, dict[str, dict[str, float]]], dict[str, str]]:
     """Per evaluated round, each held-out item's greedy (0/1) and sampled (share of samples right) accuracy from
-    eval_items.jsonl: the global adapter's, or (SAPO) the mean over the nodes that reported the item. A record
-    without its `samples` (the first runs that wrote the file) takes the round's eval.samples from metrics.jsonl."""
+    eval_items.jsonl: the global adapter's, or (SAPO) the mean over the nodes that reported the item; and each item's
+    task where the records name it. A record without its `samples` (the first runs that wrote the file) takes the
+    round's eval.samples from metrics.jsonl."""
     out: dict[int, dict[str, dict[str, float]]] = {}
+    tasks: dict[str, str] = {}
     for row in read_eval_items(run_dir):
         records = [row["global"]] if isinstance(row.get("global"), dict) else [
             value for key, value in row.items() if key != "round" and isinstance(value, dict)]
@@ -100,6 +104,8 @@ def item_values(run_dir: Path, samples_by_round: dict[int, int | None] | None = 
         for raw in records:
             record = parse(raw, EvalItemsRecord, f"{run_dir}: eval_items.jsonl round {row['round']}", ValueError)
             samples = record.samples or (samples_by_round or {}).get(row["round"]) or 1
+            if record.tasks is not None and len(record.tasks) == len(record.uids):
+                tasks.update(zip(record.uids, record.tasks))
             for metric, counts, scale in (("greedy_accuracy", record.greedy, 1),
                                           ("sampled_accuracy", record.sampled, samples)):
                 if counts is None or len(counts) != len(record.uids):
@@ -109,7 +115,7 @@ def item_values(run_dir: Path, samples_by_round: dict[int, int | None] | None = 
                     target.setdefault(uid, []).append(count / scale)
         out[row["round"]] = {metric: {uid: statistics.fmean(v) for uid, v in values.items()}
                              for metric, values in sums.items()}
-    return out
+    return out, tasks
 
 
 def _node_evals(rows: list[dict], final: dict) -> dict[int, dict]:

@@ -25,6 +25,7 @@ from .plots import arm_styles, remove_stale_plots, write_plots
 from .shortcut_lines import shortcut_lines
 from .statistics import CONFIDENCE
 from .summaries import RunSummary, group, summarize_run
+from .task_differences import task_difference_lines
 
 DEFAULT_TITLE = "pubswap-flwr comparison"
 SUMMARY_FILE = "summary.json"
@@ -126,6 +127,7 @@ def write_report(out: Path, run_dirs: list[Path], *, failures: dict[tuple[str, i
     lines += self_reported_lines(arms)
     lines += per_task_lines(arms, runs)
     lines += shortcut_lines(arms, runs, summary)
+    lines += task_difference_lines(arms, baseline, runs, summary)
     lines += learning_lines(arms, summary)
     lines += format_lines(arms, summary)
     lines += failure_lines(failures)

@@ -265,9 +265,11 @@ class RunStatusFile(Struct):
 
 
 class EvalItemsRecord(Struct):
-    """One adapter's per-item counts in an eval_items.jsonl row (counts of another length than uids are skipped)."""
+    """One adapter's per-item counts in an eval_items.jsonl row (counts or tasks of another length than uids are
+    skipped)."""
 
     uids: list[str]
+    tasks: list[str] | None = None
     samples: Annotated[float, Meta(gt=0)] | None = None
     greedy: list[float] | None = None
     sampled: list[float] | None = None
