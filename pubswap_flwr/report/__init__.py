@@ -5,18 +5,18 @@ with one seed), wall time as the median and range over seeds; each arm minus a b
 sweep see the same question streams and held-out items for a given seed), with the paired-t interval of the mean
 difference; every run's final numbers (with the standard error of its held-out sampled pass@1 over items when the
 metrics carry one); a per-task breakdown, and where runs recorded each item's result and task (eval_items.jsonl)
-each task's paired difference and change since round 0 over seeds x items; failures. Plots: held-out accuracy,
-reward per round, cumulative reward, client drift, bytes per round (each with a 95% CI band over seeds, one fixed
-colour and marker per arm in every figure, in the sweep's order of the arms; one line style per arm where arms draw
-the same line), and the per-round paired difference to the baseline (its band: the 95% CI of the paired mean
-difference over seeds). A figure or panel no arm has data for is left out.
+each task's paired difference and change since round 0 over seeds x items; the clients' drift at aggregation;
+failures. Plots: held-out accuracy, reward per round, cumulative reward, client drift, bytes per round (each with a
+95% CI band over seeds, one fixed colour and marker per arm in every figure, in the sweep's order of the arms; one
+line style per arm where arms draw the same line), and the per-round paired difference to the baseline (its band:
+the 95% CI of the paired mean difference over seeds). A figure or panel no arm has data for is left out.
 
 An existing report.md is never replaced unless `force` is given; a regenerated report keeps the title, notes and
 the command that made the runs from the summary.json the previous one left, unless new ones are given.
 
 The package, by job: summaries (one run's numbers from its metrics), statistics (t intervals, paired differences),
 curves (per-round means over seeds), plots, formatting (cells and summary.json records), markdown (report.md's
-sections; shortcut_lines and task_differences hold two of them) and writer (write_report).
+sections; shortcut_lines, task_differences and drift_lines hold three of them) and writer (write_report).
 """
 
 from .curves import PICKS, band, paired_band

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..server.metrics import json_safe
 from ..untrusted import UntrustedFileError, check_no_links, is_present, parse_json, read_bytes, write_replacing
+from .drift_lines import drift_lines
 from .formatting import code_span
 from .markdown import (
     arms_table_lines,
@@ -130,6 +131,7 @@ def write_report(out: Path, run_dirs: list[Path], *, failures: dict[tuple[str, i
     lines += task_difference_lines(arms, baseline, runs, summary)
     lines += learning_lines(arms, summary)
     lines += format_lines(arms, summary)
+    lines += drift_lines(arms, summary)
     lines += failure_lines(failures)
     styles = arm_styles(arms)
     check_no_links(out / "plots", out)

@@ -10,6 +10,7 @@ from pubswap_flwr.report import write_report
 from pubswap_flwr.report.formatting import fmt_ci
 from pubswap_flwr.report.item_intervals import two_way_interval
 from pubswap_flwr.report.summaries import item_values
+from tests.report_tables import table_row
 
 UIDS = ["eval/gcd/0", "eval/gcd/1", "eval/chain_sum/0", "eval/chain_sum/1"]
 TASKS = ["gcd", "gcd", "chain_sum", "chain_sum"]
@@ -43,12 +44,6 @@ def _run(root: Path, arm: str, seed: int, final: list[int], start: list[int] | N
     return run
 
 
-def _row(text: str, label: str) -> list[str]:
-    section = text.split("## Per task, over seeds × items", 1)[1].split("\n## ", 1)[0]
-    line = next(line for line in section.splitlines() if line.startswith(f"| {label} |"))
-    return [cell.strip() for cell in line.strip("|").split("|")][1:]
-
-
 def _sweep(root: Path) -> list[Path]:
     # the arm solves gcd item 0 in seeds 0-1 and both gcd items in seed 2; chain_sum is the baseline's in every seed
     runs = [_run(root, "base", s, [0, 0, 2, 2]) for s in range(3)]
@@ -59,17 +54,21 @@ def _sweep(root: Path) -> list[Path]:
 def test_each_task_gets_the_paired_difference_of_its_own_items_over_seeds_and_items(tmp_path):
     text = write_report(tmp_path / "out", _sweep(tmp_path / "runs"), arm_order=["base", "arm"]).read_text()
     assert "## Per task, over seeds × items" in text
+
+    def row(label: str) -> list[str]:
+        return table_row(text, "Per task, over seeds × items", label)
+
     header = next(line for line in text.splitlines() if line.startswith("| | "))
     assert header == "| | chain_sum | gcd |"
     gcd = two_way_interval({0: {"eval/gcd/0": 1.0, "eval/gcd/1": 0.0}, 1: {"eval/gcd/0": 1.0, "eval/gcd/1": 0.0},
                             2: {"eval/gcd/0": 1.0, "eval/gcd/1": 1.0}})
     assert abs(gcd.mean - 4 / 6) < 1e-12 and gcd.has_interval
-    assert _row(text, "arm − base") == ["0.000 [0.000, 0.000]", fmt_ci(gcd, 3, True)]
+    assert row("arm − base") == ["0.000 [0.000, 0.000]", fmt_ci(gcd, 3, True)]
     # change since round 0: chain_sum item 0 stays at 0.5, item 1 rises 0 -> 0.5 in every seed; the baseline moves
     # only on chain_sum (0 -> 0.5 on both items)
     chain = two_way_interval({s: {"eval/chain_sum/0": 0.0, "eval/chain_sum/1": 0.5} for s in range(3)})
-    assert _row(text, "arm: last − round 0") == [fmt_ci(chain, 3, True), fmt_ci(gcd, 3, True)]
-    assert _row(text, "base: last − round 0") == ["+0.500 [+0.500, +0.500]", "0.000 [0.000, 0.000]"]
+    assert row("arm: last − round 0") == [fmt_ci(chain, 3, True), fmt_ci(gcd, 3, True)]
+    assert row("base: last − round 0") == ["+0.500 [+0.500, +0.500]", "0.000 [0.000, 0.000]"]
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     cell = summary["per_task"]["arm - base"]["gcd"]
     assert cell["mean"] == gcd.mean and cell["ci_low"] == gcd.low and cell["n"] == 3

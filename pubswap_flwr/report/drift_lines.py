@@ -1,0 +1,48 @@
+"""report.md's 'Client drift': how far apart the clients' adapters were when the server averaged them, per arm.
+
+PubSwap's argument for swapping grows with drift (clients that train longer between averages move apart and have
+more to give each other), so a sweep over tau or strategies shows the drift beside the result it explains.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from ..metrics_schema import PARAMETER_DRIFT
+from .formatting import escape_markdown as md
+from .formatting import fmt_ci, interval_json
+from .statistics import CONFIDENCE, mean_ci
+from .summaries import RunSummary
+
+Arms = dict[str, list[RunSummary]]
+
+
+def _drifts(run: RunSummary) -> list[float]:
+    """The run's parameter_drift per aggregated round, in round order (rounds without one left out)."""
+    return [float(row[PARAMETER_DRIFT]) for row in run.rows
+            if isinstance(row.get(PARAMETER_DRIFT), (int, float)) and not isinstance(row.get(PARAMETER_DRIFT), bool)]
+
+
+def drift_lines(arms: Arms, summary: dict) -> list[str]:
+    """The section, for the arms whose every run recorded drift (FedAvg-style aggregation; a SAPO swarm averages
+    nothing); fills summary["drift"]."""
+    per_arm = {arm: [_drifts(r) for r in members] for arm, members in arms.items()}
+    shown = {arm: runs for arm, runs in per_arm.items() if runs and all(runs)}
+    if not shown:
+        return []
+    lines = ["", "## Client drift", "",
+             "The L2 distance between two clients' adapter weights when the server averaged them (parameter_drift: "
+             "mean over client pairs, after each round's local steps): at the first and the last aggregated round and "
+             f"the mean over rounds, each a mean over seeds with its {CONFIDENCE:.0%} interval (t over seeds).", "",
+             "| arm | first round | last round | mean over rounds | rounds |", "|---|---|---|---|---|"]
+    summary["drift"] = {}
+    for arm, runs in shown.items():
+        first, last = [d[0] for d in runs], [d[-1] for d in runs]
+        means = [statistics.fmean(d) for d in runs]
+        summary["drift"][arm] = {"first": interval_json(mean_ci(first), first),
+                                 "last": interval_json(mean_ci(last), last),
+                                 "mean": interval_json(mean_ci(means), means)}
+        counts = sorted({len(d) for d in runs})
+        lines.append(f"| {md(arm)} | {fmt_ci(mean_ci(first))} | {fmt_ci(mean_ci(last))} | {fmt_ci(mean_ci(means))} | "
+                     + "–".join(map(str, (counts[0], counts[-1]) if len(counts) > 1 else counts)) + " |")
+    return lines
