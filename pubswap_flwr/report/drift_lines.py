@@ -6,11 +6,12 @@ more to give each other), so a sweep over tau or strategies shows the drift besi
 
 from __future__ import annotations
 
+import math
 import statistics
 
 from ..metrics_schema import PARAMETER_DRIFT
 from .formatting import escape_markdown as md
-from .formatting import fmt_ci, interval_json
+from .formatting import fmt_ci, fmt_rounds, interval_json
 from .statistics import CONFIDENCE, mean_ci
 from .summaries import RunSummary
 
@@ -18,9 +19,18 @@ Arms = dict[str, list[RunSummary]]
 
 
 def _drifts(run: RunSummary) -> list[float]:
-    """The run's parameter_drift per aggregated round, in round order (rounds without one left out)."""
-    return [float(row[PARAMETER_DRIFT]) for row in run.rows
-            if isinstance(row.get(PARAMETER_DRIFT), (int, float)) and not isinstance(row.get(PARAMETER_DRIFT), bool)]
+    """The run's parameter_drift per aggregated round, in round order; ValueError naming the run and round for a value
+    that is not a finite number (metrics.jsonl is someone else's file)."""
+    out = []
+    for row in run.rows:
+        value = row.get(PARAMETER_DRIFT)
+        if value is None:
+            continue
+        if not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"{run.run_dir}: metrics.jsonl round {row.get('round')}: {PARAMETER_DRIFT} is "
+                             f"{value!r}, not a finite number")
+        out.append(float(value))
+    return out
 
 
 def drift_lines(arms: Arms, summary: dict) -> list[str]:
@@ -42,7 +52,6 @@ def drift_lines(arms: Arms, summary: dict) -> list[str]:
         summary["drift"][arm] = {"first": interval_json(mean_ci(first), first),
                                  "last": interval_json(mean_ci(last), last),
                                  "mean": interval_json(mean_ci(means), means)}
-        counts = sorted({len(d) for d in runs})
         lines.append(f"| {md(arm)} | {fmt_ci(mean_ci(first))} | {fmt_ci(mean_ci(last))} | {fmt_ci(mean_ci(means))} | "
-                     + "–".join(map(str, (counts[0], counts[-1]) if len(counts) > 1 else counts)) + " |")
+                     f"{fmt_rounds([len(d) for d in runs])} |")
     return lines

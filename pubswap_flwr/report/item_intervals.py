@@ -87,30 +87,56 @@ def run_items(run, round_number: int | None, metric: str, keep: ItemFilter | Non
     return values or None
 
 
-def paired_item_interval(arm_runs: list, base_runs: list, metric: str, keep: ItemFilter | None = None
-                         ) -> Interval | None:
-    """Arm minus baseline at each run's last evaluated round over seeds x items (the items `keep` accepts), or None
-    when any paired run lacks per-item results (the caller then falls back to the seeds-only interval)."""
+def paired_item_table(arm_runs: list, base_runs: list, metric: str, keep: ItemFilter | None = None
+                      ) -> dict[int, dict[str, float]] | None:
+    """seed -> item -> arm minus baseline at the last evaluated round (the items `keep` accepts), or None when any
+    paired run lacks per-item results or the two runs of a seed last evaluated different rounds (a partial run)."""
     base = {r.seed: r for r in base_runs}
     arm_table, base_table = {}, {}
     for run in arm_runs:
         if run.seed not in base:
             continue
-        mine = run_items(run, last_evaluated(run), metric, keep)
-        theirs = run_items(base[run.seed], last_evaluated(base[run.seed]), metric, keep)
+        at = last_evaluated(run)
+        if at != last_evaluated(base[run.seed]):
+            return None
+        mine, theirs = run_items(run, at, metric, keep), run_items(base[run.seed], at, metric, keep)
         if mine is None or theirs is None:
             return None
         arm_table[run.seed], base_table[run.seed] = mine, theirs
-    return two_way_interval(difference_table(arm_table, base_table)) if arm_table else None
+    return difference_table(arm_table, base_table) if arm_table else None
 
 
-def learning_item_interval(runs: list, metric: str, keep: ItemFilter | None = None) -> Interval | None:
-    """Last evaluated round minus round 0 over seeds x items (the items `keep` accepts), or None when any run lacks
-    per-item results."""
+def learning_item_table(runs: list, metric: str, keep: ItemFilter | None = None
+                        ) -> dict[int, dict[str, float]] | None:
+    """seed -> item -> last evaluated round minus round 0 (the items `keep` accepts), or None when any run lacks
+    per-item results or was evaluated at round 0 alone."""
     last_table, first_table = {}, {}
     for run in runs:
-        last, first = run_items(run, last_evaluated(run), metric, keep), run_items(run, 0, metric, keep)
+        at = last_evaluated(run)
+        if not at:
+            return None
+        last, first = run_items(run, at, metric, keep), run_items(run, 0, metric, keep)
         if last is None or first is None:
             return None
         last_table[run.seed], first_table[run.seed] = last, first
-    return two_way_interval(difference_table(last_table, first_table)) if last_table else None
+    return difference_table(last_table, first_table) if last_table else None
+
+
+def seed_means(table: ItemTable) -> list[float]:
+    """Each seed's mean over the items every seed has (the per-seed values behind two_way_interval's mean)."""
+    items = common_items(table)
+    return [statistics.fmean(float(table[s][i]) for i in items) for s in sorted(table)] if items else []
+
+
+def paired_item_interval(arm_runs: list, base_runs: list, metric: str, keep: ItemFilter | None = None
+                         ) -> Interval | None:
+    """two_way_interval of paired_item_table (None where it is None: the caller then falls back to the seeds-only
+    interval)."""
+    table = paired_item_table(arm_runs, base_runs, metric, keep)
+    return None if table is None else two_way_interval(table)
+
+
+def learning_item_interval(runs: list, metric: str, keep: ItemFilter | None = None) -> Interval | None:
+    """two_way_interval of learning_item_table (None where it is None)."""
+    table = learning_item_table(runs, metric, keep)
+    return None if table is None else two_way_interval(table)

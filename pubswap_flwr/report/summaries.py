@@ -93,10 +93,11 @@ def item_values(run_dir: Path, samples_by_round: dict[int, int | None] | None = 
                 ) -> tuple[dict[int, dict[str, dict[str, float]]], dict[str, str]]:
     """Per evaluated round, each held-out item's greedy (0/1) and sampled (share of samples right) accuracy from
     eval_items.jsonl: the global adapter's, or (SAPO) the mean over the nodes that reported the item; and each item's
-    task where the records name it. A record without its `samples` (the first runs that wrote the file) takes the
-    round's eval.samples from metrics.jsonl."""
+    task where the records name it ({} when two records name different tasks for one item). A record without its
+    `samples` (the first runs that wrote the file) takes the round's eval.samples from metrics.jsonl."""
     out: dict[int, dict[str, dict[str, float]]] = {}
     tasks: dict[str, str] = {}
+    conflicted = False
     for row in read_eval_items(run_dir):
         records = [row["global"]] if isinstance(row.get("global"), dict) else [
             value for key, value in row.items() if key != "round" and isinstance(value, dict)]
@@ -105,7 +106,9 @@ def item_values(run_dir: Path, samples_by_round: dict[int, int | None] | None = 
             record = parse(raw, EvalItemsRecord, f"{run_dir}: eval_items.jsonl round {row['round']}", ValueError)
             samples = record.samples or (samples_by_round or {}).get(row["round"]) or 1
             if record.tasks is not None and len(record.tasks) == len(record.uids):
-                tasks.update(zip(record.uids, record.tasks))
+                for uid, task in zip(record.uids, record.tasks):
+                    if tasks.setdefault(uid, task) != task:
+                        conflicted = True  # two nodes or rounds name different tasks: trust none of them
             for metric, counts, scale in (("greedy_accuracy", record.greedy, 1),
                                           ("sampled_accuracy", record.sampled, samples)):
                 if counts is None or len(counts) != len(record.uids):
@@ -115,7 +118,7 @@ def item_values(run_dir: Path, samples_by_round: dict[int, int | None] | None = 
                     target.setdefault(uid, []).append(count / scale)
         out[row["round"]] = {metric: {uid: statistics.fmean(v) for uid, v in values.items()}
                              for metric, values in sums.items()}
-    return out, tasks
+    return out, {} if conflicted else tasks
 
 
 def _node_evals(rows: list[dict], final: dict) -> dict[int, dict]:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from pubswap_flwr.report import write_report
 from pubswap_flwr.report.formatting import fmt_ci
 from pubswap_flwr.report.statistics import mean_ci
@@ -53,3 +55,11 @@ def test_arms_that_average_nothing_are_left_out_and_without_any_there_is_no_sect
     assert set(json.loads((tmp_path / "out" / "summary.json").read_text())["drift"]) == {"fedavg"}
     only_local = [_run(tmp_path / "b", "local", s, [None, None]) for s in range(2)]
     assert "## Client drift" not in write_report(tmp_path / "out-b", only_local).read_text()
+
+
+def test_a_drift_that_is_not_a_finite_number_is_refused_naming_the_run_and_round(tmp_path):
+    for name, bad in (("inf", float("inf")), ("nan", float("nan"))):
+        runs = [_run(tmp_path / name, "fedavg", 0, [0.8, bad]), _run(tmp_path / name, "fedavg", 1, [0.6, 0.2])]
+        with pytest.raises(ValueError, match=r"fedavg-s0: metrics.jsonl round 2: parameter_drift is (inf|nan), "
+                                             "not a finite number"):
+            write_report(tmp_path / f"out-{name}", runs)
