@@ -47,11 +47,10 @@ def drift_lines(arms: Arms, summary: dict) -> list[str]:
              "| arm | first round | last round | mean over rounds | rounds |", "|---|---|---|---|---|"]
     summary["drift"] = {}
     for arm, runs in shown.items():
-        first, last = [d[0] for d in runs], [d[-1] for d in runs]
-        means = [statistics.fmean(d) for d in runs]
-        summary["drift"][arm] = {"first": interval_json(mean_ci(first), first),
-                                 "last": interval_json(mean_ci(last), last),
-                                 "mean": interval_json(mean_ci(means), means)}
-        lines.append(f"| {md(arm)} | {fmt_ci(mean_ci(first))} | {fmt_ci(mean_ci(last))} | {fmt_ci(mean_ci(means))} | "
-                     f"{fmt_rounds([len(d) for d in runs])} |")
+        columns = {"first": [d[0] for d in runs], "last": [d[-1] for d in runs],
+                   "mean": [statistics.fmean(d) for d in runs]}
+        intervals = {key: mean_ci(values) for key, values in columns.items()}
+        summary["drift"][arm] = {key: interval_json(intervals[key], values) for key, values in columns.items()}
+        lines.append(f"| {md(arm)} | " + " | ".join(fmt_ci(i) for i in intervals.values())
+                     + f" | {fmt_rounds([len(d) for d in runs])} |")
     return lines
