@@ -215,7 +215,7 @@ def record_flower_outcome(run_dir: Path, run_id: str, row: dict) -> None:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from .compare import run_status
+    from .server.metrics import read_status
 
     try:
         config: dict[str, Any] = json.loads(args.json) if args.json else {}
@@ -251,8 +251,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     else:
         simulate(config, args.nodes, cpus_per_client=args.cpus_per_client, gpus_per_client=args.gpus_per_client,
                  ray_address=address)
-    if run_dir is not None and run_status(run_dir).get("status") != "completed":
-        print(f"run did not complete: {run_status(run_dir)}", file=sys.stderr)
+    if run_dir is not None and (status := read_status(run_dir)).get("status") != "completed":
+        print(f"run did not complete: {status}", file=sys.stderr)
         return 1
     return 0
 

@@ -40,7 +40,7 @@ from msgspec import Meta, Struct
 from .config import ConfigError, ExperimentConfig, flatten, load_toml
 from .places import outside_checkout, resolve_output
 from .schema import parse_value_of
-from .server.metrics import STATUS_FILE
+from .server.metrics import UNREADABLE, read_status
 from .tasks.splits import MAX_NODES
 from .untrusted import one_line
 
@@ -170,16 +170,6 @@ class OutcomeEntry(Struct):
                    outcome.reused, str(outcome.run_dir))
 
 
-def run_status(run_dir: Path) -> dict:
-    path = run_dir / STATUS_FILE
-    if not path.is_file():
-        return {}
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError:
-        return {}
-
-
 def run_one(config: dict[str, Any], nodes: int, cpus_per_client: int, timeout_s: float, log_path: Path,
             gpus_per_client: float = 0.0, ray_address: str | None = None) -> tuple[int, str]:
     """One run in a fresh process through Flower's simulation engine, on this machine or on the Ray cluster at
@@ -222,11 +212,16 @@ def run_sweep(sweep: Sweep, out: Path, only: list[str] | None = None, dry_run: b
                 log.error("%s", arm.error)
                 outcomes.append(RunOutcome(arm.name, seed, run_dir, "skipped-invalid", arm.error))
                 continue
-            status = run_status(run_dir)
+            status = read_status(run_dir)
             if status.get("status") == "completed":
                 log.info("%s seed %d: already complete, skipped", arm.name, seed)
-                outcomes.append(RunOutcome(arm.name, seed, run_dir, "completed", status.get("detail", ""),
-                                           float(status.get("elapsed_s", 0)), reused=True))
+                outcomes.append(RunOutcome(arm.name, seed, run_dir, "completed", status["detail"],
+                                           status["elapsed_s"] or 0.0, reused=True))
+                continue
+            if status.get("status") == UNREADABLE:  # never cleared unseen: it may be a finished run
+                detail = f"{status['detail']}; move the run folder away (or mend the file) to run it again"
+                log.error("%s seed %d: %s", arm.name, seed, detail)
+                outcomes.append(RunOutcome(arm.name, seed, run_dir, "failed", detail))
                 continue
             if dry_run:
                 log.info("%s seed %d: would run %s", arm.name, seed, sweep.config_for(arm, seed, out))
@@ -244,7 +239,7 @@ def run_sweep(sweep: Sweep, out: Path, only: list[str] | None = None, dry_run: b
             code, tail = run_one(sweep.config_for(arm, seed, out), sweep.nodes, sweep.cpus_per_client,
                                  sweep.timeout_s, out / "logs" / f"{sweep.run_name(arm.name, seed)}.log",
                                  sweep.gpus_per_client, sweep.ray_address)
-            status = run_status(run_dir)
+            status = read_status(run_dir)
             ok = code == 0 and status.get("status") == "completed"
             detail = status.get("detail") or tail
             outcome = RunOutcome(arm.name, seed, run_dir, "completed" if ok else "failed",
@@ -297,7 +292,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     (out / "outcomes.json").write_text(json.dumps(merged_outcomes(out / "outcomes.json", sweep, entries), indent=2))
     # Every completed run of the sweep on disk (an --only invocation keeps the other arms in the report).
     completed = [out / "runs" / sweep.run_name(arm.name, seed) for arm in sweep.arms for seed in sweep.seeds
-                 if run_status(out / "runs" / sweep.run_name(arm.name, seed)).get("status") == "completed"]
+                 if read_status(out / "runs" / sweep.run_name(arm.name, seed)).get("status") == "completed"]
     failed = [o for o in outcomes if is_failure(o.status)]
     pending = [o for o in outcomes if o.status == NOT_RUN]
     report = write_report(out, completed, failures={(o.arm, o.seed): o.detail for o in failed},

@@ -23,9 +23,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from pubswap_flwr.compare import load_sweep, run_status
+from pubswap_flwr.compare import load_sweep
 from pubswap_flwr.places import resolve_output
 from pubswap_flwr.report import write_report
+from pubswap_flwr.server.metrics import UNREADABLE, read_status
 
 DRY = {"model.name": "embedded:tiny", "model.node-models": "", "num-server-rounds": 2, "train.local-steps": 2,
        "train.prompts-per-step": 2, "eval.items-per-task": 4, "eval.samples": 2, "eval.every": 0,
@@ -72,15 +73,19 @@ def main() -> None:
 
     def one(job):
         sweep, arm, seed, config, run_dir = job
-        if run_status(run_dir).get("status") == "completed":
+        before = read_status(run_dir)
+        if before.get("status") == "completed":
             return job, "completed", 0.0, True
+        if before.get("status") == UNREADABLE:  # never cleared unseen: it may be a finished run
+            print(f"{sweep.name} {arm} seed {seed}: NOT RUN: {before['detail']}", flush=True)
+            return job, "failed", 0.0, False
         if run_dir.exists():
             import shutil
 
             shutil.rmtree(run_dir)
         begun = time.time()
         code = run(config, sweep.nodes, args.out / sweep.name / "logs" / f"{run_dir.name}.log", env)
-        status = run_status(run_dir).get("status")
+        status = read_status(run_dir).get("status")
         ok = code == 0 and status == "completed"
         print(f"[{time.time() - started:6.0f} s] {sweep.name} {arm} seed {seed}: "
               f"{'completed' if ok else f'FAILED (exit {code}, status {status})'} in {time.time() - begun:.0f} s",

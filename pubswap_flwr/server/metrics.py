@@ -15,7 +15,7 @@ from msgspec import Meta, Struct
 
 from .. import metrics_schema as ms
 from ..config import ExperimentConfig
-from ..schema import parse
+from ..schema import parse, parse_value_of
 
 log = logging.getLogger("pubswap_flwr")
 
@@ -25,6 +25,8 @@ CONFIG_FILE = "config.json"
 STATUS_FILE = "status.json"
 EVAL_ITEMS_FILE = "eval_items.jsonl"  # per evaluated round, each held-out item's correct counts (item-level intervals)
 STOPPED = "stopped"
+UNREADABLE = "unreadable"  # read_status of a status.json that cannot be read or is not a run's status
+MAX_STATUS_BYTES = 1 << 20  # write_status writes one line with the reason; the reason quotes at most a log's tail
 STOP_DETAIL = "stopped before its last round: `flwr stop`, or its process was told to exit (SIGINT/SIGTERM)"
 
 
@@ -150,12 +152,19 @@ def final_adapters(run_dir: Path, holds_global_adapter: bool) -> str:
 
 
 def read_status(run_dir: Path) -> dict:
-    """status.json's content ({} when there is none or it cannot be read)."""
-    try:
-        status = json.loads((Path(run_dir) / STATUS_FILE).read_text())
-    except (OSError, json.JSONDecodeError):
+    """status.json's `status`, `detail` and `elapsed_s`: {} when there is none, and `status` UNREADABLE with the
+    reason as `detail` when it cannot be read or is not a run's status (write_status replaces the file whole, so
+    that is someone else's file or a damaged disk): no caller may take such a run for completed, or for nothing."""
+    from ..untrusted import UntrustedFileError, is_present, read_json
+
+    path = Path(run_dir) / STATUS_FILE
+    if not is_present(path):
         return {}
-    return status if isinstance(status, dict) else {}
+    try:
+        record = parse_value_of(path, read_json(path, limit=MAX_STATUS_BYTES), RunStatusFile, UntrustedFileError)
+    except UntrustedFileError as err:
+        return {"status": UNREADABLE, "detail": str(err), "elapsed_s": None}
+    return {"status": record.status, "detail": record.detail, "elapsed_s": record.elapsed_s}
 
 
 def mark_stopped(run_dir: Path, detail: str) -> bool:
@@ -258,10 +267,11 @@ class SamplingSettings(Struct):
 
 
 class RunStatusFile(Struct):
-    """status.json as the report reads it."""
+    """status.json as write_status writes it (other keys are ignored)."""
 
     status: str = ""
-    elapsed_s: float | None = None
+    detail: str = ""
+    elapsed_s: Annotated[float, Meta(ge=0)] | None = None
 
 
 class EvalItemsRecord(Struct):

@@ -1,4 +1,5 @@
-"""Sweep files: the shipped comparison presets parse with valid arms; bad sweep files give clear errors."""
+"""Sweep files: the shipped comparison presets parse with valid arms; bad sweep files give clear errors; a sweep skips
+completed runs, runs a failed attempt again, and keeps a run whose status.json it cannot read (a failure, named)."""
 
 from __future__ import annotations
 
@@ -95,3 +96,74 @@ def test_outcomes_of_an_only_invocation_keep_the_other_runs_in_sweep_order(tmp_p
     path.write_text("{not json")
     assert merged_outcomes(path, sweep, now) == [now[1], now[0]]
     assert "is not JSON" in caplog.text
+
+
+def _one_arm_sweep(tmp_path, monkeypatch):
+    """A one-arm, one-seed sweep whose run launcher records what it would have run."""
+    from pubswap_flwr import compare
+
+    path = tmp_path / "s.toml"
+    path.write_text('seeds = [3]\n[arms.a]\nstrategy.mode = "fedavg"\n')
+    launched: list = []
+    monkeypatch.setattr(compare, "run_one", lambda *a, **k: launched.append(a) or (0, ""))
+    return load_sweep(path), tmp_path / "out", launched
+
+
+@pytest.mark.parametrize("content, reason", [
+    ("{not json", "not JSON"),
+    ('{"status": "completed", "elapsed_s": "ten"}', "elapsed_s: expected `float | null`, got `str`"),
+    ('{"status": "completed", "elapsed_s": -1}', "elapsed_s: expected `float` >= 0"),
+    ('["completed"]', "expected `object`, got `array`"),
+])
+def test_a_run_whose_status_file_is_unreadable_is_a_failure_and_is_kept(tmp_path, monkeypatch, caplog, content,
+                                                                         reason):
+    from pubswap_flwr.compare import run_sweep
+    from pubswap_flwr.server.metrics import UNREADABLE, read_status
+
+    sweep, out, launched = _one_arm_sweep(tmp_path, monkeypatch)
+    run_dir = out / "runs" / sweep.run_name("a", 3)
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text('{"round": 0}\n')
+    (run_dir / "status.json").write_text(content)
+    status = read_status(run_dir)
+    assert status["status"] == UNREADABLE and str(run_dir / "status.json") in status["detail"]
+    assert reason in status["detail"]
+    for report_only in (False, True):
+        [outcome] = run_sweep(sweep, out, report_only=report_only)
+        assert outcome.status == "failed" and reason in outcome.detail
+        assert outcome.detail.endswith("move the run folder away (or mend the file) to run it again")
+    assert not launched  # never run over, never cleared
+    assert (run_dir / "metrics.jsonl").read_text() == '{"round": 0}\n'
+    assert "a seed 3: " + str(run_dir / "status.json") in caplog.text
+
+
+def test_a_status_file_that_is_a_link_is_not_followed(tmp_path):
+    from pubswap_flwr.server.metrics import UNREADABLE, read_status, write_status
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    write_status(elsewhere, "completed", "2 rounds", 10.0)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "status.json").symlink_to(elsewhere / "status.json")
+    status = read_status(run_dir)
+    assert status["status"] == UNREADABLE and "not a regular file" in status["detail"]
+    assert read_status(elsewhere) == {"status": "completed", "detail": "2 rounds", "elapsed_s": 10.0}
+    assert read_status(tmp_path / "none") == {}
+
+
+def test_a_completed_run_is_skipped_and_a_broken_attempt_run_again(tmp_path, monkeypatch):
+    from pubswap_flwr.compare import run_sweep
+    from pubswap_flwr.server.metrics import write_status
+
+    sweep, out, launched = _one_arm_sweep(tmp_path, monkeypatch)
+    run_dir = out / "runs" / sweep.run_name("a", 3)
+    run_dir.mkdir(parents=True)
+    write_status(run_dir, "completed", "1 round", 12.5)
+    [outcome] = run_sweep(sweep, out)
+    assert (outcome.status, outcome.seconds, outcome.reused, launched) == ("completed", 12.5, True, [])
+    write_status(run_dir, "failed", "exit 1")
+    (run_dir / "metrics.jsonl").write_text('{"round": 0}\n')
+    [outcome] = run_sweep(sweep, out)
+    assert len(launched) == 1 and not run_dir.exists()  # the failed attempt was cleared before running again
+    assert outcome.status == "failed" and outcome.detail == "exit 0: "
