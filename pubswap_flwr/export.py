@@ -6,11 +6,17 @@ import argparse
 import json
 import os
 import shutil
+import stat
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+import msgspec
+from msgspec import Meta, Struct
 
 from . import metrics_schema as schema
+from .schema import parse_value_of
+from .untrusted import UntrustedFileError, is_present, read_bytes, read_json
 
 # Light at import (the `pubswap` command registers this module's subcommand): torch, transformers and peft load
 # only when an adapter is saved, loaded or exported.
@@ -25,6 +31,50 @@ BASE_DIR = "base"  # an exported adapter of a base only this project can name sh
 
 class ExportError(ValueError):
     """The run or adapter folder cannot be exported; the message says what is missing."""
+
+
+# A folder someone else made (a colleague's run, a published result) is read as untrusted: its JSON files as declared
+# below, its weights as safetensors only (a pickled .bin is never loaded), no file through a link.
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+PICKLED_WEIGHTS = ("adapter_model.bin", "pytorch_model.bin")
+Line = Annotated[str, Meta(max_length=4096, pattern=r"^[^\x00-\x1f\x7f]*$")]  # one line: no YAML/markdown breaks
+Value = Line | int | float | bool | None
+
+
+class AdapterConfigFile(Struct):
+    """adapter_config.json as export reads it (PEFT writes many more keys)."""
+
+    base_model_name_or_path: Line | None = None
+    r: int | None = None
+    lora_alpha: int | float | None = None
+    target_modules: Line | list[Line] | None = None
+
+
+class CardTasks(Struct):
+    mix: Line
+    per_node: int | None = msgspec.field(default=None, name="per-node")
+    node_mixes: Line | None = msgspec.field(default=None, name="node-mixes")
+
+
+class CardLora(Struct):
+    r: int | None
+    alpha: int | float | None
+    targets: Line | list[Line] | None
+
+
+class RunCardFile(Struct):
+    """pubswap_run.json (run_summary): what a card shows, as render_card reads it."""
+
+    base_model: Line
+    mode: Line
+    round: int | Line
+    rounds: int | Line
+    seed: int | Line
+    tasks: CardTasks
+    lora: CardLora
+    grpo: dict[Line, Value]
+    metrics: dict[Line, float]
+    node: Line | None = None
 
 
 # -- saving an adapter folder --------------------------------------------------------------------------------------
@@ -200,14 +250,41 @@ def adapter_folder(path: str | Path) -> Path:
                       f"adapters/final/{ADAPTER_CONFIG}")
 
 
+def _read_declared(path: Path, root: Path, declaration: type):
+    """A JSON file of the adapter folder `root` as `declaration`; ExportError naming the file (and field)."""
+    try:
+        return parse_value_of(path, read_json(path, root), declaration, ExportError)
+    except UntrustedFileError as err:
+        raise ExportError(str(err)) from None
+
+
+def adapter_config(adapter_dir: Path) -> AdapterConfigFile:
+    """The folder's adapter_config.json, after checking that its weights can be read without unpickling: a regular
+    adapter_model.safetensors, no link, and no pickled weights in the shipped base either."""
+    config = _read_declared(adapter_dir / ADAPTER_CONFIG, adapter_dir, AdapterConfigFile)
+    for folder in (adapter_dir, adapter_dir / BASE_DIR):
+        pickled = [name for name in PICKLED_WEIGHTS if is_present(folder / name)]
+        if pickled and not any(folder.glob("*.safetensors")):
+            raise ExportError(f"{folder / pickled[0]}: pickled weights are never loaded from a folder someone else may "
+                              "have made; save them as safetensors")
+    links = [p for p in [*adapter_dir.iterdir(), *(adapter_dir / BASE_DIR).rglob("*")] if p.is_symlink()]
+    if links:  # the tokenizer and the shipped base are loaded (and copied) by file names, which would follow them
+        raise ExportError(f"{links[0]}: a link in the adapter folder; links are refused")
+    weights = adapter_dir / ADAPTER_WEIGHTS
+    if not is_present(weights):
+        raise ExportError(f"{weights}: missing (an adapter's weights are read as safetensors only)")
+    if not stat.S_ISREG(os.lstat(weights).st_mode):
+        raise ExportError(f"{weights}: not a regular file (links, FIFOs, devices and folders are refused)")
+    return config
+
+
 def base_location(adapter_dir: Path) -> str:
     """Where the adapter's base model loads from on this machine (`embedded:` names resolve to data/models; an
     exported folder's own base/ wherever the folder was moved to)."""
-    config = json.loads((adapter_dir / ADAPTER_CONFIG).read_text())
     from .policy.model import resolve_model
 
-    name = config.get("base_model_name_or_path")
-    if not isinstance(name, str) or not name:
+    name = adapter_config(adapter_dir).base_model_name_or_path
+    if not name:
         raise ExportError(f"{adapter_dir / ADAPTER_CONFIG} names no base model (base_model_name_or_path)")
     shipped = adapter_dir / BASE_DIR
     if (shipped / "config.json").is_file() and not Path(name).is_dir():
@@ -240,14 +317,15 @@ def load_adapter_model(path: str | Path, *, device: str = "cpu", dtype: str = "f
 
 # -- export --------------------------------------------------------------------------------------------------------
 def _summary_of(adapter_dir: Path) -> dict[str, Any]:
+    """The card's facts: pubswap_run.json checked against its declaration, or what adapter_config.json says."""
     path = adapter_dir / SUMMARY_FILE
-    if path.is_file():
-        return json.loads(path.read_text())
-    config = json.loads((adapter_dir / ADAPTER_CONFIG).read_text())  # an adapter saved before cards existed
-    return {"project": PROJECT, "base_model": config.get("base_model_name_or_path", "?"), "mode": "?", "round": "?",
+    if is_present(path):
+        _read_declared(path, adapter_dir, RunCardFile)
+        return read_json(path, adapter_dir)  # as written: render_card and write_card keep its keys
+    config = adapter_config(adapter_dir)  # an adapter saved before cards existed
+    return {"project": PROJECT, "base_model": config.base_model_name_or_path or "?", "mode": "?", "round": "?",
             "rounds": "?", "seed": "?", "tasks": {"mix": "?"}, "metrics": {},
-            "lora": {"r": config.get("r"), "alpha": config.get("lora_alpha"), "targets": config.get("target_modules")},
-            "grpo": {}}
+            "lora": {"r": config.r, "alpha": config.lora_alpha, "targets": config.target_modules}, "grpo": {}}
 
 
 def export(path: str | Path, out: str | Path, *, merged: bool = False, force: bool = False) -> Path:
@@ -262,22 +340,24 @@ def export(path: str | Path, out: str | Path, *, merged: bool = False, force: bo
     source, target = adapter_dir.resolve(), out.resolve()
     if target == source or target in source.parents or (out / "metrics.jsonl").exists():
         raise ExportError(f"{out} holds a run or the adapter being exported; choose another folder")
-    if out.exists() and any(out.iterdir()):
-        if not force:
-            raise ExportError(f"{out} exists and is not empty; choose another folder or pass --force")
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
-    base = base_location(adapter_dir)
+    if out.exists() and any(out.iterdir()) and not force:
+        raise ExportError(f"{out} exists and is not empty; choose another folder or pass --force")
+    base = base_location(adapter_dir)  # every input is checked before anything of `out` is replaced
     tokenizer = load_tokenizer_for(adapter_dir, base)
     summary = _summary_of(adapter_dir)
+    if out.exists() and any(out.iterdir()):
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
     if merged:
         model, _ = load_adapter_model(adapter_dir)
         model = model.merge_and_unload()
         model.save_pretrained(str(out), safe_serialization=True)
     else:
-        for name in ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin"):
-            if (adapter_dir / name).is_file():
-                shutil.copy2(adapter_dir / name, out / name)
+        for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS):  # checked by base_location: regular files, no links
+            try:
+                (out / name).write_bytes(read_bytes(adapter_dir / name, adapter_dir))
+            except UntrustedFileError as err:
+                raise ExportError(str(err)) from None
         reference = json.loads((out / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path", "")
         # plain transformers cannot resolve `embedded:tiny`: ship the base (again, for an export of an export)
         if _project_name(str(reference)) or (adapter_dir / BASE_DIR / "config.json").is_file():

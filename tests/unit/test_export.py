@@ -1,4 +1,5 @@
-"""Portable adapter folders (tokenizer, model card, `embedded:` base reference) and `pubswap export`, on a real run."""
+"""Portable adapter folders (tokenizer, model card, `embedded:` base reference) and `pubswap export`, on a real run;
+export reads a folder someone else made as untrusted (declared JSON, safetensors only, no links)."""
 
 from __future__ import annotations
 
@@ -231,3 +232,67 @@ def test_the_embedded_prefix_is_the_loaders():
     from pubswap_flwr.policy.model import EMBEDDED_PREFIX
 
     assert export_module.EMBEDDED_PREFIX == EMBEDDED_PREFIX
+
+
+def _copy_of_adapter(run_dir, tmp_path):
+    folder = tmp_path / "theirs"
+    shutil.copytree(adapter_folder(run_dir), folder)
+    return folder
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("adapter_config.json", "{not json", "adapter_config.json: not JSON"),
+    ("adapter_config.json", '["r", 8]', "adapter_config.json: expected `object`, got `array`"),
+    ("adapter_config.json", '{"base_model_name_or_path": 7}', "base_model_name_or_path: expected `str | null`"),
+    ("pubswap_run.json", None, "mode: expected `str` matching"),  # a line break would add lines to the card's YAML
+    ("pubswap_run.json", '{"base_model": "embedded:tiny"}', "object missing required field `mode`"),
+])
+def test_export_names_a_file_it_cannot_use_and_leaves_the_target_as_it_was(run_dir, tmp_path, capsys, name, content,
+                                                                          message):
+    folder = _copy_of_adapter(run_dir, tmp_path)
+    if content is None:
+        card = json.loads((folder / name).read_text())
+        content = json.dumps({**card, "mode": "fedavg\nlicense: forged"})
+    (folder / name).write_text(content)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    assert main(["export", str(folder), str(out), "--force"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {folder / name}: ") and message in err and err.count("\n") == 1
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]  # --force replaces it only once every input is usable
+
+
+def test_export_never_loads_pickled_weights_or_follows_a_link(run_dir, tmp_path):
+    folder = _copy_of_adapter(run_dir, tmp_path)
+    (folder / "adapter_model.safetensors").rename(folder / "adapter_model.bin")
+    with pytest.raises(ExportError, match=r"adapter_model.bin: pickled weights are never loaded from a folder"):
+        export(folder, tmp_path / "out1")
+    (folder / "adapter_model.bin").unlink()
+    with pytest.raises(ExportError, match=r"adapter_model.safetensors: missing \(an adapter's weights are read as "
+                                          r"safetensors only\)"):
+        export(folder, tmp_path / "out2")
+    (folder / "adapter_model.safetensors").symlink_to(adapter_folder(run_dir) / "adapter_model.safetensors")
+    with pytest.raises(ExportError, match="adapter_model.safetensors: a link in the adapter folder; links are refused"):
+        export(folder, tmp_path / "out3", merged=True)
+    (folder / "adapter_model.safetensors").unlink()
+    shutil.copy(adapter_folder(run_dir) / "adapter_model.safetensors", folder)
+    (folder / "base").mkdir()
+    (folder / "base" / "config.json").symlink_to(tmp_path / "elsewhere.json")
+    with pytest.raises(ExportError, match="base/config.json: a link in the adapter folder; links are refused"):
+        export(folder, tmp_path / "out4")
+    (folder / "base" / "config.json").unlink()
+    (folder / "base" / "pytorch_model.bin").write_bytes(b"not weights")
+    with pytest.raises(ExportError, match="base/pytorch_model.bin: pickled weights are never loaded"):
+        export(folder, tmp_path / "out5")
+    (folder / "base" / "pytorch_model.bin").unlink()
+    (folder / "tokenizer.json").unlink()
+    (folder / "tokenizer.json").symlink_to(tmp_path / "elsewhere.json")
+    with pytest.raises(ExportError, match="tokenizer.json: a link in the adapter folder; links are refused"):
+        export(folder, tmp_path / "out5")
+    assert not any((tmp_path / f"out{i}").exists() for i in range(1, 6))
+    (folder / "tokenizer.json").unlink()
+    shutil.copy(adapter_folder(run_dir) / "tokenizer.json", folder)
+    shutil.rmtree(folder / "base")
+    out = export(folder, tmp_path / "out6")  # the same folder, mended, exports
+    assert load_file(out / "adapter_model.safetensors").keys() == load_file(folder / "adapter_model.safetensors").keys()
