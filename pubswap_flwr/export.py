@@ -6,75 +6,34 @@ import argparse
 import json
 import os
 import shutil
-import stat
 import sys
+import tempfile
 from pathlib import Path
-from typing import Annotated, Any
-
-import msgspec
-from msgspec import Meta, Struct
+from typing import Any
 
 from . import metrics_schema as schema
-from .schema import parse_value_of
-from .untrusted import UntrustedFileError, is_present, read_bytes, read_json
+from .adapter_files import (
+    ADAPTER_CONFIG,
+    ADAPTER_WEIGHTS,
+    BASE_DIR,
+    SUMMARY_FILE,
+    AdapterConfigFile,
+    AdapterFileError,
+    check_adapter_folder,
+    read_card,
+)
+from .untrusted import UntrustedFileError, check_no_links, read_bytes
 
 # Light at import (the `pubswap` command registers this module's subcommand): torch, transformers and peft load
 # only when an adapter is saved, loaded or exported.
 EMBEDDED_PREFIX = "embedded:"  # policy.model.EMBEDDED_PREFIX
-ADAPTER_CONFIG = "adapter_config.json"
-SUMMARY_FILE = "pubswap_run.json"  # what the card says, machine-readable (the card is rendered from it)
 CARD_FILE = "README.md"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 PROJECT = "pubswap-flwr"
-BASE_DIR = "base"  # an exported adapter of a base only this project can name ships the base's files here
 
 
 class ExportError(ValueError):
     """The run or adapter folder cannot be exported; the message says what is missing."""
-
-
-# A folder someone else made (a colleague's run, a published result) is read as untrusted: its JSON files as declared
-# below, its weights as safetensors only (a pickled .bin is never loaded), no file through a link.
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
-PICKLED_WEIGHTS = ("adapter_model.bin", "pytorch_model.bin")
-Line = Annotated[str, Meta(max_length=4096, pattern=r"^[^\x00-\x1f\x7f]*$")]  # one line: no YAML/markdown breaks
-Value = Line | int | float | bool | None
-
-
-class AdapterConfigFile(Struct):
-    """adapter_config.json as export reads it (PEFT writes many more keys)."""
-
-    base_model_name_or_path: Line | None = None
-    r: int | None = None
-    lora_alpha: int | float | None = None
-    target_modules: Line | list[Line] | None = None
-
-
-class CardTasks(Struct):
-    mix: Line
-    per_node: int | None = msgspec.field(default=None, name="per-node")
-    node_mixes: Line | None = msgspec.field(default=None, name="node-mixes")
-
-
-class CardLora(Struct):
-    r: int | None
-    alpha: int | float | None
-    targets: Line | list[Line] | None
-
-
-class RunCardFile(Struct):
-    """pubswap_run.json (run_summary): what a card shows, as render_card reads it."""
-
-    base_model: Line
-    mode: Line
-    round: int | Line
-    rounds: int | Line
-    seed: int | Line
-    tasks: CardTasks
-    lora: CardLora
-    grpo: dict[Line, Value]
-    metrics: dict[Line, float]
-    node: Line | None = None
 
 
 # -- saving an adapter folder --------------------------------------------------------------------------------------
@@ -242,6 +201,10 @@ def adapter_folder(path: str | Path) -> Path:
         return path
     final = path / "adapters" / "final"
     if (final / ADAPTER_CONFIG).is_file():
+        try:
+            check_no_links(final, path)
+        except UntrustedFileError as err:
+            raise ExportError(str(err)) from None
         return final
     if (path / "nodes").is_dir() and not (path / "adapters").is_dir():
         raise ExportError(f"{path} has no global adapter (a sapo or local run keeps one model per node): export a "
@@ -250,32 +213,12 @@ def adapter_folder(path: str | Path) -> Path:
                       f"adapters/final/{ADAPTER_CONFIG}")
 
 
-def _read_declared(path: Path, root: Path, declaration: type):
-    """A JSON file of the adapter folder `root` as `declaration`; ExportError naming the file (and field)."""
-    try:
-        return parse_value_of(path, read_json(path, root), declaration, ExportError)
-    except UntrustedFileError as err:
-        raise ExportError(str(err)) from None
-
-
 def adapter_config(adapter_dir: Path) -> AdapterConfigFile:
-    """The folder's adapter_config.json, after checking that its weights can be read without unpickling: a regular
-    adapter_model.safetensors, no link, and no pickled weights in the shipped base either."""
-    config = _read_declared(adapter_dir / ADAPTER_CONFIG, adapter_dir, AdapterConfigFile)
-    for folder in (adapter_dir, adapter_dir / BASE_DIR):
-        pickled = [name for name in PICKLED_WEIGHTS if is_present(folder / name)]
-        if pickled and not any(folder.glob("*.safetensors")):
-            raise ExportError(f"{folder / pickled[0]}: pickled weights are never loaded from a folder someone else may "
-                              "have made; save them as safetensors")
-    links = [p for p in [*adapter_dir.iterdir(), *(adapter_dir / BASE_DIR).rglob("*")] if p.is_symlink()]
-    if links:  # the tokenizer and the shipped base are loaded (and copied) by file names, which would follow them
-        raise ExportError(f"{links[0]}: a link in the adapter folder; links are refused")
-    weights = adapter_dir / ADAPTER_WEIGHTS
-    if not is_present(weights):
-        raise ExportError(f"{weights}: missing (an adapter's weights are read as safetensors only)")
-    if not stat.S_ISREG(os.lstat(weights).st_mode):
-        raise ExportError(f"{weights}: not a regular file (links, FIFOs, devices and folders are refused)")
-    return config
+    """adapter_files.check_adapter_folder, its refusal an ExportError: every load and export goes through it."""
+    try:
+        return check_adapter_folder(adapter_dir)
+    except AdapterFileError as err:
+        raise ExportError(str(err)) from None
 
 
 def base_location(adapter_dir: Path) -> str:
@@ -318,10 +261,12 @@ def load_adapter_model(path: str | Path, *, device: str = "cpu", dtype: str = "f
 # -- export --------------------------------------------------------------------------------------------------------
 def _summary_of(adapter_dir: Path) -> dict[str, Any]:
     """The card's facts: pubswap_run.json checked against its declaration, or what adapter_config.json says."""
-    path = adapter_dir / SUMMARY_FILE
-    if is_present(path):
-        _read_declared(path, adapter_dir, RunCardFile)
-        return read_json(path, adapter_dir)  # as written: render_card and write_card keep its keys
+    try:
+        card = read_card(adapter_dir)
+    except AdapterFileError as err:
+        raise ExportError(str(err)) from None
+    if card is not None:
+        return card
     config = adapter_config(adapter_dir)  # an adapter saved before cards existed
     return {"project": PROJECT, "base_model": config.base_model_name_or_path or "?", "mode": "?", "round": "?",
             "rounds": "?", "seed": "?", "tasks": {"mix": "?"}, "metrics": {},
@@ -342,33 +287,45 @@ def export(path: str | Path, out: str | Path, *, merged: bool = False, force: bo
         raise ExportError(f"{out} holds a run or the adapter being exported; choose another folder")
     if out.exists() and any(out.iterdir()) and not force:
         raise ExportError(f"{out} exists and is not empty; choose another folder or pass --force")
-    base = base_location(adapter_dir)  # every input is checked before anything of `out` is replaced
+    base = base_location(adapter_dir)  # every input is checked before anything is written
     tokenizer = load_tokenizer_for(adapter_dir, base)
     summary = _summary_of(adapter_dir)
-    if out.exists() and any(out.iterdir()):
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))  # replaces `out` only once complete
+    try:
+        _write_export(adapter_dir, base, tokenizer, summary, work, out.resolve(), merged)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    if out.exists():
         shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
+    work.rename(out)
+    return out
+
+
+def _write_export(adapter_dir: Path, base: str, tokenizer, summary: dict[str, Any], work: Path, out: Path,
+                  merged: bool) -> None:
+    """export's files, written into `work`, which becomes `out` (where a shipped base is named from)."""
     if merged:
         model, _ = load_adapter_model(adapter_dir)
         model = model.merge_and_unload()
-        model.save_pretrained(str(out), safe_serialization=True)
+        model.save_pretrained(str(work), safe_serialization=True)
     else:
         for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS):  # checked by base_location: regular files, no links
             try:
-                (out / name).write_bytes(read_bytes(adapter_dir / name, adapter_dir))
+                (work / name).write_bytes(read_bytes(adapter_dir / name, adapter_dir))
             except UntrustedFileError as err:
                 raise ExportError(str(err)) from None
-        reference = json.loads((out / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path", "")
+        reference = json.loads((work / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path", "")
         # plain transformers cannot resolve `embedded:tiny`: ship the base (again, for an export of an export)
         if _project_name(str(reference)) or (adapter_dir / BASE_DIR / "config.json").is_file():
-            shutil.copytree(base, out / BASE_DIR, ignore=shutil.ignore_patterns(".*"))
-            config = json.loads((out / ADAPTER_CONFIG).read_text())
-            config["base_model_name_or_path"] = str((out / BASE_DIR).resolve())
-            (out / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    tokenizer.save_pretrained(str(out))
-    write_card(out, summary, merged=merged)
-    ordinary_permissions(out)
-    return out
+            shutil.copytree(base, work / BASE_DIR, ignore=shutil.ignore_patterns(".*"))
+            config = json.loads((work / ADAPTER_CONFIG).read_text())
+            config["base_model_name_or_path"] = str(out / BASE_DIR)
+            (work / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    tokenizer.save_pretrained(str(work))
+    write_card(work, summary, merged=merged)
+    ordinary_permissions(work)
 
 
 def cmd_export(args: argparse.Namespace) -> int:

@@ -75,10 +75,11 @@ def main() -> None:
         sweep, arm, seed, config, run_dir = job
         before = read_status(run_dir)
         if before.get("status") == "completed":
-            return job, "completed", 0.0, True
+            return job, "completed", 0.0, True, ""
         if before.get("status") == UNREADABLE:  # never cleared unseen: it may be a finished run
-            print(f"{sweep.name} {arm} seed {seed}: NOT RUN: {before['detail']}", flush=True)
-            return job, "failed", 0.0, False
+            detail = f"{before['detail']}; move the run folder away (or mend the file) to run it again"
+            print(f"{sweep.name} {arm} seed {seed}: NOT RUN: {detail}", flush=True)
+            return job, "failed", 0.0, False, detail
         if run_dir.exists():
             import shutil
 
@@ -90,7 +91,8 @@ def main() -> None:
         print(f"[{time.time() - started:6.0f} s] {sweep.name} {arm} seed {seed}: "
               f"{'completed' if ok else f'FAILED (exit {code}, status {status})'} in {time.time() - begun:.0f} s",
               flush=True)
-        return job, "completed" if ok else "failed", time.time() - begun, False
+        log = args.out / sweep.name / "logs" / f"{run_dir.name}.log"
+        return job, "completed" if ok else "failed", time.time() - begun, False, "" if ok else f"see {log}"
 
     print(f"{len(jobs)} runs, {args.parallel} at once", flush=True)
     with ThreadPoolExecutor(args.parallel) as pool:
@@ -99,11 +101,10 @@ def main() -> None:
     for sweep in sweeps:
         out = args.out / sweep.name
         mine = [r for r in results if r[0][0] is sweep]
-        outcomes = [{"arm": job[1], "seed": job[2], "status": status, "detail": "" if status == "completed" else
-                     f"see {out / 'logs' / (job[4].name + '.log')}", "seconds": round(seconds, 1), "reused": reused,
-                     "run_dir": str(job[4])} for job, status, seconds, reused in mine]
+        outcomes = [{"arm": job[1], "seed": job[2], "status": status, "detail": detail, "seconds": round(seconds, 1),
+                     "reused": reused, "run_dir": str(job[4])} for job, status, seconds, reused, detail in mine]
         (out / "outcomes.json").write_text(json.dumps(outcomes, indent=2))
-        done = [job[4] for job, status, _, _ in mine if status == "completed"]
+        done = [job[4] for job, status, *_ in mine if status == "completed"]
         if done:
             report = write_report(out, done, failures={(o["arm"], o["seed"]): o["detail"] for o in outcomes
                                                        if o["status"] != "completed"},

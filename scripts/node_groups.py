@@ -79,11 +79,12 @@ def completed_runs(runs: Path) -> tuple[list[Path], list[str]]:
     """The run folders under `runs` whose status.json says completed, and a line for each one left out."""
     done, left_out = [], []
     for run_dir in sorted(p for p in runs.iterdir() if (p / "metrics.jsonl").is_file()):
-        status = read_status(run_dir).get("status") or "no status"
-        if status == "completed":
+        status = read_status(run_dir)
+        if status.get("status") == "completed":
             done.append(run_dir)
         else:
-            left_out.append(f"left out {run_dir.name}: {status}")
+            detail = f" ({status['detail']})" if status.get("detail") else ""
+            left_out.append(f"left out {run_dir.name}: {status.get('status') or 'no status'}{detail}")
     return done, left_out
 
 

@@ -33,7 +33,7 @@ def resolve_model(name: str) -> str:
     if name.startswith(EMBEDDED_PREFIX):
         short = name[len(EMBEDDED_PREFIX):]
         path = data_dir() / "models" / short
-        if not (path / "config.json").is_file():
+        if short not in embedded_models() or not (path / "config.json").is_file():  # never a path out of models/
             raise ModelError(f"no embedded model {short!r}; available: {', '.join(embedded_models()) or 'none'}")
         return str(path)
     local = Path(name).expanduser()

@@ -6,7 +6,7 @@ import multiprocessing
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..export import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+from ..adapter_files import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from ..schema import parse_value_of
 from ..server.metrics import CONFIG_FILE, METRICS_FILE, MetricsError, RunConfigFile, parse_metrics
 from ..untrusted import UntrustedFileError, check_no_links, is_present, read_bytes, read_json, read_text

@@ -8,7 +8,7 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta, Struct
@@ -158,10 +158,12 @@ def read_status(run_dir: Path) -> dict:
     from ..untrusted import UntrustedFileError, is_present, read_json
 
     path = Path(run_dir) / STATUS_FILE
-    if not is_present(path):
-        return {}
     try:
+        if not is_present(path):
+            return {}
         record = parse_value_of(path, read_json(path, limit=MAX_STATUS_BYTES), RunStatusFile, UntrustedFileError)
+    except OSError as err:  # the run folder is a file, or cannot be searched
+        return {"status": UNREADABLE, "detail": f"{path}: cannot be read ({err.strerror or err})", "elapsed_s": None}
     except UntrustedFileError as err:
         return {"status": UNREADABLE, "detail": str(err), "elapsed_s": None}
     return {"status": record.status, "detail": record.detail, "elapsed_s": record.elapsed_s}
@@ -269,9 +271,9 @@ class SamplingSettings(Struct):
 class RunStatusFile(Struct):
     """status.json as write_status writes it (other keys are ignored)."""
 
-    status: str = ""
+    status: Literal["running", "completed", "failed", "stopped"]
     detail: str = ""
-    elapsed_s: Annotated[float, Meta(ge=0)] | None = None
+    elapsed_s: float | None = None
 
 
 class EvalItemsRecord(Struct):

@@ -240,59 +240,87 @@ def _copy_of_adapter(run_dir, tmp_path):
     return folder
 
 
+def _card_with(folder, **changes):
+    card = json.loads((folder / "pubswap_run.json").read_text())
+    return json.dumps({**card, **changes})
+
+
 @pytest.mark.parametrize("name, content, message", [
     ("adapter_config.json", "{not json", "adapter_config.json: not JSON"),
     ("adapter_config.json", '["r", 8]', "adapter_config.json: expected `object`, got `array`"),
     ("adapter_config.json", '{"base_model_name_or_path": 7}', "base_model_name_or_path: expected `str | null`"),
-    ("pubswap_run.json", None, "mode: expected `str` matching"),  # a line break would add lines to the card's YAML
+    # a line break of any kind YAML honours would add lines to the card's YAML header
+    ("pubswap_run.json", {"mode": "fedavg\nlicense: forged"}, "mode: expected `str` of one line (no line break"),
+    ("pubswap_run.json", {"mode": "fedavg\n"}, "mode: expected `str` of one line"),
+    ("pubswap_run.json", {"base_model": "org/m\u2028license: forged"}, "base_model: expected `str` of one line"),
+    ("pubswap_run.json", {"seed": "0\u0085x"}, "seed: expected `str` of one line"),
     ("pubswap_run.json", '{"base_model": "embedded:tiny"}', "object missing required field `mode`"),
+    ("adapter_model.safetensors", "truncated", "adapter_model.safetensors: not a readable safetensors file"),
 ])
+@pytest.mark.parametrize("merged", [False, True])
 def test_export_names_a_file_it_cannot_use_and_leaves_the_target_as_it_was(run_dir, tmp_path, capsys, name, content,
-                                                                          message):
+                                                                          message, merged):
     folder = _copy_of_adapter(run_dir, tmp_path)
-    if content is None:
-        card = json.loads((folder / name).read_text())
-        content = json.dumps({**card, "mode": "fedavg\nlicense: forged"})
-    (folder / name).write_text(content)
+    (folder / name).write_text(_card_with(folder, **content) if isinstance(content, dict) else content)
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
-    assert main(["export", str(folder), str(out), "--force"]) == 2
+    assert main(["export", str(folder), str(out), "--force"] + (["--merged"] if merged else [])) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {folder / name}: ") and message in err and err.count("\n") == 1
-    assert [p.name for p in out.iterdir()] == ["keep.txt"]  # --force replaces it only once every input is usable
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "theirs"]  # no half-written folder beside it
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]  # --force replaces it only with a complete export
 
 
 def test_export_never_loads_pickled_weights_or_follows_a_link(run_dir, tmp_path):
     folder = _copy_of_adapter(run_dir, tmp_path)
-    (folder / "adapter_model.safetensors").rename(folder / "adapter_model.bin")
-    with pytest.raises(ExportError, match=r"adapter_model.bin: pickled weights are never loaded from a folder"):
-        export(folder, tmp_path / "out1")
+    weights = folder / "adapter_model.safetensors"
+    original = adapter_folder(run_dir) / "adapter_model.safetensors"
+    (tmp_path / "secret.txt").write_text("not yours")
+
+    def refused(match, merged=False):
+        with pytest.raises(ExportError, match=match):
+            export(folder, tmp_path / "out", merged=merged)
+        assert not (tmp_path / "out").exists()
+
+    weights.rename(folder / "adapter_model.bin")
+    refused(r"adapter_model.bin: pickled weights are never loaded from a folder someone else may have made")
     (folder / "adapter_model.bin").unlink()
-    with pytest.raises(ExportError, match=r"adapter_model.safetensors: missing \(an adapter's weights are read as "
-                                          r"safetensors only\)"):
-        export(folder, tmp_path / "out2")
-    (folder / "adapter_model.safetensors").symlink_to(adapter_folder(run_dir) / "adapter_model.safetensors")
-    with pytest.raises(ExportError, match="adapter_model.safetensors: a link in the adapter folder; links are refused"):
-        export(folder, tmp_path / "out3", merged=True)
-    (folder / "adapter_model.safetensors").unlink()
-    shutil.copy(adapter_folder(run_dir) / "adapter_model.safetensors", folder)
-    (folder / "base").mkdir()
-    (folder / "base" / "config.json").symlink_to(tmp_path / "elsewhere.json")
-    with pytest.raises(ExportError, match="base/config.json: a link in the adapter folder; links are refused"):
-        export(folder, tmp_path / "out4")
-    (folder / "base" / "config.json").unlink()
-    (folder / "base" / "pytorch_model.bin").write_bytes(b"not weights")
-    with pytest.raises(ExportError, match="base/pytorch_model.bin: pickled weights are never loaded"):
-        export(folder, tmp_path / "out5")
-    (folder / "base" / "pytorch_model.bin").unlink()
-    (folder / "tokenizer.json").unlink()
-    (folder / "tokenizer.json").symlink_to(tmp_path / "elsewhere.json")
-    with pytest.raises(ExportError, match="tokenizer.json: a link in the adapter folder; links are refused"):
-        export(folder, tmp_path / "out5")
-    assert not any((tmp_path / f"out{i}").exists() for i in range(1, 6))
-    (folder / "tokenizer.json").unlink()
+    refused(r"adapter_model.safetensors: missing or not a regular file \(an adapter's weights are read as "
+            r"safetensors only\)")
+    weights.symlink_to(original)
+    refused("adapter_model.safetensors: a link in the adapter folder; links are refused", merged=True)
+    weights.unlink()
+    shutil.copy(original, weights)
+    for below in ("base/config.json", "additional_chat_templates/x.jinja", "tokenizer.json"):  # any depth
+        link = folder / below
+        link.parent.mkdir(exist_ok=True)
+        link.unlink(missing_ok=True)
+        link.symlink_to(tmp_path / "secret.txt")
+        refused(f"{below}: a link in the adapter folder; links are refused")
+        link.unlink()
     shutil.copy(adapter_folder(run_dir) / "tokenizer.json", folder)
+    (folder / "base" / "junk.safetensors").write_bytes(b"x")  # a safetensors file beside them does not help
+    for pickled in ("pytorch_model.bin", "pytorch_model-00001-of-00001.bin", "model.pt"):
+        (folder / "base" / pickled).write_bytes(b"not weights")
+        refused(f"base/{pickled}: pickled weights are never loaded")
+        (folder / "base" / pickled).unlink()
     shutil.rmtree(folder / "base")
-    out = export(folder, tmp_path / "out6")  # the same folder, mended, exports
-    assert load_file(out / "adapter_model.safetensors").keys() == load_file(folder / "adapter_model.safetensors").keys()
+    shutil.rmtree(folder / "additional_chat_templates")
+    out = export(folder, tmp_path / "out")  # the same folder, mended, exports
+    assert load_file(out / "adapter_model.safetensors").keys() == load_file(original).keys()
+    assert "not yours" not in "".join(p.read_text(errors="replace") for p in out.rglob("*") if p.is_file())
+
+
+def test_a_run_directory_whose_final_adapter_is_a_link_and_an_embedded_name_out_of_models_are_refused(run_dir,
+                                                                                                      tmp_path):
+    from pubswap_flwr.policy.model import ModelError, resolve_model
+
+    run = tmp_path / "their-run"
+    (run / "adapters").mkdir(parents=True)
+    (run / "adapters" / "final").symlink_to(adapter_folder(run_dir))
+    with pytest.raises(ExportError, match=r"adapters/final: a link; .* links are refused"):
+        adapter_folder(run)
+    with pytest.raises(ModelError, match=r"no embedded model '\.\./models/tiny'; available: "):
+        resolve_model("embedded:../models/tiny")  # a path, even one that lands in models/, is not a name
+    assert resolve_model("embedded:tiny").endswith("data/models/tiny")

@@ -112,8 +112,9 @@ def _one_arm_sweep(tmp_path, monkeypatch):
 @pytest.mark.parametrize("content, reason", [
     ("{not json", "not JSON"),
     ('{"status": "completed", "elapsed_s": "ten"}', "elapsed_s: expected `float | null`, got `str`"),
-    ('{"status": "completed", "elapsed_s": -1}', "elapsed_s: expected `float` >= 0"),
     ('["completed"]', "expected `object`, got `array`"),
+    ("{}", "object missing required field `status`"),  # not a run's status: write_status always writes one
+    ('{"status": "ok", "detail": ""}', "status: invalid enum value 'ok'"),
 ])
 def test_a_run_whose_status_file_is_unreadable_is_a_failure_and_is_kept(tmp_path, monkeypatch, caplog, content,
                                                                          reason):
@@ -150,6 +151,9 @@ def test_a_status_file_that_is_a_link_is_not_followed(tmp_path):
     assert status["status"] == UNREADABLE and "not a regular file" in status["detail"]
     assert read_status(elsewhere) == {"status": "completed", "detail": "2 rounds", "elapsed_s": 10.0}
     assert read_status(tmp_path / "none") == {}
+    (tmp_path / "a-file").write_text("")
+    status = read_status(tmp_path / "a-file")  # a run folder that is a file
+    assert status["status"] == UNREADABLE and status["detail"].startswith(f"{tmp_path / 'a-file' / 'status.json'}: ")
 
 
 def test_a_completed_run_is_skipped_and_a_broken_attempt_run_again(tmp_path, monkeypatch):
