@@ -10,7 +10,7 @@ import msgspec
 from msgspec import Meta, Struct
 
 from .schema import parse_value_of
-from .untrusted import UntrustedFileError, is_present, read_json
+from .untrusted import MAX_FILE_BYTES, UntrustedFileError, is_present, read_json
 
 T = TypeVar("T")
 
@@ -75,9 +75,9 @@ def _parse(path: Path, value: Any, declaration: type[T]) -> T:
                                                 "control character)")) from None
 
 
-def _json(path: Path, root: Path, limit: int | None = None) -> Any:
+def _json(path: Path, root: Path, limit: int = MAX_FILE_BYTES) -> Any:
     try:
-        return read_json(path, root) if limit is None else read_json(path, root, limit)
+        return read_json(path, root, limit)
     except UntrustedFileError as err:
         raise AdapterFileError(str(err)) from None
 

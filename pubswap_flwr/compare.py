@@ -40,7 +40,7 @@ from msgspec import Meta, Struct
 from .config import ConfigError, ExperimentConfig, flatten, load_toml
 from .places import outside_checkout, resolve_output
 from .schema import parse_value_of
-from .server.metrics import UNREADABLE, read_status
+from .server.metrics import KEEP_UNREADABLE, UNREADABLE, read_status
 from .tasks.splits import MAX_NODES
 from .untrusted import one_line
 
@@ -219,7 +219,7 @@ def run_sweep(sweep: Sweep, out: Path, only: list[str] | None = None, dry_run: b
                                            status["elapsed_s"] or 0.0, reused=True))
                 continue
             if status.get("status") == UNREADABLE:  # never cleared unseen: it may be a finished run
-                detail = f"{status['detail']}; move the run folder away (or mend the file) to run it again"
+                detail = f"{status['detail']}; {KEEP_UNREADABLE}"
                 log.error("%s seed %d: %s", arm.name, seed, detail)
                 outcomes.append(RunOutcome(arm.name, seed, run_dir, "failed", detail))
                 continue

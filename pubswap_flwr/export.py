@@ -221,12 +221,12 @@ def adapter_config(adapter_dir: Path) -> AdapterConfigFile:
         raise ExportError(str(err)) from None
 
 
-def base_location(adapter_dir: Path) -> str:
+def base_location(adapter_dir: Path, config: AdapterConfigFile | None = None) -> str:
     """Where the adapter's base model loads from on this machine (`embedded:` names resolve to data/models; an
-    exported folder's own base/ wherever the folder was moved to)."""
+    exported folder's own base/ wherever the folder was moved to); `config`: the folder's, already checked."""
     from .policy.model import resolve_model
 
-    name = adapter_config(adapter_dir).base_model_name_or_path
+    name = (config or adapter_config(adapter_dir)).base_model_name_or_path
     if not name:
         raise ExportError(f"{adapter_dir / ADAPTER_CONFIG} names no base model (base_model_name_or_path)")
     shipped = adapter_dir / BASE_DIR
@@ -259,7 +259,7 @@ def load_adapter_model(path: str | Path, *, device: str = "cpu", dtype: str = "f
 
 
 # -- export --------------------------------------------------------------------------------------------------------
-def _summary_of(adapter_dir: Path) -> dict[str, Any]:
+def _summary_of(adapter_dir: Path, config: AdapterConfigFile) -> dict[str, Any]:
     """The card's facts: pubswap_run.json checked against its declaration, or what adapter_config.json says."""
     try:
         card = read_card(adapter_dir)
@@ -267,7 +267,7 @@ def _summary_of(adapter_dir: Path) -> dict[str, Any]:
         raise ExportError(str(err)) from None
     if card is not None:
         return card
-    config = adapter_config(adapter_dir)  # an adapter saved before cards existed
+    # an adapter saved before cards existed: what its config says
     return {"project": PROJECT, "base_model": config.base_model_name_or_path or "?", "mode": "?", "round": "?",
             "rounds": "?", "seed": "?", "tasks": {"mix": "?"}, "metrics": {},
             "lora": {"r": config.r, "alpha": config.lora_alpha, "targets": config.target_modules}, "grpo": {}}
@@ -287,13 +287,14 @@ def export(path: str | Path, out: str | Path, *, merged: bool = False, force: bo
         raise ExportError(f"{out} holds a run or the adapter being exported; choose another folder")
     if out.exists() and any(out.iterdir()) and not force:
         raise ExportError(f"{out} exists and is not empty; choose another folder or pass --force")
-    base = base_location(adapter_dir)  # every input is checked before anything is written
+    config = adapter_config(adapter_dir)  # every input is checked before anything is written
+    base = base_location(adapter_dir, config)
     tokenizer = load_tokenizer_for(adapter_dir, base)
-    summary = _summary_of(adapter_dir)
+    summary = _summary_of(adapter_dir, config)
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))  # replaces `out` only once complete
     try:
-        _write_export(adapter_dir, base, tokenizer, summary, work, out.resolve(), merged)
+        _write_export(adapter_dir, config, base, tokenizer, summary, work, out.resolve(), merged)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
@@ -303,26 +304,25 @@ def export(path: str | Path, out: str | Path, *, merged: bool = False, force: bo
     return out
 
 
-def _write_export(adapter_dir: Path, base: str, tokenizer, summary: dict[str, Any], work: Path, out: Path,
-                  merged: bool) -> None:
+def _write_export(adapter_dir: Path, config: AdapterConfigFile, base: str, tokenizer, summary: dict[str, Any],
+                  work: Path, out: Path, merged: bool) -> None:
     """export's files, written into `work`, which becomes `out` (where a shipped base is named from)."""
     if merged:
         model, _ = load_adapter_model(adapter_dir)
         model = model.merge_and_unload()
         model.save_pretrained(str(work), safe_serialization=True)
     else:
-        for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS):  # checked by base_location: regular files, no links
+        for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS):  # checked by adapter_config: regular files, no links
             try:
                 (work / name).write_bytes(read_bytes(adapter_dir / name, adapter_dir))
             except UntrustedFileError as err:
                 raise ExportError(str(err)) from None
-        reference = json.loads((work / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path", "")
         # plain transformers cannot resolve `embedded:tiny`: ship the base (again, for an export of an export)
-        if _project_name(str(reference)) or (adapter_dir / BASE_DIR / "config.json").is_file():
+        if _project_name(config.base_model_name_or_path or "") or (adapter_dir / BASE_DIR / "config.json").is_file():
             shutil.copytree(base, work / BASE_DIR, ignore=shutil.ignore_patterns(".*"))
-            config = json.loads((work / ADAPTER_CONFIG).read_text())
-            config["base_model_name_or_path"] = str(out / BASE_DIR)
-            (work / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+            peft_config = json.loads((work / ADAPTER_CONFIG).read_text())  # every key PEFT wrote, kept
+            peft_config["base_model_name_or_path"] = str(out / BASE_DIR)
+            (work / ADAPTER_CONFIG).write_text(json.dumps(peft_config, indent=2, sort_keys=True) + "\n")
     tokenizer.save_pretrained(str(work))
     write_card(work, summary, merged=merged)
     ordinary_permissions(work)

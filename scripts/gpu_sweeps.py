@@ -26,7 +26,7 @@ from pathlib import Path
 from pubswap_flwr.compare import load_sweep
 from pubswap_flwr.places import resolve_output
 from pubswap_flwr.report import write_report
-from pubswap_flwr.server.metrics import UNREADABLE, read_status
+from pubswap_flwr.server.metrics import KEEP_UNREADABLE, UNREADABLE, read_status
 
 DRY = {"model.name": "embedded:tiny", "model.node-models": "", "num-server-rounds": 2, "train.local-steps": 2,
        "train.prompts-per-step": 2, "eval.items-per-task": 4, "eval.samples": 2, "eval.every": 0,
@@ -77,7 +77,7 @@ def main() -> None:
         if before.get("status") == "completed":
             return job, "completed", 0.0, True, ""
         if before.get("status") == UNREADABLE:  # never cleared unseen: it may be a finished run
-            detail = f"{before['detail']}; move the run folder away (or mend the file) to run it again"
+            detail = f"{before['detail']}; {KEEP_UNREADABLE}"
             print(f"{sweep.name} {arm} seed {seed}: NOT RUN: {detail}", flush=True)
             return job, "failed", 0.0, False, detail
         if run_dir.exists():
@@ -85,13 +85,13 @@ def main() -> None:
 
             shutil.rmtree(run_dir)
         begun = time.time()
-        code = run(config, sweep.nodes, args.out / sweep.name / "logs" / f"{run_dir.name}.log", env)
+        log = args.out / sweep.name / "logs" / f"{run_dir.name}.log"
+        code = run(config, sweep.nodes, log, env)
         status = read_status(run_dir).get("status")
         ok = code == 0 and status == "completed"
         print(f"[{time.time() - started:6.0f} s] {sweep.name} {arm} seed {seed}: "
               f"{'completed' if ok else f'FAILED (exit {code}, status {status})'} in {time.time() - begun:.0f} s",
               flush=True)
-        log = args.out / sweep.name / "logs" / f"{run_dir.name}.log"
         return job, "completed" if ok else "failed", time.time() - begun, False, "" if ok else f"see {log}"
 
     print(f"{len(jobs)} runs, {args.parallel} at once", flush=True)

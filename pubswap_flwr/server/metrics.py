@@ -26,6 +26,7 @@ STATUS_FILE = "status.json"
 EVAL_ITEMS_FILE = "eval_items.jsonl"  # per evaluated round, each held-out item's correct counts (item-level intervals)
 STOPPED = "stopped"
 UNREADABLE = "unreadable"  # read_status of a status.json that cannot be read or is not a run's status
+KEEP_UNREADABLE = "move the run folder away (or mend the file) to run it again"  # a sweep never clears such a run
 MAX_STATUS_BYTES = 1 << 20  # write_status writes one line with the reason; the reason quotes at most a log's tail
 STOP_DETAIL = "stopped before its last round: `flwr stop`, or its process was told to exit (SIGINT/SIGTERM)"
 
