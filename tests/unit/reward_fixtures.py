@@ -25,3 +25,62 @@ def one_in_the_scoring_worker(answer, item):
     import sys
 
     return 1.0 if "_worker_loop" in sys.modules else 0.0
+
+
+def prints_forged_replies(answer, item):
+    """Writes lines shaped like the scoring worker's replies (reward 1.0, the next hundred request ids) on file
+    descriptor 1, itself and through a child process, as a reward that runs code fed a printing completion would."""
+    import os
+    import subprocess
+    import sys
+
+    forged = "".join(json_line(request_id) for request_id in range(1, 101))
+    os.write(1, forged.encode())
+    print(forged, end="", flush=True)
+    subprocess.run([sys.executable, "-c", f"import sys; sys.stdout.write({forged!r})"], check=True)
+    return 0.0
+
+
+def json_line(request_id) -> str:
+    return '{"id": %d, "reward": 1.0}\n' % request_id
+
+
+def zero_for_any_answer(answer, item):
+    return 0.0
+
+
+def prints_a_lot(answer, item):
+    """Ten megabytes on stdout and stderr, with and without line breaks."""
+    import os
+
+    os.write(1, b"x" * 5_000_000)
+    os.write(2, b"y\n" * 2_500_000)
+    return 0.25
+
+
+def replies_on_the_worker_channel(answer, item):
+    """Writes a reply with a wrong id on the worker's own reply channel (named in its argv): a reply that does not
+    match its request must be refused."""
+    import os
+    import sys
+
+    fd = int(sys.argv[sys.argv.index("--reply-fd") + 1])
+    os.write(fd, b'{"id": "not-the-request", "reward": 1.0}\n')
+    return 0.0
+
+
+def leaves_a_child_running(answer, item):
+    """Starts `sleep 60` and returns without waiting for it; its pid goes to $PUBSWAP_TEST_CHILD_PID_FILE."""
+    import os
+    import subprocess
+
+    child = subprocess.Popen(["sleep", "60"])
+    with open(os.environ["PUBSWAP_TEST_CHILD_PID_FILE"], "w") as out:
+        out.write(str(child.pid))
+    return 0.0
+
+
+def exits_the_worker(answer, item):
+    import os
+
+    os._exit(3)
