@@ -34,8 +34,9 @@ from ..tasks import (
     score_completion,
     training_reward,
 )
+from ..tasks.isolation import check_rewards
 from ..tasks.items import max_question_chars
-from ..tasks.rewards import check_rewards, parse_rewards
+from ..tasks.rewards import parse_rewards
 from ..tasks.verifiers import completion_shape
 from ..wire.counters import ForeignCounts, UptakeCounts
 from .state import NodeIdentity, NodeState, NodeStore, plain

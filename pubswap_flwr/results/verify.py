@@ -143,7 +143,8 @@ def run_rewards(cfg, import_rewards: bool):
     """(the RewardTable verify scores with, a note for the report or None). A run's tasks.rewards names code that
     verify imports only when told to (`import_rewards`): config.json is untrusted input; without the flag the
     built-in verifiers score its tasks and the note says so."""
-    from ..tasks.rewards import RewardError, RewardTable, check_rewards, parse_rewards
+    from ..tasks.isolation import check_rewards
+    from ..tasks.rewards import RewardError, RewardTable, parse_rewards
 
     table = parse_rewards(cfg.tasks.rewards)
     if table.empty:

@@ -99,15 +99,16 @@ def already_finished(cfg: ExperimentConfig, run_dir: Path, saved: checkpoint.Ser
 
 
 def check_rewards(cfg: ExperimentConfig) -> None:
-    """Import every tasks.rewards function (ConfigError naming the key and what was wrong), and warn about a task
-    named there that none of the run's mixes lists (it may still be a task of a node's data file)."""
-    from ..tasks.rewards import REWARDS_KEY, RewardError, load_reward, parse_rewards
+    """Import every tasks.rewards function in the scoring worker, under its time limit (ConfigError naming the key
+    and what was wrong), and warn about a task named there that none of the run's mixes lists (it may still be a
+    task of a node's data file)."""
+    from ..tasks.isolation import check_rewards as import_rewards
+    from ..tasks.rewards import REWARDS_KEY, RewardError, parse_rewards
     from ..tasks.specs import mix_task_names
 
     table = parse_rewards(cfg.tasks.rewards)
     try:
-        for ref in table.refs():
-            load_reward(ref)
+        import_rewards(table)
     except RewardError as err:
         raise ConfigError(str(err)) from None
     listed = set(mix_task_names(",".join([cfg.tasks.mix, cfg.tasks.node_mixes.replace(";", ","),

@@ -6,10 +6,12 @@ that scores in the caller's process: the safe reasoning-gym replacements, the sy
 as in-process scoring. Each request is {"id", "verifier", "answer", "item", "timeout_s"} with `item` a
 `TaskItem.to_dict()`, and for a user reward (tasks.rewards) also "reward": {"module", "function", "root"}: the
 function is imported by that name from `root` (the folder the caller imported it from) and run instead of the
-verifier; the reply is {"id", "reward": float} or {"id", "error", "type", "message"} where error is
-"timeout" or "exception" (`type` names the exception the scorer raised, so the caller's reason reads as it would
-in-process). Some reasoning-gym scorers use a bare `except:` that would turn the timer's exception into reward 0;
-the loop answers "timeout" for any request during which the timer fired.
+verifier (the root is null when the caller found no folder for it: the worker's own path is searched); a request
+{"id", "check_reward": {...}, "key", "timeout_s"} only imports such a function (the run's start-up check) and
+replies {"id", "checked": true}. The reply is {"id", "reward": float} or {"id", "error", "type", "message"}
+where error is "timeout" or "exception" (`type` names the exception the scorer raised, so the caller's reason reads
+as it would in-process). Some reasoning-gym scorers use a bare `except:` that would turn the timer's exception into
+reward 0; the loop answers "timeout" for any request during which the timer fired.
 """
 
 import os
@@ -27,6 +29,7 @@ def setup(args) -> _worker_loop.Handler:
     sys.path.insert(0, args.package_root)
     import pubswap_flwr.tasks  # noqa: F401 - registers every verifier, as in the caller's process
     from pubswap_flwr.tasks.items import TaskItem
+    from pubswap_flwr.tasks.rewards import REWARDS_KEY, RewardRef, load_reward
     from pubswap_flwr.tasks.verifiers import VERIFIERS
 
     # isort: split
@@ -35,21 +38,20 @@ def setup(args) -> _worker_loop.Handler:
 
     user_rewards: dict[tuple[str, str, str], object] = {}
 
-    def user_reward(spec: dict):
-        """A tasks.rewards function, imported by name from the folder the caller found it in (kept for reuse)."""
-        import importlib
-
-        module, function, root = str(spec["module"]), str(spec["function"]), str(spec["root"])
+    def user_reward(spec: dict, key: str = REWARDS_KEY):
+        """A tasks.rewards function, imported by name from the folder the caller found it in (kept for reuse);
+        RewardError (with the caller's wording, naming `key`) when it cannot be used."""
+        module, function, root = str(spec["module"]), str(spec["function"]), spec["root"]
         if (module, function, root) not in user_rewards:
-            if root not in sys.path:
-                sys.path.insert(0, root)
-            found = getattr(importlib.import_module(module), function)
-            if not callable(found):
-                raise TypeError(f"{module}:{function} is not callable")
-            user_rewards[(module, function, root)] = found
+            if root is not None and str(root) not in sys.path:
+                sys.path.insert(0, str(root))
+            user_rewards[(module, function, root)] = load_reward(RewardRef(module, function), key)
         return user_rewards[(module, function, root)]
 
     def job(request: dict):
+        if "check_reward" in request:
+            check, key = request["check_reward"], str(request.get("key") or REWARDS_KEY)
+            return lambda: (user_reward(check, key), {"checked": True})[1]
         spec = request.get("reward")
         answer, item = str(request["answer"]), TaskItem.from_dict(request["item"])
         if spec is None:

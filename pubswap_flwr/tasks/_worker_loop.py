@@ -4,8 +4,11 @@ Imported by the worker scripts `_score_worker.py` and `_math_worker.py` when the
 package): a script puts this folder first on sys.path to import this module, and the import takes the folder off
 sys.path again before anything else is imported, so the package's modules cannot shadow what the worker imports.
 
-`run` parses --memory-mb (and the script's own arguments), points sys.stdout at stderr (libraries print; only replies
-go to the real stdout), lets the script import its libraries and build its `Handler`, arms the signal timer, caps the
+`run` parses --memory-mb, --reply-fd (and the script's own arguments) and answers on the private reply channel
+--reply-fd, a pipe the parent made for this process alone: it is made non-inheritable before anything else runs, so
+a child process the computation starts never holds it, and file descriptors 1 and 2 (where libraries, a reward's
+prints and its children write) lead to the parent's bounded output capture, never to the replies. It points
+sys.stdout at stderr, lets the script import its libraries and build its `Handler`, arms the signal timer, caps the
 address space, writes {"ready": true} and then answers each request {"id", ..., "timeout_s"} with one reply line
 carrying the same id (a request that cannot be read gets the script's bad-request reply). This process's main thread
 is the only thread that computes, so a signal timer (setitimer, fractional seconds) of the request's `timeout_s`
@@ -99,12 +102,14 @@ def run(name: str, setup: Callable[[argparse.Namespace], Handler],
     already points at stderr) and returns its handler. `name` is the worker's name in messages on stderr."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--memory-mb", type=int, default=2048)
+    parser.add_argument("--reply-fd", type=int, required=True, help="the private pipe the replies go to")
     if add_arguments is not None:
         add_arguments(parser)
     args = parser.parse_args()
 
-    out = sys.stdout
-    sys.stdout = sys.stderr  # stray prints from libraries must not corrupt the reply stream
+    os.set_inheritable(args.reply_fd, False)  # a child of the computation must never hold the reply channel
+    out = os.fdopen(args.reply_fd, "w", encoding="utf-8")
+    sys.stdout = sys.stderr  # prints go to the captured output, never to the replies
     handler = setup(args)
 
     can_time = hasattr(signal, "setitimer")

@@ -10,12 +10,16 @@ per completion; the process handling on both sides is shared with the math check
 
 * soft: the worker arms a signal timer of `timeout_s` around the scorer; when it fires (Python-level work, which is
   most sympy work) the answer is "timeout" and the worker stays up;
-* hard: the caller waits at most `timeout_s + grace_s` for the reply, then kills the worker and starts a replacement
-  at once (it imports while the caller goes on; the next isolated score waits for it to be ready).
+* hard: the caller waits at most `timeout_s + grace_s` for the reply, then kills the worker (its whole process group)
+  and starts a replacement, waiting for it within the same call.
 
 Either way the caller gets a `ScoringTimeout` within the hard bound, from any thread, and `score_completion` turns it
 into reward 0 with a reason starting "scoring timeout: " (`Score.timed_out`). Nothing is cached, so a timeout is
-never remembered as a failure. Time spent starting a worker (about 1 s of imports) is not charged to a completion.
+never remembered as a failure. The worker's first start (a few seconds of imports) is not charged to a completion;
+a restart is charged to the completion that made it necessary (killed at the hard bound, crashed or exited the
+worker, or a reply that does not match the request), so a `ScoringBudget` bills it to that completion's sender.
+Replies come on a private channel that a scorer and its children cannot write to; what they print is captured and
+bounded (workers.py).
 
 What runs where (`reasoning_gym_scoring.scored_in_worker`), decided by measurement (`benchmarks/scoring.py`, 2 CPU
 cores): a pipe round trip with the item as JSON costs about 0.1-0.3 ms, while the cheap scorers take about 5 us, so
@@ -34,6 +38,9 @@ finished within its limit (2.02 s worst with timeout_s=2).
 User rewards (`tasks.rewards`, rewards.py) always run in this worker: the worker imports the function by its
 "module:function" name (never pickled code), from the folder the caller imported it from, and keeps it for later
 requests; an endless loop in it costs its completion reward 0 with a "scoring timeout: " reason, as for a built-in.
+The run's reward names are checked at start-up by importing them in the worker too (`check_rewards`, under
+`rewards.REWARD_IMPORT_TIMEOUT_S`), so a module that hangs or crashes at import cannot hang the caller's start-up;
+the caller finds the folder it would import from without running the module (`rewards.import_root`).
 
 Checks are serialized per scorer (a lock): one worker per process; a thread waiting for the lock is not charged for
 the wait by the time limit, which bounds the scorer's own time.
@@ -44,8 +51,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from . import rewards
 from .items import TaskItem
-from .rewards import RewardRef, import_root
+from .rewards import REWARDS_KEY, RewardError, RewardRef, RewardTable, import_root
 from .workers import LazyDefault, ScoringTimeout, WorkerClient
 
 WORKER_SCRIPT = Path(__file__).with_name("_score_worker.py")
@@ -78,7 +86,6 @@ class IsolatedScorer(WorkerClient):
 
     script = WORKER_SCRIPT
     name = "scoring worker"
-    eager_restart = True
 
     def __init__(self, *, grace_s: float = DEFAULT_GRACE_S, memory_mb: int = DEFAULT_MEMORY_MB,
                  startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S, soft_timeout: bool = True):
@@ -109,9 +116,20 @@ class IsolatedScorer(WorkerClient):
         """The reward the user function `reward` (tasks.rewards) gives `answer`, computed in the worker, which
         imports it by name from the folder this process found it in; raises as `score` does (an import failure in
         the worker is a RemoteScorerError)."""
-        spec = {"module": reward.module, "function": reward.function, "root": import_root(reward)}
-        return self._score({"verifier": item.verifier, "reward": spec, "answer": answer, "item": item.to_dict()},
-                           f"reward {reward.name}", timeout_s)
+        return self._score({"verifier": item.verifier, "reward": _spec(reward), "answer": answer,
+                            "item": item.to_dict()}, f"reward {reward.name}", timeout_s)
+
+    def check_reward(self, reward: RewardRef, timeout_s: float, key: str = REWARDS_KEY) -> None:
+        """Import `reward` in the worker under `timeout_s` (the worker keeps it for scoring); RewardError naming
+        `key` when it does not import in time, does not import, or is not a callable."""
+        late = RewardError(f"{key}: module {reward.module!r} of {reward.name!r} did not import within {timeout_s:g} "
+                           "s (imported in the scoring worker, which was stopped)")
+        with self._lock:
+            reply = self._request({"check_reward": _spec(reward), "key": key}, timeout_s)
+        if reply is None or reply.get("error") == "timeout":
+            raise late
+        if reply.get("error"):
+            raise RewardError(str(reply.get("message")))
 
     def _score(self, request: dict, label: str, timeout_s: float) -> float:
         if timeout_s <= 0:
@@ -123,11 +141,27 @@ class IsolatedScorer(WorkerClient):
                 self.timeouts += 1
                 raise ScoringTimeout(f"{label} hit the {timeout_s + self.grace_s:g} s hard timeout; worker killed")
         if "reward" in reply:
-            return float(reply["reward"])
+            value = reply["reward"]
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise RemoteScorerError("BadReply", f"{label} returned {value!r}, not a number")
+            return float(value)
         if reply.get("error") == "timeout":
             self.timeouts += 1
             raise ScoringTimeout(f"{label} {reply.get('message')}")
         raise RemoteScorerError(str(reply.get("type") or "Error"), str(reply.get("message")))
+
+
+def _spec(reward: RewardRef) -> dict:
+    """How the worker finds `reward`: its names and the folder this process would import its module from."""
+    return {"module": reward.module, "function": reward.function, "root": import_root(reward)}
+
+
+def check_rewards(table: RewardTable, key: str = REWARDS_KEY, timeout_s: float | None = None) -> None:
+    """Import every reward `table` names in the scoring worker, each under `timeout_s` (default
+    rewards.REWARD_IMPORT_TIMEOUT_S); RewardError on the first that cannot be used. Nothing is imported here."""
+    limit = rewards.REWARD_IMPORT_TIMEOUT_S if timeout_s is None else timeout_s
+    for ref in table.refs():
+        default_isolated_scorer().check_reward(ref, limit, key)
 
 
 _default: LazyDefault[IsolatedScorer] = LazyDefault(IsolatedScorer)

@@ -8,15 +8,18 @@ instead of its item's verifier everywhere the run scores: training rollouts, the
 responses (pubswap), SAPO receivers' re-scoring and held-out evaluation.
 
 Parsing (`parse_rewards`) checks syntax only and never imports: it runs wherever a config is read, also on a run
-directory `pubswap verify` was given. Importing (`load_reward`, `check_rewards`) happens at start-up in the processes
-that run the config (preflight on the server, the learner on each node) so a bad name fails before any training.
-The scoring itself runs in the isolated scoring worker (isolation.py), which imports the function by the same name
-from the folder the caller found it in (`import_root`), under the same soft and hard time limits as the built-ins.
+directory `pubswap verify` was given. Importing happens at start-up in the processes that run the config
+(preflight on the server, the learner on each node: `isolation.check_rewards`) so a bad name fails before any
+training, and it happens in the isolated scoring worker (isolation.py), never in the caller: the caller finds the
+folder the module would be imported from without running it (`import_root`), and the worker imports it from there
+(`load_reward`) within REWARD_IMPORT_TIMEOUT_S, so a module that hangs at import stops start-up with a clear error
+instead of hanging it. Scoring then runs in that worker, under the same soft and hard time limits as the built-ins.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
 import re
 import sys
 from dataclasses import dataclass
@@ -30,6 +33,7 @@ REWARDS_KEY = "tasks.rewards"
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _FUNCTION = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the checkout (or the installed app bundle): examples/ is here
+REWARD_IMPORT_TIMEOUT_S = 30.0  # a reward module that takes longer to import in the scoring worker stops start-up
 
 
 class RewardError(TaskError):
@@ -132,19 +136,21 @@ def _import(module: str):
 
 
 @lru_cache(maxsize=64)
-def import_root(ref: RewardRef) -> str:
-    """The sys.path folder the caller imported `ref`'s module from, for the scoring worker to import it from too."""
-    module = sys.modules.get(ref.module) or _import(ref.module)
-    origin = getattr(module, "__file__", None)
-    if not origin:
-        return str(PACKAGE_ROOT)
-    path = Path(origin).resolve().parent  # a.b.c in ROOT/a/b/c.py, or a.b in ROOT/a/b/__init__.py
-    for _ in range(ref.module.count(".") + (Path(origin).name == "__init__.py")):
-        path = path.parent
-    return str(path)
-
-
-def check_rewards(table: RewardTable, key: str = REWARDS_KEY) -> None:
-    """Import every reward `table` names (RewardError on the first that cannot be used)."""
-    for ref in table.refs():
-        load_reward(ref, key)
+def import_root(ref: RewardRef) -> str | None:
+    """The sys.path folder `ref`'s module would be imported from (Python's path, then PACKAGE_ROOT, as `_import`
+    searches), found without running any of its code; None when neither holds it (the worker's import then says
+    why)."""
+    top = ref.module.partition(".")[0]
+    loaded = sys.modules.get(top)
+    spec = loaded.__spec__ if loaded is not None else None
+    for search in ([] if spec is not None else [None, [str(PACKAGE_ROOT)]]):
+        spec = importlib.machinery.PathFinder.find_spec(top, search)
+        if spec is not None:
+            break
+    if spec is None:
+        return None
+    if spec.submodule_search_locations:  # a package: the folder above it
+        return str(Path(next(iter(spec.submodule_search_locations))).resolve().parent)
+    if spec.origin and spec.has_location:  # a top-level module file
+        return str(Path(spec.origin).resolve().parent)
+    return None  # built in or frozen: no folder to import it from

@@ -122,7 +122,8 @@ def test_a_reward_that_runs_past_the_limit_gets_zero_with_the_timeout_reason(fun
 def test_a_reward_that_raises_gets_zero_with_its_error():
     score = score_completion("<answer>1</answer>", GCD, reward=RewardRef(FIXTURES, "not_there"))
     assert score.reward == 0.0
-    assert score.reason == f"scorer error: AttributeError: module '{FIXTURES}' has no attribute 'not_there'"
+    assert score.reason == (f"scorer error: RewardError: tasks.rewards: module '{FIXTURES}' has no attribute "
+                            f"'not_there' (from '{FIXTURES}:not_there')")
 
 
 def test_the_scoring_budget_of_the_server_and_of_sapo_receivers_applies_the_runs_rewards():

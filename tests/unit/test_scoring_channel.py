@@ -45,7 +45,7 @@ def test_forged_reward_lines_on_stdout_do_not_become_later_rewards(scorer):
     assert score_completion(WRONG, GCD, reward=reward("prints_forged_replies")).reward == 0.0
     for _ in range(5):
         score = score_completion(WRONG, GCD, reward=reward("zero_for_any_answer"))
-        assert (score.reward, score.reason) == (0.0, "")
+        assert (score.reward, score.reason) == (0.0, None)
     assert score_completion("<answer>40</answer>", GCD, reward=RewardRef("examples.my_reward", "reward")).reward == 1.0
 
 
@@ -60,9 +60,12 @@ def test_forged_reward_a_reply_that_does_not_match_its_request_is_refused(scorer
 def test_forged_reward_the_rewards_output_is_captured_and_bounded(scorer):
     score = score_completion(WRONG, GCD, reward=reward("prints_a_lot"))
     assert score.reward == 0.25
-    tail = scorer.output_tail()
+    deadline = time.monotonic() + 30  # the capture thread may still be reading when the reply is in
+    while not (tail := scorer.output_tail()) or tail[-1] != "y" or len(tail) < 200:
+        assert time.monotonic() < deadline, tail[-3:]
+        time.sleep(0.1)
+    assert len(tail) == 200 and set(tail) == {"y"}  # the last lines, each kept; 5 MB of "x" before them dropped
     assert sum(len(line) for line in tail) <= 64 * 1024
-    assert tail and set(tail[-1]) == {"y"}
 
 
 # --- class 3: a child process breaks the time limit; restarts; a reward module that hangs at import -----------------
