@@ -75,6 +75,17 @@ def _drain(stream: IO[bytes], tail: "collections.deque[str]", name: str) -> None
             log.debug("%s: %s", name, text)
 
 
+def parse_reply(line: bytes, name: str) -> dict:
+    """One reply line as a JSON object; BadReply (naming `name`) for anything else, a line over REPLY_MAX_BYTES too."""
+    try:
+        reply = json.loads(line) if len(line) <= REPLY_MAX_BYTES else None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        reply = None
+    if not isinstance(reply, dict):
+        raise BadReply(f"{name} wrote a reply that is not a JSON object: {line[:200]!r}")
+    return reply
+
+
 def _stop(process: subprocess.Popen, name: str) -> None:
     """Kill the worker's whole process group (also when the worker itself exited: its children may live on)."""
     try:
@@ -162,13 +173,7 @@ class WorkerProcess:
         if line is _EOF:
             self.exited = True
             return None
-        try:
-            reply = json.loads(line) if len(line) <= REPLY_MAX_BYTES else None
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            reply = None
-        if not isinstance(reply, dict):
-            raise BadReply(f"{self.name} wrote a reply that is not a JSON object: {line[:200]!r}")
-        return reply
+        return parse_reply(line, self.name)
 
     def send(self, request: dict) -> None:
         """Write one request line; OSError when the pipe is broken (the worker died)."""

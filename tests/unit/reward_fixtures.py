@@ -84,3 +84,17 @@ def exits_the_worker(answer, item):
     import os
 
     os._exit(3)
+
+
+def writes_the_bytes_its_answer_names(answer, item):
+    """The answer is "<channel>:<hex>": writes those bytes on stdout ("out"), stderr ("err") or the worker's own
+    reply channel ("reply"), for the property tests of the scoring channel."""
+    import os
+    import sys
+
+    channel, _, data = answer.partition(":")
+    fd = {"out": 1, "err": 2}.get(channel)
+    if fd is None:
+        fd = int(sys.argv[sys.argv.index("--reply-fd") + 1])
+    os.write(fd, bytes.fromhex(data))
+    return 0.0

@@ -9,6 +9,8 @@ import os
 import time
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from pubswap_flwr.config import ConfigError, ExperimentConfig
 from pubswap_flwr.server import preflight
@@ -16,6 +18,7 @@ from pubswap_flwr.tasks import TaskItem, score_completion
 from pubswap_flwr.tasks.budget import ScoringBudget
 from pubswap_flwr.tasks.isolation import IsolatedScorer, set_default_isolated_scorer
 from pubswap_flwr.tasks.rewards import RewardError, RewardRef, RewardTable
+from pubswap_flwr.tasks.workers import BadReply, parse_reply
 
 FIXTURES = "tests.unit.reward_fixtures"
 GCD = TaskItem("u/1", "gcd", "What is the GCD of 12 and 40?", "40", "rg", provenance={"generator": "gcd"})
@@ -133,3 +136,38 @@ def test_reward_module_import_errors_still_name_the_key():
         check_rewards(RewardTable(default=RewardRef("tests.unit.nothing_here", "reward")))
     with pytest.raises(RewardError, match=r"NOT_A_FUNCTION' is a float, not a callable"):
         check_rewards(RewardTable(default=reward("NOT_A_FUNCTION")))
+
+
+# --- properties: any bytes on the scoring channel --------------------------------------------------------------------
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=2000))
+def test_any_bytes_on_the_reply_channel_read_as_an_object_or_are_refused(line):
+    try:
+        reply = parse_reply(line, "scoring worker")
+    except BadReply as err:
+        assert str(err).startswith("scoring worker wrote a reply that is not a JSON object")
+    else:
+        assert isinstance(reply, dict)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(channel=st.sampled_from(["out", "err"]), data=st.binary(max_size=4000) | st.just(b'{"id": 1, "reward": 1}\n'))
+def test_any_bytes_a_reward_prints_never_become_a_reward(scorer, channel, data):
+    printed = score_completion(f"<answer>{channel}:{data.hex()}</answer>", GCD,
+                               reward=reward("writes_the_bytes_its_answer_names"), max_chars=20_000)
+    assert printed.reward == 0.0
+    assert score_completion(WRONG, GCD, reward=reward("zero_for_any_answer")).reward == 0.0
+    assert score_completion(WRONG, GCD, reward=reward("half_for_any_answer")).reward == 0.5
+    assert scorer.restarts == 0
+
+
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.binary(min_size=1, max_size=200))
+def test_any_bytes_on_the_reply_channel_itself_never_score(scorer, data):
+    """Bytes a reward writes onto the worker's own channel (only code running in the worker can) corrupt or
+    precede its reply: it is refused, and the next answer is scored right by a replacement."""
+    forged = score_completion(f"<answer>reply:{data.hex()}</answer>", GCD,
+                              reward=reward("writes_the_bytes_its_answer_names"))
+    assert forged.reward == 0.0
+    assert score_completion(WRONG, GCD, reward=reward("half_for_any_answer")).reward == 0.5
