@@ -171,3 +171,216 @@ def test_a_completed_run_is_skipped_and_a_broken_attempt_run_again(tmp_path, mon
     [outcome] = run_sweep(sweep, out)
     assert len(launched) == 1 and not run_dir.exists()  # the failed attempt was cleared before running again
     assert outcome.status == "failed" and outcome.detail == "exit 0: "
+
+
+# -- a sweep reuses the wrong run (#54 class 5): a completed run is skipped only when it ran its arm's config now --
+def _completed_run(run_dir: Path, config: dict, metrics: str | None = '{"round": 0, "mode": "fedavg"}\n') -> None:
+    """A completed run as the runner leaves it: config.json (RunRecorder's form), metrics.jsonl, status.json."""
+    import json
+
+    from pubswap_flwr.config import ExperimentConfig
+    from pubswap_flwr.server.metrics import write_status
+
+    run_dir.mkdir(parents=True)
+    flat = ExperimentConfig.from_flat(config).to_flat()
+    (run_dir / "config.json").write_text(json.dumps({"run_id": "17", "config": flat}, indent=2))
+    if metrics is not None:
+        (run_dir / "metrics.jsonl").write_text(metrics)
+    write_status(run_dir, "completed", "1 round in 12.5 s", 12.5)
+
+
+def _edited_sweep(tmp_path, monkeypatch):
+    """A one-arm sweep whose completed run was made before its arm was edited (local steps 2 -> 3, fedavg ->
+    fedprox)."""
+    sweep, out, launched = _one_arm_sweep(tmp_path, monkeypatch)
+    run_dir = out / "runs" / sweep.run_name("a", 3)
+    _completed_run(run_dir, {**sweep.config_for(sweep.arms[0], 3, out), "train.local-steps": 2})
+    (tmp_path / "s.toml").write_text('seeds = [3]\n[arms.a]\nstrategy.mode = "fedprox"\ntrain.local-steps = 3\n')
+    return load_sweep(tmp_path / "s.toml"), out, launched, run_dir
+
+
+def test_edited_arm_completed_run_is_refused_naming_the_keys_that_differ(tmp_path, monkeypatch, caplog):
+    from pubswap_flwr.compare import run_sweep
+
+    sweep, out, launched, run_dir = _edited_sweep(tmp_path, monkeypatch)
+    before = sorted(p.name for p in run_dir.iterdir())
+    for report_only in (False, True):
+        [outcome] = run_sweep(sweep, out, report_only=report_only)
+        assert (outcome.status, outcome.reused) == ("failed", False)
+        assert str(run_dir / "config.json") in outcome.detail
+        assert "strategy.mode: 'fedavg' -> 'fedprox'" in outcome.detail
+        assert "train.local-steps: 2 -> 3" in outcome.detail
+        assert "--rerun-edited" in outcome.detail
+        # what the runner sets (run name, output folder) is not named as a difference
+        assert "output.dir" not in outcome.detail and "run-name" not in outcome.detail
+    assert not launched and sorted(p.name for p in run_dir.iterdir()) == before  # neither run over nor cleared
+    assert "a seed 3: " in caplog.text and "train.local-steps: 2 -> 3" in caplog.text
+
+
+def test_edited_arm_is_run_again_with_rerun_edited_and_the_old_run_is_moved_aside(tmp_path, monkeypatch):
+    from pubswap_flwr.compare import run_sweep
+
+    sweep, out, launched, run_dir = _edited_sweep(tmp_path, monkeypatch)
+    (out / "logs").mkdir()
+    (out / "logs" / "a-s3.log").write_text("the old run's log\n")
+    old_config = (run_dir / "config.json").read_text()
+    [outcome] = run_sweep(sweep, out, rerun_edited=True)
+    [config] = [a[0] for a in launched]
+    assert config["strategy.mode"] == "fedprox" and config["train.local-steps"] == 3
+    [moved] = list((out / "replaced").iterdir())
+    assert moved.name.startswith("a-s3-")
+    assert (moved / "config.json").read_text() == old_config  # kept whole, beside runs/, never deleted
+    assert (moved / "metrics.jsonl").read_text() == '{"round": 0, "mode": "fedavg"}\n'
+    assert (out / "replaced" / f"{moved.name}.log").read_text() == "the old run's log\n"
+    assert outcome.status == "failed" and outcome.detail == "exit 0: "  # the fake launcher wrote no status
+
+
+def test_edited_arm_unedited_run_is_still_skipped(tmp_path, monkeypatch):
+    """Keys the runner sets or that say where and on what a run ran do not make it another arm's run."""
+    from pubswap_flwr.compare import run_sweep
+
+    sweep, out, launched = _one_arm_sweep(tmp_path, monkeypatch)
+    run_dir = out / "runs" / sweep.run_name("a", 3)
+    _completed_run(run_dir, {**sweep.config_for(sweep.arms[0], 3, out), "output.dir": "/moved/elsewhere/runs",
+                             "resume": True, "model.threads": 4, "model.device": "cpu",
+                             "deploy.warm-worker": False})
+    [outcome] = run_sweep(sweep, out)
+    assert (outcome.status, outcome.reused, outcome.seconds, launched) == ("completed", True, 12.5, [])
+
+
+@pytest.mark.parametrize("config_json, reason", [
+    (None, "config.json: missing"),
+    ("{not json", "config.json: not JSON"),
+    ('{"run_id": "1", "config": []}', "config: expected `object`, got `array`"),
+    ('{"run_id": "1", "config": {}}', "config.json: holds no run-config keys"),
+])
+def test_edited_arm_run_whose_config_cannot_be_read_is_not_reused(tmp_path, monkeypatch, config_json, reason):
+    from pubswap_flwr.compare import run_sweep
+
+    sweep, out, launched = _one_arm_sweep(tmp_path, monkeypatch)
+    run_dir = out / "runs" / sweep.run_name("a", 3)
+    _completed_run(run_dir, sweep.config_for(sweep.arms[0], 3, out))
+    if config_json is None:
+        (run_dir / "config.json").unlink()
+    else:
+        (run_dir / "config.json").write_text(config_json)
+    [outcome] = run_sweep(sweep, out)
+    assert outcome.status == "failed" and reason in outcome.detail and "--rerun-edited" in outcome.detail
+    assert not launched and (run_dir / "status.json").is_file()
+
+
+def _compare_cli(tmp_path, *extra):
+    from pubswap_flwr.cli import main as pubswap
+
+    return pubswap(["compare", str(tmp_path / "s.toml"), "--out", str(tmp_path / "results"), *extra])
+
+
+def test_edited_arm_run_is_left_out_of_the_report_and_outcomes(tmp_path, capsys):
+    """`--only b` leaves arm a alone: its completed run, made before a was edited, is neither reported under a nor
+    recorded as completed in outcomes.json (scripts/publish_results.py publishes from it)."""
+    import json
+
+    path = tmp_path / "s.toml"
+    path.write_text('name = "x"\nseeds = [3]\n[arms.a]\ntrain.local-steps = 2\n[arms.b]\ntrain.local-steps = 4\n')
+    sweep = load_sweep(path)
+    out = tmp_path / "results" / "x"
+    for arm in sweep.arms:
+        _completed_run(out / "runs" / sweep.run_name(arm.name, 3), sweep.config_for(arm, 3, out))
+    path.write_text('name = "x"\nseeds = [3]\n[arms.a]\ntrain.local-steps = 3\n[arms.b]\ntrain.local-steps = 4\n')
+    assert _compare_cli(tmp_path, "--only", "b") == 1
+    err = capsys.readouterr().err
+    assert "FAILED a seed 3: " in err and "train.local-steps: 2 -> 3" in err
+    outcomes = {o["arm"]: o for o in json.loads((out / "outcomes.json").read_text())}
+    assert (outcomes["b"]["status"], outcomes["b"]["reused"]) == ("completed", True)
+    assert outcomes["a"]["status"] == "failed" and "train.local-steps: 2 -> 3" in outcomes["a"]["detail"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert sorted(summary["runs"]) == ["b-s3"] and list(summary["failures"]) == ["a-s3"]
+
+
+# -- compare --report-only on a completed run without metrics: one line naming the run, no traceback --------------
+@pytest.mark.parametrize("metrics, reason", [(None, "metrics.jsonl: missing"),
+                                             ("", "metrics.jsonl is empty"),
+                                             ("{not json\n", "metrics.jsonl:1: not a JSON row")])
+def test_report_only_completed_run_without_metrics_is_named_not_a_traceback(tmp_path, capsys, metrics, reason):
+    import json
+
+    path = tmp_path / "s.toml"
+    path.write_text('name = "x"\nseeds = [3]\n[arms.a]\ntrain.local-steps = 2\n[arms.b]\ntrain.local-steps = 4\n')
+    sweep = load_sweep(path)
+    out = tmp_path / "results" / "x"
+    _completed_run(out / "runs" / "a-s3", sweep.config_for(sweep.arms[0], 3, out), metrics=metrics)
+    _completed_run(out / "runs" / "b-s3", sweep.config_for(sweep.arms[1], 3, out))
+    assert _compare_cli(tmp_path, "--report-only") == 1
+    err = capsys.readouterr().err
+    [line] = [line for line in err.splitlines() if line.startswith("FAILED a seed 3: ")]
+    assert str(out / "runs" / "a-s3") in line and reason in line
+    assert "Traceback" not in err
+    summary = json.loads((out / "summary.json").read_text())
+    assert sorted(summary["runs"]) == ["b-s3"] and list(summary["failures"]) == ["a-s3"]  # b still reported
+    assert (out / "runs" / "a-s3" / "status.json").is_file()  # kept as it is
+
+
+# -- status.json: elapsed_s finite, detail printed without terminal control ------------------------------------------
+@pytest.mark.parametrize("elapsed", ["Infinity", "-Infinity", "NaN", "1e999"])
+def test_status_file_with_a_non_finite_elapsed_time_is_unreadable(tmp_path, elapsed):
+    from pubswap_flwr.server.metrics import UNREADABLE, read_status
+
+    (tmp_path / "status.json").write_text('{"status": "completed", "detail": "", "elapsed_s": %s}' % elapsed)
+    status = read_status(tmp_path)
+    assert status["status"] == UNREADABLE
+    assert status["detail"].startswith(f"{tmp_path / 'status.json'}: elapsed_s: ")
+    assert "finite" in status["detail"]
+
+
+def test_status_file_detail_with_terminal_escapes_is_printed_escaped(tmp_path):
+    """A detail is text the run quoted (an error, a log's tail): line breaks and colour codes are kept visible as
+    escapes, so a forged one can neither clear the screen nor add lines; the status itself still counts."""
+    from pubswap_flwr.server.metrics import UNREADABLE, read_status
+
+    (tmp_path / "status.json").write_text(
+        '{"status": "failed", "detail": "\\u001b[2J\\u001b]0;owned\\u0007exit 1\\nFAKE: ok\\u009b31m\\u202e", '
+        '"elapsed_s": 3}')
+    status = read_status(tmp_path)
+    assert status == {"status": "failed", "elapsed_s": 3.0,
+                      "detail": "\\x1b[2J\\x1b]0;owned\\x07exit 1\\nFAKE: ok\\x9b31m\\u202e"}
+    (tmp_path / "status.json").write_text('{"status": "done\\u001b[31m"}')  # quoted in the unreadable reason
+    status = read_status(tmp_path)
+    assert status["status"] == UNREADABLE and "\x1b" not in status["detail"] and "\\x1b[31m" in status["detail"]
+
+
+def _gpu_sweeps(tmp_path, monkeypatch, *extra) -> tuple[int, list, list[dict]]:
+    """scripts/gpu_sweeps.py on tmp_path/s.toml with its run launcher recording what it would have run: (exit code,
+    the configs launched, outcomes.json)."""
+    import json
+    import sys
+
+    from tests.scripts import load_script
+
+    script = load_script("scripts/gpu_sweeps.py")
+    launched: list = []
+    monkeypatch.setattr(script, "run", lambda config, *a: launched.append(config) or 0)
+    monkeypatch.setattr(sys, "argv", ["gpu_sweeps.py", str(tmp_path / "s.toml"), "--out", str(tmp_path / "res"),
+                                      *extra])
+    with pytest.raises(SystemExit) as exited:
+        script.main()
+    return exited.value.code, launched, json.loads((tmp_path / "res" / "x" / "outcomes.json").read_text())
+
+
+def test_edited_arm_gpu_sweeps_refuses_the_old_run_and_reruns_it_only_when_asked(tmp_path, monkeypatch):
+    path = tmp_path / "s.toml"
+    path.write_text('name = "x"\nseeds = [3]\n[arms.a]\ntrain.local-steps = 2\n')
+    sweep = load_sweep(path)
+    out = tmp_path / "res" / "x"
+    run_dir = out / "runs" / "a-s3"
+    _completed_run(run_dir, {**sweep.config_for(sweep.arms[0], 3, out), "model.threads": 1})  # as gpu_sweeps runs it
+    code, launched, [outcome] = _gpu_sweeps(tmp_path, monkeypatch)
+    assert (code, launched, outcome["status"], outcome["reused"]) == (0, [], "completed", True)  # unedited: reused
+    path.write_text('name = "x"\nseeds = [3]\n[arms.a]\ntrain.local-steps = 3\n')
+    code, launched, [outcome] = _gpu_sweeps(tmp_path, monkeypatch)
+    assert (code, launched, outcome["status"]) == (1, [], "failed")
+    assert str(run_dir / "config.json") in outcome["detail"] and "train.local-steps: 2 -> 3" in outcome["detail"]
+    assert "--rerun-edited" in outcome["detail"] and (run_dir / "metrics.jsonl").is_file()
+    code, launched, [outcome] = _gpu_sweeps(tmp_path, monkeypatch, "--rerun-edited")
+    assert [config["train.local-steps"] for config in launched] == [3]
+    [moved] = list((out / "replaced").iterdir())
+    assert (moved / "metrics.jsonl").is_file() and moved.name.startswith("a-s3-")
