@@ -150,3 +150,9 @@ def write_replacing(path: Path, data: bytes) -> None:
 def one_line(text: object) -> str:
     """`text` on one line (a path or value from a file may hold line breaks)."""
     return str(text).replace("\r", "\\r").replace("\n", "\\n")
+
+
+def printable(text: str) -> str:
+    """`text` with every character a terminal would act on or not show (control characters, escapes, line and
+    format characters such as a right-to-left override) written as its Python escape, e.g. "\\x1b[2J"."""
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)

@@ -155,8 +155,11 @@ def final_adapters(run_dir: Path, holds_global_adapter: bool) -> str:
 def read_status(run_dir: Path) -> dict:
     """status.json's `status`, `detail` and `elapsed_s`: {} when there is none, and `status` UNREADABLE with the
     reason as `detail` when it cannot be read or is not a run's status (write_status replaces the file whole, so
-    that is someone else's file or a damaged disk): no caller may take such a run for completed, or for nothing."""
-    from ..untrusted import UntrustedFileError, is_present, read_json
+    that is someone else's file or a damaged disk): no caller may take such a run for completed, or for nothing.
+    `detail` comes back printable (untrusted.printable): it is free text the run quoted, an error or a log's tail,
+    which may hold line breaks and colour codes, so a control character in it is escaped rather than the file
+    refused (a failed run would then read as unreadable, which a sweep never clears), and printed as it is nowhere."""
+    from ..untrusted import UntrustedFileError, is_present, printable, read_json
 
     path = Path(run_dir) / STATUS_FILE
     try:
@@ -164,10 +167,11 @@ def read_status(run_dir: Path) -> dict:
             return {}
         record = parse_value_of(path, read_json(path, limit=MAX_STATUS_BYTES), RunStatusFile, UntrustedFileError)
     except OSError as err:  # the run folder is a file, or cannot be searched
-        return {"status": UNREADABLE, "detail": f"{path}: cannot be read ({err.strerror or err})", "elapsed_s": None}
-    except UntrustedFileError as err:
-        return {"status": UNREADABLE, "detail": str(err), "elapsed_s": None}
-    return {"status": record.status, "detail": record.detail, "elapsed_s": record.elapsed_s}
+        reason = f"{path}: cannot be read ({err.strerror or err})"
+        return {"status": UNREADABLE, "detail": printable(reason), "elapsed_s": None}
+    except UntrustedFileError as err:  # its message may quote the file's values
+        return {"status": UNREADABLE, "detail": printable(str(err)), "elapsed_s": None}
+    return {"status": record.status, "detail": printable(record.detail), "elapsed_s": record.elapsed_s}
 
 
 def mark_stopped(run_dir: Path, detail: str) -> bool:
@@ -275,6 +279,10 @@ class RunStatusFile(Struct):
     status: Literal["running", "completed", "failed", "stopped"]
     detail: str = ""
     elapsed_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.elapsed_s is not None and not math.isfinite(self.elapsed_s):  # json reads Infinity, NaN and 1e999
+            raise ValueError(f"elapsed_s: must be a finite number of seconds, got {self.elapsed_s}")
 
 
 class EvalItemsRecord(Struct):
