@@ -1,8 +1,10 @@
 """Comparison runner: one sweep file names a base config, the arms and the seeds; every (arm, seed) run goes
 through Flower's simulation engine in its own process, completed runs are skipped, failed ones are reported, and
-the report (tables and plots) is written from the runs' metrics.jsonl.
+the report (tables and plots) is written from the runs' metrics.jsonl. A completed run is skipped only when the config
+it recorded is the one its arm gives now: a run made before its arm was edited is refused, naming the keys that
+differ, until `--rerun-edited` moves it to results/<sweep>/replaced/ and runs the arm again.
 
-    pubswap compare configs/compare-pubswap.toml [--out results] [--only ARM ...] [--dry-run]
+    pubswap compare configs/compare-pubswap.toml [--out results] [--only ARM ...] [--dry-run] [--rerun-edited]
     pubswap simulate -c configs/smoke.toml --nodes 2 --run-name x --out runs     (one run, in-process)
 
 Sweep file:
@@ -32,7 +34,7 @@ import time
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Mapping
 
 import msgspec
 from msgspec import Meta, Struct
@@ -40,9 +42,9 @@ from msgspec import Meta, Struct
 from .config import ConfigError, ExperimentConfig, flatten, load_toml
 from .places import outside_checkout, resolve_output
 from .schema import parse_value_of
-from .server.metrics import KEEP_UNREADABLE, UNREADABLE, read_status
+from .server.metrics import CONFIG_FILE, KEEP_UNREADABLE, UNREADABLE, RunConfigFile, read_status
 from .tasks.splits import MAX_NODES
-from .untrusted import one_line
+from .untrusted import UntrustedFileError, is_present, one_line, read_json
 
 log = logging.getLogger("pubswap_flwr.compare")
 
@@ -190,6 +192,107 @@ def run_one(config: dict[str, Any], nodes: int, cpus_per_client: int, timeout_s:
 
 
 NOT_RUN = "not-run"  # a run --report-only found unmade: neither a failure nor a result, listed as pending
+REPLACED_DIR = "replaced"  # beside runs/: where --rerun-edited moves a completed run its arm no longer gives
+MAX_CONFIG_BYTES = 1 << 22  # a run's config.json is a few KB (tasks.custom's JSON its longest value)
+MAX_DIFFERENCES_SHOWN = 12
+# Keys a completed run may have recorded other values of and still be its arm's run: where the runner put it (the
+# run-name is the folder's own name; output.dir moves with --out and $PUBSWAP_OUTPUT_ROOT), `resume` (a run continued
+# from its checkpoint), and what a runner sets about where and how fast a run goes rather than what it computes
+# (scripts/gpu_sweeps.py sets model.threads and model.device for every run; deploy.* acts on deployed nodes only,
+# never in a sweep's simulation). Every other key, paths to data files included, counts.
+RUNNER_KEYS = frozenset({"run-name", "output.dir", "resume", "model.threads", "model.device"})
+RUNNER_SECTIONS = ("deploy.",)
+EDITED_ADVICE = (f"to run the arm again: --rerun-edited (the old run is moved to {REPLACED_DIR}/ beside runs/, never "
+                 "deleted)")
+
+
+def config_differences(recorded: Mapping[str, Any], now: Mapping[str, Any], defaults: Mapping[str, Any]) -> list[str]:
+    """`key: recorded -> now` for every key of `now` (a whole flat config, ExperimentConfig.to_flat) whose value the
+    run recorded differs, the runner's keys (RUNNER_KEYS) left out. A key the record lacks (a run made before the key
+    existed) counts only when `now` sets it off its value in `defaults`; a recorded key the code no longer knows is
+    not compared: no arm can set it now."""
+    differences = []
+    for key, value in now.items():
+        if key in RUNNER_KEYS or key.startswith(RUNNER_SECTIONS):
+            continue
+        if key not in recorded:
+            if not _same(value, defaults[key]):
+                differences.append(f"{key}: (not recorded) -> {_shown(value)}")
+        elif not _same(recorded[key], value):
+            differences.append(f"{key}: {_shown(recorded[key])} -> {_shown(value)}")
+    return differences
+
+
+def _same(recorded: Any, now: Any) -> bool:
+    return recorded == now and isinstance(recorded, bool) == isinstance(now, bool)  # True == 1 in Python
+
+
+def _shown(value: Any, longest: int = 60) -> str:
+    """A config value as Python writes it (control characters of a forged file escaped), cut to `longest`."""
+    text = repr(value)
+    return text if len(text) <= longest else text[:longest - 3] + "..."
+
+
+def recorded_config(run_dir: Path) -> dict[str, Any]:
+    """The flat config a run recorded (config.json as RunRecorder writes it), read as untrusted: UntrustedFileError
+    naming the file when it is missing, a link, not JSON, of another shape or without config keys."""
+    path = run_dir / CONFIG_FILE
+    config = parse_value_of(path, read_json(path, limit=MAX_CONFIG_BYTES), RunConfigFile, UntrustedFileError).config
+    if not config:
+        raise UntrustedFileError(f"{path}: holds no run-config keys ('config')")
+    return config
+
+
+@dataclass(frozen=True)
+class Reuse:
+    """Whether a completed run can stand as its arm's run now: `problem` says why not ("" when it can); `edited`:
+    the problem is its config (another than the arm's now, or unreadable), which --rerun-edited runs again."""
+
+    problem: str = ""
+    edited: bool = False
+
+    @property
+    def detail(self) -> str:
+        """The refusal as a sweep reports it: the problem and what to do about it."""
+        return f"{self.problem}; {EDITED_ADVICE if self.edited else KEEP_UNREADABLE}"
+
+
+def check_reuse(run_dir: Path, config: Mapping[str, Any]) -> Reuse:
+    """Whether the completed run in `run_dir` ran `config` (the flat config its arm would run now; a valid one) and
+    left what a report reads (report.summarize_run: metrics.jsonl with rows, ...)."""
+    from .report.summaries import summarize_run
+
+    try:
+        recorded = recorded_config(run_dir)
+    except UntrustedFileError as err:
+        return Reuse(f"{one_line(err)}; which config the run ran cannot be told", edited=True)
+    differences = config_differences(recorded, ExperimentConfig.from_flat(config).to_flat(),
+                                     ExperimentConfig().to_flat())
+    if differences:
+        more = len(differences) - MAX_DIFFERENCES_SHOWN
+        listed = ", ".join(differences[:MAX_DIFFERENCES_SHOWN]) + (f" and {more} more" if more > 0 else "")
+        return Reuse(f"{run_dir / CONFIG_FILE}: the run was made with another config than its arm gives now "
+                     f"(recorded -> now: {listed})", edited=True)
+    try:
+        summarize_run(run_dir)
+    except ValueError as err:  # UntrustedFileError, MetricsError: a file of the run the report cannot use
+        return Reuse(one_line(err))
+    return Reuse()
+
+
+def move_aside(run_dir: Path, log_path: Path, into: Path) -> Path:
+    """Move a completed run's folder into `into` under its name and the time (e.g. replaced/a-s0-20250102-030405),
+    and its log beside it as <that name>.log; never over anything already there. Returns where the run went."""
+    into.mkdir(parents=True, exist_ok=True)
+    stem = f"{run_dir.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    target, number = into / stem, 1
+    while is_present(target) or is_present(into / f"{target.name}.log"):
+        number += 1
+        target = into / f"{stem}-{number}"
+    run_dir.rename(target)
+    if is_present(log_path):
+        log_path.rename(into / f"{target.name}.log")
+    return target
 
 
 def is_failure(status: str) -> bool:
@@ -198,9 +301,11 @@ def is_failure(status: str) -> bool:
 
 
 def run_sweep(sweep: Sweep, out: Path, only: list[str] | None = None, dry_run: bool = False,
-              report_only: bool = False) -> list[RunOutcome]:
+              report_only: bool = False, rerun_edited: bool = False) -> list[RunOutcome]:
     """Run the sweep's (arm, seed) runs that are not complete yet; `report_only` runs none and records each of them
-    as NOT_RUN (a sweep stopped early: its completed runs can be reported and published, paired by seed)."""
+    as NOT_RUN (a sweep stopped early: its completed runs can be reported and published, paired by seed). A
+    completed run is reused only when check_reuse passes it, else it is a failure named with the reason and left as
+    it is; with `rerun_edited`, one whose config is not its arm's now is moved aside (move_aside) and run again."""
     outcomes: list[RunOutcome] = []
     # A seed at a time (every arm of seed 0, then seed 1, ...): a sweep stopped early still holds paired arms.
     for seed in sweep.seeds:
@@ -212,12 +317,26 @@ def run_sweep(sweep: Sweep, out: Path, only: list[str] | None = None, dry_run: b
                 log.error("%s", arm.error)
                 outcomes.append(RunOutcome(arm.name, seed, run_dir, "skipped-invalid", arm.error))
                 continue
+            log_path = out / "logs" / f"{sweep.run_name(arm.name, seed)}.log"
             status = read_status(run_dir)
             if status.get("status") == "completed":
-                log.info("%s seed %d: already complete, skipped", arm.name, seed)
-                outcomes.append(RunOutcome(arm.name, seed, run_dir, "completed", status["detail"],
-                                           status["elapsed_s"] or 0.0, reused=True))
-                continue
+                reuse = check_reuse(run_dir, sweep.config_for(arm, seed, out))
+                if not reuse.problem:
+                    log.info("%s seed %d: already complete, skipped", arm.name, seed)
+                    outcomes.append(RunOutcome(arm.name, seed, run_dir, "completed", status["detail"],
+                                               status["elapsed_s"] or 0.0, reused=True))
+                    continue
+                if not (reuse.edited and rerun_edited) or report_only:
+                    log.error("%s seed %d: %s", arm.name, seed, reuse.detail)
+                    outcomes.append(RunOutcome(arm.name, seed, run_dir, "failed", reuse.detail))
+                    continue
+                if dry_run:
+                    log.info("%s seed %d: %s; would move it to %s/ and run %s", arm.name, seed, reuse.problem,
+                             out / REPLACED_DIR, sweep.config_for(arm, seed, out))
+                    continue
+                moved = move_aside(run_dir, log_path, out / REPLACED_DIR)
+                log.warning("%s seed %d: %s; moved to %s, running it again", arm.name, seed, reuse.problem, moved)
+                status = {}
             if status.get("status") == UNREADABLE:  # never cleared unseen: it may be a finished run
                 detail = f"{status['detail']}; {KEEP_UNREADABLE}"
                 log.error("%s seed %d: %s", arm.name, seed, detail)
@@ -237,8 +356,7 @@ def run_sweep(sweep: Sweep, out: Path, only: list[str] | None = None, dry_run: b
             started = time.time()
             log.info("%s seed %d: running (%d nodes)", arm.name, seed, sweep.nodes)
             code, tail = run_one(sweep.config_for(arm, seed, out), sweep.nodes, sweep.cpus_per_client,
-                                 sweep.timeout_s, out / "logs" / f"{sweep.run_name(arm.name, seed)}.log",
-                                 sweep.gpus_per_client, sweep.ray_address)
+                                 sweep.timeout_s, log_path, sweep.gpus_per_client, sweep.ray_address)
             status = read_status(run_dir)
             ok = code == 0 and status.get("status") == "completed"
             detail = status.get("detail") or tail
@@ -248,6 +366,35 @@ def run_sweep(sweep: Sweep, out: Path, only: list[str] | None = None, dry_run: b
                                             outcome.seconds, "" if ok else f" — {outcome.detail}")
             outcomes.append(outcome)
     return outcomes
+
+
+def reportable_runs(sweep: Sweep, out: Path, outcomes: list[RunOutcome]) -> tuple[list[Path], list[RunOutcome]]:
+    """The sweep's completed runs its report reads, arm by arm: those `outcomes` (this invocation's) completed, and
+    for the (arm, seed) runs an --only invocation left alone, each completed one on disk that check_reuse passes.
+    Also a failed outcome for each run left alone that cannot stand as its arm's now (skipped-invalid for an arm
+    whose config is invalid), so that neither the report nor outcomes.json takes it for that arm's result."""
+    done = {(o.arm, o.seed): o for o in outcomes}
+    runs: list[Path] = []
+    refused: list[RunOutcome] = []
+    for arm in sweep.arms:
+        for seed in sweep.seeds:
+            run_dir = out / "runs" / sweep.run_name(arm.name, seed)
+            if (arm.name, seed) in done:
+                if done[arm.name, seed].status == "completed":
+                    runs.append(run_dir)
+                continue
+            if read_status(run_dir).get("status") != "completed":
+                continue
+            if arm.error:
+                refused.append(RunOutcome(arm.name, seed, run_dir, "skipped-invalid", arm.error))
+                continue
+            reuse = check_reuse(run_dir, sweep.config_for(arm, seed, out))
+            if reuse.problem:
+                log.error("%s seed %d: %s", arm.name, seed, reuse.detail)
+                refused.append(RunOutcome(arm.name, seed, run_dir, "failed", reuse.detail))
+            else:
+                runs.append(run_dir)
+    return runs, refused
 
 
 def merged_outcomes(path: Path, sweep: Sweep, entries: list[dict]) -> list[dict]:
@@ -285,20 +432,24 @@ def cmd_compare(args: argparse.Namespace) -> int:
         return 2
     out = resolve_output(args.out) / sweep.name
     out.mkdir(parents=True, exist_ok=True)
-    outcomes = run_sweep(sweep, out, args.only, args.dry_run, args.report_only)
+    outcomes = run_sweep(sweep, out, args.only, args.dry_run, args.report_only, args.rerun_edited)
     if args.dry_run:
         return 0
+    # Every completed run of the sweep on disk that is its arm's (an --only invocation keeps the other arms).
+    completed, refused = reportable_runs(sweep, out, outcomes)
+    outcomes += refused
     entries = [msgspec.to_builtins(OutcomeEntry.of(o)) for o in outcomes]
     (out / "outcomes.json").write_text(json.dumps(merged_outcomes(out / "outcomes.json", sweep, entries), indent=2))
-    # Every completed run of the sweep on disk (an --only invocation keeps the other arms in the report).
-    completed = [out / "runs" / sweep.run_name(arm.name, seed) for arm in sweep.arms for seed in sweep.seeds
-                 if read_status(out / "runs" / sweep.run_name(arm.name, seed)).get("status") == "completed"]
     failed = [o for o in outcomes if is_failure(o.status)]
     pending = [o for o in outcomes if o.status == NOT_RUN]
-    report = write_report(out, completed, failures={(o.arm, o.seed): o.detail for o in failed},
-                          pending=[(o.arm, o.seed) for o in pending],
-                          title=sweep.name, notes=sweep.notes, command=" ".join(["pubswap"] + sys.argv[1:]),
-                          force=True, arm_order=[arm.name for arm in sweep.arms])  # its own sweep's report
+    try:
+        report = write_report(out, completed, failures={(o.arm, o.seed): o.detail for o in failed},
+                              pending=[(o.arm, o.seed) for o in pending],
+                              title=sweep.name, notes=sweep.notes, command=" ".join(["pubswap"] + sys.argv[1:]),
+                              force=True, arm_order=[arm.name for arm in sweep.arms])  # its own sweep's report
+    except ValueError as err:  # a file of a run just made that the report cannot use (check_reuse read the others)
+        print(f"pubswap compare: no report: {one_line(err)}", file=sys.stderr)
+        return 2
     print(f"report: {report}")
     if pending:
         print(f"{len(pending)} run(s) not made yet: " + ", ".join(sweep.run_name(o.arm, o.seed) for o in pending))
@@ -362,6 +513,9 @@ def register(sub) -> None:
     compare.add_argument("--report-only", action="store_true",
                          help="run nothing: write outcomes.json and the report from the runs already complete, "
                               "listing the others as not run yet (a sweep stopped early, to publish what it has)")
+    compare.add_argument("--rerun-edited", action="store_true",
+                         help="run again a completed run whose recorded config is not its arm's now (the sweep file "
+                              f"was edited since): the old run is moved to <out>/<sweep>/{REPLACED_DIR}/ first")
     compare.add_argument("--ray-address", metavar="HOST:PORT",
                          help="run every arm on this running Ray cluster (its head node's `ray start --head --port`; "
                               "overrides the sweep file's ray-address)")

@@ -8,8 +8,11 @@ the runs side by side), writing each run where `pubswap compare` would, so `pubs
     python scripts/gpu_sweeps.py configs/real-pubswap.toml --out /tmp/dry --parallel 2 --dry-size   # CPU check
 
 --dry-size shrinks every run (embedded tiny model, 2 rounds, a few steps and held-out items) to check the whole
-path on a CPU in a minute or two. Completed runs are skipped (a stopped batch resumes); each sweep's outcomes.json
-and report are written when its runs end. --model overrides model.name in every run (e.g. a local copy).
+path on a CPU in a minute or two. Completed runs are skipped (a stopped batch resumes) when they ran the config this
+invocation gives them (`pubswap compare`'s check: an edited arm, or another --model or --dry-size, makes the old run
+a failure naming the keys that differ, until --rerun-edited moves it to <out>/<sweep>/replaced/ and runs it again);
+each sweep's outcomes.json and report are written when its runs end. --model overrides model.name in every run
+(e.g. a local copy).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from pubswap_flwr.compare import load_sweep
+from pubswap_flwr.compare import REPLACED_DIR, check_reuse, load_sweep, move_aside
 from pubswap_flwr.places import resolve_output
 from pubswap_flwr.report import write_report
 from pubswap_flwr.server.metrics import KEEP_UNREADABLE, UNREADABLE, read_status
@@ -50,6 +53,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads per run (model.threads)")
     parser.add_argument("--dry-size", action="store_true", help="tiny runs on the embedded model (a CPU check)")
     parser.add_argument("--model", help="model.name for every run")
+    parser.add_argument("--rerun-edited", action="store_true",
+                        help="run again a completed run whose recorded config is not the one this invocation gives "
+                             f"it: the old run is moved to <out>/<sweep>/{REPLACED_DIR}/ first")
     args = parser.parse_args()
     args.out = resolve_output(args.out)
     jobs = []
@@ -73,10 +79,18 @@ def main() -> None:
 
     def one(job):
         sweep, arm, seed, config, run_dir = job
+        log = args.out / sweep.name / "logs" / f"{run_dir.name}.log"
         before = read_status(run_dir)
         if before.get("status") == "completed":
-            return job, "completed", 0.0, True, ""
-        if before.get("status") == UNREADABLE:  # never cleared unseen: it may be a finished run
+            reuse = check_reuse(run_dir, config)
+            if not reuse.problem:
+                return job, "completed", 0.0, True, ""
+            if not (reuse.edited and args.rerun_edited):
+                print(f"{sweep.name} {arm} seed {seed}: NOT RUN: {reuse.detail}", flush=True)
+                return job, "failed", 0.0, False, reuse.detail
+            moved = move_aside(run_dir, log, args.out / sweep.name / REPLACED_DIR)
+            print(f"{sweep.name} {arm} seed {seed}: {reuse.problem}; moved to {moved}, running it again", flush=True)
+        elif before.get("status") == UNREADABLE:  # never cleared unseen: it may be a finished run
             detail = f"{before['detail']}; {KEEP_UNREADABLE}"
             print(f"{sweep.name} {arm} seed {seed}: NOT RUN: {detail}", flush=True)
             return job, "failed", 0.0, False, detail
@@ -85,7 +99,6 @@ def main() -> None:
 
             shutil.rmtree(run_dir)
         begun = time.time()
-        log = args.out / sweep.name / "logs" / f"{run_dir.name}.log"
         code = run(config, sweep.nodes, log, env)
         status = read_status(run_dir).get("status")
         ok = code == 0 and status == "completed"

@@ -30,14 +30,22 @@ def _script():
 
 
 def _finished_sweep(tmp_path: Path) -> tuple[Path, Path]:
+    from pubswap_flwr.compare import load_sweep
+    from pubswap_flwr.config import ExperimentConfig
+
     sweep = tmp_path / "mini-sweep.toml"
     sweep.write_text(SWEEP)
+    loaded = load_sweep(sweep)
+    arms = {arm.name: arm for arm in loaded.arms}
     results = tmp_path / "results"
     outcomes = []
     for arm in ("fedavg", "fedprox"):
         for seed in (0, 1):
             run = make_run(results / "mini-sweep", arm, seed, 0.2 + 0.05 * seed, mode=arm)
-            (run / "config.json").write_text("{}")
+            config = loaded.config_for(arms[arm], seed, results / "mini-sweep")
+            # as the run recorded it: `pubswap compare` reuses a completed run only when it ran its arm's config
+            (run / "config.json").write_text(json.dumps({"run_id": "1",
+                                                         "config": ExperimentConfig.from_flat(config).to_flat()}))
             (run / "status.json").write_text(json.dumps({"status": "completed", "elapsed_s": 6.0}))
             outcomes.append({"arm": arm, "seed": seed, "status": "completed", "detail": "", "run_dir": str(run)})
     (results / "mini-sweep" / "outcomes.json").write_text(json.dumps(outcomes))

@@ -162,7 +162,7 @@ def test_a_completed_run_is_skipped_and_a_broken_attempt_run_again(tmp_path, mon
 
     sweep, out, launched = _one_arm_sweep(tmp_path, monkeypatch)
     run_dir = out / "runs" / sweep.run_name("a", 3)
-    run_dir.mkdir(parents=True)
+    _completed_run(run_dir, sweep.config_for(sweep.arms[0], 3, out))
     write_status(run_dir, "completed", "1 round", 12.5)
     [outcome] = run_sweep(sweep, out)
     assert (outcome.status, outcome.seconds, outcome.reused, launched) == ("completed", 12.5, True, [])
@@ -227,7 +227,7 @@ def test_edited_arm_is_run_again_with_rerun_edited_and_the_old_run_is_moved_asid
     [outcome] = run_sweep(sweep, out, rerun_edited=True)
     [config] = [a[0] for a in launched]
     assert config["strategy.mode"] == "fedprox" and config["train.local-steps"] == 3
-    [moved] = list((out / "replaced").iterdir())
+    [moved] = [p for p in (out / "replaced").iterdir() if p.is_dir()]  # the log is moved beside it
     assert moved.name.startswith("a-s3-")
     assert (moved / "config.json").read_text() == old_config  # kept whole, beside runs/, never deleted
     assert (moved / "metrics.jsonl").read_text() == '{"round": 0, "mode": "fedavg"}\n'
@@ -384,3 +384,23 @@ def test_edited_arm_gpu_sweeps_refuses_the_old_run_and_reruns_it_only_when_asked
     assert [config["train.local-steps"] for config in launched] == [3]
     [moved] = list((out / "replaced").iterdir())
     assert (moved / "metrics.jsonl").is_file() and moved.name.startswith("a-s3-")
+
+
+def test_a_run_just_made_that_the_report_cannot_read_is_one_line_not_a_traceback(tmp_path, monkeypatch, capsys):
+    """The runs compare reuses are read before the report (check_reuse); one it has just made is read by the report
+    alone, and a file of it the report cannot use ends compare with one line naming it."""
+    from pubswap_flwr import compare
+
+    path = tmp_path / "s.toml"
+    path.write_text('name = "x"\nseeds = [3]\n[arms.a]\ntrain.local-steps = 2\n')
+    out = tmp_path / "results" / "x"
+
+    def made_without_rows(config, *args, **kwargs):
+        _completed_run(out / "runs" / "a-s3", config, metrics="")
+        return 0, ""
+
+    monkeypatch.setattr(compare, "run_one", made_without_rows)
+    assert _compare_cli(tmp_path) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == f"pubswap compare: no report: {out / 'runs' / 'a-s3'}: metrics.jsonl is empty"
+    assert "Traceback" not in err
