@@ -1,15 +1,18 @@
 """The warm path's pieces without a worker process: the ClientApp's routing and message types, the owner-only
-directory checks, the socket framing, and a worker's answer to a handler that raises (the real processes are in
-tests/integration/test_warm_worker.py)."""
+directory checks, the socket framing, a worker's answer to a handler that raises, and a silent connection closed
+while another client is served (the real processes are in tests/integration/test_warm_worker.py)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import stat
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 
 import pytest
 from flwr.app import ConfigRecord, Context, Message, RecordDict
@@ -156,3 +159,43 @@ def test_the_worker_is_started_with_the_folder_that_holds_the_package_on_its_pat
     # holding pubswap_flwr/ (a checkout or an app bundle), wherever the warm client module sits in the package
     assert (client.CODE_DIR / "pubswap_flwr" / "node" / "warm" / "worker.py").is_file()
     assert client.WORKER_MODULE == "pubswap_flwr.node.warm.worker"
+
+
+def _echo_worker_app(message, context):
+    return Message(RecordDict({"reply": ConfigRecord({"node": context.node_id})}), reply_to=message)
+
+
+@pytest.mark.parametrize("silence", [b"", b"\0\0\0\0\0\0\0\x64" + b'{"task-id"'], ids=["nothing", "a-cut-header"])
+def test_warm_worker_silent_connection_is_closed_while_an_honest_client_is_served(task_identity, caplog, silence):
+    # The worker serves one connection at a time: a same-user peer that takes the hello and then sends nothing (or
+    # part of a frame) held every other ClientApp of the node for REQUEST_SECONDS (60 s) before.
+    with tempfile.TemporaryDirectory() as directory:  # short: a unix socket path holds ~100 bytes
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(os.path.join(directory, "w.sock"))
+        listener.listen(4)
+        stopped: list[str] = []
+        serving = threading.Thread(target=lambda: stopped.append(worker.serve(listener, _echo_worker_app,
+                                                                              os.getpid(), 30.0)), daemon=True)
+        with listener, caplog.at_level(logging.WARNING, logger="pubswap_flwr.node.warm"):
+            serving.start()
+            silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            honest = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            with silent, honest:
+                silent.settimeout(20)
+                silent.connect(listener.getsockname())
+                started = time.monotonic()
+                assert framing.recv_json(silent)["worker"] == framing.PROTOCOL  # the worker took it first
+                silent.sendall(silence)
+                honest.settimeout(20)
+                honest.connect(listener.getsockname())
+                assert framing.recv_json(honest)["worker"] == framing.PROTOCOL
+                framing.send_json(honest, {"task-id": 3, "idle-timeout": 0.5})
+                framing.send_context(honest, _context({"state-dir": "/s"}))
+                framing.send_message(honest, _message())
+                assert framing.recv_json(honest) == {"ok": True}
+                assert framing.recv_message(honest).content["reply"]["node"] == 11
+                assert time.monotonic() - started < 10  # the silent peer's deadline, not 60 s
+                assert silent.recv(1) == b""  # closed by the worker
+            serving.join(20)  # idle for the honest request's 0.5 s
+        assert stopped == ["idle for 0.5 s"]
+    assert f"closed a connection that sent no request header within {worker.HANDSHAKE_SECONDS:g} s" in caplog.text
