@@ -277,7 +277,8 @@ def register_simulate(sub) -> None:
     simulate.add_argument("--nodes", type=int, default=4)
     simulate.add_argument("--engine", choices=["ray", "inprocess"], default="ray",
                           help="ray: Flower's simulation engine (clients in parallel); inprocess: no Ray, nodes served "
-                               "one after another in this process (same code and results, quick to start)")
+                               "one after another in this process (same code and results, quick to start; each "
+                               "node's message gets the whole strategy.timeout from its turn)")
     simulate.add_argument("--cpus-per-client", type=int, default=1)
     simulate.add_argument("--gpus-per-client", type=float, default=0.0,
                           help="GPU share per client, e.g. 0.25 (default 0: CPU only)")
