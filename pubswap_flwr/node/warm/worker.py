@@ -8,6 +8,9 @@ its pid file, then imports torch and the protocols, then takes connections. It e
 file, when no message came for the idle timeout (the latest request's `deploy.worker-idle-timeout`) or when the
 watch pid has exited (the SuperNode's launcher, so a stopped SuperNode leaves no worker behind). Every message
 reloads the node's state from its state dir, as on the per-message path: killing this process loses nothing.
+
+Connections are served one at a time, so one that sends nothing would hold every other ClientApp of the node: a
+connection whose request header has not come whole within HANDSHAKE_SECONDS of the hello is closed, with a warning.
 """
 
 from __future__ import annotations
@@ -30,13 +33,17 @@ from flwr.clientapp import ClientApp
 from flwr.supercore.task_identity import TaskIdentity
 
 from .client import check_private_dir
-from .framing import PROTOCOL, FrameError, recv_context, recv_json, recv_message, send_json, send_message
+from .framing import PROTOCOL, FrameError, FrameTimeout, recv_context, recv_json, recv_message, send_json, send_message
 
 log = logging.getLogger("pubswap_flwr.node.warm")
 POLL_SECONDS = 1.0  # how often an idle worker checks its watch pid and idle deadline
 # A ClientApp sends its whole request as soon as the worker takes the connection, and reads the reply as soon as it
 # comes, over a local socket; a peer that has not done either within this is gone or hostile
 REQUEST_SECONDS = 60.0
+# The request's first frame (its small JSON header) follows the worker's hello at once; a connection that has not sent
+# it whole within this sends nothing (or stalls): it is closed, since the worker serves one connection at a time and
+# every other ClientApp of the node waits behind it. The context and message may take up to REQUEST_SECONDS.
+HANDSHAKE_SECONDS = 5.0
 PEER_GONE = (BrokenPipeError, ConnectionResetError, TimeoutError)  # what sending to a ClientApp that left raises
 
 
@@ -78,17 +85,25 @@ def listen(path: Path) -> socket.socket:
     return listener
 
 
-def serve_one(conn: socket.socket, app: ClientApp, request_seconds: float = REQUEST_SECONDS) -> float | None:
+def serve_one(conn: socket.socket, app: ClientApp, request_seconds: float = REQUEST_SECONDS,
+              handshake_seconds: float = HANDSHAKE_SECONDS) -> float | None:
     """Take one request on `conn` and answer it; the request's idle timeout, or None when it was unreadable or did
-    not arrive whole within `request_seconds` (a ClientApp sends it at once: a silent peer must not hold the worker).
-    The reply must be taken within `request_seconds` too (socket.timeout otherwise, which `serve` logs)."""
+    not arrive in time: its header within `handshake_seconds`, all of it within `request_seconds` (a ClientApp sends
+    it at once: a silent peer must not hold the worker). The reply must be taken within `request_seconds` too
+    (socket.timeout otherwise, which `serve` logs)."""
     conn.settimeout(request_seconds)
     send_json(conn, {"worker": PROTOCOL, "pid": os.getpid()})
-    deadline = time.monotonic() + request_seconds
+    taken = time.monotonic()
+    handshake = min(handshake_seconds, request_seconds)
+    missing = f"no request header within {handshake:g} s (HANDSHAKE_SECONDS; a ClientApp sends it at once)"
     try:
-        header = recv_json(conn, deadline)
-        context = recv_context(conn, deadline)
-        message = recv_message(conn, deadline)
+        header = recv_json(conn, taken + handshake)
+        missing = f"no whole request within {request_seconds:g} s (REQUEST_SECONDS)"
+        context = recv_context(conn, taken + request_seconds)
+        message = recv_message(conn, taken + request_seconds)
+    except FrameTimeout as err:
+        log.warning("closed a connection that sent %s: %s", missing, str(err)[:300])
+        return None
     except (ConnectionError, FrameError) as err:
         log.warning("dropped an unreadable request: %s: %s", type(err).__name__, str(err)[:300])
         return None
