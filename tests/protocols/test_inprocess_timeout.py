@@ -102,6 +102,33 @@ def test_inprocess_timeout_hung_node_does_not_hold_the_exchange_or_run_beside_th
     assert overlaps == []
 
 
+def test_inprocess_timeout_a_message_without_a_timeout_waits_for_the_abandoned_work_first():
+    release = threading.Event()
+    running: list[int] = []
+    overlaps: list[list[int]] = []
+
+    def deliver(msg, context, call):
+        running.append(context.node_id)
+        if len(running) > 1:
+            overlaps.append(list(running))
+        try:
+            if msg.content["config"]["tag"] == "hangs":
+                release.wait(30)
+            return call(msg, context)
+        finally:
+            running.remove(context.node_id)
+
+    grid = InProcessGrid(_echo_app(), 2, {}, deliver=deliver)
+    try:
+        assert _send(grid, [1001], "hangs", timeout=0.5)[0] == []
+        threading.Timer(0.5, release.set).start()
+        replies, _ = _send(grid, [1002], "after", timeout=None)  # push_messages' path: no timeout of its own
+    finally:
+        release.set()
+    assert _answers(replies) == [(1002, "after")]
+    assert overlaps == []  # it waited for 1001's abandoned handling instead of running beside it
+
+
 def test_inprocess_timeout_without_a_timeout_waits_as_before():
     def deliver(msg, context, call):
         time.sleep(0.3)
