@@ -143,6 +143,9 @@ class InProcessGrid(Grid):
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = self.run_id, node.node_id, node.node_id
         try:
             if timeout is None:
+                if self._abandoned is not None:  # no two handlings at once (see _handle_within), however long
+                    self._abandoned.done.wait()
+                    self._abandoned = None
                 return self._handle(message, node)
             return self._handle_within(message, node, time.monotonic() + timeout, timeout)
         finally:
