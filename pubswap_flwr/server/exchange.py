@@ -124,19 +124,19 @@ class Exchange:
     def select(self, round_number: int) -> list[int]:
         """Wait (up to the timeout) for at least min-clients nodes, then sample fraction-train of them."""
         self.round, self._sent = round_number, {}
-        deadline = time.time() + self.timeout
+        deadline = time.monotonic() + self.timeout
         nodes: list[int] = []
-        stable_since = time.time()
+        stable_since = time.monotonic()
         while True:
             current = sorted(self.grid.get_node_ids())
             if current != nodes:
-                nodes, stable_since = current, time.time()
+                nodes, stable_since = current, time.monotonic()
             # Always settle, even when the set is the one the last round used: a SuperNode restarted between
             # rounds keeps its node id, so the set can look unchanged while the SuperLink still lists the stopped
             # instance (its message then comes back "Node Unavailable"; test_deployment's restart test).
-            if len(nodes) >= self.min_clients and time.time() - stable_since >= self.settle_seconds:
+            if len(nodes) >= self.min_clients and time.monotonic() - stable_since >= self.settle_seconds:
                 break
-            if time.time() > deadline:
+            if time.monotonic() > deadline:
                 raise RuntimeError(f"only {len(nodes)} node(s) connected after {self.timeout:.0f} s; "
                                    f"strategy.min-clients = {self.min_clients}")
             time.sleep(0.2)
