@@ -26,6 +26,7 @@ from .verify_inputs import (
     adapter_base,
     adapter_folder,
     check_chat_template,
+    check_reward_source,
     is_local_folder,
     read_config,
     read_rows,
@@ -139,10 +140,11 @@ class _Evaluator:
                         progress=self.progress, rewards=self.rewards)
 
 
-def run_rewards(cfg, import_rewards: bool):
+def run_rewards(cfg, import_rewards: bool, run_dir: Path):
     """(the RewardTable verify scores with, a note for the report or None). A run's tasks.rewards names code that
-    verify imports only when told to (`import_rewards`): config.json is untrusted input; without the flag the
-    built-in verifiers score its tasks and the note says so."""
+    verify imports only when told to (`import_rewards`), and then only from the run's own reward modules
+    (verify_inputs.check_reward_source, every name checked before any is imported): config.json is untrusted input;
+    without the flag the built-in verifiers score its tasks and the note says so."""
     from ..tasks.isolation import check_rewards
     from ..tasks.rewards import RewardError, RewardTable, parse_rewards
 
@@ -154,6 +156,8 @@ def run_rewards(cfg, import_rewards: bool):
                                "imported (pass --import-rewards to import and use them), so the tasks they scored "
                                "are scored here by their items' built-in verifiers and may differ from the run's "
                                "numbers")
+    for ref in table.refs():
+        check_reward_source(ref, run_dir)
     try:
         check_rewards(table)
     except RewardError as err:
@@ -179,6 +183,7 @@ def verify(run_dir: Path, data_seed: int | None = None, items_per_task: int | No
     seed = cfg.tasks.data_seed + SEED_OFFSET if data_seed is None else data_seed
     if seed == cfg.tasks.data_seed:
         raise VerifyError(f"data seed {seed} is the run's own tasks.data-seed: its held-out items are not fresh")
+    rewards, rewards_note = run_rewards(cfg, import_rewards, run_dir)
     # everything read from the run is checked before any work (items, model, evaluation); the base model must be
     # one the config names, offline, not shipped by the run
     found = [(label, folder, adapter_base(folder, cfg, run_dir), read_weights(folder, run_dir),
@@ -201,7 +206,6 @@ def verify(run_dir: Path, data_seed: int | None = None, items_per_task: int | No
     threads = apply_threads(cfg.model.threads)  # 0: the CPUs this process was given, as training sizes its threads
     progress.start(f"{len(found)} adapter(s) of {run_dir}, {len(items)} fresh items, torch threads "
                    f"{threads.threads} ({threads.reason})")
-    rewards, rewards_note = run_rewards(cfg, import_rewards)
     evaluate = _Evaluator(cfg, batch_size, progress, rewards)
     results, scored_other = [], {}
     for label, folder, base, weights, (round_number, theirs) in found:
@@ -351,7 +355,9 @@ def register(sub) -> None:
                              "of 256 sequences holds about 10 GB)")
     parser.add_argument("--import-rewards", action="store_true",
                         help="import and score with the user reward functions the run's tasks.rewards names (code "
-                             "named by the run directory: only for runs you trust); without it those tasks are scored "
-                             "by their built-in verifiers and the output says so")
+                             "named by the run directory: only for runs you trust), only from reward modules in the "
+                             "app's folder or a PYTHONPATH folder (never the standard library, installed packages or "
+                             "the run directory); without it those tasks are scored by their built-in verifiers and "
+                             "the output says so")
     parser.add_argument("--json", help="also write the results as JSON to this file")
     parser.set_defaults(func=cmd_verify)

@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
+import importlib.util
 import multiprocessing
+import os
+import site
+import sys
+import sysconfig
+from importlib.machinery import PathFinder
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ..adapter_files import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from ..schema import parse_value_of
 from ..server.metrics import CONFIG_FILE, METRICS_FILE, MetricsError, RunConfigFile, parse_metrics
 from ..untrusted import UntrustedFileError, check_no_links, is_present, read_bytes, read_json, read_text
 
+if TYPE_CHECKING:
+    from ..tasks.rewards import RewardRef
+
 MAX_PROMPT_CHARS = 1 << 20  # a rendered prompt longer than this is a template's doing, not a question's
+REWARD_SOURCES = ("verify imports a run's rewards only from reward modules in the app's folder ({root}) or a "
+                  "PYTHONPATH folder, never from Python's library, installed packages or the run directory")
 
 
 class VerifyError(ValueError):
@@ -184,3 +195,94 @@ def check_chat_template(location: str, items: Sequence, template: str, seconds: 
         receive.close()
     if problem:
         raise VerifyError(f"the chat template of {location} {problem}")
+
+
+def check_reward_source(ref: RewardRef, run_dir: Path) -> None:
+    """Refuse a reward `verify --import-rewards` must not import. The run's config.json names it, so only the run's
+    own reward modules qualify: those in the app's folder (PACKAGE_ROOT, which holds examples/) or in a folder the
+    user put on PYTHONPATH; never a module of Python's standard library or an installed package (`shutil:rmtree`
+    called on a model's answer), the app's own package (its functions are no rewards) or code inside the run
+    directory. Where the module and each package on its way would be loaded from is looked up without running any
+    of them."""
+    from ..tasks.rewards import PACKAGE_ROOT
+
+    top = ref.module.partition(".")[0]
+    if top in sys.stdlib_module_names or top in sys.builtin_module_names:
+        why = f"{top!r} is a module of Python's standard library"
+    elif top == __name__.partition(".")[0]:
+        why = f"{top!r} is the app's own package, not a reward module"
+    else:
+        why = _source_problem(ref.module, run_dir.resolve(), PACKAGE_ROOT)
+    if why:
+        raise VerifyError(f"--import-rewards: reward {ref.name!r} refused: {why}; "
+                          + REWARD_SOURCES.format(root=PACKAGE_ROOT))
+
+
+def _source_problem(module: str, run_dir: Path, app_folder: Path) -> str | None:
+    """Why `module`'s files are not a run's own reward module, or None when they all are."""
+    found = _module_files(module, app_folder)
+    if found is None:
+        return f"module {module!r} is not found on Python's path or in the app's folder"
+    installed = _installed_folders()
+    own = [app_folder.resolve()] + [Path(p).resolve() for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                                    if p]
+    for name, location in found:
+        if location is None:
+            return f"module {name!r} is built into Python (no file)"
+        if location.is_relative_to(run_dir):
+            return (f"module {name!r} is found at {location}, inside the run directory {run_dir} (verify never runs "
+                    "code a run ships)")
+        folder = max((f for f in installed if location.is_relative_to(f)), key=lambda f: len(f.parts), default=None)
+        if folder is not None or {"site-packages", "dist-packages"} & set(location.parts):
+            return (f"module {name!r} is found at {location}, in Python's library or installed packages"
+                    + (f" ({folder})" if folder else ""))
+        if not any(location.is_relative_to(root) for root in own):
+            return f"module {name!r} is found at {location}, outside the app's folder and PYTHONPATH"
+    return None
+
+
+def _module_files(module: str, app_folder: Path) -> list[tuple[str, Path | None]] | None:
+    """[(name, file or folder)] the import of the dotted `module` would load, for it and each package on its way
+    (None for one with no file: built in or frozen); None when it is not found. Found as the import system finds
+    it, the top level then in the app's folder as tasks.rewards imports it, without running any of it: a package's
+    submodules are searched for in its folders, not imported through it."""
+    parts = module.split(".")
+    found: list[tuple[str, Path | None]] = []
+    search: list[str] | None = None  # the top level: sys.meta_path over sys.path
+    for depth in range(1, len(parts) + 1):
+        name = ".".join(parts[:depth])
+        if search is not None and not search:
+            return None  # the module above is no package: it has no submodules
+        located = _locate(name, search, app_folder)
+        if located is None:
+            return None
+        origin, search = located
+        files = ([Path(origin).resolve()] if origin else []) + [Path(p).resolve() for p in search]
+        found += [(name, path) for path in files] or [(name, None)]
+    return found
+
+
+def _locate(name: str, search: list[str] | None, app_folder: Path) -> tuple[str | None, list[str]] | None:
+    """(the file, the package's folders) of the module `name` as import would load it, or None when not found."""
+    loaded = sys.modules.get(name)
+    if loaded is not None:  # import hands back what is already loaded
+        return getattr(loaded, "__file__", None), list(getattr(loaded, "__path__", None) or [])
+    if search is not None:
+        spec = PathFinder.find_spec(name, search)
+    else:
+        spec = importlib.util.find_spec(name) or PathFinder.find_spec(name, [str(app_folder)])
+    if spec is None:
+        return None
+    return spec.origin if spec.has_location else None, list(spec.submodule_search_locations or [])
+
+
+def _installed_folders() -> list[Path]:
+    """Python's library and the installed packages' folders, of this environment and of the Python it was made from
+    (a virtual environment is left out whole)."""
+    folders: set[str] = set(site.getsitepackages()) | {site.getusersitepackages()}
+    for scheme in (sysconfig.get_paths(), sysconfig.get_paths(vars={"base": sys.base_prefix,
+                                                                     "platbase": sys.base_exec_prefix})):
+        folders |= {scheme[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in scheme}
+    if sys.prefix != sys.base_prefix:
+        folders.add(sys.prefix)
+    return [Path(folder).resolve() for folder in folders]

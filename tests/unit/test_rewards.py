@@ -248,10 +248,10 @@ def test_verify_imports_a_runs_reward_only_when_told(reward_run):
     assert builtin["greedy_reward"] == builtin["greedy_accuracy"]  # the built-in gcd verifier pays 0 or 1
 
     cfg = ExperimentConfig.from_flat(json.loads((reward_run / "config.json").read_text())["config"])
-    table, note = run_rewards(cfg, import_rewards=False)
+    table, note = run_rewards(cfg, import_rewards=False, run_dir=reward_run)
     assert table.empty
     assert note.startswith(f"the run used user rewards (tasks.rewards = {RUN['tasks.rewards']!r}); they are not "
                            "imported (pass --import-rewards")
-    table, note = run_rewards(cfg, import_rewards=True)
+    table, note = run_rewards(cfg, import_rewards=True, run_dir=reward_run)
     assert table.for_task("gcd") == RewardRef(FIXTURES, "half_for_any_answer")
     assert note.startswith("scored with the run's user rewards")
