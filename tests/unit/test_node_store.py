@@ -4,6 +4,7 @@ file someone edited is refused naming the file and the field."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -161,3 +162,161 @@ def test_a_state_file_from_before_the_family_states_keeps_its_family_keys(tiny_p
     path.write_text(json.dumps({**saved, **old}))  # as the code before 2026-12-04 wrote it
     loaded = store.load(tiny_policy)
     assert loaded.mode == mode and loaded.steps == 3
+
+
+# --- a state file that is not a regular file, or a bad round marker (issue #54 class 6) ---------------------------
+# Only a missing file means a fresh node; anything else at a state file's name that the node did not write (a FIFO,
+# a folder, a device, a link to anywhere) is an error naming the file and what it is: the node must not silently
+# start its training over, follow the link, or block opening the FIFO.
+
+def _make(kind: str, path, target=None) -> str:
+    """Put a `kind` thing at `path` (a saved file there is removed first); the words the error must use for it."""
+    import os
+    import stat
+
+    if path.is_file() and not path.is_symlink():
+        path.unlink()
+    if kind == "fifo":
+        os.mkfifo(path)
+        return "a FIFO"
+    if kind == "folder":
+        path.mkdir()
+        return "a folder"
+    if kind == "device":
+        try:
+            os.mknod(path, stat.S_IFCHR | 0o600, os.makedev(1, 3))  # /dev/null's numbers
+        except PermissionError:
+            pytest.skip("this user cannot make a device file")
+        return "a device"
+    if kind == "link to /dev/zero":
+        path.symlink_to("/dev/zero")
+        return "a link (to /dev/zero)"
+    path.symlink_to(target)  # a link to a good copy: still not followed
+    return f"a link (to {target})"
+
+
+def _refused(path, what: str, expected: str = "a regular file") -> str:
+    """The start of the refusal of `path`, as a regular expression."""
+    return "^" + re.escape(f"{path}: {what}, not {expected}")
+
+
+KINDS = ["fifo", "folder", "device", "link to /dev/zero", "link to a good copy"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_node_state_file_that_is_not_a_regular_file_is_refused_not_a_fresh_node(tiny_policy, tmp_path, kind):
+    from pubswap_flwr.untrusted import UntrustedFileError
+
+    store = NodeStore(tmp_path / "node", "m")
+    store.save(tiny_policy, NodeState(model_name="m", steps=3))
+    copy = tmp_path / "copy.json"
+    copy.write_bytes((tmp_path / "node" / "node.json").read_bytes())
+    path = tmp_path / "node" / "node.json"
+    what = _make(kind, path, copy)
+    with pytest.raises(UntrustedFileError) as caught:
+        store.load(tiny_policy)
+    assert str(caught.value).startswith(f"{path}: {what}, not a regular file")
+    assert "a node's state is read only from the regular files it wrote" in str(caught.value)
+
+
+@pytest.mark.parametrize("name", ["adapter.safetensors", OPTIMIZER_FILE, OLD_OPTIMIZER_FILE])
+@pytest.mark.parametrize("kind", ["fifo", "link to /dev/zero", "link to a good copy"])
+def test_node_state_tensor_file_that_is_not_a_regular_file_is_refused(tiny_policy, tmp_path, name, kind):
+    from pubswap_flwr.untrusted import UntrustedFileError
+
+    policy = _trained(tiny_policy)
+    store = NodeStore(tmp_path / "node", "m")
+    store.save(policy, NodeState(model_name="m"))
+    if name == OLD_OPTIMIZER_FILE:  # read only when no optimizer.safetensors exists
+        torch.save(policy.learner.optimizer.state_dict(), tmp_path / "copy")
+        (tmp_path / "node" / OPTIMIZER_FILE).unlink()
+    else:
+        (tmp_path / "copy").write_bytes((tmp_path / "node" / name).read_bytes())
+    path = tmp_path / "node" / name
+    what = _make(kind, path, tmp_path / "copy")
+    with pytest.raises(UntrustedFileError, match=_refused(path, what)):
+        store.load(policy)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder", "link to /dev/zero"])
+def test_node_state_reference_and_compression_files_that_are_not_regular_files_are_refused(tmp_path, kind):
+    import numpy as np
+
+    from pubswap_flwr.node.state import GLOBAL_FILE, REFERENCE_FILE
+    from pubswap_flwr.untrusted import UntrustedFileError
+
+    store = NodeStore(tmp_path, "m")
+    store.save_reference({"w": torch.ones(2)})
+    store.save_arrays(GLOBAL_FILE, {"w": np.ones(2)})
+    for path, load in ((tmp_path / REFERENCE_FILE, store.load_reference),
+                       (tmp_path / GLOBAL_FILE, lambda: store.load_arrays(GLOBAL_FILE))):
+        what = _make(kind, path)
+        with pytest.raises(UntrustedFileError, match=_refused(path, what)):
+            load()
+
+
+def test_node_state_missing_files_are_a_fresh_node(tiny_policy, tmp_path):
+    from pubswap_flwr.node.state import GLOBAL_FILE
+
+    store = NodeStore(tmp_path / "new", "m")
+    assert store.load(tiny_policy) == NodeState(model_name="m")
+    assert store.load_reference() is None and store.load_arrays(GLOBAL_FILE) is None
+    assert not store.has_round_start(1)
+
+
+@pytest.mark.parametrize("marker", ["abc", "", "-1", "1.5", "³", "2 3"])
+def test_node_state_bad_round_marker_names_the_file_and_the_value(tiny_policy, tmp_path, marker):
+    from pubswap_flwr.untrusted import UntrustedFileError
+
+    store = NodeStore(tmp_path, "m")
+    store.save(tiny_policy, NodeState(model_name="m"))
+    store.snapshot_round_start(2)
+    path = tmp_path / "round-start" / "round"
+    assert store.has_round_start(2) and not store.has_round_start(3)
+    path.write_text(marker)
+    with pytest.raises(UntrustedFileError) as caught:
+        store.has_round_start(2)
+    assert str(caught.value) == f"{path}: round marker {marker!r} is not a round number"
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder", "link to a good copy"])
+def test_node_state_round_marker_that_is_not_a_regular_file_is_refused(tiny_policy, tmp_path, kind):
+    from pubswap_flwr.untrusted import UntrustedFileError
+
+    store = NodeStore(tmp_path / "node", "m")
+    store.save(tiny_policy, NodeState(model_name="m"))
+    store.snapshot_round_start(2)
+    (tmp_path / "copy").write_text("2")
+    path = tmp_path / "node" / "round-start" / "round"
+    what = _make(kind, path, tmp_path / "copy")
+    with pytest.raises(UntrustedFileError, match=_refused(path, what)):
+        store.has_round_start(2)
+
+
+def test_node_state_round_start_folder_that_is_a_link_is_refused(tiny_policy, tmp_path):
+    from pubswap_flwr.untrusted import UntrustedFileError
+
+    store = NodeStore(tmp_path / "node", "m")
+    store.save(tiny_policy, NodeState(model_name="m"))
+    store.snapshot_round_start(2)
+    (tmp_path / "node" / "round-start").rename(tmp_path / "elsewhere")
+    (tmp_path / "node" / "round-start").symlink_to(tmp_path / "elsewhere")
+    path = tmp_path / "node" / "round-start"
+    with pytest.raises(UntrustedFileError, match=_refused(path, f"a link (to {tmp_path / 'elsewhere'})", "a folder")):
+        store.has_round_start(2)
+
+
+def test_node_state_snapshot_file_that_is_a_link_is_not_restored(tiny_policy, tmp_path):
+    from pubswap_flwr.untrusted import UntrustedFileError
+
+    store = NodeStore(tmp_path / "node", "m")
+    store.save(tiny_policy, NodeState(model_name="m", steps=1))
+    store.snapshot_round_start(2)
+    store.save(tiny_policy, NodeState(model_name="m", steps=2))
+    (tmp_path / "other.json").write_text(json.dumps(NodeState(model_name="m", steps=99).to_dict()))
+    path = tmp_path / "node" / "round-start" / "node.json"
+    path.unlink()
+    path.symlink_to(tmp_path / "other.json")
+    with pytest.raises(UntrustedFileError, match=_refused(path, f"a link (to {tmp_path / 'other.json'})")):
+        store.restore_round_start()
+    assert store.load(tiny_policy).steps == 2  # nothing was copied from the link
