@@ -52,6 +52,11 @@ def load_json(path: Path, error: type[ValueError] = SchemaError) -> Any:
         raise error(f"{path}: missing") from None
     except OSError as err:
         raise error(f"{path}: cannot be read ({err.strerror or err})") from None
+    return decode_json(raw, path, error)
+
+
+def decode_json(raw: bytes, path: Path, error: type[ValueError] = SchemaError) -> Any:
+    """The JSON value of `raw`, read from the file `path` (`load_json`'s errors for what is not JSON)."""
     try:
         return json.loads(raw)
     except UnicodeDecodeError as err:

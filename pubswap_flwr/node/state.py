@@ -1,14 +1,18 @@
 """A node's identity and its state on local disk (adapter, optimizer, stream cursor, counters, round-start snapshot).
 
 Deployed ClientApps are a new process per message and `context.state` is memory-only, so everything a node needs
-to continue lives under its state dir, written atomically (temp file + rename).
+to continue lives under its state dir, written atomically (temp file + rename). Its files are read as untrusted:
+only a missing file means a fresh start; anything else at a state file's name that is no regular file (a link, a
+folder, a FIFO, a device) is an error naming it, never followed, opened or taken for a fresh node.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -17,18 +21,19 @@ import msgspec
 import numpy as np
 import torch
 from msgspec import Meta, Struct
-from safetensors import SafetensorError, safe_open
-from safetensors.numpy import load_file as load_numpy
+from safetensors import SafetensorError
+from safetensors.numpy import load as load_numpy
 from safetensors.numpy import save_file as save_numpy
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load, save_file
 
 from ..config import ExperimentConfig
 from ..config_keys import PLAIN_COMPONENT, is_plain_component
 from ..config_sections import MAX_LEARNING_RATE
 from ..policy import Policy
-from ..schema import load_json, parse, parse_value_of
+from ..schema import decode_json, parse, parse_value_of
 from ..tasks import StreamCursor
 from ..tasks.splits import MAX_NODES
+from ..untrusted import MAX_FILE_BYTES, UntrustedFileError, one_line, read_bytes, write_replacing
 
 STATE_FILE = "node.json"
 ADAPTER_FILE = "adapter.safetensors"
@@ -37,6 +42,8 @@ OPTIMIZER_FILE = "optimizer.safetensors"  # Adam moments; parameter groups in it
 OLD_OPTIMIZER_FILE = "optimizer.pt"  # before 2026-12-03: read when no OPTIMIZER_FILE exists
 OPTIMIZER_GROUPS = "param_groups"
 ROUND_START_DIR = "round-start"
+ROUND_MARKER = "round"  # in ROUND_START_DIR: the round the snapshot starts
+MARKER_BYTES = 64
 FILES = (STATE_FILE, ADAPTER_FILE, OPTIMIZER_FILE)
 GLOBAL_FILE = "global.safetensors"  # strategy.compression: the global the node holds (the base of deltas)
 RESIDUAL_FILE = "residual.safetensors"  # strategy.compression: what quantization lost (error feedback)
@@ -171,6 +178,60 @@ def with_family_state(saved: Any) -> Any:
     return rest
 
 
+def _what_is(path: Path, mode: int) -> str:
+    """What is at `path`, from its lstat mode, for an error message."""
+    if stat.S_ISLNK(mode):
+        try:
+            return f"a link (to {one_line(os.readlink(path))})"
+        except OSError:
+            return "a link"
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "a socket" if stat.S_ISSOCK(mode) else "a regular file"
+
+
+def _saved(path: Path, folder: bool = False) -> bool:
+    """Whether the node saved `path` (a regular file, or with `folder` a folder): False when nothing is there (a
+    fresh start), UntrustedFileError naming it and what it is for anything else there, found without following a
+    link or opening a FIFO."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return False
+    except OSError as err:
+        raise UntrustedFileError(f"{path}: cannot be read ({err.strerror})") from None
+    if (stat.S_ISDIR if folder else stat.S_ISREG)(mode):
+        return True
+    raise UntrustedFileError(f"{path}: {_what_is(path, mode)}, not {'a folder' if folder else 'a regular file'}; "
+                             "a node's state is read only from the regular files it wrote (links are not followed): "
+                             "move the state dir away to start this node over")
+
+
+def _read(path: Path, limit: int = MAX_FILE_BYTES) -> bytes:
+    """The content of the state file `path` (missing: UntrustedFileError, as for anything not a regular file)."""
+    _saved(path)
+    return read_bytes(path, limit=limit)
+
+
+def _round_marker(path: Path) -> int:
+    """The round number in a round-start marker; UntrustedFileError naming the file and the value otherwise."""
+    text = _read(path, MARKER_BYTES).decode("utf-8", errors="replace")
+    value = text.strip()
+    if not (value.isascii() and value.isdigit()):
+        raise UntrustedFileError(f"{path}: round marker {text!r} is not a round number")
+    return int(value)
+
+
+def _metadata(data: bytes) -> dict[str, str]:
+    """The `__metadata__` of a safetensors file's header (`data` already loaded: the header is well formed)."""
+    size = int.from_bytes(data[:8], "little")
+    return json.loads(data[8:8 + size]).get("__metadata__") or {}
+
+
 class NodeStore:
     """Reads and writes one node's state dir: the JSON state, the adapter and the optimizer moments."""
 
@@ -182,19 +243,20 @@ class NodeStore:
     def load(self, policy: Policy) -> NodeState:
         """The saved state, with the saved adapter and optimizer loaded into `policy` (a fresh state if none)."""
         path = self.directory / STATE_FILE
-        if not path.is_file():
+        if not _saved(path):
             return NodeState(model_name=self.model_name)
-        state = parse_value_of(path, with_family_state(load_json(path, ValueError)), NodeState, ValueError)
+        state = parse_value_of(path, with_family_state(decode_json(_read(path), path, ValueError)), NodeState,
+                               ValueError)
         if state.model_name and state.model_name != self.model_name:
             raise ValueError(f"state dir {self.directory} belongs to model {state.model_name!r}, "
                              f"not {self.model_name!r}; use another state-dir or run-name")
-        if (self.directory / ADAPTER_FILE).is_file():
-            policy.load_adapter(load_file(str(self.directory / ADAPTER_FILE)))
-        if (self.directory / OPTIMIZER_FILE).is_file():
+        if _saved(self.directory / ADAPTER_FILE):
+            policy.load_adapter(load(_read(self.directory / ADAPTER_FILE)))
+        if _saved(self.directory / OPTIMIZER_FILE):
             self._load_optimizer(policy, self.directory / OPTIMIZER_FILE)
-        elif (self.directory / OLD_OPTIMIZER_FILE).is_file():  # weights_only: no code runs from the file
-            policy.learner.optimizer.load_state_dict(torch.load(self.directory / OLD_OPTIMIZER_FILE,
-                                                                weights_only=True))
+        elif _saved(self.directory / OLD_OPTIMIZER_FILE):  # weights_only: no code runs from the file
+            old = io.BytesIO(_read(self.directory / OLD_OPTIMIZER_FILE))
+            policy.learner.optimizer.load_state_dict(torch.load(old, weights_only=True))
         return state
 
     def save(self, policy: Policy, state: NodeState) -> None:
@@ -213,12 +275,12 @@ class NodeStore:
 
     @staticmethod
     def _load_optimizer(policy: Policy, path: Path) -> None:
+        data = _read(path)
         try:
-            with safe_open(str(path), framework="pt") as file:
-                groups = (file.metadata() or {}).get(OPTIMIZER_GROUPS)
-                moments = {name: file.get_tensor(name) for name in file.keys()}
+            moments = dict(sorted(load(data).items()))  # by name, as the file lists them (load's order varies)
         except SafetensorError as err:
             raise ValueError(f"{path} is not a safetensors file ({err})") from None
+        groups = _metadata(data).get(OPTIMIZER_GROUPS)
         if groups is None:
             raise ValueError(f"{path} has no {OPTIMIZER_GROUPS} metadata: not an optimizer state this code wrote")
         try:
@@ -233,7 +295,7 @@ class NodeStore:
 
     def load_reference(self) -> dict[str, torch.Tensor] | None:
         path = self.directory / REFERENCE_FILE
-        return load_file(str(path)) if path.is_file() else None
+        return load(_read(path)) if _saved(path) else None
 
     def save_arrays(self, name: str, arrays: dict[str, np.ndarray]) -> None:
         """float32 arrays under `name` in the state dir, written atomically (compression's global and residual)."""
@@ -243,23 +305,29 @@ class NodeStore:
 
     def load_arrays(self, name: str) -> dict[str, np.ndarray] | None:
         path = self.directory / name
-        return load_numpy(str(path)) if path.is_file() else None
+        return load_numpy(_read(path)) if _saved(path) else None
 
     def has_round_start(self, round_number: int) -> bool:
-        marker = self.directory / ROUND_START_DIR / "round"
-        return marker.is_file() and int(marker.read_text()) == round_number
+        snapshot = self.directory / ROUND_START_DIR
+        if not _saved(snapshot, folder=True) or not _saved(snapshot / ROUND_MARKER):
+            return False
+        return _round_marker(snapshot / ROUND_MARKER) == round_number
 
     def restore_round_start(self) -> None:
-        """Put the state saved at the start of the round back in place (the caller reloads it)."""
+        """Put the state saved at the start of the round back in place (the caller reloads it); every file of the
+        snapshot is read before any is put back, so one that cannot be read changes nothing."""
         snapshot = self.directory / ROUND_START_DIR
+        _saved(snapshot, folder=True)
+        names = (STATE_FILE, ADAPTER_FILE, OPTIMIZER_FILE, OLD_OPTIMIZER_FILE, *OPTIONAL_FILES)
+        saved = {name: _read(snapshot / name) for name in names if _saved(snapshot / name)}
         for name in (STATE_FILE, ADAPTER_FILE):
-            if (snapshot / name).is_file():
-                shutil.copy2(snapshot / name, self.directory / name)
+            if name in saved:
+                write_replacing(self.directory / name, saved[name])
         # what the snapshot lacks goes too: a snapshot from before the safetensors moments holds optimizer.pt, and
         # it, not the moments saved mid-round in the new file, is the round's start
         for name in (OPTIMIZER_FILE, OLD_OPTIMIZER_FILE, *OPTIONAL_FILES):
-            if (snapshot / name).is_file():
-                shutil.copy2(snapshot / name, self.directory / name)
+            if name in saved:
+                write_replacing(self.directory / name, saved[name])
             else:
                 (self.directory / name).unlink(missing_ok=True)
 
@@ -270,12 +338,9 @@ class NodeStore:
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir()
-        for name in FILES:
-            shutil.copy2(self.directory / name, tmp / name)
-        for name in OPTIONAL_FILES:
-            if (self.directory / name).is_file():
-                shutil.copy2(self.directory / name, tmp / name)
-        (tmp / "round").write_text(str(round_number))
+        for name in FILES + tuple(name for name in OPTIONAL_FILES if _saved(self.directory / name)):
+            (tmp / name).write_bytes(_read(self.directory / name))
+        (tmp / ROUND_MARKER).write_text(str(round_number))
         if snapshot.exists():
             shutil.rmtree(snapshot)
         os.replace(tmp, snapshot)
