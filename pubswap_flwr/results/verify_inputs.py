@@ -207,6 +207,7 @@ def check_reward_source(ref: RewardRef, run_dir: Path) -> None:
     from ..tasks.rewards import PACKAGE_ROOT
 
     top = ref.module.partition(".")[0]
+    why: str | None
     if top in sys.stdlib_module_names or top in sys.builtin_module_names:
         why = f"{top!r} is a module of Python's standard library"
     elif top == __name__.partition(".")[0]:
