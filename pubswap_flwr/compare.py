@@ -471,6 +471,8 @@ def _report_command(args: argparse.Namespace, runs: list[Path]) -> str:
         parts += ["--baseline", args.baseline]
     if args.force:
         parts.append("--force")
+    if args.exclude_self_reported:
+        parts.append("--exclude-self-reported")
     return " ".join(parts)
 
 
@@ -492,7 +494,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else default_report_dir(runs[0])
     try:
         report = write_report(out, runs, title=args.title, notes=args.notes, baseline=args.baseline,
-                              command=_report_command(args, runs), force=args.force)
+                              command=_report_command(args, runs), force=args.force,
+                              exclude_self_reported=args.exclude_self_reported)
     except ReportExistsError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
@@ -530,4 +533,7 @@ def register(sub) -> None:
     report.add_argument("--baseline", metavar="ARM",
                         help="arm the others are compared with, seed by seed (default: the first arm given)")
     report.add_argument("--force", action="store_true", help="replace an existing report.md")
+    report.add_argument("--exclude-self-reported", action="store_true",
+                        help="leave out the runs whose held-out results their nodes reported themselves (sapo, local: "
+                             "the server checks which items they cover, not their answers)")
     report.set_defaults(func=cmd_report)

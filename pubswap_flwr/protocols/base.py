@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, ClassVar
 from .. import metrics_schema as schema
 from ..config import ExperimentConfig
 from ..config_sections import StrategyConfig, TasksConfig, TrainConfig
+from ..shared import task_universe
 from ..wire.records import Adapter, Header
-from ..wire.validate import Limits
+from ..wire.validate import HeldOutRequest, Limits
 
 if TYPE_CHECKING:
     from ..server.exchange import Exchange
@@ -47,10 +48,16 @@ class RunSettings:
     strategy: StrategyConfig
     tasks: TasksConfig
     limits: Limits
+    held_out: HeldOutRequest | None = None  # the evaluation nodes that evaluate their own adapters are asked for
 
     @classmethod
-    def of(cls, cfg: ExperimentConfig) -> "RunSettings":
-        return cls(cfg.seed, cfg.num_server_rounds, cfg.train, cfg.strategy, cfg.tasks, Limits.of(cfg))
+    def of(cls, cfg: ExperimentConfig, held_out: bool = False) -> "RunSettings":
+        """The run's settings; with `held_out`, also the held-out items (the task universe every party derives) and
+        samples a node evaluating itself is asked for."""
+        request = None
+        if held_out:
+            request = HeldOutRequest.of(task_universe(cfg).held_out.items, cfg.eval.sampled, cfg.eval.samples)
+        return cls(cfg.seed, cfg.num_server_rounds, cfg.train, cfg.strategy, cfg.tasks, Limits.of(cfg), request)
 
 
 class ServerProtocol:
@@ -69,7 +76,8 @@ class ServerProtocol:
 
     @classmethod
     def from_config(cls, cfg: ExperimentConfig, public=None) -> "ServerProtocol":
-        return cls(RunSettings.of(cfg), public)
+        # a mode without a global adapter has its nodes evaluate their own: the server checks them against held_out
+        return cls(RunSettings.of(cfg, held_out=not cls.holds_global_adapter), public)
 
     @staticmethod
     def proximal_mu(cfg: ExperimentConfig) -> float:

@@ -4,7 +4,7 @@ Server → client: tau, and whether to evaluate. The client runs tau private GRP
 uses) on its own adapter, which stays in its node state across rounds as a SAPO node's does; no adapter and no
 rollout travels either way, and the server keeps no model. Nodes evaluate their own adapters on the run's held-out
 items when asked (round 1 also measures their starting point): the metrics row's eval is the mean over nodes,
-self-reported, as SAPO's.
+self-reported, as SAPO's, of the results that cover exactly the held-out items asked (wire/validate.py).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from flwr.app import RecordDict
 
 from ..schema import Count
 from ..wire.records import (
+    AskedEvaluations,
     Header,
     Instruction,
     InstructionFields,
@@ -66,9 +67,10 @@ class LocalProtocol(ServerProtocol):
     def run_round(self, ctx: RoundContext) -> None:
         """tau private steps on every selected node's own adapter; their own evaluations recorded when asked."""
         nodes = ctx.exchange.select(ctx.number)
-        messages = [TrainAlone(ctx.header(round_start=True), self.settings.train.local_steps, ctx.evaluate, ctx.final,
-                               ctx.number == 1).to_message(node) for node in nodes]
-        result = ctx.exchange.send(messages, lambda node, reply: OwnAdapterReply.from_message(reply))
+        asked = AskedEvaluations(self.settings.held_out, initial=ctx.number == 1, current=ctx.evaluate)
+        messages = [TrainAlone(ctx.header(round_start=True), self.settings.train.local_steps, asked.current,
+                               ctx.final, asked.initial).to_message(node) for node in nodes]
+        result = ctx.exchange.send(messages, lambda node, reply: OwnAdapterReply.from_message(reply, asked))
         ctx.log.absorb(result)
         for node in ctx.exchange.ordered(result.replies):  # by node index: means over nodes in one order
             result.replies[node].record(ctx, node)

@@ -45,7 +45,7 @@ from ..tasks import ScoringBudget, TaskItem, score_completion, training_reward
 from ..tasks.splits import MAX_NODES
 from ..tasks.verifiers import VERIFIERS
 from ..wire.codecs import DEFAULT_MAX_PAYLOAD_BYTES
-from ..wire.records import Adapter
+from ..wire.records import Adapter, AskedEvaluations
 from ..wire.validate import Limits, Rejected, check_packet
 from .base import RoundContext, RunSettings, ServerProtocol
 from .catalog import SapoConfig
@@ -80,7 +80,7 @@ class SapoProtocol(ServerProtocol):
 
     @classmethod
     def from_config(cls, cfg: ExperimentConfig, public=None) -> "SapoProtocol":
-        return cls(RunSettings.of(cfg), cfg.sapo, public)
+        return cls(RunSettings.of(cfg, held_out=True), cfg.sapo, public)
 
     def describe(self) -> str:
         s = self.sapo
@@ -119,9 +119,11 @@ class SapoProtocol(ServerProtocol):
             pool.append(packet.with_sender(sender))
         self.pool = pool
 
-    def _decode(self, packets: bool, trained: bool):
+    def _decode(self, packets: bool, trained: bool, initial: bool, current: bool):
+        """A reply's decoder; `initial`, `current`: the evaluations its message asked for (AskedEvaluations)."""
+        asked = AskedEvaluations(self.settings.held_out, initial, current)
         return lambda node, reply: SapoReply.from_message(reply, self.limits, self.sapo.completions,
-                                                          packets=packets, trained=trained)
+                                                          packets=packets, trained=trained, asked=asked)
 
     def _pool(self, ctx: RoundContext, replies: dict[int, SapoReply]) -> list[Packet]:
         """Every valid packet of the round, tagged with the node that sent it."""
@@ -163,18 +165,19 @@ class SapoProtocol(ServerProtocol):
         first = ctx.number == 1
         if self.sapo.async_mode:
             result = ctx.exchange.send(self._train_messages(ctx, SapoAsyncRound, nodes, self.pool, True, first),
-                                       self._decode(packets=True, trained=True))
+                                       self._decode(packets=True, trained=True, initial=first, current=ctx.evaluate))
             ctx.log.absorb(result)
             self.pool = self._pool(ctx, result.replies)
             exchanges = [result]
         else:
             shared = ctx.exchange.send([CollectRollouts(ctx.header(round_start=True), first).to_message(n)
-                                        for n in nodes], self._decode(packets=True, trained=False))
+                                        for n in nodes], self._decode(packets=True, trained=False, initial=first,
+                                                                      current=False))
             ctx.log.absorb(shared)
             pool = self._pool(ctx, shared.replies)
             active = [n for n in nodes if n in shared.replies]
             result = ctx.exchange.send(self._train_messages(ctx, SapoTrain, active, pool, False, False),
-                                       self._decode(packets=False, trained=True))
+                                       self._decode(packets=False, trained=True, initial=False, current=ctx.evaluate))
             ctx.log.absorb(result)
             exchanges = [shared, result]
         for exchanged in exchanges:  # the nodes' own evaluations: round 1's starting points, and when asked

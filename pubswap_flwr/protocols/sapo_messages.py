@@ -14,6 +14,7 @@ from msgspec import Meta, Struct
 from ..algorithms.sapo_selection import Packet
 from ..schema import parse
 from ..wire.records import (
+    AskedEvaluations,
     Header,
     Instruction,
     InstructionFields,
@@ -134,9 +135,9 @@ class SapoReply(OwnAdapterReply):
 
     @classmethod
     def from_message(cls, message: Message, limits: Limits, max_completions: int, *,  # type: ignore[override]
-                     packets: bool, trained: bool) -> "SapoReply":
-        """Decode a node's reply. Packets that fail validation are dropped one by one (reasons kept); a node's
-        self-reported evaluation that fails validation is ignored with a warning."""
+                     packets: bool, trained: bool, asked: AskedEvaluations) -> "SapoReply":
+        """Decode a node's reply. Packets that fail validation are dropped one by one (reasons kept); an evaluation
+        the message did not ask for, or one other than the server asked, rejects the reply (own_evaluations)."""
         metrics, payload, report = read_reply(message)
         shared, reasons = check_packets(payload, limits, max_completions) if packets else (None, [])
         numbers = dict(metrics)
@@ -144,6 +145,6 @@ class SapoReply(OwnAdapterReply):
         rejections = payload.get("rejections", [])
         rejections = tuple(str(r)[:300] for r in rejections[:5]) if isinstance(rejections, list) else ()
         scoring = msgspec.to_builtins(parse(numbers, ScoringCounts, "metrics", Rejected))
-        return cls(report, **own_evaluations(metrics, payload, report),
+        return cls(report, **own_evaluations(metrics, payload, asked),
                    packets=None if shared is None else tuple(shared), packet_rejections=tuple(reasons),
                    selection=selection, rejections=rejections, scoring=scoring)

@@ -36,8 +36,10 @@ SELF_REPORTED = "self-reported by the nodes"  # summary.json's `held_out` of an 
 
 
 def heading_lines(title: str, notes: str, command: str, made_by: str, runs: list[RunSummary],
-                  code_lines: list[str], pending: list[tuple[str, int]] | None = None) -> list[str]:
-    """The title, who made the runs and the report, the notes, the provenance lines and how to read the numbers.
+                  code_lines: list[str], pending: list[tuple[str, int]] | None = None,
+                  excluded: list[str] | None = None) -> list[str]:
+    """The title, who made the runs and the report, the runs not made yet and those left out (`excluded`: run names
+    whose held-out results were self-reported), the notes, the provenance lines and how to read the numbers.
     Nothing in it but the runs' files and the arguments: a published report regenerates byte for byte."""
     lines = [f"# {md(title)}", ""]
     stamp = f"from {len(runs)} run(s)"
@@ -47,6 +49,8 @@ def heading_lines(title: str, notes: str, command: str, made_by: str, runs: list
         lines.append(f"Generated {stamp}" + (f" by `{code_span(command)}`" if command else "") + ".")
     if pending:
         lines += ["", pending_line(pending)]
+    if excluded:
+        lines += ["", excluded_line(excluded)]
     if notes:
         lines += ["", notes.strip()]
     lines += code_lines
@@ -318,6 +322,13 @@ def pending_line(pending: list[tuple[str, int]]) -> str:
     names = ", ".join(f"{md(arm)} seed {seed}" for arm, seed in pending)
     return (f"**Partial sweep: {len(pending)} run(s) not made yet** ({names}). Every figure below is of the runs "
             "made so far; an arm with fewer seeds than the sweep declares has wider or no intervals.")
+
+
+def excluded_line(names: list[str]) -> str:
+    """The runs `--exclude-self-reported` left out: their held-out numbers were their nodes' own reports."""
+    runs = "1 run whose held-out results its nodes" if len(names) == 1 else \
+        f"{len(names)} runs whose held-out results their nodes"
+    return f"Left out (`--exclude-self-reported`): {runs} reported themselves ({', '.join(md(n) for n in names)})."
 
 
 def failure_lines(failures: dict[tuple[str, int], str]) -> list[str]:

@@ -11,11 +11,12 @@ from ..metrics_schema import WELL_FORMED_WARNING
 from ..schema import parse, parse_value_of
 from ..server.metrics import (
     CONFIG_FILE,
+    EVAL_ITEMS_FILE,
     STATUS_FILE,
-    EvalItemsRecord,
     RunConfigFile,
     RunStatusFile,
     SamplingSettings,
+    eval_items_records,
     read_eval_items,
     read_metrics,
 )
@@ -92,33 +93,36 @@ def summarize_run(run_dir: Path) -> RunSummary:
 def item_values(run_dir: Path, samples_by_round: dict[int, int | None] | None = None
                 ) -> tuple[dict[int, dict[str, dict[str, float]]], dict[str, str]]:
     """Per evaluated round, each held-out item's greedy (0/1) and sampled (share of samples right) accuracy from
-    eval_items.jsonl: the global adapter's, or (SAPO) the mean over the nodes that reported the item; and each item's
-    task where the records name it ({} when two records name different tasks for one item). A record without its
-    `samples` (the first runs that wrote the file) takes the round's eval.samples from metrics.jsonl."""
+    eval_items.jsonl: the global adapter's, or (sapo, local) the mean over the nodes that reported the item; and each
+    item's task where the records name it. A record without its `samples` (the first runs that wrote the file) takes
+    the round's eval.samples from metrics.jsonl. The file is read as the runner writes it: a record listing an item
+    twice or counting more right answers than it has, or two records naming different tasks for one item (the server
+    rejects a node's evaluation that names another), is refused with a ValueError naming the file, round and item."""
+    path = run_dir / EVAL_ITEMS_FILE
     out: dict[int, dict[str, dict[str, float]]] = {}
     tasks: dict[str, str] = {}
-    conflicted = False
     for row in read_eval_items(run_dir):
-        records = [row["global"]] if isinstance(row.get("global"), dict) else [
-            value for key, value in row.items() if key != "round" and isinstance(value, dict)]
+        number = row["round"]
+        fallback = (samples_by_round or {}).get(number) or 1
+        records = eval_items_records(row, str(path), fallback)
+        chosen = {"global": records["global"]} if "global" in records else records
         sums: dict[str, dict[str, list[float]]] = {}
-        for raw in records:
-            record = parse(raw, EvalItemsRecord, f"{run_dir}: eval_items.jsonl round {row['round']}", ValueError)
-            samples = record.samples or (samples_by_round or {}).get(row["round"]) or 1
-            if record.tasks is not None and len(record.tasks) == len(record.uids):
-                for uid, task in zip(record.uids, record.tasks):
-                    if tasks.setdefault(uid, task) != task:
-                        conflicted = True  # two nodes or rounds name different tasks: trust none of them
+        for key, record in chosen.items():
+            for uid, task in zip(record.uids, record.tasks or ()):
+                if tasks.setdefault(uid, task) != task:
+                    raise ValueError(f"{path}: round {number}: {key!r} names task {task!r} for item {uid!r}, "
+                                     f"recorded before as {tasks[uid]!r}")
+            samples = record.samples or fallback
             for metric, counts, scale in (("greedy_accuracy", record.greedy, 1),
                                           ("sampled_accuracy", record.sampled, samples)):
-                if counts is None or len(counts) != len(record.uids):
+                if counts is None:
                     continue
                 target = sums.setdefault(metric, {})
                 for uid, count in zip(record.uids, counts):
                     target.setdefault(uid, []).append(count / scale)
-        out[row["round"]] = {metric: {uid: statistics.fmean(v) for uid, v in values.items()}
-                             for metric, values in sums.items()}
-    return out, {} if conflicted else tasks
+        out[number] = {metric: {uid: statistics.fmean(v) for uid, v in values.items()}
+                       for metric, values in sums.items()}
+    return out, tasks
 
 
 def _node_evals(rows: list[dict], final: dict) -> dict[int, dict]:

@@ -68,13 +68,13 @@ def task_difference_lines(arms: Arms, baseline: str | None, runs: list[RunSummar
     for _, kind, arm, cells in rows:
         record[kind][arm] = {t: interval_json(*c) for t, c in cells.items() if c is not None}
     summary["task_differences"] = record
-    sapo = " (SAPO: each item's value is the mean over the nodes' own adapters, as they reported them)" if any(
-        r.mode == "sapo" for r in runs) else ""
+    own = " (self-reported: each item's value is the mean over the nodes' own adapters, as they reported them)" if any(
+        r.values["self_reported"] for r in runs) else ""
     shortcut = (" Compare a task's gain with its best constant answer in 'Shortcut check'."
                 if any(CONSTANT_ACCURACY in v for r in runs for v in r.per_task.values()) else "")
     lines = ["", "## Per task, over seeds × items", "",
              "Held-out sampled pass@1 (each item's share of samples scored right: `sampled acc` above) task by "
-             f"task{sapo}: each arm minus the baseline at the last evaluated round, and each arm's last "
+             f"task{own}: each arm minus the baseline at the last evaluated round, and each arm's last "
              "evaluated round minus round 0, mean over the paired items of every seed with its "
              f"{CONFIDENCE:.0%} interval over seeds × items (two-way cluster-robust; – where a run lacks the round "
              f"or the items).{shortcut}", "",

@@ -90,7 +90,8 @@ def _shown(run_dir: Path, out: Path) -> str:
 def write_report(out: Path, run_dirs: list[Path], *, failures: dict[tuple[str, int], str] | None = None,
                  title: str | None = None, notes: str | None = None, command: str = "",
                  made_by: str | None = None, baseline: str | None = None, force: bool = False,
-                 arm_order: list[str] | None = None, pending: list[tuple[str, int]] | None = None) -> Path:
+                 arm_order: list[str] | None = None, pending: list[tuple[str, int]] | None = None,
+                 exclude_self_reported: bool = False) -> Path:
     """report.md + summary.json + plots/ under `out`, from the runs' metrics.jsonl.
 
     Raises ReportExistsError when out/report.md exists and `force` is not given. `title`, `notes`, `made_by`
@@ -99,7 +100,8 @@ def write_report(out: Path, run_dirs: list[Path], *, failures: dict[tuple[str, i
     colours and markers) follow `arm_order` (the sweep file's, given by `pubswap compare` and publish_results.py; the
     default baseline is then its first arm), then the previous summary's order, then the order the runs are given
     in. `pending`: the (arm, seed) runs of a sweep not made yet (stopped early), listed under the title so that
-    nobody reads a partial sweep as a whole one."""
+    nobody reads a partial sweep as a whole one. `exclude_self_reported`: leave out the runs whose held-out results
+    their nodes reported themselves (sapo, local), named under the title; ValueError when that leaves none."""
     out = Path(out)
     report = out / REPORT_FILE
     if report.exists() and not force:
@@ -110,18 +112,26 @@ def write_report(out: Path, run_dirs: list[Path], *, failures: dict[tuple[str, i
     notes = notes if notes is not None else previous.get("notes") or ""
     made_by = made_by if made_by is not None else previous.get("made_by") or command
     runs = [summarize_run(Path(d)) for d in run_dirs]
+    left_out = [r for r in runs if exclude_self_reported and r.values["self_reported"]]
+    runs = [r for r in runs if r not in left_out]
+    excluded = [r.run_dir.name for r in left_out]
+    if not runs and excluded:
+        raise ValueError("--exclude-self-reported leaves no run: every run's held-out results are self-reported ("
+                         + ", ".join(excluded) + ")")
     arms = _ordered_arms(runs, arm_order, previous)
     baseline = _baseline(baseline, arms, arm_order, previous)
     failures = failures or {}
     out.mkdir(parents=True, exist_ok=True)
 
     code_lines, made_with = provenance_lines(runs)
-    lines = heading_lines(title, notes, command, made_by, runs, code_lines, pending)
+    lines = heading_lines(title, notes, command, made_by, runs, code_lines, pending, excluded)
     summary: dict = {"title": title, "notes": notes, "made_by": made_by, "command": command, "confidence": CONFIDENCE,
                      "baseline": baseline, "arms": {}, "paired": {}, "runs": {},
                      "failures": {f"{a}-s{s}": d for (a, s), d in failures.items()}, "provenance": made_with}
     if pending:  # only then: summaries of whole sweeps stay byte for byte what they were
         summary["pending"] = [f"{a}-s{s}" for a, s in pending]
+    if exclude_self_reported:
+        summary["excluded_self_reported"] = excluded
     lines += arms_table_lines(arms, failures, summary)
     lines += paired_lines(arms, baseline, summary)
     lines += per_run_lines(arms, runs, summary)

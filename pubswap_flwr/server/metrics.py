@@ -7,6 +7,7 @@ import logging
 import math
 import os
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -286,14 +287,48 @@ class RunStatusFile(Struct):
 
 
 class EvalItemsRecord(Struct):
-    """One adapter's per-item counts in an eval_items.jsonl row (counts or tasks of another length than uids are
-    skipped)."""
+    """One adapter's per-item counts in an eval_items.jsonl row (evaluation.ITEM_RESULTS), under "global" (the
+    server's own evaluation) or a node id (that node's self-reported one); `record_problem` checks what types
+    cannot."""
 
     uids: list[str]
     tasks: list[str] | None = None
     samples: Annotated[float, Meta(gt=0)] | None = None
     greedy: list[float] | None = None
     sampled: list[float] | None = None
+
+
+def record_problem(record: EvalItemsRecord, samples: float) -> str | None:
+    """What makes a record one the runner never writes, or None: a list of another length than its uids, an item
+    listed twice, a count below 0 or over its answers (1 greedy, `samples` sampled)."""
+    for key, label in (("tasks", "tasks"), ("greedy", "greedy counts"), ("sampled", "sampled counts")):
+        values = getattr(record, key)
+        if values is not None and len(values) != len(record.uids):
+            return f"lists {len(values)} {label} for {len(record.uids)} uids"
+    listed = Counter(record.uids)
+    for uid in record.uids:
+        if listed[uid] > 1:
+            return f"lists item {uid!r} {listed[uid]} times"
+    for counts, top, answers in ((record.greedy, 1.0, "greedy answer"), (record.sampled, samples, "samples")):
+        for uid, count in zip(record.uids, counts or ()):
+            if not 0 <= count <= top:
+                return f"counts {count:g} right of {top:g} {answers} for item {uid!r}"
+    return None
+
+
+def eval_items_records(row: dict, where: str, samples: float = math.inf) -> dict[str, EvalItemsRecord]:
+    """One eval_items.jsonl row's records by key ("global" or a node id), each checked (record_problem: sampled
+    counts against the record's own samples, else `samples`); ValueError names `where`, the round, the record and
+    the item."""
+    records = {}
+    for key, value in row.items():
+        if key != "round" and isinstance(value, dict):
+            record = parse(value, EvalItemsRecord, f"{where}: round {row['round']}: {key!r}", ValueError)
+            problem = record_problem(record, record.samples or samples)
+            if problem is not None:
+                raise ValueError(f"{where}: round {row['round']}: {key!r} {problem}")
+            records[key] = record
+    return records
 
 
 def check_row(row: Any, where: str) -> dict:
@@ -328,8 +363,9 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
 
 
 def read_eval_items(run_dir: str | Path) -> list[dict]:
-    """eval_items.jsonl's rows ([] for a run made before the file existed): a regular file (never a link or FIFO);
-    ValueError names the file and line."""
+    """eval_items.jsonl's rows ([] for a run made before the file existed): a regular file (never a link or FIFO),
+    each row's records checked (eval_items_records: a record whose counts are not the runner's, an item listed twice,
+    is refused); ValueError names the file and line (and the round, record and item)."""
     from ..untrusted import is_present, read_text
 
     path = Path(run_dir) / EVAL_ITEMS_FILE
@@ -344,5 +380,6 @@ def read_eval_items(run_dir: str | Path) -> list[dict]:
                 raise ValueError(f"{path}:{number}: not a JSON row ({err.msg})") from err
             if not isinstance(row, dict) or not isinstance(row.get("round"), int):
                 raise ValueError(f"{path}:{number}: a row must be an object with an integer 'round'")
+            eval_items_records(row, f"{path}:{number}")
             rows.append(row)
     return rows

@@ -173,8 +173,9 @@ class EvalResult(EvalRow, frozen=True, kw_only=True):
                 raise ValueError(f"{key} names tasks the evaluation does not report")
         results = self.item_results
         top = self.samples or 1
-        if results is not None and results.sampled is not None and max(results.sampled, default=0) > top:
-            raise ValueError(f"{ITEM_RESULTS}.sampled has a count over the evaluation's {top} samples")
+        for uid, count in zip(results.uids, results.sampled or ()) if results is not None else ():
+            if count > top:
+                raise ValueError(f"{ITEM_RESULTS} counts {count} right of {top} samples for item {uid!r}")
 
     def to_dict(self) -> dict[str, Any]:
         """The evaluation as the metrics row keeps it: the numbers given, then counts, tasks and item results."""

@@ -9,7 +9,6 @@ checks types and ranges and raises on anything malformed (the exchange's per-rep
 
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, TypeVar
@@ -35,13 +34,11 @@ from .codecs import (
     record_of,
 )
 from .counters import ForeignCounts, FormatCounts, UptakeCounts
-from .validate import Rejected, check_eval
+from .validate import HeldOutRequest, Rejected, check_eval
 
 if TYPE_CHECKING:
     from ..node.learner import Learner, WorkReport
     from ..protocols.base import RoundContext
-
-log = logging.getLogger("pubswap_flwr")
 
 Adapter = dict[str, Any]
 MAX_SECONDS = 1e7  # any duration a client reports (about 4 months)
@@ -288,6 +285,17 @@ def read_reply(message: Message) -> tuple[Any, dict, ClientReport]:
 
 # -- the reply of a node that keeps its own adapter (sapo, local) ------------------------------------------
 @dataclass(frozen=True)
+class AskedEvaluations:
+    """Which of its own evaluations one message asked a node for: `initial` (round 1: its starting point) and
+    `current` (its adapter now), both on the held-out items of `held_out` (None: the server knows of none, so no
+    evaluation is accepted)."""
+
+    held_out: HeldOutRequest | None
+    initial: bool = False
+    current: bool = False
+
+
+@dataclass(frozen=True)
 class OwnAdapterReply:
     """The reply of a node that keeps its own adapter: its report and, when asked, its self-reported held-out
     results of that adapter: `eval_initial` (round 1: its starting point) and `eval` (taking `eval_seconds`)."""
@@ -308,9 +316,9 @@ class OwnAdapterReply:
         return reply_records(self.report, payload=payload, metrics=metrics)
 
     @classmethod
-    def from_message(cls, message: Message) -> "OwnAdapterReply":
+    def from_message(cls, message: Message, asked: AskedEvaluations) -> "OwnAdapterReply":
         metrics, payload, report = read_reply(message)
-        return cls(report, **own_evaluations(metrics, payload, report))
+        return cls(report, **own_evaluations(metrics, payload, asked))
 
     def record(self, ctx: RoundContext, node: int) -> None:
         """Into the round's log: the node's results (the metrics row's node_eval, their mean its eval, labelled
@@ -322,11 +330,12 @@ class OwnAdapterReply:
         ctx.log.eval_seconds += self.eval_seconds
 
 
-def own_evaluations(metrics: Any, payload: dict, report: ClientReport) -> dict:
-    """A reply's OwnAdapterReply fields besides the report; a self-reported evaluation that fails validation is
-    ignored with a warning, a malformed eval-seconds rejects the reply."""
-    return {"eval_initial": _optional_eval(payload.get("eval-initial"), report, "initial evaluation"),
-            "eval": _optional_eval(payload.get("eval"), report, "evaluation"),
+def own_evaluations(metrics: Any, payload: dict, asked: AskedEvaluations) -> dict:
+    """A reply's OwnAdapterReply fields besides the report. An evaluation the message did not ask for, or one that
+    fails check_eval against the held-out items asked (an item listed twice or not asked for, another task, counts
+    over the samples asked), rejects the reply, as a malformed eval-seconds does: it is never averaged."""
+    return {"eval_initial": _asked_eval(payload.get("eval-initial"), "eval-initial", asked.initial, asked.held_out),
+            "eval": _asked_eval(payload.get("eval"), "eval", asked.current, asked.held_out),
             "eval_seconds": parse(dict(metrics), EvalSeconds, "metrics", Rejected).eval_seconds}
 
 
@@ -334,11 +343,9 @@ class EvalSeconds(Struct, frozen=True, rename="kebab"):
     eval_seconds: Seconds = 0.0
 
 
-def _optional_eval(value: Any, report: ClientReport, what: str) -> dict | None:
-    if not value:
+def _asked_eval(value: Any, what: str, asked: bool, held_out: HeldOutRequest | None) -> dict | None:
+    if value is None:
         return None
-    try:
-        return check_eval(value)
-    except Rejected as err:
-        log.warning("ignored node %d's %s: %s", report.node_index, what, err)
-        return None
+    if not asked or held_out is None:
+        raise Rejected(f"{what}: the server did not ask for this evaluation")
+    return check_eval(value, held_out, what)

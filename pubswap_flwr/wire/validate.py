@@ -7,11 +7,14 @@ Each check raises `Rejected` with a reason that names what was wrong; the strate
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from ..algorithms.sapo_selection import Packet, behaviours_from_wire
+from ..metrics_schema import ITEM_RESULTS
 from ..rollouts import Behaviour
 from ..schema import check_utf8, parse
 from ..tasks import TaskItem
@@ -135,7 +138,62 @@ def check_packets(payload: Any, limits: Limits, max_completions: int) -> tuple[l
     return packets, reasons
 
 
-def check_eval(result: Any) -> dict:
-    """A node's self-reported held-out metrics (SAPO, local), as schema.EvalResult declares them, in the form the
-    metrics row keeps."""
-    return parse(result, EvalResult, "eval", Rejected).to_dict()
+@dataclass(frozen=True)
+class HeldOutRequest:
+    """The held-out evaluation the server asks of a node that evaluates its own adapter (sapo, local): each held-out
+    item's task by uid, and the samples per item (None: greedy answers only, eval.sampled = false)."""
+
+    tasks: Mapping[str, str]
+    samples: int | None
+
+    @classmethod
+    def of(cls, items: Sequence[TaskItem], sampled: bool, samples: int) -> "HeldOutRequest":
+        return cls({item.uid: item.task for item in items}, samples if sampled else None)
+
+
+def held_out_problem(evaluation: EvalResult, request: HeldOutRequest) -> str | None:
+    """What makes a node's evaluation other than the one the server asked for, or None: its per-item results must
+    list every requested item exactly once with that item's task, greedy counts and, when asked, sampled counts of
+    the samples asked (EvalResult keeps counts within them); its per-task rows only the items' tasks."""
+    results = evaluation.item_results
+    if results is None:
+        return "lists no per-item results (item_results)"
+    if request.samples is None and (evaluation.samples is not None or results.sampled is not None):
+        return "reports sampled results; the server asked for greedy ones only (eval.sampled = false)"
+    if request.samples is not None and evaluation.samples != request.samples:
+        return (f"reports {evaluation.samples or 'no'} samples per item; the server asked for {request.samples} "
+                "(eval.samples)")
+    if results.greedy is None:
+        return f"lists no greedy counts ({ITEM_RESULTS}.greedy)"
+    if request.samples is not None and results.sampled is None:
+        return f"lists no sampled counts ({ITEM_RESULTS}.sampled)"
+    listed = Counter(results.uids)
+    for uid in results.uids:
+        if listed[uid] > 1:
+            return f"lists held-out item {uid!r} {listed[uid]} times"
+        if uid not in request.tasks:
+            return f"item {uid!r} is not a held-out item the server asked for"
+    missing = [uid for uid in request.tasks if uid not in listed]
+    if missing:
+        return (f"lacks {len(missing)} of the {len(request.tasks)} held-out items the server asked for (first: "
+                f"{missing[0]!r})")
+    for uid, task in zip(results.uids, results.tasks):
+        if task != request.tasks[uid]:
+            return f"names task {task!r} for item {uid!r}, whose task is {request.tasks[uid]!r}"
+    known = set(request.tasks.values())
+    unknown = [task for task in evaluation.per_task if task not in known]
+    if unknown:
+        return f"per_task names {unknown[0]!r}, not a task of the held-out items"
+    if evaluation.items is not None and evaluation.items != len(request.tasks):
+        return f"reports {evaluation.items} items; the server asked for {len(request.tasks)}"
+    return None
+
+
+def check_eval(result: Any, request: HeldOutRequest, what: str = "eval") -> dict:
+    """A node's self-reported held-out metrics (SAPO, local), as schema.EvalResult declares them and covering what
+    the server asked (held_out_problem), in the form the metrics row keeps; Rejected names `what` and the problem."""
+    evaluation = parse(result, EvalResult, what, Rejected)
+    problem = held_out_problem(evaluation, request)
+    if problem is not None:
+        raise Rejected(f"{what}: {problem}")
+    return evaluation.to_dict()

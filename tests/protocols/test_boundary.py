@@ -182,11 +182,17 @@ def test_a_task_flagged_as_a_shortcut_at_any_node_stays_flagged_in_the_nodes_mea
 
 
 def test_a_nodes_self_reported_shortcut_flags_cross_the_boundary_only_as_its_own_task_names():
-    from pubswap_flwr.wire.validate import check_eval
+    from pubswap_flwr.wire.validate import HeldOutRequest
+    from pubswap_flwr.wire.validate import check_eval as check
 
     per_task = {"gcd": {"greedy_accuracy": 0.5}, "products": {"greedy_accuracy": 0.5}}
-    report = {"greedy_accuracy": 0.5, "per_task": per_task,
+    items = {"uids": ["gcd/0", "products/0"], "tasks": ["gcd", "products"], "greedy": [1, 0]}
+    report = {"greedy_accuracy": 0.5, "per_task": per_task, "item_results": items,
               "greedy_shortcut_tasks": ["products", "gcd", "gcd"], "sampled_shortcut_tasks": []}
+
+    def check_eval(result: dict) -> dict:  # the items and tasks the server asked for, greedy answers only
+        return check(result, HeldOutRequest(dict(zip(items["uids"], items["tasks"])), None))
+
     clean = check_eval(report)
     assert clean["greedy_shortcut_tasks"] == ["gcd", "products"] and clean["sampled_shortcut_tasks"] == []
     for bad, reason in ((["count_bits"], "eval: greedy_shortcut_tasks names tasks the evaluation does not report"),

@@ -29,7 +29,7 @@ from pubswap_flwr.wire.codecs import (
     payload_record,
 )
 from pubswap_flwr.wire.counters import FormatCounts
-from pubswap_flwr.wire.records import ClientReport, Header, reply_records
+from pubswap_flwr.wire.records import AskedEvaluations, ClientReport, Header, reply_records
 from pubswap_flwr.wire.validate import Limits, Rejected
 
 HEADER = Header(3, "run-x", "/runs/run-x", round_start=True)
@@ -93,7 +93,8 @@ def test_replies_round_trip_and_the_server_rescores_public_responses():
         rescored = SegmentReply.from_message(_reply(graded.to_record()), ask)
         assert rescored.responses == {"public/gcd/1": [("<answer>0.5</answer>", reward)]}
     shared = SapoReply(REPORT, packets=(Packet("", ITEM, ("<answer>2</answer>",)),), selection={"external-used": 3})
-    back = SapoReply.from_message(_reply(shared.to_record()), Limits(), 4, packets=True, trained=True)
+    back = SapoReply.from_message(_reply(shared.to_record()), Limits(), 4, packets=True, trained=True,
+                                  asked=AskedEvaluations(None))
     assert back.packets[0].item == ITEM and back.selection["external-used"] == 3
     assert back.selection["external-received"] == 0
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from pubswap_flwr.report import write_report
 from pubswap_flwr.report.formatting import fmt_ci
 from pubswap_flwr.report.item_intervals import two_way_interval
@@ -118,19 +120,22 @@ def test_runs_that_disagree_on_an_items_task_get_no_per_task_section(tmp_path):
     assert "left out: runs disagree on the task of held-out item eval/chain_sum/1 (arm-s0)." in text
 
 
-def test_item_values_reads_each_items_task_and_skips_a_task_list_of_another_length(tmp_path):
+def test_item_values_reads_each_items_task_and_refuses_a_task_list_of_another_length(tmp_path):
     run = _run(tmp_path, "fedavg", 0, [4, 2, 0, 0])
     values, tasks = item_values(run)
     assert tasks == dict(zip(UIDS, TASKS))
     assert values[1]["sampled_accuracy"] == dict(zip(UIDS, [1.0, 0.5, 0.0, 0.0]))
     short = _run(tmp_path / "short", "fedavg", 0, [4, 2, 0, 0], tasks=["gcd"])
-    assert item_values(short)[1] == {}
-    # two records of one run (two SAPO nodes) naming different tasks for one item: none of its tasks is trusted
+    with pytest.raises(ValueError, match=r"eval_items.jsonl:1: round 0: 'global' lists 1 tasks for 4 uids$"):
+        item_values(short)
+    # two records of one run (two SAPO nodes) naming different tasks for one item: the server never writes that (it
+    # rejects a node's evaluation naming another task than the item's), so the file is refused, not half-read
     split = _run(tmp_path / "split", "sapo", 0, [4, 2, 0, 0])
     rows = [json.loads(line) for line in (split / "eval_items.jsonl").read_text().splitlines()]
     for row in rows:
         node = row.pop("global")
         row["0"], row["1"] = node, {**node, "tasks": ["gcd", "gcd", "chain_sum", "gcd"]}
     (split / "eval_items.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    values, tasks = item_values(split)
-    assert tasks == {} and values[1]["sampled_accuracy"]["eval/gcd/0"] == 1.0
+    with pytest.raises(ValueError, match=r"round 0: '1' names task 'gcd' for item 'eval/chain_sum/1', recorded "
+                                         r"before as 'chain_sum'$"):
+        item_values(split)
