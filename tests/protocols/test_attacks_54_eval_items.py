@@ -403,3 +403,26 @@ def test_forged_eval_items_self_reported_runs_can_be_left_out_of_the_headline(tm
     assert code == 2 and err.getvalue().strip().splitlines()[-1] == (
         "pubswap report: --exclude-self-reported leaves no run: every run's held-out results are self-reported "
         "(sapo-s0)")
+
+
+def test_self_reported_evaluation_without_a_sampled_reward_does_not_stop_the_run(tmp_path, monkeypatch, caplog):
+    """A node may leave `sampled_reward` out of its evaluation; when every node does, the round's mean has a sampled
+    accuracy without a reward, and the server's progress line raised KeyError there, ending the run."""
+    import tests.protocols.test_attacks_54_eval_items as this
+
+    honest = this.honest_eval
+
+    def without_reward(index: int) -> dict:
+        evaluation = honest(index)
+        evaluation.pop("sampled_reward")
+        for row in evaluation["per_task"].values():
+            row.pop("sampled_reward")
+        return evaluation
+
+    monkeypatch.setattr(this, "honest_eval", without_reward)
+    with caplog.at_level(logging.INFO, logger="pubswap_flwr.server.metrics"):
+        rows, _items, _run = serve(tmp_path, LOCAL)
+    assert sorted(rows) == [0, 1, 2]
+    assert "sampled_reward" not in rows[2]["eval"]
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("[round 2/"))
+    assert re.search(r"held-out, self-reported by the nodes, greedy \d\.\d{3} sampled \d\.\d{3} \|", line), line
