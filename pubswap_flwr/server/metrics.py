@@ -117,7 +117,9 @@ class RunRecorder:
             text = ("held-out, self-reported by the nodes," if row.get(ms.NODE_EVAL) else "held-out") + \
                 f" greedy {held[ms.GREEDY_ACCURACY]:.3f}"
             if ms.SAMPLED_ACCURACY in held:
-                text += f" sampled {held[ms.SAMPLED_ACCURACY]:.3f} (reward {held[ms.SAMPLED_REWARD]:.3f})"
+                text += f" sampled {held[ms.SAMPLED_ACCURACY]:.3f}"
+                if held.get(ms.SAMPLED_REWARD) is not None:  # optional in a node's self-reported evaluation
+                    text += f" (reward {held[ms.SAMPLED_REWARD]:.3f})"
             parts.append(text)
         if ms.CLIENTS in row:
             text = f"{len(row[ms.CLIENTS])} clients"

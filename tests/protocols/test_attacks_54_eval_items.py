@@ -420,7 +420,7 @@ def test_self_reported_evaluation_without_a_sampled_reward_does_not_stop_the_run
         return evaluation
 
     monkeypatch.setattr(this, "honest_eval", without_reward)
-    with caplog.at_level(logging.INFO, logger="pubswap_flwr.server.metrics"):
+    with caplog.at_level(logging.INFO, logger="pubswap_flwr"):
         rows, _items, _run = serve(tmp_path, LOCAL)
     assert sorted(rows) == [0, 1, 2]
     assert "sampled_reward" not in rows[2]["eval"]
