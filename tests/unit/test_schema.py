@@ -114,7 +114,7 @@ def test_an_evaluation_keeps_the_numbers_given_in_declared_order():
     ({"item_results": {"uids": ["a"], "tasks": ["t"], "greedy": [2]}},
      "eval.item_results.greedy[0]: expected `int` <= 1"),
     ({"samples": 2, "item_results": {"uids": ["a"], "tasks": ["t"], "sampled": [3]}},
-     "eval: item_results.sampled has a count over the evaluation's 2 samples"),
+     "eval: item_results counts 3 right of 2 samples for item 'a'"),
 ])
 def test_an_evaluation_out_of_bounds_is_refused_naming_the_field(change, expected):
     assert reason({"greedy_accuracy": 0.5, **change}, EvalResult, "eval").startswith(expected)
