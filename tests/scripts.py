@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -15,5 +16,13 @@ def load_script(relative: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(path.stem, path)
     assert spec is not None and spec.loader is not None, path
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    before = sys.modules.get(spec.name)
+    sys.modules[spec.name] = module  # while it runs: a dataclass with string annotations looks its module up there
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        if before is None:
+            sys.modules.pop(spec.name, None)
+        else:
+            sys.modules[spec.name] = before
     return module
