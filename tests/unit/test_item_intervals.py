@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pubswap_flwr.report import write_report
+from pubswap_flwr.report import item_intervals, write_report
 from pubswap_flwr.report.item_intervals import common_items, difference_table, two_way_interval
 from pubswap_flwr.report.statistics import mean_ci
 
@@ -22,21 +22,59 @@ def test_an_item_effect_shared_by_every_seed_widens_the_interval_the_seeds_alone
     seeds_only = mean_ci(sum(row.values()) / 4 for row in table.values())
     assert seeds_only.low == seeds_only.high == 0.5
     interval = two_way_interval(table)
-    # by hand: V_item = 9/144 * 4/3 = 1/12 (the largest part; V_seed = 0), half width t2 * sqrt(1/12)
     assert interval.mean == 0.5 and interval.n == 3
-    assert interval.high - 0.5 == pytest.approx(T2 * math.sqrt(1 / 12), abs=1e-8)
-    assert interval.low == pytest.approx(0.5 - T2 * math.sqrt(1 / 12), abs=1e-8)
+    assert interval.high - 0.5 == pytest.approx(T2 * math.sqrt(2 / 33), abs=1e-8)  # by hand: the next test
+    assert interval.low == pytest.approx(0.5 - T2 * math.sqrt(2 / 33), abs=1e-8)
 
 
-def test_without_item_effects_the_interval_is_the_seeds_one():
-    # every item of a seed has that seed's value: only seeds vary, items add nothing
+def test_interval_construction_is_named_for_the_reports():
+    assert item_intervals.INTERVAL_CONSTRUCTION == ("two-way cluster-robust over seeds × items "
+                                                    "(Cameron-Gelbach-Miller), t with seeds - 1 df")
+
+
+def test_interval_construction_item_effects_alone_get_the_cgm_variance_not_the_one_way_floor():
+    # 3 seeds x items a..d scoring 1, 0, 1, 0: residuals +-1/2 in all 12 cells. By hand: V_seed = 0 (every seed's
+    # residuals sum to 0); V_item = 4 x 1.5^2 / 12^2 x 4/3 = 1/12; V_cell = 12 x 1/4 / 12^2 x 12/11 = 1/44;
+    # V = 1/12 - 1/44 = 2/33. The old floor max(V_seed, V_item) gave 1/12, a half-width 17% wider (the wider
+    # construction over-covers: docs/results/interval-coverage).
+    table = {s: {"a": 1.0, "b": 0.0, "c": 1.0, "d": 0.0} for s in range(3)}
+    interval = two_way_interval(table)
+    assert interval.high - interval.mean == pytest.approx(T2 * math.sqrt(2 / 33), abs=1e-9)
+
+
+def test_interval_construction_seed_and_item_effects_get_v_seed_plus_v_item_minus_v_cell():
+    # 0.5 + seed effect (-0.05, 0, +0.05) + item effect (-0.25, -0.25, +0.25, +0.25), no interaction. By hand:
+    # V_seed = (0.2^2 + 0 + 0.2^2) / 12^2 x 3/2 = 1/1200; V_item = 4 x 0.75^2 / 12^2 x 4/3 = 25/1200;
+    # V_cell = (4 x 0.005 + 3 x 0.25) / 12^2 x 12/11 = 0.77/132 = 7/1200; V = (1 + 25 - 7)/1200 = 19/1200 (the old
+    # floor: V_item = 25/1200)
+    table = {0: {"a": 0.2, "b": 0.2, "c": 0.7, "d": 0.7}, 1: {"a": 0.25, "b": 0.25, "c": 0.75, "d": 0.75},
+             2: {"a": 0.3, "b": 0.3, "c": 0.8, "d": 0.8}}
+    interval = two_way_interval(table)
+    assert interval.mean == pytest.approx(0.5, abs=1e-9)
+    assert interval.high - interval.mean == pytest.approx(T2 * math.sqrt(19 / 1200), abs=1e-9)
+    assert interval.mean - interval.low == pytest.approx(T2 * math.sqrt(19 / 1200), abs=1e-9)
+
+
+def test_interval_construction_seed_effects_alone_get_a_little_less_than_the_seeds_only_interval():
+    # every item of a seed has that seed's value (0.1, 0.3, 0.2 on 6 items). By hand: V_seed = (0.6^2 + 0.6^2) / 18^2
+    # x 3/2 = 1/300, the seeds-only variance 0.1^2 / 3; V_item = 0; V_cell = 6 x 0.02 / 18^2 x 18/17 = 1/2550;
+    # V = 1/300 - 1/2550 = 1/340: CGM takes the cell part out of both one-way sums, so with seeds alone it is
+    # (I - 1) S / (S I - 1) of the seeds-only variance (0.88 at 6 items, 0.99 at 64)
     values = {0: 0.1, 1: 0.3, 2: 0.2}
     table = {s: {i: v for i in "abcdef"} for s, v in values.items()}
     interval = two_way_interval(table)
     seeds_only = mean_ci(values.values())
     assert interval.mean == pytest.approx(seeds_only.mean)
-    assert interval.low == pytest.approx(seeds_only.low, abs=1e-8)
-    assert interval.high == pytest.approx(seeds_only.high, abs=1e-8)
+    assert (seeds_only.high - seeds_only.mean) ** 2 == pytest.approx(T2 ** 2 / 300, abs=1e-9)
+    assert interval.high - interval.mean == pytest.approx(T2 * math.sqrt(1 / 340), abs=1e-9)
+
+
+def test_interval_construction_falls_back_to_the_larger_one_way_part_where_the_cgm_sum_is_not_positive():
+    # 2 seeds x 2 items, mostly interaction: residuals (+0.55, -0.45 / -0.55, +0.45). By hand: V_seed = 2 x 0.1^2 /
+    # 4^2 x 2 = 0.0025, V_item = 0, V_cell = 1.01 / 16 x 4/3 = 0.084: the sum is negative, so V = V_seed; t with 1 df
+    interval = two_way_interval({0: {"a": 1.1, "b": 0.1}, 1: {"a": 0.0, "b": 1.0}})
+    assert interval.mean == pytest.approx(0.55)
+    assert interval.high - interval.mean == pytest.approx(12.706204736174707 * 0.05, abs=1e-9)
 
 
 def test_one_seed_or_one_item_gives_no_interval_and_items_missing_from_a_seed_are_left_out():
@@ -80,7 +118,7 @@ def test_the_report_uses_item_level_intervals_when_every_run_recorded_its_items(
     text = write_report(tmp_path / "out", runs, arm_order=["base", "arm"]).read_text()
     assert "cover both the seeds and the draw of held-out items" in text
     row = next(line for line in text.splitlines() if line.startswith("| arm | sampled acc |"))
-    half = T2 * math.sqrt(1 / 12)
+    half = T2 * math.sqrt(2 / 33)  # per seed 1, 1, 0, 0 on x0..x3: the item-effect table above
     assert row.endswith(f"| +0.500 [{0.5 - half:+.3f}, {0.5 + half:+.3f}] | seeds × items |")
     reward = next(line for line in text.splitlines() if line.startswith("| arm | sampled reward |"))
     assert reward.endswith("| +0.500 [+0.500, +0.500] | seeds |")  # no per-item rewards: seeds only
