@@ -4,8 +4,13 @@ Every run of a sweep is scored on the same held-out items, so a paired t interva
 from which questions were drawn: item effects are common to every seed and cancel out of the per-seed differences.
 With each item's result per run (eval_items.jsonl) the mean difference over the seed x item table gets the variance
 of Cameron, Gelbach & Miller (2011, two-way clustering): V = V_seed + V_item - V_cell, each a cluster-robust sum of
-squared residual totals with the small-sample factor G/(G-1); the interval is mean +- t(S-1) sqrt(V), S the seeds,
-so its width never falls below what the seeds alone allow.
+squared residual totals with the small-sample factor G/(G-1); the interval is mean +- t(S-1) sqrt(V), S the seeds.
+Where the sum is not positive (a table that is nearly all seed x item interaction) V is the larger one-way part.
+Chosen by simulation (benchmarks/interval_coverage.py, docs/results/interval-coverage): of five constructions it is
+the narrowest that covers >= 95% (within Monte-Carlo error) over a grid of seed and item variances around
+real-fedavg-long, 3 and 5 seeds, 64 and 192 items. The floor V >= max(V_seed, V_item) it replaced covered 99.5% at
+the median for 9% more width; Satterthwaite's df, with V or with the unbiased two-way ANOVA variance, covered as
+little as 90% and 92.5%.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from typing import Callable, Mapping
 
 from .statistics import CONFIDENCE, NAN, Interval, t_quantile
 
+INTERVAL_CONSTRUCTION = "two-way cluster-robust over seeds × items (Cameron-Gelbach-Miller), t with seeds - 1 df"
 ItemTable = Mapping[int, Mapping[str, float]]  # seed -> item uid -> value (e.g. arm minus baseline on that item)
 
 
@@ -48,7 +54,7 @@ def two_way_interval(table: ItemTable, confidence: float = CONFIDENCE) -> Interv
     by_item = sum(sum(row[j] for row in residual) ** 2 for j in range(n_items)) / total ** 2 * n_items / (n_items - 1)
     by_cell = sum(v * v for row in residual for v in row) / total ** 2 * total / (total - 1)
     variance = by_seed + by_item - by_cell
-    if variance < max(by_seed, by_item):  # the CGM sum can fall below either part; never claim less than either
+    if variance <= 0:  # V_cell outweighs both one-way parts: keep the larger of them rather than no width
         variance = max(by_seed, by_item)
     half = t_quantile((1 + confidence) / 2, n_seeds - 1) * math.sqrt(variance)
     return Interval(mean, mean - half, mean + half, n_seeds)
