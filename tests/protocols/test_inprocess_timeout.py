@@ -72,9 +72,10 @@ def test_inprocess_timeout_drops_slow_node(caplog):
     assert _answers(replies) == [(1001, "second"), (1002, "second"), (1003, "second")]
 
 
-def test_inprocess_timeout_hung_node_does_not_hold_the_exchange_or_run_beside_the_next(caplog):
-    release = threading.Event()
-    running: list[int] = []  # nodes whose handler is running now: never more than one (they share the model)
+def _overlap_recorder(hangs, release: threading.Event):
+    """A deliver hook that hangs the messages `hangs(msg, context)` picks until `release`, and the list of moments
+    when more than one node's handler ran at once (never allowed: the nodes share the model)."""
+    running: list[int] = []
     overlaps: list[list[int]] = []
 
     def deliver(msg, context, call):
@@ -82,11 +83,18 @@ def test_inprocess_timeout_hung_node_does_not_hold_the_exchange_or_run_beside_th
         if len(running) > 1:
             overlaps.append(list(running))
         try:
-            if context.node_id == 1001:
+            if hangs(msg, context):
                 release.wait(30)  # hung until the test releases it
             return call(msg, context)
         finally:
             running.remove(context.node_id)
+
+    return deliver, overlaps
+
+
+def test_inprocess_timeout_hung_node_does_not_hold_the_exchange_or_run_beside_the_next(caplog):
+    release = threading.Event()
+    deliver, overlaps = _overlap_recorder(lambda msg, context: context.node_id == 1001, release)
 
     grid = InProcessGrid(_echo_app(), 2, {}, deliver=deliver)
     try:
@@ -104,19 +112,7 @@ def test_inprocess_timeout_hung_node_does_not_hold_the_exchange_or_run_beside_th
 
 def test_inprocess_timeout_a_message_without_a_timeout_waits_for_the_abandoned_work_first():
     release = threading.Event()
-    running: list[int] = []
-    overlaps: list[list[int]] = []
-
-    def deliver(msg, context, call):
-        running.append(context.node_id)
-        if len(running) > 1:
-            overlaps.append(list(running))
-        try:
-            if msg.content["config"]["tag"] == "hangs":
-                release.wait(30)
-            return call(msg, context)
-        finally:
-            running.remove(context.node_id)
+    deliver, overlaps = _overlap_recorder(lambda msg, context: msg.content["config"]["tag"] == "hangs", release)
 
     grid = InProcessGrid(_echo_app(), 2, {}, deliver=deliver)
     try:
