@@ -53,6 +53,18 @@ def test_median_clip_is_off_or_at_least_one(value, ok):
             build(**{"strategy.median-clip": value})
 
 
+def test_idle_clients_keys_have_their_defaults_bounds_and_docs():
+    s = ExperimentConfig().strategy
+    assert s.idle_floor == 0.1 and s.apply_below_robust is False
+    for bad in (1.0, -0.1):
+        with pytest.raises(ConfigError, match=rf"^strategy.idle-floor = {bad}: must be in \[0, 1\)$"):
+            build(**{"strategy.idle-floor": bad})
+    assert build(**{"strategy.idle-floor": 0.0, "strategy.apply-below-robust": True}).strategy.apply_below_robust
+    docs = {key: doc for key, _default, doc in describe()}
+    assert "one vote" in docs["strategy.idle-floor"] and "0 = off" in docs["strategy.idle-floor"]
+    assert "global adapter is kept" in docs["strategy.apply-below-robust"]
+
+
 def test_pyproject_run_config_lists_every_key_with_its_default():
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())
     flat = flatten(data["tool"]["flwr"]["app"]["config"])

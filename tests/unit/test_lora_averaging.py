@@ -7,9 +7,12 @@ import pytest
 
 from pubswap_flwr.algorithms.lora_averaging import (
     AggregationError,
+    AggregationRule,
     aggregate,
     clip_update,
+    combine,
     coordinate_median,
+    count_votes,
     geometric_median,
     mean_pairwise_l2,
     median_clip,
@@ -237,6 +240,62 @@ def test_a_round_is_robust_only_by_a_robust_rule_of_3_or_more_replies_with_a_non
     assert "bounds no direction" in not_robust("mean", 10, 1.0)
     assert not_robust("geometric-median", 2, 1.0).startswith("2 replies")
     assert "median update norm is 0" in not_robust("trimmed-mean", 5, 0.0)
+
+
+def vec(*values) -> dict[str, np.ndarray]:
+    return {"W": np.array(values, dtype=np.float32)}
+
+
+DEFAULT = AggregationRule("geometric-median", median_clip=3.0, idle_floor=0.1)  # the config's defaults
+
+
+def test_idle_clients_count_as_one_vote_at_their_weighted_mean():
+    ref = vec(0.0, 0.0)
+    replies = [vec(1.0, 0.0), vec(0.0, 1.0), vec(-1.0, 0.0), vec(0.0, 0.0), vec(0.01, 0.0)]
+    votes = count_votes(replies, [1, 1, 1, 2, 6], ref, 0.1)
+    assert votes.moving == [0, 1, 2] and votes.idle == [3, 4] and votes.bound == pytest.approx(0.1)  # 0.1 x median 1
+    assert len(votes.adapters) == 4 and votes.adapters[:3] == replies[:3] and votes.weights == [1, 1, 1, 8]
+    np.testing.assert_allclose(votes.adapters[3]["W"], [0.0075, 0.0], rtol=1e-6)  # (2 x 0 + 6 x 0.01) / 8
+    every = count_votes(replies, [1, 1, 1, 2, 6], ref, 0.0)  # idle-floor 0: every reply its own vote
+    assert every.idle == [] and every.adapters == replies and every.moving == [0, 1, 2, 3, 4]
+    most_still = count_votes([vec(0.0, 0.0)] * 3 + [vec(3.0, 4.0)], [1] * 4, ref, 0.1)  # a median of 0
+    assert most_still.idle == [0, 1, 2] and most_still.moving == [3] and most_still.bound == 0.0
+
+
+def test_idle_clients_no_longer_freeze_the_geometric_median():
+    ref = vec(0.0, 0.0)
+    replies = [vec(0.0, 0.0), vec(0.0, 0.0), vec(1.0, 0.0), vec(0.0, 1.0)]
+    old = combine(replies, [1] * 4, ref, AggregationRule("geometric-median", median_clip=3.0))
+    np.testing.assert_allclose(old.adapter["W"], [0.0, 0.0], atol=1e-6)  # half the weight at 0: frozen
+    new = combine(replies, [1] * 4, ref, DEFAULT)
+    s = (6 - np.sqrt(12)) / 12  # the Fermat point of 0, e1, e2: 120 degrees between the pulls of e1 and e2
+    np.testing.assert_allclose(new.adapter["W"], [s, s], atol=1e-5)
+    assert new.votes.idle == [0, 1] and new.robust_reason is None and new.kept_reason is None
+
+
+def test_idle_clients_below_the_robust_minimum_keep_the_global_unless_asked():
+    ref = vec(0.0, 0.0)
+    replies = [vec(0.0, 0.0), vec(0.0, 0.0), vec(0.0, 0.0), vec(300.0, 400.0)]
+    kept = combine(replies, [1] * 4, ref, DEFAULT)
+    assert kept.adapter is None and kept.robust_reason.startswith("2 votes (3 idle replies counted as one)")
+    assert kept.kept_reason.startswith(kept.robust_reason) and "global adapter kept" in kept.kept_reason
+    two = combine([vec(1.0, 0.0), vec(300.0, 400.0)], [1, 3], ref, DEFAULT)
+    assert two.adapter is None and two.kept_reason.startswith("2 replies")
+    applied = combine([vec(1.0, 0.0), vec(300.0, 400.0)], [1, 3], ref,
+                      AggregationRule("geometric-median", median_clip=3.0, idle_floor=0.1, apply_below_minimum=True))
+    np.testing.assert_allclose(applied.adapter["W"], [225.25, 300.0])  # their example-weighted mean
+    assert applied.kept_reason is None and applied.robust_reason.startswith("2 replies")
+    mean = combine([vec(1.0, 0.0), vec(300.0, 400.0)], [1, 3], ref, AggregationRule("mean"))
+    assert mean.adapter is not None and "bounds no direction" in mean.robust_reason  # the mean claims nothing
+
+
+def test_idle_clients_the_median_clip_is_taken_over_the_votes():
+    ref = vec(0.0, 0.0)
+    replies = [vec(0.0, 0.0), vec(0.0, 0.0), vec(1.0, 0.0), vec(0.0, -100.0)]
+    out = combine(replies, [1] * 4, ref, DEFAULT)  # over the replies the median would be 0.5: 2 of 4 sent 0
+    assert out.clip_median == pytest.approx(1.0) and out.clip_bound == pytest.approx(3.0)  # the median of 1, 100, 0
+    assert out.clipped == {3: pytest.approx(100.0)}  # by reply index
+    assert np.linalg.norm(out.adapter["W"]) < 1.0  # the 100 carries no further than the honest update
 
 
 # --- drift ------------------------------------------------------------------------------------------------------
