@@ -22,7 +22,8 @@ from pubswap_flwr.simulation import simulate, simulate_in_process
 
 
 def run(config: dict, nodes: int, engine: str, out: str, name: str) -> list[dict]:
-    flat = {**config, "output.dir": out, "run-name": name}
+    # --nodes 2 (docs/results/compression): apply their rounds, which a robust rule keeps by default (#54)
+    flat = {**config, "output.dir": out, "run-name": name, "strategy.apply-below-robust": True}
     if engine == "ray":
         simulate(flat, nodes)
     else:

@@ -177,8 +177,9 @@ class StrategyConfig:
     proximal_mu: float = opt(0.01, between(0, 1000), "FedProx mu (used by fedprox, and pubswap with base fedprox)")
     fraction_train: float = opt(1.0, fraction)
     min_clients: int = opt(2, between(1, 100_000), "a round proceeds when at least this many clients replied; "
-                                                   "robust aggregation is only as robust as the smallest round (a "
-                                                   "round of fewer than 3 is marked robust: false)")
+                                                   "robust aggregation is only as robust as the smallest round (under "
+                                                   "a robust aggregation a round of fewer than 3 votes is kept unless "
+                                                   "strategy.apply-below-robust)")
     timeout: float = opt(3600.0, between(0, 604_800, above=True, why="7 days"),
                          "seconds to wait for replies on every exchange")
     aggregation: str = opt("geometric-median", one_of(*AGGREGATORS),
@@ -186,13 +187,28 @@ class StrategyConfig:
                            "client counted once, after median-clip; it holds against b bad clients of n >= 2b + 1 in "
                            "any direction (modelled, 1 of 4 at the clip bound: a sign flip keeps 0.77 of honest "
                            "progress, a fixed push moves the global 0.28x the honest displacement; honest cost < 0.1% "
-                           "of progress when honest updates agree, 17% when one moves 3x as far: docs/protocols.md); a "
-                           "round of fewer than 3 replies is their weighted mean and is marked robust: false; mean: "
+                           "of progress when honest updates agree, 17% when one moves 3x as far: docs/protocols.md); "
+                           "idle replies count as one vote (strategy.idle-floor); a round of fewer than 3 votes "
+                           "outvotes no one and is kept (strategy.apply-below-robust); mean: "
                            "weighted by examples (direction unbounded; needed by dp-noise-multiplier); median: per "
                            "coordinate (of 2 clients it is their mean; it outvotes b bad clients only when n >= 2b + 1 "
                            "replied); trimmed-mean: per coordinate, drops floor(trim-fraction x n) values at each end "
                            "of n, so it needs strategy.min-clients x trim-fraction >= 1 (checked; with 0.2 a round of "
                            "n <= 4 clients trims nothing)")
+    idle_floor: float = opt(0.1, below_one,
+                            "robust aggregations: a reply whose update (adapter - the global it started from) is at "
+                            "most this x the round's median update norm is idle (no change: a stale, collapsed or "
+                            "idle client, or a sybil); all idle replies count as one vote, at their mean, so a "
+                            "cluster of them no longer pulls the aggregate to the old global (modelled, 2 of 5 / 4 of "
+                            "10 / 2 of 4 clients sending 0 keep 0.75 / 0.86 / 0.66 of the honest progress, the plain "
+                            "mean 0.6 / 0.6 / 0.5: docs/protocols.md); the row's `idle` names them. 0 = off: every "
+                            "reply its own vote (0.37 / 0.24 / 0)")
+    apply_below_robust: bool = opt(False, doc="a robust aggregation's round of fewer than 3 votes (replies, the idle "
+                                              "ones counted as one) outvotes no one: by default the global adapter is "
+                                              "kept (`aggregated` false, the row's `kept_reason` and the log say why); "
+                                              "true applies their example-weighted mean anyway, marked robust: false "
+                                              "and logged (one of two clients then moves the global anywhere; a run of "
+                                              "2 clients needs this or aggregation = mean)")
     trim_fraction: float = opt(0.2, below_half, "trimmed-mean: fraction cut at each end; n clients lose floor(this x "
                                                 "n) per end")
     clip_norm: float = opt(0.0, between(0, 1e6), "clip each client's update norm before aggregating (0 = off)")

@@ -20,6 +20,7 @@ DROPPED: Final = "dropped"  # Flower node id -> why
 TIME: Final = "time"
 BYTES: Final = "bytes"
 PARAMETER_DRIFT: Final = "parameter_drift"
+KEPT_REASON: Final = "kept_reason"  # why an averaging round kept the global adapter (`aggregated` false)
 SWAP: Final = "swap"  # pubswap: the round's summary of its public steps
 SERVER_OPTIMIZER: Final = "server_optimizer"
 

@@ -1,10 +1,12 @@
 """LoRA adapter aggregation (weighted mean of every tensor, A and B separately, as the PubSwap paper does), robust
 variants (geometric median, coordinate-wise median, trimmed mean, update-norm clipping, clipping relative to the
-round's median update norm), when a round's aggregate may be called robust, and parameter-space drift. Pure numpy."""
+round's median update norm), idle replies counted as one vote, when a round's aggregate may be called robust or
+applied at all, and parameter-space drift. Pure numpy."""
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from itertools import combinations
 from typing import Sequence
 
@@ -117,7 +119,9 @@ def geometric_median(adapters: Sequence[Adapter], weights: Sequence[float] | Non
 
 
 def update_norm(adapter: Adapter, reference: Adapter) -> float:
-    return float(np.sqrt(sum(np.sum((adapter[k].astype(np.float64) - reference[k]) ** 2) for k in reference)))
+    """The L2 norm of adapter - reference over all tensors, summed in key order (a global restored from a checkpoint
+    may list its tensors in another order: a resumed run then repeats the norms to the last bit)."""
+    return float(np.sqrt(sum(np.sum((adapter[k].astype(np.float64) - reference[k]) ** 2) for k in sorted(reference))))
 
 
 def clip_update(adapter: Adapter, reference: Adapter, max_norm: float) -> Adapter:
@@ -151,18 +155,111 @@ def median_clip(adapters: Sequence[Adapter], reference: Adapter, factor: float
     return out, bound, norms
 
 
-def not_robust(method: str, replies: int, median_norm: float) -> str | None:
-    """Why a round's aggregate by `method` of `replies` updates with this median update norm cannot be called robust
-    (None: it outvotes b bad clients of n >= 2b + 1)."""
+def not_robust(method: str, votes: int, median_norm: float, idle: int = 0) -> str | None:
+    """Why a round's aggregate by `method` of `votes` updates (`idle` idle replies counted as one of them) with this
+    median update norm cannot be called robust (None: it outvotes b bad clients of n >= 2b + 1)."""
     if method not in ROBUST:
         return f"strategy.aggregation = {method!r} bounds no direction (median-clip bounds magnitude only)"
-    if replies < MIN_ROBUST_REPLIES:
-        return (f"{replies} replies: a robust rule outvotes b bad clients only when n >= 2b + 1 replied (3 for one), "
-                "so this round is aggregated as a mean")
+    if votes < MIN_ROBUST_REPLIES:
+        counted = f"{votes} votes ({idle} idle replies counted as one)" if idle > 1 else f"{votes} replies"
+        return f"{counted}: a robust rule outvotes b bad clients only when n >= 2b + 1 replied (3 for one)"
     if median_norm <= 0:
         return ("the median update norm is 0: most clients sent no change, more than the b < n/2 a robust rule "
                 "holds against")
     return None
+
+
+@dataclass(frozen=True)
+class Votes:
+    """A round's replies as a robust rule counts them: each moving reply one vote, every idle one (update norm at most
+    `bound`) together one more, at their weighted mean with their summed weight."""
+
+    adapters: list[Adapter]  # the moving replies' adapters in reply order, then the idle replies' mean (if any)
+    weights: list[float]
+    moving: list[int]  # the reply behind each vote but the idle one
+    idle: list[int]  # the replies counted together as the last vote
+    bound: float  # idle-floor x the round's median update norm
+    norms: list[float]  # every reply's update norm
+
+
+def count_votes(adapters: Sequence[Adapter], weights: Sequence[float], reference: Adapter, idle_floor: float
+                ) -> Votes:
+    """Replies whose update (adapter - reference) is at most `idle_floor` x the round's median update norm are idle:
+    they sent no change (stale, collapsed, idle, or sybils that cost nothing). A robust rule weighs a point by its
+    count, not its spread, so a cluster of them pulled the geometric median toward the old global: 2 idle of 5 kept
+    0.37 of the honest progress (the plain mean 0.6), 4 of 10 0.24, and 2 of 4 froze it (their weight is half).
+    Counted as one vote they pull as one client does: with the honest steps d + noise, noise as long as d, 2 of 5
+    keep about 0.75 (the geometric median of 0 and 3 honest updates), 4 of 10 0.86, 2 of 4 2/3 (of 0 and two honest
+    updates 60 degrees apart: the centroid of an equilateral triangle). Dropping them instead would keep all of it
+    with 3 or more moving replies but leave 2 of 4 with 2 votes, too few to outvote anyone, and hand b moving
+    attackers a majority that the idle honest clients had denied them; as one vote they still count against an
+    attacker (3 idle + 1 attacker: 2 votes). A median of 0 (most sent exactly 0) makes those idle too; a majority of
+    tiny nonzero updates sets the median itself and is not (beyond b < n/2). `idle_floor` 0: every reply its own
+    vote."""
+    keys = _check(adapters, weights)
+    norms = [update_norm(a, reference) for a in adapters]
+    bound = idle_floor * float(np.median(norms)) if idle_floor > 0 else -1.0
+    idle = [i for i, norm in enumerate(norms) if norm <= bound]
+    moving = [i for i in range(len(adapters)) if i not in idle]
+    votes, vote_weights = [adapters[i] for i in moving], [weights[i] for i in moving]
+    if idle:
+        idle_weights = [weights[i] for i in idle]
+        mean = weighted_mean([adapters[i] for i in idle], idle_weights)
+        votes.append({k: mean[k] for k in keys})
+        vote_weights.append(float(sum(idle_weights)))
+    return Votes(votes, vote_weights, moving, idle, max(bound, 0.0), norms)
+
+
+@dataclass(frozen=True)
+class AggregationRule:
+    """The strategy.* keys that combine a round's replies (config_sections.StrategyConfig documents them)."""
+
+    method: str
+    trim_fraction: float = 0.2
+    median_clip: float = 0.0
+    idle_floor: float = 0.0
+    apply_below_minimum: bool = False
+    clip_norm: float = 0.0
+    noise_multiplier: float = 0.0
+
+
+@dataclass(frozen=True)
+class Combined:
+    """A round's outcome: the new global (None: kept, `kept_reason` says why), the votes it was taken over, why it
+    may not be called robust, and what median-clip did (the clipped replies, by index, with their norms)."""
+
+    adapter: Adapter | None
+    votes: Votes
+    robust_reason: str | None
+    kept_reason: str | None
+    clip_bound: float = 0.0
+    clip_median: float = 0.0
+    clipped: dict[int, float] | None = None
+
+
+def combine(adapters: Sequence[Adapter], weights: Sequence[float], reference: Adapter, rule: AggregationRule,
+            rng: np.random.Generator | None = None) -> Combined:
+    """A round's aggregate under `rule`: with a robust method the idle replies become one vote (count_votes); a round
+    of fewer than 3 votes then outvotes no one and is kept (the global stays) unless `rule.apply_below_minimum`,
+    which takes their example-weighted mean; median-clip is taken over the votes (not under DP noise, whose guarantee
+    rests on clip_norm alone); then `aggregate`."""
+    robust = rule.method in ROBUST
+    votes = count_votes(adapters, weights, reference, rule.idle_floor if robust else 0.0)
+    norms = [update_norm(a, reference) for a in votes.adapters]
+    reason = not_robust(rule.method, len(votes.adapters), float(np.median(norms)), len(votes.idle))
+    if robust and len(votes.adapters) < MIN_ROBUST_REPLIES and not rule.apply_below_minimum:
+        kept = (f"{reason}; global adapter kept (strategy.apply-below-robust = true applies such a round as the "
+                "replies' weighted mean, which one of them can move anywhere)")
+        return Combined(None, votes, reason, kept)
+    chosen, bound, clipped = list(votes.adapters), 0.0, {}
+    if rule.median_clip > 0 and rule.noise_multiplier == 0:
+        chosen, bound, norms = median_clip(votes.adapters, reference, rule.median_clip)
+        for vote, (norm, before, after) in enumerate(zip(norms, votes.adapters, chosen)):
+            if after is not before:
+                clipped.update({i: norm for i in ([votes.moving[vote]] if vote < len(votes.moving) else votes.idle)})
+    out = aggregate(chosen, votes.weights, method=rule.method, trim_fraction=rule.trim_fraction, reference=reference,
+                    clip_norm=rule.clip_norm, noise_multiplier=rule.noise_multiplier, rng=rng)
+    return Combined(out, votes, reason, None, bound, float(np.median(norms)), clipped)
 
 
 def dp_noise_std(noise_multiplier: float, clip_norm: float, clients: int) -> float:

@@ -16,8 +16,9 @@ import numpy as np
 from flwr.app import Message, RecordDict
 
 from .. import metrics_schema as schema
-from ..algorithms.lora_averaging import aggregate, mean_pairwise_l2, median_clip, not_robust, update_norm
+from ..algorithms.lora_averaging import MIN_ROBUST_REPLIES, AggregationRule, Combined, combine, mean_pairwise_l2
 from ..config import ExperimentConfig
+from ..config_sections import StrategyConfig
 from ..schema import Count
 from ..wire.compression import Codec, Quantized
 from ..wire.records import (
@@ -118,8 +119,9 @@ def aggregate_adapters(ctx: RoundContext, settings: RunSettings, master: Adapter
     """The new global adapter from the round's valid adapters, each weighted by the examples its client reported
     over the round but never more than the server asked it for (`expected`: steps x prompts x K), so no claim can
     take the average over; a client with no valid weight is dropped; `master` is kept when fewer than
-    min-clients remain. `base` is the global the clients started from (update clipping and the server optimizer
-    measure from it; default `master`); `optimizer` (strategy.server-optimizer) moves it from the aggregate."""
+    min-clients remain, or when a robust rule has fewer than 3 votes (lora_averaging.combine). `base` is the global
+    the clients started from (update clipping and the server optimizer measure from it; default `master`);
+    `optimizer` (strategy.server-optimizer) moves it from the aggregate."""
     started = time.perf_counter()
     valid: dict[int, tuple[Adapter, float]] = {}
     for node in ctx.exchange.ordered(adapters):
@@ -133,25 +135,65 @@ def aggregate_adapters(ctx: RoundContext, settings: RunSettings, master: Adapter
     s = settings.strategy
     if len(valid) < s.min_clients:
         ctx.log.extra["aggregated"] = False
+        ctx.log.extra[schema.KEPT_REASON] = (f"{len(valid)} valid adapters (< strategy.min-clients = "
+                                             f"{s.min_clients})")
         log.warning("round %d: %d valid adapters (< strategy.min-clients = %d): global adapter kept",
                     ctx.number, len(valid), s.min_clients)
     else:
         chosen = [a for a, _ in valid.values()]
         reference = master if base is None else base
         ctx.log.extra[schema.PARAMETER_DRIFT] = mean_pairwise_l2(chosen)
-        claim_robustness(ctx, s.aggregation, chosen, reference)
-        if s.median_clip > 0 and s.dp_noise_multiplier == 0:  # DP's guarantee rests on its fixed clip alone
-            chosen = clip_to_median(ctx, list(valid), chosen, reference, s.median_clip)
-        master = aggregate(chosen, [w for _, w in valid.values()], method=s.aggregation,
-                           trim_fraction=s.trim_fraction, reference=reference, clip_norm=s.clip_norm,
-                           noise_multiplier=s.dp_noise_multiplier,
-                           rng=np.random.default_rng([settings.seed, ctx.number]))
-        if optimizer is not None:
-            master = server_step(ctx, optimizer, reference, master)
-        ctx.log.extra["aggregated"] = True
+        rule = rule_of(s)
+        result = combine(chosen, [w for _, w in valid.values()], reference, rule,
+                         rng=np.random.default_rng([settings.seed, ctx.number]))
+        record_combination(ctx, list(valid), result, rule)
+        if result.adapter is not None:
+            master = result.adapter
+            if optimizer is not None:
+                master = server_step(ctx, optimizer, reference, master)
+        ctx.log.extra["aggregated"] = result.adapter is not None
     ctx.log.extra["aggregated_clients"] = sorted(valid)
     ctx.log.server_seconds += time.perf_counter() - started
     return master
+
+
+def rule_of(strategy: StrategyConfig) -> AggregationRule:
+    return AggregationRule(strategy.aggregation, trim_fraction=strategy.trim_fraction,
+                           median_clip=strategy.median_clip, idle_floor=strategy.idle_floor,
+                           apply_below_minimum=strategy.apply_below_robust, clip_norm=strategy.clip_norm,
+                           noise_multiplier=strategy.dp_noise_multiplier)
+
+
+def record_combination(ctx: RoundContext, nodes: list[int], result: Combined, rule: AggregationRule) -> None:
+    """The metrics row's account of the round's aggregation, each part also logged under a robust rule: `robust` (true
+    when the aggregate outvotes b bad clients of n >= 2b + 1, else false with `robust_reason`), `idle` (only when any
+    reply was: the bound and each idle client's update norm; together they counted as one vote), `kept_reason` (a
+    round below the robust minimum, not applied), `median_clip` (only when any client was scaled: the bound, the
+    median of the votes' norms and each client actually scaled with its norm)."""
+    extra, votes = ctx.log.extra, result.votes
+    extra["robust"] = result.robust_reason is None
+    if result.robust_reason is not None:
+        extra["robust_reason"] = result.robust_reason
+    if votes.idle:
+        norms = {nodes[i]: votes.norms[i] for i in votes.idle}
+        extra["idle"] = {"bound": votes.bound, "clients": norms}
+        log.warning("round %d: clients %s sent updates of norm at most strategy.idle-floor = %g x the median "
+                    "(%.4g): counted as one vote", ctx.number, ", ".join(map(str, norms)), rule.idle_floor,
+                    votes.bound)
+    if result.kept_reason is not None:
+        extra[schema.KEPT_REASON] = result.kept_reason
+        log.warning("round %d: %s", ctx.number, result.kept_reason)
+    elif result.robust_reason is not None and rule.method != "mean":
+        below = len(votes.adapters) < MIN_ROBUST_REPLIES
+        log.warning("round %d: not robust: %s%s", ctx.number, result.robust_reason,
+                    "; applied anyway (strategy.apply-below-robust = true)" if below else "")
+    if result.clipped:
+        over = {nodes[i]: norm for i, norm in result.clipped.items()}
+        extra["median_clip"] = {"bound": result.clip_bound, "median": result.clip_median, "clipped": over}
+        for node, norm in over.items():
+            log.warning("round %d: client %d's update norm %.4g is over strategy.median-clip = %g x the median "
+                        "%.4g: scaled down to %.4g", ctx.number, node, norm, rule.median_clip, result.clip_median,
+                        result.clip_bound)
 
 
 def server_step(ctx: RoundContext, optimizer: ServerOptimizer, current: Adapter, aggregate: Adapter) -> Adapter:
@@ -176,32 +218,6 @@ def restore_averaging(rounds: int, broadcast, optimizer: ServerOptimizer, state:
                       adapters: dict[str, Adapter]) -> None:
     restore_downlink(broadcast, state, adapters)
     optimizer.restore(state, adapters, rounds)
-
-
-def claim_robustness(ctx: RoundContext, method: str, adapters: list[Adapter], reference: Adapter) -> None:
-    """The metrics row's `robust`: true when the round's aggregate outvotes b bad clients of n >= 2b + 1, else false
-    with `robust_reason` (a robust rule's refusal is also logged: too few replies, a majority of zero updates)."""
-    median = float(np.median([update_norm(a, reference) for a in adapters]))
-    reason = not_robust(method, len(adapters), median)
-    ctx.log.extra["robust"] = reason is None
-    if reason is not None:
-        ctx.log.extra["robust_reason"] = reason
-        if method != "mean":
-            log.warning("round %d: not robust: %s", ctx.number, reason)
-
-
-def clip_to_median(ctx: RoundContext, nodes: list[int], adapters: list[Adapter], reference: Adapter,
-                   factor: float) -> list[Adapter]:
-    """strategy.median-clip: updates longer than factor x the round's median update norm scaled down to it; the
-    metrics row lists the clients actually scaled, with their norms (`median_clip`, only when any was)."""
-    clipped, bound, norms = median_clip(adapters, reference, factor)
-    over = {node: norm for node, norm, before, after in zip(nodes, norms, adapters, clipped) if after is not before}
-    if over:
-        ctx.log.extra["median_clip"] = {"bound": bound, "median": float(np.median(norms)), "clipped": over}
-        for node, norm in over.items():
-            log.warning("round %d: client %d's update norm %.4g is over strategy.median-clip = %g x the median "
-                        "%.4g: scaled down to %.4g", ctx.number, node, norm, factor, float(np.median(norms)), bound)
-    return clipped
 
 
 class FedAvgProtocol(ServerProtocol):

@@ -175,8 +175,8 @@ class Runner:
             if trained_nothing(row):
                 self.idle_rounds.append(round_log.number)
                 log.warning("round %d trained nothing: %s", round_log.number,
-                            "too few valid adapters to aggregate" if row.get("aggregated") is False
-                            else "every client was dropped")
+                            row.get(schema.KEPT_REASON, "too few valid adapters to aggregate")
+                            if row.get("aggregated") is False else "every client was dropped")
         self._write_row(row)
         for directory in saved:  # the model card shows the round's metrics, known only now
             write_card(directory, run_summary(self.cfg, round_log.number, json_safe(row)))
@@ -219,10 +219,10 @@ def outcome(rounds_run: int, idle_rounds: list[int], seconds: float) -> tuple[st
     detail = f"{rounds_run} rounds in {seconds:.1f} s"
     if rounds_run > 0 and len(idle_rounds) == rounds_run:
         return "failed", f"no round trained anything ({detail}): every round kept the global adapter or dropped " \
-                         "every client; the rows' 'dropped' say why"
+                         "every client; the rows' 'kept_reason' and 'dropped' say why"
     if idle_rounds:
         return "completed", f"{detail}; {len(idle_rounds)} trained nothing (rounds " \
-                            f"{', '.join(map(str, idle_rounds))}; the rows' 'dropped' say why)"
+                            f"{', '.join(map(str, idle_rounds))}; the rows' 'kept_reason' and 'dropped' say why)"
     return "completed", detail
 
 

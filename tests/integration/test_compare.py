@@ -21,6 +21,7 @@ seeds = [7]
 
 [config]
 num-server-rounds = 1
+strategy.apply-below-robust = true  # 2 nodes: apply their rounds (#54 keeps them by default)
 train.local-steps = 2
 train.prompts-per-step = 2
 train.completions-per-prompt = 4

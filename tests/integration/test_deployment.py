@@ -28,7 +28,8 @@ RESTARTED = "org-b"
 RUN_TIMEOUT = 420.0  # the whole run; a deployed round takes ~1-2 min on a busy 2-core machine
 TINY = (f"num-server-rounds={ROUNDS} strategy.mode='pubswap' train.local-steps={TAU} pubswap.tau-swap=2 "
         "pubswap.public-prompts=2 pubswap.public-size=20 train.prompts-per-step=2 train.completions-per-prompt=4 "
-        "eval.items-per-task=5 eval.sampled=false strategy.min-clients=2 strategy.timeout=600 seed=5")
+        "eval.items-per-task=5 eval.sampled=false strategy.min-clients=2 strategy.timeout=600 seed=5 "
+        "strategy.apply-below-robust=true")  # 2 organisations: apply their rounds (#54 keeps them by default)
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from .flower_harness import LocalFlower
 pytestmark = pytest.mark.slow
 
 SMALL = ("num-server-rounds=2 train.local-steps=2 train.prompts-per-step=4 train.completions-per-prompt=4 "
-         "eval.items-per-task=10 seed=3")
+         "eval.items-per-task=10 seed=3 strategy.apply-below-robust=true")  # 2 nodes: apply their rounds (#54)
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +111,8 @@ def test_math_sample_preset_runs_on_the_sample_file(flower, tmp_path):
 
     preset = load_toml(PROJECT / "configs" / "math-sample.toml")
     pairs = " ".join(f"{k}={json.dumps(v) if isinstance(v, str) else str(v).lower()}" for k, v in preset.items())
-    row = flower.run([f"{pairs} output.dir='{tmp_path}' run-name='math' eval.sampled=false"])
+    row = flower.run([f"{pairs} output.dir='{tmp_path}' run-name='math' eval.sampled=false "
+                      "strategy.apply-below-robust=true"])
     assert row["status"] == "finished:completed", row
     rows = read_metrics(tmp_path / "math")
     assert [r["round"] for r in rows] == [0, 1]

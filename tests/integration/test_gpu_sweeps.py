@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_dry_size_sweeps_run_side_by_side_and_resume(tmp_path):
     sweep = tmp_path / "two.toml"
     sweep.write_text('name = "two"\nnodes = 2\nseeds = [0]\n[config]\ntasks.mix = "gcd:1"\n'
+                     'strategy.apply-below-robust = true\n'
                      '[arms.fedavg]\nstrategy.mode = "fedavg"\n[arms.none]\nstrategy.mode = "pubswap"\n'
                      'pubswap.swap = "none"\n')
     command = [sys.executable, str(ROOT / "scripts" / "gpu_sweeps.py"), str(sweep), "--out", str(tmp_path / "out"),

@@ -28,7 +28,8 @@ pytestmark = pytest.mark.slow
 NODES = 2
 CONFIG = {"seed": 4, "num-server-rounds": 2, "strategy.mode": "pubswap", "train.local-steps": 2,
           "pubswap.tau-swap": 1, "pubswap.public-prompts": 2, "train.prompts-per-step": 2,
-          "train.completions-per-prompt": 4, "eval.items-per-task": 4, "deploy.worker-idle-timeout": 120.0}
+          "train.completions-per-prompt": 4, "eval.items-per-task": 4, "deploy.worker-idle-timeout": 120.0,
+          "strategy.apply-below-robust": True}  # 2 nodes: apply their rounds (#54 keeps them by default)
 
 
 def _worker_pids(directory: Path) -> list[int]:

@@ -34,7 +34,9 @@ QUICK = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCh
 
 # -- adapters of any dtype, shape and magnitude -------------------------------------------------------------------
 # every smoke run of the catalog whose mode averages adapters, one local step of two completions per prompt
-MODES = {name: {**run["config"], "train.local-steps": 1, "train.completions-per-prompt": 2}
+# (once the attacker's reply is refused, 2 honest ones are left: applied, as a robust rule's round of 2 is kept, #54)
+MODES = {name: {**run["config"], "train.local-steps": 1, "train.completions-per-prompt": 2,
+                "strategy.apply-below-robust": True}
          for name, run in catalog.smoke_runs().items()
          if catalog.protocol(run["config"]["strategy.mode"]).averages_adapters}
 magnitudes = st.one_of(st.floats(allow_nan=True, allow_infinity=True),

@@ -218,22 +218,25 @@ def test_3_the_default_costs_an_honest_run_under_2_percent_of_the_plain_means_pr
     assert trajectory(seed) @ d / honest_progress(seed) > 0.98
 
 
-def test_3_a_round_of_2_replies_is_not_called_robust_and_takes_the_mean():
+def test_3_a_round_of_2_replies_is_not_called_robust_and_takes_the_mean_only_when_asked():
     rng = np.random.default_rng(0)
     steps = [rng.normal(size=DIM), rng.normal(size=DIM)]
-    g, log = server_round(1, np.zeros(DIM), steps)
+    g, log = server_round(1, np.zeros(DIM), steps)  # #54: by default it is kept
+    assert log.extra["aggregated"] is False and not g.any() and "2 replies" in log.extra["kept_reason"]
+    g, log = server_round(1, np.zeros(DIM), steps, {"strategy.apply-below-robust": True})
     assert log.extra["robust"] is False and "2 replies" in log.extra["robust_reason"]
     np.testing.assert_allclose(g, (steps[0] + steps[1]) / 2, rtol=1e-5, atol=1e-6)
     _, three = server_round(1, np.zeros(DIM), steps + [rng.normal(size=DIM)])
     assert three.extra["robust"] is True and "robust_reason" not in three.extra
 
 
-def test_3_zero_update_sybils_are_not_called_robust_and_honest_clients_are_not_named_clipped(caplog):
+def test_3_zero_update_sybils_count_as_one_vote_and_honest_clients_are_not_named_clipped(caplog):
     caplog.set_level(logging.WARNING, logger="pubswap_flwr")
     rng = np.random.default_rng(0)
     steps = [np.zeros(DIM)] * 3 + [rng.normal(size=DIM), rng.normal(size=DIM)]
-    _, log = server_round(1, np.zeros(DIM), steps)
-    assert log.extra["robust"] is False and "median update norm is 0" in log.extra["robust_reason"]
+    g, log = server_round(1, np.zeros(DIM), steps)  # #54: before, their median of 0 froze the round
+    assert log.extra["robust"] is True and sorted(log.extra["idle"]["clients"]) == [101, 102, 103]
+    assert np.linalg.norm(g) > 0.1 * min(np.linalg.norm(s) for s in steps[3:])
     assert "median_clip" not in log.extra
     assert "scaled down" not in caplog.text
 

@@ -13,8 +13,10 @@ from tests.tiers import fast_only
 
 FEDAVG = {"strategy.mode": "fedavg"}
 PUBSWAP_ONE_SWAP = {"strategy.mode": "pubswap", "pubswap.tau-swap": 1, "pubswap.public-prompts": 2}
+# a round of 2 replies (2 nodes, or 3 with one dropped) is applied: a robust rule keeps it by default (#54)
 TINY = {"seed": 5, "train.prompts-per-step": 2, "train.completions-per-prompt": 4, "eval.items-per-task": 3,
-        "eval.samples": 1, "eval.sampled": False, "train.local-steps": 1, "num-server-rounds": 2}
+        "eval.samples": 1, "eval.sampled": False, "train.local-steps": 1, "num-server-rounds": 2,
+        "strategy.apply-below-robust": True}
 
 
 def _run(tmp_path, name, nodes=2, **flat):

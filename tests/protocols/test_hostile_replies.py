@@ -15,8 +15,9 @@ from pubswap_flwr.simulation import simulate_in_process as simulate
 from pubswap_flwr.tasks import score_completion
 from pubswap_flwr.wire.codecs import PAYLOAD_KEY, adapter_from_record, payload_from_record, payload_record
 
+# a round of 2 replies (2 nodes, or 3 with one dropped) is applied: a robust rule keeps it by default (#54)
 TINY = {"train.prompts-per-step": 2, "train.completions-per-prompt": 4, "eval.items-per-task": 5, "eval.samples": 1,
-        "seed": 2}
+        "seed": 2, "strategy.apply-below-robust": True}
 
 
 def _partition(context) -> int:

@@ -117,10 +117,10 @@ def test_idle_clients_a_round_below_the_robust_minimum_is_applied_only_when_aske
 def test_idle_clients_any_mix_of_zero_and_honest_updates_never_freezes_a_round_of_enough_votes(idle, honest, noise,
                                                                                                 seed):
     """Idle replies count as one vote. With at least 3 votes the aggregate is a convex combination of the honest
-    updates and 0 (no farther than the farthest, along d between 0 and the best one) and keeps at least 0.4 of the
-    honest mean's progress: the worst case is 2 honest updates d +- n with |n| = |d| (noise orthogonal to d, opposite)
-    and any number of idle ones, whose geometric median sits at 1 - 1/sqrt(3) = 0.42 of d. Fewer votes: the global is
-    kept exactly."""
+    updates and 0 (no farther than the farthest, along d no further than the best one) and keeps at least 0.4 of the
+    honest mean's progress: on paper, 2 honest updates d +- n with |n| = |d| and n orthogonal to d, beside any number
+    of idle ones, put the geometric median at 1 - 1/sqrt(3) = 0.42 of d (random noise: near 2/3). Fewer votes: the
+    global is kept exactly."""
     if idle + honest == 0:
         return
     rng, d = np.random.default_rng(seed), direction(seed)

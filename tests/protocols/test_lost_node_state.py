@@ -19,8 +19,10 @@ from pubswap_flwr.simulation import simulate_in_process
 from pubswap_flwr.wire.codecs import CONFIG_KEY, NODE_ROUND_KEY, NODE_ROUNDS_KEY
 from pubswap_flwr.wire.records import Header
 
+# a round of 2 replies (2 nodes, or 3 with one dropped) is applied: a robust rule keeps it by default (#54)
 TINY = {"seed": 5, "train.prompts-per-step": 1, "train.completions-per-prompt": 2, "eval.items-per-task": 1,
-        "eval.sampled": False, "train.local-steps": 1, "tasks.mix": "gcd:1", "tasks.per-node": 0}
+        "eval.sampled": False, "train.local-steps": 1, "tasks.mix": "gcd:1", "tasks.per-node": 0,
+        "strategy.apply-below-robust": True}
 
 
 def _learner(last_round: int, simulated: bool, tmp_path: Path):

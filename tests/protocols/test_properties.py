@@ -29,7 +29,9 @@ from tests.protocols.fake_clients import FakeClientsGrid
 ADAPTER = {"m.lora_A.weight": np.full((2, 4), 0.5, dtype=np.float32),
            "m.lora_B.weight": np.zeros((4, 2), dtype=np.float32)}
 # every smoke run of the catalog, on the settings the fake clients answer for
-BASE = {"seed": 1, "strategy.min-clients": 2, "train.local-steps": 2, "train.completions-per-prompt": 4}
+# a round of 2 replies (2 nodes, or 3 with one dropped) is applied: a robust rule keeps it by default (#54)
+BASE = {"seed": 1, "strategy.min-clients": 2, "train.local-steps": 2, "train.completions-per-prompt": 4,
+        "strategy.apply-below-robust": True}
 MODES = {name: {**BASE, **run["config"]} for name, run in catalog.smoke_runs().items()}
 METRIC_KEYS = ["node-index", "num-examples", "cumulative-reward", "total-steps", "t-start", "t-end",
                "sample-seconds", "train-reward", "train-completions", "external-used", "eval-seconds",

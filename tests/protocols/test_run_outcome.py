@@ -12,8 +12,9 @@ from pubswap_flwr.server.runner import outcome, trained_nothing
 from pubswap_flwr.simulation import simulate_in_process as simulate
 from pubswap_flwr.wire.codecs import ADAPTER_KEY, adapter_from_record, adapter_record
 
+# a round of 2 replies (2 nodes, or 3 with one dropped) is applied: a robust rule keeps it by default (#54)
 TINY = {"train.prompts-per-step": 2, "train.completions-per-prompt": 4, "eval.items-per-task": 5, "eval.samples": 1,
-        "train.local-steps": 1, "seed": 2}
+        "train.local-steps": 1, "seed": 2, "strategy.apply-below-robust": True}
 
 
 def _poison_rounds(rounds: set[int]):
@@ -50,6 +51,16 @@ def test_a_run_with_some_rounds_that_trained_nothing_completes_and_names_them(tm
     status = read_status(tmp_path / "some")
     assert status["status"] == "completed"
     assert "; 1 trained nothing (rounds 2;" in status["detail"]
+
+
+def test_idle_clients_a_2_client_run_under_the_default_keeps_every_round_and_ends_failed_naming_why(tmp_path):
+    simulate({**TINY, "strategy.apply-below-robust": False, "num-server-rounds": 2, "output.dir": str(tmp_path),
+              "run-name": "two"}, 2)
+    rows = read_metrics(tmp_path / "two")
+    assert [r.get("aggregated") for r in rows[1:]] == [False, False]
+    assert all(r["kept_reason"].startswith("2 replies") and r["robust"] is False for r in rows[1:])
+    status = read_status(tmp_path / "two")
+    assert status["status"] == "failed" and "the rows' 'kept_reason' and 'dropped' say why" in status["detail"]
 
 
 def test_trained_nothing_reads_the_row():

@@ -14,8 +14,9 @@ from pubswap_flwr.simulation import simulate_in_process
 from tests.golden.runs import comparable
 from tests.tiers import fast_only
 
+# a round of 2 replies (2 nodes, or 3 with one dropped) is applied: a robust rule keeps it by default (#54)
 TINY = {"seed": 5, "train.prompts-per-step": 2, "train.completions-per-prompt": 4, "eval.items-per-task": 3,
-        "eval.samples": 1, "eval.sampled": False, "train.local-steps": 1}
+        "eval.samples": 1, "eval.sampled": False, "train.local-steps": 1, "strategy.apply-below-robust": True}
 MODES = {"fedavg": {}, "pubswap": {"strategy.mode": "pubswap", "pubswap.tau-swap": 1, "pubswap.public-prompts": 2}}
 
 

@@ -92,6 +92,7 @@ def test_simulate_applies_toml_files_and_key_value_pairs_in_order(tmp_path, monk
     assert seen["nodes"] == 3 and seen["logs"] == {"verbose": True, "flower": True}
     assert seen["config"] == {"seed": 3, "num-server-rounds": 5, "train.local-steps": 2, "train.prompts-per-step": 4,
                               "train.completions-per-prompt": 4, "eval.items-per-task": 10,
+                              "strategy.apply-below-robust": True,
                               "strategy.mode": "fedprox", "tasks.mix": "gcd:1,count_bits:2",
                               "output.dir": str(tmp_path.resolve())}
 
