@@ -163,6 +163,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(found.finished)
         return 0
     cfg = found.config
+    if not args.connection and (problem := preflight.robust_minimum_problem(cfg, args.nodes)):
+        raise UsageError(problem)
     if not args.connection:
         # The local SuperLink resolves a relative output.dir against the directory it was started from, which may
         # be another checkout's; make it this directory's, where the run-name check above looked.
@@ -232,6 +234,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if found.finished:
         print(found.finished)
         return 0
+    if problem := preflight.robust_minimum_problem(found.config, args.nodes):
+        raise UsageError(problem)
     run_dir = found.run_dir  # None without a run-name: the directory is named after Flower's run id
     address = args.ray_address or (os.environ.get("RAY_ADDRESS") if args.engine == "ray" else None) or None
     if address is not None:

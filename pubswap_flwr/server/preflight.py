@@ -119,6 +119,22 @@ def check_rewards(cfg: ExperimentConfig) -> None:
                         "(a node's data file)", REWARDS_KEY, task)
 
 
+def robust_minimum_problem(cfg: ExperimentConfig, nodes: int) -> str | None:
+    """Why a run of `nodes` simulated nodes could not train under `cfg`'s aggregation, or None: a robust rule keeps
+    the global adapter in any round of fewer than MIN_ROBUST_REPLIES replies (#54 class 4), so with fewer nodes than
+    that every round would be kept unless the run applies such rounds (strategy.apply-below-robust)."""
+    from ..algorithms.lora_averaging import MIN_ROBUST_REPLIES, ROBUST
+    from ..protocols.catalog import CATALOG
+
+    strategy = cfg.strategy
+    if nodes >= MIN_ROBUST_REPLIES or strategy.aggregation not in ROBUST or strategy.apply_below_robust \
+            or not CATALOG[strategy.mode].averages_adapters:
+        return None
+    return (f"--nodes {nodes}: strategy.aggregation = {strategy.aggregation!r} needs at least {MIN_ROBUST_REPLIES} "
+            "replies a round and keeps the global adapter otherwise, so no round would train; set "
+            "strategy.aggregation = 'mean' (2 replies cannot outvote a bad one) or strategy.apply-below-robust = true")
+
+
 def check(flat: Mapping[str, Any], run_id: int | str | None = None, *, run_dir: bool = True) -> Checked:
     """The config built from Flower's flat run config, and its run directory checked. Without a `run_id` (before
     Flower assigned one) the directory is only checked when `run-name` names it; `run_dir=False` checks the config

@@ -110,11 +110,31 @@ def test_run_passes_the_checked_overrides_to_flwr_as_one_toml_file(tmp_path, mon
     monkeypatch.setattr(cli, "submit", submit)
     monkeypatch.chdir(tmp_path)
     (tmp_path / "preset.toml").write_text('run-name = "it\'s \\"quoted\\""\n[tasks]\nmix = "gcd:1"\n')
-    code = cli.main(["run", str(PROJECT), "-c", "preset.toml", "-c", "seed=4", "--nodes", "2"])
+    code = cli.main(["run", str(PROJECT), "-c", "preset.toml", "-c", "seed=4", "--nodes", "3"])
     assert code == 1  # the FlowerRunError
     assert submitted["config"] == {"tasks.mix": "gcd:1", "run-name": 'it\'s "quoted"', "seed": 4,
                                    "output.dir": str(tmp_path.resolve() / "runs")}  # this directory's runs/
-    assert submitted["federation"] == "num-supernodes=2 client-resources-num-cpus=1"
+    assert submitted["federation"] == "num-supernodes=3 client-resources-num-cpus=1"
+
+
+@pytest.mark.parametrize("command", ["simulate", "run"])
+def test_fewer_nodes_than_the_robust_minimum_exit_2_before_any_round(command):
+    """With 2 nodes a robust aggregation keeps every round's global adapter (#54 class 4): no round would train, so
+    the command refuses at once, naming the two ways out, instead of ending `failed` after the whole run."""
+    probe, err = _pubswap(command, "--nodes", "2", "-c", "strategy.mode='pubswap'")
+    assert probe == {"code": 2, "ray": False, "flwr": False}
+    assert err == ("error: --nodes 2: strategy.aggregation = 'geometric-median' needs at least 3 replies a round "
+                   "and keeps the global adapter otherwise, so no round would train; set strategy.aggregation = "
+                   "'mean' (2 replies cannot outvote a bad one) or strategy.apply-below-robust = true\n")
+
+
+def test_fewer_nodes_than_the_robust_minimum_are_fine_where_nothing_is_kept():
+    cfg = lambda **flat: preflight.ExperimentConfig.from_flat(flat)
+    assert preflight.robust_minimum_problem(cfg(), 3) is None
+    assert preflight.robust_minimum_problem(cfg(**{"strategy.aggregation": "mean"}), 2) is None
+    assert preflight.robust_minimum_problem(cfg(**{"strategy.apply-below-robust": True}), 2) is None
+    assert preflight.robust_minimum_problem(cfg(**{"strategy.mode": "local"}), 2) is None  # averages nothing
+    assert preflight.robust_minimum_problem(cfg(**{"strategy.mode": "fedprox"}), 1) is not None
 
 
 def test_read_overrides_reads_values_as_toml_else_as_text():

@@ -83,7 +83,7 @@ def test_pubswap_run_from_the_checkout_hands_flower_an_output_dir_outside_it(dat
 
     monkeypatch.setattr(cli, "submit", submit)
     monkeypatch.chdir(PROJECT)
-    assert cli.main(["run", ".", "-c", "seed=4", "--nodes", "2"]) == 1
+    assert cli.main(["run", ".", "-c", "seed=4", "--nodes", "3"]) == 1
     assert submitted["output.dir"] == str((data_home / "runs").resolve())
 
 
@@ -107,5 +107,5 @@ def test_pubswap_simulate_out_from_the_checkout_lands_outside_it(data_home, monk
 
     monkeypatch.setattr("pubswap_flwr.simulation.simulate", simulate)
     monkeypatch.chdir(PROJECT)
-    cli.main(["simulate", "--out", "runs", "--run-name", "walk", "-c", "seed=4", "--nodes", "2"])
+    cli.main(["simulate", "--out", "runs", "--run-name", "walk", "-c", "seed=4", "--nodes", "3"])
     assert seen["output.dir"] == str((data_home / "runs").resolve())

@@ -20,7 +20,8 @@ from pubswap_flwr.simulation import simulate_in_process
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = {**preflight.app_defaults(ROOT), "num-server-rounds": 2, "train.local-steps": 1, "train.prompts-per-step": 2,
          "train.completions-per-prompt": 2, "eval.items-per-task": 2, "eval.samples": 1, "model.threads": 1,
-         "tasks.mix": "gcd:1", "tasks.per-node": 0, "seed": 2}
+         "tasks.mix": "gcd:1", "tasks.per-node": 0, "seed": 2,
+         "strategy.apply-below-robust": True}  # 2 nodes: below the robust minimum (#54 class 4)
 
 
 def _files(run_dir: Path) -> dict[str, tuple[int, bytes]]:
