@@ -128,6 +128,27 @@ def test_the_report_uses_item_level_intervals_when_every_run_recorded_its_items(
     assert summary["paired"]["arm"]["sampled_accuracy"]["covers"] == "seeds × items"
 
 
+def test_interval_construction_is_quoted_by_the_report_and_recorded_in_summary_json(tmp_path):
+    runs = [_run(tmp_path / "runs", "base", s, [0, 0, 0, 0], 0.0) for s in range(3)]
+    runs += [_run(tmp_path / "runs", "arm", s, [4, 4, 0, 0], 0.5) for s in range(3)]
+    text = write_report(tmp_path / "out", runs, arm_order=["base", "arm"]).read_text()
+    assert (f"**cover both the seeds and the draw of held-out items**: {item_intervals.INTERVAL_CONSTRUCTION}, from "
+            "each run's per-item results;") in text
+    assert "Cameron, Gelbach & Miller" not in text  # the wording of the floored construction it replaced
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["item_interval_construction"] == item_intervals.INTERVAL_CONSTRUCTION
+
+
+def test_interval_construction_is_not_claimed_by_a_report_whose_intervals_cover_seeds_only(tmp_path):
+    runs = [_run(tmp_path / "runs", "base", s, [0, 0], 0.0) for s in range(2)]
+    runs += [_run(tmp_path / "runs", "arm", s, [4, 0], 0.5) for s in range(2)]
+    for run in runs:
+        (run / "eval_items.jsonl").unlink()
+    text = write_report(tmp_path / "out", runs, arm_order=["base", "arm"]).read_text()
+    assert item_intervals.INTERVAL_CONSTRUCTION not in text and "| seeds × items |" not in text
+    assert "item_interval_construction" not in json.loads((tmp_path / "out" / "summary.json").read_text())
+
+
 def test_runs_without_item_results_say_their_intervals_cover_seeds_only(tmp_path):
     runs = [_run(tmp_path / "runs", "base", s, [0, 0], 0.0) for s in range(2)]
     runs += [_run(tmp_path / "runs", "arm", s, [4, 0], 0.5) for s in range(2)]

@@ -10,7 +10,7 @@ import pytest
 
 from pubswap_flwr.report import write_report
 from pubswap_flwr.report.formatting import fmt_ci
-from pubswap_flwr.report.item_intervals import two_way_interval
+from pubswap_flwr.report.item_intervals import INTERVAL_CONSTRUCTION, two_way_interval
 from pubswap_flwr.report.summaries import item_values
 from tests.report_tables import table_row
 
@@ -86,6 +86,13 @@ def test_each_task_gets_the_paired_difference_of_its_own_items_over_seeds_and_it
     assert (cell["mean"], cell["ci_low"], cell["n"]) == (paired.mean, paired.low, 3)
     assert cell["values"] == [0.5, 0.0, 1.0]  # the per-seed means the interval was estimated from
     assert set(record["learning"]) == {"base", "arm"} and set(record["paired"]) == {"arm"}
+
+
+def test_interval_construction_is_quoted_by_the_per_task_section(tmp_path):
+    text = write_report(tmp_path / "out", _sweep(tmp_path / "runs"), arm_order=["base", "arm"]).read_text()
+    section = text.split("## Per task, over seeds × items\n", 1)[1].split("\n## ", 1)[0]
+    assert f"interval: {INTERVAL_CONSTRUCTION} (– where a run lacks the round or the items)." in section
+    assert "two-way cluster-robust;" not in section  # the old wording named no construction
 
 
 def test_a_run_evaluated_at_round_0_alone_gets_no_difference_rather_than_a_false_zero(tmp_path):
