@@ -22,7 +22,13 @@ from typing import Callable, Mapping
 from .statistics import CONFIDENCE, NAN, Interval, t_quantile
 
 INTERVAL_CONSTRUCTION = "two-way cluster-robust over seeds × items (Cameron-Gelbach-Miller), t with seeds - 1 df"
+CONSTRUCTION_KEY = "item_interval_construction"  # summary.json's record of INTERVAL_CONSTRUCTION
 ItemTable = Mapping[int, Mapping[str, float]]  # seed -> item uid -> value (e.g. arm minus baseline on that item)
+
+
+def record_construction(summary: dict) -> None:
+    """Note in summary.json's dict that some interval in it was made by two_way_interval."""
+    summary.setdefault(CONSTRUCTION_KEY, INTERVAL_CONSTRUCTION)
 
 
 def common_items(table: ItemTable) -> list[str]:

@@ -9,7 +9,13 @@ from pathlib import Path
 from ..metrics_schema import WELL_FORMED_WARNING
 from .formatting import code_span, fmt_ci, fmt_number, fmt_rounds, fmt_spread, fmt_value, interval_json, spread_json
 from .formatting import escape_markdown as md
-from .item_intervals import ITEM_METRICS, learning_item_interval, paired_item_interval
+from .item_intervals import (
+    INTERVAL_CONSTRUCTION,
+    ITEM_METRICS,
+    learning_item_interval,
+    paired_item_interval,
+    record_construction,
+)
 from .plots import MARKER_NAMES, ArmStyle, colour_name
 from .statistics import CONFIDENCE, NAN, PAIRED, PairedDifference, finite, mean_ci, paired_differences
 from .summaries import RunSummary
@@ -69,9 +75,8 @@ def _interval_coverage(runs: list[RunSummary]) -> str:
     recorded = [r for r in runs if r.items]
     if runs and len(recorded) == len(runs):
         return ("**Intervals of held-out accuracy** (greedy and sampled, in the paired differences and the change "
-                "since round 0) **cover both the seeds and the draw of held-out items**: two-way cluster-robust over "
-                "seeds × items (Cameron, Gelbach & Miller), from each run's per-item results; rewards and the "
-                "per-arm table cover the seeds only.")
+                f"since round 0) **cover both the seeds and the draw of held-out items**: {INTERVAL_CONSTRUCTION}, "
+                "from each run's per-item results; rewards and the per-arm table cover the seeds only.")
     return ("**Intervals cover the seeds only, not which held-out questions were drawn**: every run was scored on "
             "the same held-out items and " + ("these runs recorded no per-item results (made before eval_items.jsonl)"
                                               if not recorded else
@@ -176,6 +181,8 @@ def paired_lines(arms: Arms, baseline: str | None, summary: dict) -> list[str]:
             per_seed = pair.per_seed[key]
             by_item = paired_item_interval(arms[pair.arm], arms[baseline], key) if key in ITEM_METRICS else None
             interval, covers = (by_item, "seeds × items") if by_item is not None else (pair.intervals[key], "seeds")
+            if by_item is not None:
+                record_construction(summary)
             summary["paired"][pair.arm][key] = {**interval_json(interval, [per_seed[s] for s in sorted(per_seed)]),
                                                 "covers": covers}
             cells = [fmt_number(per_seed[s], 3, True) if s in per_seed else "–" for s in seeds]
@@ -284,6 +291,8 @@ def learning_lines(arms: Arms, summary: dict) -> list[str]:
             by_item = learning_item_interval(arms[arm], key) if key in ITEM_METRICS else None
             change, covers = ((by_item, "seeds × items") if by_item is not None
                               else (mean_ci(b - a for a, b in zip(start, end)), "seeds"))
+            if by_item is not None:
+                record_construction(summary)
             summary["learning"][arm][key] = {"round0": statistics.fmean(start), "last": statistics.fmean(end),
                                              "change": {**interval_json(change, [b - a for a, b in zip(start, end)]),
                                                         "covers": covers}}

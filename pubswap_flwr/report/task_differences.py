@@ -10,7 +10,15 @@ from __future__ import annotations
 from ..metrics_schema import CONSTANT_ACCURACY
 from .formatting import escape_markdown as md
 from .formatting import fmt_ci, interval_json
-from .item_intervals import ItemFilter, learning_item_table, paired_item_table, seed_means, two_way_interval
+from .item_intervals import (
+    INTERVAL_CONSTRUCTION,
+    ItemFilter,
+    learning_item_table,
+    paired_item_table,
+    record_construction,
+    seed_means,
+    two_way_interval,
+)
 from .statistics import CONFIDENCE, Interval
 from .summaries import RunSummary
 
@@ -68,6 +76,7 @@ def task_difference_lines(arms: Arms, baseline: str | None, runs: list[RunSummar
     for _, kind, arm, cells in rows:
         record[kind][arm] = {t: interval_json(*c) for t, c in cells.items() if c is not None}
     summary["task_differences"] = record
+    record_construction(summary)
     own = " (self-reported: each item's value is the mean over the nodes' own adapters, as they reported them)" if any(
         r.values["self_reported"] for r in runs) else ""
     shortcut = (" Compare a task's gain with its best constant answer in 'Shortcut check'."
@@ -76,8 +85,8 @@ def task_difference_lines(arms: Arms, baseline: str | None, runs: list[RunSummar
              "Held-out sampled pass@1 (each item's share of samples scored right: `sampled acc` above) task by "
              f"task{own}: each arm minus the baseline at the last evaluated round, and each arm's last "
              "evaluated round minus round 0, mean over the paired items of every seed with its "
-             f"{CONFIDENCE:.0%} interval over seeds × items (two-way cluster-robust; – where a run lacks the round "
-             f"or the items).{shortcut}", "",
+             f"{CONFIDENCE:.0%} interval: {INTERVAL_CONSTRUCTION} (– where a run lacks the round or the items)."
+             f"{shortcut}", "",
              "| | " + " | ".join(md(t) for t in tasks) + " |", "|---|" + "---|" * len(tasks)]
     for label, _, _, cells in rows:
         lines.append(f"| {label} | " + " | ".join(
