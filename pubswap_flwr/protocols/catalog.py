@@ -289,8 +289,9 @@ class SapoConfig:
                      "I: local rollout groups trained per round")
     external: int = opt(4, between(0, 4096), "J: external rollout groups trained per round")
     sharing: str = opt("local", one_of("local", "fixed"),
-                       "local: a node samples B = I questions per round and shares those I groups (the paper); fixed: "
-                       "it samples sapo.questions and shares sapo.share of them whatever I is")
+                       "local: a node samples B = I questions per round and shares those I groups; fixed: it samples "
+                       "sapo.questions and shares sapo.share of them whatever I is (the SAPO paper reads either "
+                       "way: docs/protocols.md)")
     questions: int = opt(8, between(1, 4096), "B with sapo.sharing = fixed: questions sampled per node per round")
     completions: int = opt(8, between(2, 1024), "L: completions per question")
     share: int = opt(8, between(0, 256, why="a reply carries at most 256 packets"),

@@ -228,7 +228,7 @@ class SapoNode:
 
     def generate_rollouts(self, round_number: int, report: WorkReport) -> list[Packet]:
         """Sample B questions x L completions, keep them for training, and return the groups to share: with
-        `sapo.sharing = "local"` (the paper) B = I and all I are shared, so a node that trains on few of its own
+        `sapo.sharing = "local"` B = I and all I are shared, so a node that trains on few of its own
         groups also gives the swarm few; with "fixed", B = sapo.questions and sapo.share of them are shared."""
         learner, scfg = self.learner, self.sapo
         count, share = (scfg.local, scfg.local) if scfg.sharing == "local" else (scfg.questions, scfg.share)
