@@ -61,7 +61,8 @@ def test_measuring_uptake_changes_nothing_that_is_trained(tmp_path):
     config = {"seed": 3, "num-server-rounds": 2, "train.local-steps": 2, "train.prompts-per-step": 2,
               "train.completions-per-prompt": 4, "eval.items-per-task": 3, "model.threads": 1,
               "strategy.mode": "pubswap", "pubswap.swap": "balanced", "pubswap.tau-swap": 1,
-              "pubswap.public-prompts": 2, "output.dir": str(tmp_path)}
+              "pubswap.public-prompts": 2, "output.dir": str(tmp_path),
+              "strategy.apply-below-robust": True}  # 2 nodes: below the robust minimum (#54 class 4)
     simulate_in_process({**config, "run-name": "off"}, 2)
     simulate_in_process({**config, "run-name": "on", "pubswap.measure-uptake": True}, 2)
 

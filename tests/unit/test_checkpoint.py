@@ -319,7 +319,8 @@ def test_a_run_resumed_from_a_corrupt_checkpoint_repeats_the_uninterrupted_metri
 
     config = {"seed": 5, "train.prompts-per-step": 1, "train.completions-per-prompt": 2, "eval.items-per-task": 1,
               "train.local-steps": 1, "num-server-rounds": 3, "eval.sampled": False, "tasks.mix": "gcd:1",
-              "tasks.per-node": 0, "output.dir": str(tmp_path)}
+              "tasks.per-node": 0, "output.dir": str(tmp_path),
+              "strategy.apply-below-robust": True}  # 2 nodes: below the robust minimum (#54 class 4)
     simulate_in_process({**config, "run-name": "full"}, 2)
     simulate_in_process({**config, "run-name": "cut"}, 2)
     adapter_path(tmp_path / "cut").write_bytes(b"\x00" * 100)  # the round-3 checkpoint is lost

@@ -18,7 +18,8 @@ from pubswap_flwr.simulation import simulate_in_process
 
 RUN = {"seed": 5, "train.prompts-per-step": 2, "train.completions-per-prompt": 4, "eval.items-per-task": 3,
        "eval.samples": 1, "eval.sampled": False, "train.local-steps": 1, "num-server-rounds": 2,
-       "output.report-to": "tensorboard", "run-name": "fedavg"}
+       "output.report-to": "tensorboard", "run-name": "fedavg",
+       "strategy.apply-below-robust": True}  # 2 nodes: below the robust minimum (#54 class 4)
 QUESTION = "What is 3 + 4? Reply with only the final answer as <answer>X</answer>."
 
 

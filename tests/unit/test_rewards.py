@@ -171,7 +171,8 @@ def replace_rewards(learner, text: str):
 RUN = {"seed": 5, "num-server-rounds": 1, "train.local-steps": 1, "train.prompts-per-step": 2,
        "train.completions-per-prompt": 4, "eval.items-per-task": 4, "eval.samples": 2,
        "tasks.mix": "gcd:1,chain_sum:1", "tasks.per-node": 0, "tasks.partial-credit": True, "model.threads": 1,
-       "tasks.rewards": f"gcd={FIXTURES}:half_for_any_answer,examples.my_reward:reward", "run-name": "own-reward"}
+       "tasks.rewards": f"gcd={FIXTURES}:half_for_any_answer,examples.my_reward:reward", "run-name": "own-reward",
+       "strategy.apply-below-robust": True}  # 2 nodes: below the robust minimum (#54 class 4)
 
 
 @pytest.fixture(scope="module")

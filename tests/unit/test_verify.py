@@ -13,7 +13,8 @@ from pubswap_flwr.simulation import simulate_in_process
 
 SMALL = {"num-server-rounds": 1, "train.local-steps": 1, "train.prompts-per-step": 2,
          "train.completions-per-prompt": 4, "eval.items-per-task": 4, "eval.samples": 2, "model.threads": 1,
-         "tasks.mix": "gcd:1,count_bits:1", "tasks.per-node": 0, "seed": 4}
+         "tasks.mix": "gcd:1,count_bits:1", "tasks.per-node": 0, "seed": 4,
+         "strategy.apply-below-robust": True}  # 2-node runs: below the robust minimum (#54 class 4)
 
 
 @pytest.fixture(scope="module")
