@@ -62,7 +62,10 @@ def test_fedavg_run_writes_metrics_and_adapters_and_changes_the_global_adapter(f
 
 
 def test_fedprox_run_completes(flower, tmp_path):
-    row = flower.run(_overrides(tmp_path, "fedprox", "strategy.mode='fedprox' strategy.proximal-mu=0.01"))
+    # every strategy.* key in one -c: Flower merges -c strings table by table, so a later string's strategy keys
+    # replace SMALL's (strategy.apply-below-robust was lost and both rounds kept)
+    row = flower.run(_overrides(tmp_path, "fedprox", "strategy.mode='fedprox' strategy.proximal-mu=0.01 "
+                                                     "strategy.apply-below-robust=true"))
     assert row["status"] == "finished:completed", row
     rows = read_metrics(tmp_path / "fedprox")
     assert rows[-1]["mode"] == "fedprox" and rows[-1]["aggregated"] is True
