@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import random
 import sys
 import time
 from pathlib import Path
@@ -32,12 +31,10 @@ from pathlib import Path
 import torch
 
 from . import provenance
-from .evaluation import evaluate
 from .policy import GRPOSettings, LoraSettings, Policy, PolicySpec
-from .policy.grpo import build_batch, completion_logps
 from .policy.sampling import GenerationSettings
 from .policy.threads import apply_threads
-from .rollouts import Completion, RolloutGroup
+from .sft import fine_tune, held_out_check, save_adapter, write_record
 from .tasks import HeldOutSet, TaskItem, lenient_answer, lenient_score, parse_mix, score_completion
 from .tasks.splits import question_key
 
@@ -92,45 +89,6 @@ def collect_targets(policy: Policy, items: list[TaskItem], samples: int,
     return targets
 
 
-def fine_tune(policy: Policy, targets: list[tuple[TaskItem, str]], epochs: int, batch: int, lr: float,
-              seed: int) -> list[float]:
-    """Cross-entropy on each target's completion tokens (and EOS); returns the mean loss per epoch."""
-    params = [p for p in policy.model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.99), weight_decay=0.0)
-    rng = random.Random(seed)
-    order = list(range(len(targets)))
-    losses = []
-    policy.model.train()
-    for epoch in range(epochs):
-        rng.shuffle(order)
-        total = 0.0
-        for start in range(0, len(order), batch):
-            rows = [targets[i] for i in order[start:start + batch]]
-            groups = [RolloutGroup(policy.formatter(item), [Completion(text, None, "target")], [0.0])
-                      for item, text in rows]
-            data = build_batch(policy.tokenizer, groups, policy.spec.generation)
-            logps = completion_logps(policy.model, data, slice(0, len(rows)))
-            mask = data.completion_mask.float()
-            loss = -(logps * mask).sum() / mask.sum()
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            optimizer.step()
-            total += float(loss.detach()) * len(rows)
-        losses.append(total / len(order))
-        log.info("epoch %d: loss %.4f", epoch + 1, losses[-1])
-    policy.model.eval()
-    return losses
-
-
-def _check(policy: Policy, items: list[TaskItem], samples: int) -> dict:
-    out = evaluate(policy, items, samples=samples, batch_size=64, seed=0, lenient=True)
-    keys = ("greedy_accuracy", "greedy_lenient_accuracy", "greedy_well_formed", "sampled_accuracy",
-            "sampled_accuracy_se", "sampled_lenient_accuracy", "sampled_lenient_accuracy_se", "sampled_well_formed")
-    return {"overall": {k: out[k] for k in keys}, "per_task": {t: {k: v[k] for k in keys if k in v}
-                                                             for t, v in out["per_task"].items()}}
-
-
 def build(args: argparse.Namespace, argv: list[str]) -> dict:
     apply_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -145,25 +103,17 @@ def build(args: argparse.Namespace, argv: list[str]) -> dict:
     check = HeldOutSet.build(tasks, per_task=args.check_items, data_seed=CHECK_SEED,
                              exclude={question_key(item.question) for item in source}).items
     started = time.perf_counter()
-    before = _check(policy, check, args.check_samples)
+    before = held_out_check(policy, check, args.check_samples)
     log.info("before: %s", before["overall"])
     targets = collect_targets(policy, source, args.samples, args.batch_items)
     if not targets:
         raise SystemExit("no completion had a right answer: nothing to warm up on (more --items or --samples?)")
     counts = {spec.name: sum(1 for item, _ in targets if item.task == spec.name) for spec in tasks}
     losses = fine_tune(policy, targets, args.epochs, args.batch, args.lr, args.seed)
-    after = _check(policy, check, args.check_samples)
+    after = held_out_check(policy, check, args.check_samples)
     log.info("after: %s", after["overall"])
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    policy.model.save_pretrained(str(out))
-    config = json.loads((out / "adapter_config.json").read_text())
-    config["base_model_name_or_path"] = args.model
-    (out / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
-    _to_fp16(out / "adapter_model.safetensors")
-    (out / "README.md").unlink(missing_ok=True)  # peft's empty card template; build.json says what this is
-    for path in out.iterdir():
-        path.chmod(0o644)  # committed to the repository
+    save_adapter(policy, out, args.model)
     report = {"command": "python -m pubswap_flwr.warmup " + " ".join(argv), "model": args.model,
               "code": provenance.collect()["code"],
               "tasks": args.tasks, "template": args.template, "seed": args.seed, "items_per_task": args.items,
@@ -175,16 +125,8 @@ def build(args: argparse.Namespace, argv: list[str]) -> dict:
               "loss_per_epoch": losses, "check_items_per_task": args.check_items,
               "check_samples": args.check_samples, "before": before, "after": after,
               "seconds": round(time.perf_counter() - started)}
-    (out / "build.json").write_text(json.dumps(report, indent=1) + "\n")
+    write_record(out, report)
     return report
-
-
-def _to_fp16(path: Path) -> None:
-    """Store the adapter in fp16 (half the bytes in the repository); merging reads it back as fp32."""
-    from safetensors.torch import load_file, save_file
-
-    tensors = {k: v.to(torch.float16) for k, v in load_file(str(path)).items()}
-    save_file(tensors, str(path), metadata={"format": "pt"})
 
 
 def main(argv: list[str] | None = None) -> None:

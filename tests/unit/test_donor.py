@@ -9,9 +9,18 @@ import re
 import pytest
 from safetensors import safe_open
 
-from pubswap_flwr.donor import SKILL_TASKS, PROBE_ITEMS, main, reserved_items, skill_task, source_items
+from pubswap_flwr.donor import (
+    PROBE_ITEMS,
+    PROBE_SEED,
+    PROBE_SLOTS,
+    SKILL_TASKS,
+    main,
+    reserved_items,
+    skill_task,
+    source_items,
+)
 from pubswap_flwr.donor import supervised_questions as donor_questions
-from pubswap_flwr.tasks import HeldOutSet, TaskError, TaskItem
+from pubswap_flwr.tasks import HeldOutSet, TaskError, TaskItem, TaskSpec
 from pubswap_flwr.tasks.splits import question_key
 from pubswap_flwr.tasks.worked import worked_solution
 
@@ -58,7 +67,11 @@ def test_donor_source_never_uses_held_out_items():
     source = source_items(spec, 300, validation=40, check=50)
     keys = {question_key(item.question) for item in source}
     assert len(source) == len(keys) == 300
-    assert len(reserved["probe"]) == PROBE_ITEMS and len(reserved["validation"]) == 40
+    assert len(reserved["probe"]) == PROBE_ITEMS * PROBE_SLOTS and len(reserved["validation"]) == 40
+    other = TaskSpec("products_3x1", "products", {"min_terms": 3, "max_terms": 3, "min_digits": 1, "max_digits": 1})
+    for probe_tasks in ([spec], [other, spec]):  # the probe as scripts/zero_shot.py builds it (warm-middle: slot 1)
+        probe = HeldOutSet.build(probe_tasks, per_task=50, data_seed=PROBE_SEED).items
+        assert not keys & {question_key(item.question) for item in probe if item.task == spec.name}
     for name, items in reserved.items():
         assert not keys & {question_key(item.question) for item in items}, name
     assert not ({question_key(i.question) for i in reserved["validation"]}
@@ -101,3 +114,10 @@ def test_a_small_donor_build_writes_its_adapter_and_record(tmp_path):
     assert oct(out.joinpath("build.json").stat().st_mode & 0o777) == "0o644"
     assert donor_questions(out / "build.json") == frozenset(
         question_key(i.question) for i in source_items(skill_task("chain_sum_3x2"), 6, validation=3, check=3))
+
+
+def test_the_probe_seed_is_the_zero_shot_scripts():
+    from pathlib import Path
+
+    script = (Path(__file__).resolve().parents[2] / "scripts" / "zero_shot.py").read_text()
+    assert f"\nDATA_SEED = {PROBE_SEED}  #" in script
