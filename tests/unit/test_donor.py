@@ -121,3 +121,33 @@ def test_the_probe_seed_is_the_zero_shot_scripts():
 
     script = (Path(__file__).resolve().parents[2] / "scripts" / "zero_shot.py").read_text()
     assert f"\nDATA_SEED = {PROBE_SEED}  #" in script
+
+
+def test_a_run_leaves_out_what_a_donor_and_its_base_were_fine_tuned_on(monkeypatch, tmp_path):
+    """A packaged donor (its adapter merged on the warm model) supervised on the donor's source and the warm-up's:
+    shared.supervised_questions, which every run's held-out set leaves out, holds both."""
+    from pubswap_flwr import shared
+    from pubswap_flwr.policy import packaged
+    from pubswap_flwr.policy.data import data_dir
+    from pubswap_flwr.warmup import supervised_questions as warm_questions
+
+    warm_build = data_dir() / "models" / "smollm2-warm" / "build.json"
+    (tmp_path / "models" / "smollm2-warm").mkdir(parents=True)
+    (tmp_path / "models" / "smollm2-warm" / "build.json").write_text(warm_build.read_text())
+    (tmp_path / "models" / "d").mkdir()
+    spec = skill_task("chain_sum_3x2")
+    (tmp_path / "models" / "d" / "build.json").write_text(json.dumps(
+        {"builder": "donor", "task": spec.name, "generator": spec.generator, "config": dict(spec.config),
+         "items": 20, "validation_items": 5, "check_items": 5}))
+    warm = packaged.PACKAGED["smollm2-135m-warm"]
+    monkeypatch.setitem(packaged.PACKAGED, "donor-x", packaged.PackagedModel(
+        "donor-x", warm.package, warm.distribution, warm.gguf_file, "test donor", base=warm.name, adapter="d",
+        builder="donor"))
+    monkeypatch.setattr(shared, "data_dir", lambda: tmp_path)
+    shared.supervised_questions.cache_clear()
+    try:
+        found = shared.supervised_questions(("donor-x",))
+    finally:
+        shared.supervised_questions.cache_clear()
+    donor = frozenset(question_key(i.question) for i in source_items(spec, 20, validation=5, check=5))
+    assert found == donor | warm_questions(warm_build) and len(donor) == 20
