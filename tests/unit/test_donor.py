@@ -151,3 +151,21 @@ def test_a_run_leaves_out_what_a_donor_and_its_base_were_fine_tuned_on(monkeypat
         shared.supervised_questions.cache_clear()
     donor = frozenset(question_key(i.question) for i in source_items(spec, 20, validation=5, check=5))
     assert found == donor | warm_questions(warm_build) and len(donor) == 20
+
+
+def test_the_packaged_donor_is_regenerated_as_built_and_left_out_of_runs():
+    """The committed donor's build.json: its examples are worked solutions of its regenerated source, and a run of
+    the packaged donor leaves that source (and the warm-up's) out of its held-out set."""
+    from pubswap_flwr.policy.data import data_dir
+    from pubswap_flwr.policy.packaged import PACKAGED
+    from pubswap_flwr.shared import supervised_questions
+
+    model = PACKAGED["smollm2-135m-donor-chain-sum"]
+    record = json.loads((data_dir() / "models" / str(model.adapter) / "build.json").read_text())
+    source = source_items(skill_task(record["task"]), record["items"], validation=record["validation_items"],
+                          check=record["check_items"])
+    by_question = {item.question: item for item in source}
+    assert record["examples"] and all(worked_solution(by_question[e["question"]]) == e["target"]
+                                      for e in record["examples"])
+    assert model.base == "smollm2-135m-warm" and record["model"] == model.base
+    assert {question_key(item.question) for item in source} <= supervised_questions((model.name,))
