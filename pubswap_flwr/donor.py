@@ -33,7 +33,7 @@ from . import provenance
 from .policy import GRPOSettings, LoraSettings, Policy, PolicySpec
 from .policy.sampling import GenerationSettings
 from .policy.threads import apply_threads
-from .sft import fine_tune, held_out_check, save_adapter, write_record
+from .sft import add_fine_tune_arguments, fine_tune, held_out_check, save_adapter, write_record
 from .tasks import HeldOutSet, TaskError, TaskItem, TaskSpec
 from .tasks.splits import question_key, unique_items
 from .tasks.worked import worked_solution
@@ -173,12 +173,7 @@ def main(argv: list[str] | None = None) -> None:
     b.add_argument("--samples", type=int, default=4, help="samples per item in the validation and the check")
     b.add_argument("--max-new-tokens", type=int, default=64)
     b.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (validation and check)")
-    b.add_argument("--lora-r", type=int, default=16)
-    b.add_argument("--batch", type=int, default=8)
-    b.add_argument("--lr", type=float, default=2e-4)
-    b.add_argument("--seed", type=int, default=0)
-    b.add_argument("--threads", type=int, default=0, help="torch threads (0: the CPUs this process was given)")
-    b.add_argument("--out", required=True)
+    add_fine_tune_arguments(b)
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")

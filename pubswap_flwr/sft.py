@@ -24,6 +24,17 @@ CHECK_KEYS = ("greedy_accuracy", "greedy_lenient_accuracy", "greedy_well_formed"
               "sampled_accuracy_se", "sampled_lenient_accuracy", "sampled_lenient_accuracy_se", "sampled_well_formed")
 
 
+def add_fine_tune_arguments(parser) -> None:
+    """The LoRA fine-tune's options both builders (warmup, donor) take: rank, batch, learning rate, seed, threads,
+    and the output folder."""
+    parser.add_argument("--lora-r", type=int, default=16)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--lr", type=float, default=2e-4)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: the CPUs this process was given)")
+    parser.add_argument("--out", required=True)
+
+
 def fine_tune(policy: Policy, targets: list[tuple[TaskItem, str]], epochs: int, batch: int, lr: float, seed: int,
               after_epoch: Callable[[int], None] | None = None) -> list[float]:
     """Cross-entropy on each target's completion tokens (and EOS); returns the mean loss per epoch. `after_epoch(n)`

@@ -245,7 +245,9 @@ def combine(adapters: Sequence[Adapter], weights: Sequence[float], reference: Ad
     rests on clip_norm alone); then `aggregate`."""
     robust = rule.method in ROBUST
     votes = count_votes(adapters, weights, reference, rule.idle_floor if robust else 0.0)
-    norms = [update_norm(a, reference) for a in votes.adapters]
+    norms = [votes.norms[i] for i in votes.moving]  # each vote's update norm; count_votes measured the moving ones
+    if votes.idle:
+        norms.append(update_norm(votes.adapters[-1], reference))
     reason = not_robust(rule.method, len(votes.adapters), float(np.median(norms)), len(votes.idle))
     if robust and len(votes.adapters) < MIN_ROBUST_REPLIES and not rule.apply_below_minimum:
         kept = (f"{reason}; global adapter kept (strategy.apply-below-robust = true applies such a round as the "
