@@ -9,7 +9,9 @@ that comes from sampling. Sampling uses a fixed seed so rounds and arms are comp
 
 from __future__ import annotations
 
+import logging
 import math
+import time
 from typing import Callable, Sequence
 
 import torch
@@ -22,6 +24,36 @@ from .tasks.shortcuts import check_task
 from .tasks.verifiers import completion_shape
 
 Progress = Callable[[str, int, int], None]  # (pass: "greedy" | "sampled" | "greedy + sampled", items done, items)
+PROGRESS_EVERY_S = 20.0  # a real model's evaluation takes minutes (22 on a loaded machine); a tiny one's a second
+
+log = logging.getLogger("pubswap_flwr")
+
+
+def duration(seconds: float) -> str:
+    """`45 s`, or `12 min 5 s` from a minute on."""
+    whole = max(0, round(seconds))
+    return f"{whole // 60} min {whole % 60} s" if whole >= 60 else f"{whole} s"
+
+
+class ProgressLog:
+    """A Progress that logs `what: pass done/total items, elapsed, ETA` at INFO on the project's logger, at most every
+    `every` seconds and always at a pass's last item. The ETA is the pass's rate so far over the items it has left."""
+
+    def __init__(self, what: str, *, clock: Callable[[], float] = time.monotonic, every: float = PROGRESS_EVERY_S,
+                 emit: Callable[[str], None] | None = None):
+        self.what, self.clock, self.every = what, clock, every
+        self.emit = emit or (lambda line: log.info("%s", line))
+        self.started = self.last = clock()
+
+    def __call__(self, evaluation_pass: str, done: int, total: int) -> None:
+        now = self.clock()
+        if done < total and now - self.last < self.every:
+            return
+        self.last = now
+        elapsed = now - self.started
+        eta = elapsed * (total - done) / done if done else 0.0
+        self.emit(f"{self.what}: {evaluation_pass} {done}/{total} items, {duration(elapsed)} elapsed, "
+                  f"ETA {duration(eta)}")
 
 
 Scores = tuple[dict[str, list[list[float]]], dict[str, list[list[float]]], dict[str, list[str | None]]]

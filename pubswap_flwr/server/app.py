@@ -15,7 +15,7 @@ from flwr.supercore.exit import add_exit_handler
 
 from .. import provenance
 from ..config import ConfigError, ExperimentConfig
-from ..evaluation import evaluate
+from ..evaluation import ProgressLog, duration, evaluate
 from ..logs import route_logs_to_flower
 from ..policy import Policy
 from ..policy.threads import apply_threads
@@ -35,8 +35,12 @@ class GlobalEvaluator:
     def __init__(self, cfg: ExperimentConfig):
         self.cfg = cfg
         apply_threads(cfg.model.threads)  # evaluation runs between rounds, while the clients wait
+        started = time.monotonic()
+        log.info("preparing the server's model %s (a packaged model converts once on first use)", cfg.model.name)
         self.policy = Policy(policy_spec(cfg))
         self.items = task_universe(cfg).held_out.items
+        log.info("server's model ready in %s; held-out evaluation: %d items", duration(time.monotonic() - started),
+                 len(self.items))
 
     def initial_adapter(self) -> dict[str, np.ndarray]:
         """A fresh adapter from the run seed, rounded through fp16: the global adapter starts as exactly what the
@@ -52,7 +56,7 @@ class GlobalEvaluator:
         e = self.cfg.eval
         return evaluate(self.policy, self.items, sampled=e.sampled, samples=e.samples, batch_size=e.batch_size,
                         seed=self.cfg.seed, max_chars=self.cfg.generation.max_completion_chars, lenient=e.lenient,
-                        rewards=parse_rewards(self.cfg.tasks.rewards))
+                        rewards=parse_rewards(self.cfg.tasks.rewards), progress=ProgressLog("held-out evaluation"))
 
     def save(self, master: dict[str, np.ndarray], directory: Path, tokenizer: bool = False) -> None:
         """adapter_config.json (portable base-model reference) + adapter_model.safetensors, loadable with
