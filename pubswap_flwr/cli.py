@@ -22,6 +22,8 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -248,17 +250,52 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         except ValueError as err:
             raise UsageError(f"--ray-address: {err}" if args.ray_address else f"RAY_ADDRESS: {err}") from err
     logs.setup(verbose=args.verbose, flower=True)
+    from .server.metrics import clear_interrupt
     from .simulation import simulate, simulate_in_process
 
-    if args.engine == "inprocess":
-        simulate_in_process(config, args.nodes)
-    else:
-        simulate(config, args.nodes, cpus_per_client=args.cpus_per_client, gpus_per_client=args.gpus_per_client,
-                 ray_address=address)
+    clear_interrupt()
+    try:
+        if args.engine == "inprocess":
+            simulate_in_process(config, args.nodes)
+        else:
+            simulate(config, args.nodes, cpus_per_client=args.cpus_per_client, gpus_per_client=args.gpus_per_client,
+                     ray_address=address)
+    except KeyboardInterrupt:
+        return stopped_by_ctrl_c(run_dir)
     if run_dir is not None and (status := read_status(run_dir)).get("status") != "completed":
         print(f"run did not complete: {status}", file=sys.stderr)
         return 1
     return 0
+
+
+CTRL_C_EXIT = 130  # a shell's code for a command ended by SIGINT
+LINGER_S = 3.0  # how long threads the run left (Flower's engine's) may take to end after a Ctrl-C
+
+
+def stopped_by_ctrl_c(run_dir: Path | None) -> int:
+    """Ctrl-C on `pubswap simulate`: the run records `stopped` (its own thread, or here when it did not get to it),
+    one line on stderr says where the partial run is, and the command ends with exit code 130, no traceback. A thread
+    left running (a ServerApp busy in a model call) would hold the process open, so then the process exits at once,
+    its output flushed. A second Ctrl-C meanwhile only makes it leave sooner."""
+    from .server.metrics import INTERRUPTED_DETAIL, read_status, stop_recording
+
+    try:
+        recorded = stop_recording(INTERRUPTED_DETAIL)
+        where = recorded[-1] if recorded else run_dir
+        status = read_status(where).get("status") if where is not None else None
+        print(f"interrupted (Ctrl-C): the partial run is in {where} (status.json says {status})" if status else
+              "interrupted (Ctrl-C) before the run started: it wrote nothing", file=sys.stderr, flush=True)
+        deadline = time.monotonic() + LINGER_S
+        for thread in threading.enumerate():
+            if thread is not threading.current_thread() and not thread.daemon:
+                thread.join(max(0.0, deadline - time.monotonic()))
+    except KeyboardInterrupt:
+        pass
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.current_thread()):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(CTRL_C_EXIT)
+    return CTRL_C_EXIT
 
 
 def register_run(sub) -> None:

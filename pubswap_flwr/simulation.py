@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 from typing import Any, Callable
 
 from flwr.app import Context, Message
@@ -18,6 +19,9 @@ from flwr.serverapp import Grid, ServerApp
 from .inprocess import InProcessGrid, server_context
 from .protocols import register_client_handlers
 from .server.app import run
+from .server.metrics import RunInterrupted, interrupt
+
+STOP_GRACE_S = 5.0  # after a Ctrl-C, how long the ServerApp's thread may take to reach its next check and record it
 
 log = logging.getLogger(__name__)
 
@@ -27,16 +31,23 @@ ReplyHook = Callable[[Message, Context, Message], Message]
 
 
 def build_apps(run_config: dict[str, Any], client_hook: ClientHook | None = None,
-               reply_hook: ReplyHook | None = None, settle_seconds: float = 1.0) -> tuple[ServerApp, ClientApp]:
+               reply_hook: ReplyHook | None = None, settle_seconds: float = 1.0,
+               server_done: threading.Event | None = None) -> tuple[ServerApp, ClientApp]:
     """Server and client apps whose contexts carry `run_config`. `client_hook(msg, context)` runs before each
     client message and `reply_hook(msg, context, reply)` may replace its reply (tests inject failures and hostile
-    replies with them)."""
+    replies with them). `server_done` is set when the ServerApp's main returns or raises."""
     server = ServerApp()
 
     @server.main()
     def _main(grid: Grid, context: Context) -> None:
         context.run_config = {**context.run_config, **run_config}
-        run(grid, context, settle_seconds=settle_seconds)
+        try:
+            run(grid, context, settle_seconds=settle_seconds)
+        except RunInterrupted:  # recorded as stopped; in Ray's ServerApp thread it would end in a thread traceback
+            log.debug("the run stopped after a Ctrl-C")
+        finally:
+            if server_done is not None:
+                server_done.set()
 
     def wrap(entry):
         def hooked(msg: Message, context: Context) -> Message:
@@ -145,6 +156,28 @@ def simulate(run_config: dict[str, Any], num_nodes: int, *, cpus_per_client: flo
         address = reachable_ray_address(address)
         log.info("joining the Ray cluster at %s", address)
     backend_config = ray_backend_config(cpus_per_client, gpus_per_client, total_cpus, verbose, address)
-    server, client = build_apps(run_config, client_hook, reply_hook)
-    run_simulation(server_app=server, client_app=client, num_supernodes=num_nodes, backend_name="ray",
-                   backend_config=backend_config, verbose_logging=verbose)
+    server_done = threading.Event()
+    server, client = build_apps(run_config, client_hook, reply_hook, server_done=server_done)
+    try:
+        run_simulation(server_app=server, client_app=client, num_supernodes=num_nodes, backend_name="ray",
+                       backend_config=backend_config, verbose_logging=verbose)
+    except KeyboardInterrupt:
+        stop_after_interrupt(server_done)
+        raise
+
+
+def stop_after_interrupt(server_done: threading.Event, grace_s: float = STOP_GRACE_S) -> bool:
+    """After a Ctrl-C reached the main thread of a Ray simulation: Flower's engine stopped sending messages, but the
+    ServerApp runs on in its own (non-daemon) thread, waiting for replies that will never come, and Python waits for
+    it on exit (the hang; a second Ctrl-C then aborted with a C++ stack dump). Tell the run to stop (it records
+    `stopped` at its next check), shut Ray down if Flower's engine did not (a Ctrl-C during ray.init), and wait up to
+    `grace_s` for the ServerApp. Returns whether it ended; a second Ctrl-C stops waiting."""
+    interrupt()
+    try:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+        return server_done.wait(grace_s)
+    except KeyboardInterrupt:
+        return server_done.is_set()

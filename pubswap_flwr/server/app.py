@@ -23,7 +23,7 @@ from ..protocols import run_protocol
 from ..shared import derive_seed, policy_spec, task_universe
 from ..tasks.rewards import parse_rewards
 from . import preflight
-from .metrics import STOPPED, RunRecorder, final_adapters, write_status
+from .metrics import INTERRUPTED_DETAIL, STOPPED, RunRecorder, check_interrupted, final_adapters, write_status
 from .runner import Runner
 
 log = logging.getLogger("pubswap_flwr")
@@ -56,7 +56,18 @@ class GlobalEvaluator:
         e = self.cfg.eval
         return evaluate(self.policy, self.items, sampled=e.sampled, samples=e.samples, batch_size=e.batch_size,
                         seed=self.cfg.seed, max_chars=self.cfg.generation.max_completion_chars, lenient=e.lenient,
-                        rewards=parse_rewards(self.cfg.tasks.rewards), progress=ProgressLog("held-out evaluation"))
+                        rewards=parse_rewards(self.cfg.tasks.rewards), progress=self._progress())
+
+    @staticmethod
+    def _progress():
+        """Progress lines with an ETA; each batch also checks for a Ctrl-C (an evaluation may take many minutes)."""
+        lines = ProgressLog("held-out evaluation")
+
+        def progress(evaluation_pass: str, done: int, total: int) -> None:
+            check_interrupted()
+            lines(evaluation_pass, done, total)
+
+        return progress
 
     def save(self, master: dict[str, np.ndarray], directory: Path, tokenizer: bool = False) -> None:
         """adapter_config.json (portable base-model reference) + adapter_model.safetensors, loadable with
@@ -108,8 +119,8 @@ def run(grid: Grid, context: Context, settle_seconds: float = 1.0) -> None:
         initial = evaluator.initial_adapter() if evaluator else None
         runner = Runner(cfg, recorder, protocol, evaluator, resume_from=saved, settle_seconds=settle_seconds)
         runner.run(grid, initial)
-    except KeyboardInterrupt:
-        recorder.write_status(STOPPED, "interrupted (KeyboardInterrupt)")
+    except KeyboardInterrupt:  # Ctrl-C: in this thread (no Ray), or RunInterrupted at the run's next check
+        recorder.write_status(STOPPED, INTERRUPTED_DETAIL)
         raise
     except BaseException as err:
         recorder.write_status("failed", f"{type(err).__name__}: {err}")

@@ -29,6 +29,7 @@ from flwr.serverapp import Grid
 
 from ..wire.codecs import CONFIG_KEY, NODE_ROUND_KEY, NODE_ROUNDS_KEY, record_bytes
 from ..wire.validate import Rejected
+from .metrics import check_interrupted
 
 if TYPE_CHECKING:
     from ..wire.records import ClientReport
@@ -139,6 +140,7 @@ class Exchange:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"only {len(nodes)} node(s) connected after {self.timeout:.0f} s; "
                                    f"strategy.min-clients = {self.min_clients}")
+            check_interrupted()
             time.sleep(0.2)
         count = max(self.min_clients, math.ceil(self.fraction * len(nodes)))
         return sorted(random.Random(f"{self.seed}:{round_number}").sample(nodes, min(count, len(nodes))))
@@ -255,6 +257,7 @@ class Exchange:
         next_note = started + self.progress_every
         replies: list[Message] = []
         while pending and self._clock() < deadline:
+            check_interrupted()
             got = list(self.grid.pull_messages(sorted(pending)))
             replies.extend(got)
             pending.difference_update(reply.metadata.reply_to_message_id for reply in got)

@@ -6,7 +6,9 @@ import json
 import logging
 import math
 import os
+import threading
 import time
+import weakref
 from collections import Counter
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -30,6 +32,29 @@ UNREADABLE = "unreadable"  # read_status of a status.json that cannot be read or
 KEEP_UNREADABLE = "move the run folder away (or mend the file) to run it again"  # a sweep never clears such a run
 MAX_STATUS_BYTES = 1 << 20  # write_status writes one line with the reason; the reason quotes at most a log's tail
 STOP_DETAIL = "stopped before its last round: `flwr stop`, or its process was told to exit (SIGINT/SIGTERM)"
+INTERRUPTED_DETAIL = "interrupted (Ctrl-C)"
+
+# Set when the command that runs a run in this process is interrupted (Ctrl-C reaches the main thread, while with
+# Ray the ServerApp runs in a thread of its own): the run stops at its next check and records `stopped`.
+_INTERRUPTED = threading.Event()
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Raised in the run's thread at its next check (an exchange's wait, an evaluation batch) after `interrupt()`."""
+
+
+def interrupt() -> None:
+    _INTERRUPTED.set()
+
+
+def clear_interrupt() -> None:
+    _INTERRUPTED.clear()
+
+
+def check_interrupted() -> None:
+    """RunInterrupted when the command running this run was interrupted."""
+    if _INTERRUPTED.is_set():
+        raise RunInterrupted(INTERRUPTED_DETAIL)
 
 
 class RunExistsError(FileExistsError):
@@ -78,6 +103,7 @@ class RunRecorder:
             items.write_text("".join(json.dumps(row, separators=(",", ":")) + "\n" for row in kept))
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / CONFIG_FILE).write_text(json.dumps({"run_id": str(run_id), "config": cfg.to_flat()}, indent=2))
+        _RECORDERS.add(self)
         self.write_status("running")
 
     @property
@@ -97,6 +123,8 @@ class RunRecorder:
     def write_status(self, status: str, detail: str = "") -> None:
         if self.status == STOPPED:  # what the process does on its way out after a stop is not the run's outcome
             return
+        if _INTERRUPTED.is_set():  # whatever the run saw next (a lost node, a failed exchange) followed the Ctrl-C
+            status, detail = STOPPED, INTERRUPTED_DETAIL
         self.status = status
         write_status(self.run_dir, status, detail, time.time() - self.started)
 
@@ -131,6 +159,19 @@ class RunRecorder:
         if ms.TIME in row:
             parts.append(f"{row[ms.TIME]['round_s']:.1f} s")
         log.info(" | ".join(parts))
+
+
+_RECORDERS: weakref.WeakSet[RunRecorder] = weakref.WeakSet()  # the runs this process records
+
+
+def stop_recording(detail: str) -> list[Path]:
+    """The directories of the runs this process records, those still `running` marked stopped with `detail` (their
+    own thread did not get to it)."""
+    recorders = sorted(_RECORDERS, key=lambda r: r.started)
+    for recorder in recorders:
+        if recorder.status == "running":
+            recorder.write_status(STOPPED, detail)
+    return [recorder.run_dir for recorder in recorders]
 
 
 def write_status(run_dir: Path, status: str, detail: str = "", elapsed_s: float = 0.0) -> None:

@@ -39,7 +39,7 @@ def _interrupted_run(tmp_path: Path, engine: str) -> tuple[int, float, str, Path
     out = tmp_path / "runs"
     run_dir = out / "r"
     err_path = tmp_path / "stderr.txt"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_TMPDIR": str(tmp_path / "ray")}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(PROJECT)}
     with err_path.open("w") as err, (tmp_path / "stdout.txt").open("w") as stdout:
         proc = subprocess.Popen([sys.executable, "-m", "pubswap_flwr.cli", "simulate", "--engine", engine, "--nodes",
                                  "2", "-c", str(SMOKE), "-c", "num-server-rounds=200 model.threads=1", "--out", str(out),
