@@ -124,10 +124,11 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
 
 
 def checked(flat: dict[str, Any], *, run_dir: bool = True) -> preflight.Checked:
-    """The config and (with `run_dir`) its run directory, checked before anything starts; a problem becomes a
+    """The config and (with `run_dir`) its run directory, checked before anything starts, and a named run's
+    directory claimed (preflight.claim_run_dir: the run gets the token as run-claim); a problem becomes a
     UsageError."""
     try:
-        return preflight.check(flat, run_dir=run_dir)
+        return preflight.check(flat, run_dir=run_dir, claim=run_dir)
     except preflight.PROBLEMS as err:
         raise UsageError(preflight.one_line(err)) from err
 
@@ -165,6 +166,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(found.finished)
         return 0
     cfg = found.config
+    if found.claim:  # the ServerApp, in the SuperLink's process, recognises its claim by this token
+        overrides[preflight.CLAIM_KEY] = found.claim
     if not args.connection and (problem := preflight.robust_minimum_problem(cfg, args.nodes)):
         raise UsageError(problem)
     if not args.connection:
@@ -195,6 +198,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     status = row.get("status")
     if not args.connection:
         record_flower_outcome(cfg.run_dir(run_id), run_id, row)
+        preflight.release_claim(cfg.run_dir(run_id), found.claim)  # the run ended (its ServerApp may have been killed)
     print(f"run {run_id}: {status} ({row.get('elapsed', 0):.0f} s) {row.get('status-details', '')}")
     if status == "finished:completed" and not args.connection:
         run_dir = cfg.run_dir(run_id)
@@ -219,8 +223,6 @@ def record_flower_outcome(run_dir: Path, run_id: str, row: dict) -> None:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from .server.metrics import read_status
-
     try:
         config: dict[str, Any] = json.loads(args.json) if args.json else {}
     except json.JSONDecodeError as err:
@@ -236,6 +238,18 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if found.finished:
         print(found.finished)
         return 0
+    try:
+        return _simulate_claimed(args, config, found)
+    finally:
+        if found.run_dir is not None:
+            preflight.release_claim(found.run_dir, found.claim)
+
+
+def _simulate_claimed(args: argparse.Namespace, config: dict[str, Any], found: preflight.Checked) -> int:
+    from .server.metrics import read_status
+
+    if found.claim:
+        config[preflight.CLAIM_KEY] = found.claim
     if problem := preflight.robust_minimum_problem(found.config, args.nodes):
         raise UsageError(problem)
     run_dir = found.run_dir  # None without a run-name: the directory is named after Flower's run id

@@ -200,7 +200,7 @@ MAX_DIFFERENCES_SHOWN = 12
 # from its checkpoint), and what a runner sets about where and how fast a run goes rather than what it computes
 # (scripts/gpu_sweeps.py sets model.threads and model.device for every run; deploy.* acts on deployed nodes only,
 # never in a sweep's simulation). Every other key, paths to data files included, counts.
-RUNNER_KEYS = frozenset({"run-name", "output.dir", "resume", "model.threads", "model.device"})
+RUNNER_KEYS = frozenset({"run-name", "run-claim", "output.dir", "resume", "model.threads", "model.device"})
 RUNNER_SECTIONS = ("deploy.",)
 EDITED_ADVICE = (f"to run the arm again: --rerun-edited (the old run is moved to {REPLACED_DIR}/ beside runs/, never "
                  "deleted)")

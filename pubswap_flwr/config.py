@@ -80,6 +80,8 @@ class ExperimentConfig:
     run_name: str = opt("", _run_name, "run directory name (default <mode>-s<seed>-<run id>); also names each "
                                        "node's state folder, so one plain path component")
     resume: bool = opt(False, doc="continue the run in output.dir/run-name from its last checkpoint")
+    run_claim: str = opt("", doc="set by pubswap run | simulate (leave it empty): the token of their claim on "
+                                 "output.dir/run-name, by which the run knows the claim is its own")
     model: ModelConfig = field(default_factory=ModelConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     train: TrainConfig = field(default_factory=TrainConfig)

@@ -22,7 +22,7 @@ from ..policy.threads import apply_threads
 from ..protocols import run_protocol
 from ..shared import derive_seed, policy_spec, task_universe
 from ..tasks.rewards import parse_rewards
-from . import preflight
+from . import checkpoint, preflight
 from .metrics import INTERRUPTED_DETAIL, STOPPED, RunRecorder, check_interrupted, final_adapters, write_status
 from .runner import Runner
 
@@ -103,6 +103,21 @@ def run(grid: Grid, context: Context, settle_seconds: float = 1.0) -> None:
     if finished:
         log.info("%s", finished)
         return
+    claim = None
+    if cfg.run_name:  # its own claim when `pubswap run | simulate` made it (their token), else one of its own
+        try:
+            claim = preflight.claim_run_dir(run_dir, cfg.run_claim or None)
+        except preflight.RunClaimedError as err:
+            log.error("%s", preflight.one_line(err))
+            raise
+    try:
+        _run_claimed(grid, context, cfg, run_dir, saved, settle_seconds)
+    finally:
+        preflight.release_claim(run_dir, claim)
+
+
+def _run_claimed(grid: Grid, context: Context, cfg: ExperimentConfig, run_dir: Path,
+                 saved: checkpoint.ServerCheckpoint | None, settle_seconds: float) -> None:
     torch.manual_seed(cfg.seed)
     recorder = RunRecorder(run_dir, cfg, context.run_id, resume_after=saved.round if saved else None)
     # `flwr stop` ends the ServerApp's process through Flower's exit handlers (a SIGINT from its heartbeat thread,

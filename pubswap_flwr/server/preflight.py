@@ -7,8 +7,14 @@ config fails in a moment with one line instead of after the simulation engine st
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
+import os
 import re
+import secrets
+import socket
+import time
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +26,14 @@ from .checkpoint import CheckpointError
 from .metrics import RunExistsError, read_status, refuse_existing_run
 
 log = logging.getLogger(__name__)
+
+CLAIM_FILE = ".claim.json"  # in a named run's directory while a run holds it (claim_run_dir)
+CLAIM_KEY = "run-claim"  # the run-config key that carries the claim's token to the run (ServerApp)
+
+
+class RunClaimedError(RunExistsError):
+    """Another run holds the claim on the run directory (the same run-name, at the same time)."""
+
 
 # What a preflight check raises for a problem the user can fix; anything else is a bug and keeps its traceback.
 # FileNotFoundError: a -c file that does not exist, or resume = true without a checkpoint.
@@ -39,6 +53,7 @@ class Checked:
     run_dir: Path | None
     saved: checkpoint.ServerCheckpoint | None = None
     finished: str | None = None
+    claim: str | None = None  # the token of this run's claim on `run_dir` (check(..., claim=True))
 
 
 def one_line(err: BaseException) -> str:
@@ -98,6 +113,101 @@ def already_finished(cfg: ExperimentConfig, run_dir: Path, saved: checkpoint.Ser
             "resume = true has nothing to run and changed nothing; raise num-server-rounds to train it further")
 
 
+def _read_claim(path: Path) -> dict:
+    """A claim file's fields ({} when it is gone or is not a claim: another program's file, or one cut short)."""
+    from ..untrusted import UntrustedFileError, read_json
+
+    try:
+        held = read_json(path, limit=4096)
+    except (OSError, UntrustedFileError):
+        return {}
+    return held if isinstance(held, dict) else {}
+
+
+def _process_gone(held: dict) -> bool:
+    """Whether the claim's process is known to have ended: it ran on this machine and no process has its id."""
+    pid = held.get("pid")
+    if held.get("host") != socket.gethostname() or not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        return False
+    return False
+
+
+def _claimed(run_dir: Path, held: dict, running: bool) -> RunClaimedError:
+    owner = (f"process {held.get('pid', '?')} on {held.get('host', '?')}, since {held.get('started', '?')}"
+             if held else "its claim file cannot be read")
+    hint = ""
+    if running or not held or held.get("host") != socket.gethostname():
+        hint = (f"; {'its status.json says running; ' if running else ''}if no run is using it, remove "
+                f"{run_dir / CLAIM_FILE}")
+    return RunClaimedError(f"{run_dir} is claimed by another run ({owner}): choose another run-name, or wait for "
+                           f"that run to end{hint}")
+
+
+def claim_run_dir(run_dir: Path, token: str | None = None) -> str:
+    """Claim `run_dir` for one run, before anything is prepared, and return the claim's token: of several runs given
+    the same run-name at once exactly one gets it (the claim file appears whole, by a hard link that fails when it
+    exists). With the `token` of the claim already there (the run itself, in another process: `pubswap run`'s
+    ServerApp runs in the SuperLink's), that claim is recognised as its own. A claim whose process is gone, on this
+    machine, while the run's status.json does not say running, is stale: taken over with a warning. Any other
+    claim is RunClaimedError naming the folder and the process that holds it."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / CLAIM_FILE
+    mine = token or secrets.token_hex(16)
+    record = {"token": mine, "pid": os.getpid(), "host": socket.gethostname(),
+              "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    draft = run_dir / f".claim-{secrets.token_hex(8)}.tmp"
+    draft.write_text(json.dumps(record), encoding="utf-8")
+    try:
+        for _attempt in range(3):
+            try:
+                os.link(draft, path)
+                return mine
+            except FileExistsError:
+                held = _read_claim(path)
+            if token is not None and held.get("token") == token:
+                return token
+            running = read_status(run_dir).get("status") == "running"
+            if running or not _process_gone(held):
+                raise _claimed(run_dir, held, running)
+            if _take_over(path, held):
+                log.warning("took over the stale claim of %s (process %s on %s is gone and the run is not running)",
+                            run_dir, held.get("pid"), held.get("host"))
+        raise _claimed(run_dir, _read_claim(path), False)
+    finally:
+        draft.unlink(missing_ok=True)
+
+
+def _take_over(path: Path, stale: dict) -> bool:
+    """Move the stale claim aside (a rename: of several runs taking it over, one moves it); when what was moved is
+    not that claim (another run took it over first and claimed anew), it goes back. Whether it was moved."""
+    aside = path.with_name(f".claim-stale-{secrets.token_hex(8)}.json")
+    try:
+        os.rename(path, aside)
+    except FileNotFoundError:
+        return False
+    try:
+        if _read_claim(aside).get("token") != stale.get("token"):
+            with contextlib.suppress(FileExistsError):
+                os.link(aside, path)
+            return False
+        return True
+    finally:
+        aside.unlink(missing_ok=True)
+
+
+def release_claim(run_dir: Path, token: str | None) -> None:
+    """Remove the run's claim on `run_dir` when it is the one with `token` (another run's is left alone)."""
+    path = run_dir / CLAIM_FILE
+    if token and _read_claim(path).get("token") == token:
+        path.unlink(missing_ok=True)
+
+
 def check_rewards(cfg: ExperimentConfig) -> None:
     """Import every tasks.rewards function in the scoring worker, under its time limit (ConfigError naming the key
     and what was wrong), and warn about a task named there that none of the run's mixes lists (it may still be a
@@ -149,7 +259,8 @@ def robust_minimum_problem(cfg: ExperimentConfig, nodes: int) -> str | None:
             "strategy.aggregation = 'mean' (2 replies cannot outvote a bad one) or strategy.apply-below-robust = true")
 
 
-def check(flat: Mapping[str, Any], run_id: int | str | None = None, *, run_dir: bool = True) -> Checked:
+def check(flat: Mapping[str, Any], run_id: int | str | None = None, *, run_dir: bool = True,
+          claim: bool = False) -> Checked:
     """The config built from Flower's flat run config, and its run directory checked. Without a `run_id` (before
     Flower assigned one) the directory is only checked when `run-name` names it; `run_dir=False` checks the config
     alone (a remote SuperLink's run directory is on its machine, and so are the models: the packaged models' packages
@@ -163,4 +274,6 @@ def check(flat: Mapping[str, Any], run_id: int | str | None = None, *, run_dir: 
         return Checked(cfg, None)
     path = cfg.run_dir(run_id if run_id is not None else "")
     saved = check_run_dir(cfg, path)
-    return Checked(cfg, path, saved, already_finished(cfg, path, saved))
+    finished = already_finished(cfg, path, saved)
+    token = claim_run_dir(path) if claim and cfg.run_name and not finished else None
+    return Checked(cfg, path, saved, finished, token)
