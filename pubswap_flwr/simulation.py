@@ -19,7 +19,7 @@ from flwr.serverapp import Grid, ServerApp
 from .inprocess import InProcessGrid, server_context
 from .protocols import register_client_handlers
 from .server.app import run
-from .server.metrics import RunInterrupted, interrupt
+from .server.metrics import RunInterrupted, clear_interrupt, interrupt
 
 STOP_GRACE_S = 5.0  # after a Ctrl-C, how long the ServerApp's thread may take to reach its next check and record it
 
@@ -158,6 +158,7 @@ def simulate(run_config: dict[str, Any], num_nodes: int, *, cpus_per_client: flo
     backend_config = ray_backend_config(cpus_per_client, gpus_per_client, total_cpus, verbose, address)
     server_done = threading.Event()
     server, client = build_apps(run_config, client_hook, reply_hook, server_done=server_done)
+    clear_interrupt()  # an earlier run's Ctrl-C in this process (a notebook) is not this run's
     try:
         run_simulation(server_app=server, client_app=client, num_supernodes=num_nodes, backend_name="ray",
                        backend_config=backend_config, verbose_logging=verbose)

@@ -41,10 +41,10 @@ def _interrupted_run(tmp_path: Path, engine: str) -> tuple[int, float, str, Path
     err_path = tmp_path / "stderr.txt"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(PROJECT)}
     with err_path.open("w") as err, (tmp_path / "stdout.txt").open("w") as stdout:
-        proc = subprocess.Popen([sys.executable, "-m", "pubswap_flwr.cli", "simulate", "--engine", engine, "--nodes",
-                                 "2", "-c", str(SMOKE), "-c", "num-server-rounds=200 model.threads=1", "--out", str(out),
-                                 "--run-name", "r"], cwd=tmp_path, env=env, stdout=stdout, stderr=err,
-                                start_new_session=True)
+        command = [sys.executable, "-m", "pubswap_flwr.cli", "simulate", "--engine", engine, "--nodes", "2",
+                   "-c", str(SMOKE), "-c", "num-server-rounds=200 model.threads=1", "--out", str(out),
+                   "--run-name", "r"]
+        proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=stdout, stderr=err, start_new_session=True)
         try:
             deadline = time.monotonic() + 300
             while _status(run_dir).get("status") != "running":
