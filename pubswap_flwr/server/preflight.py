@@ -138,13 +138,12 @@ def _process_gone(held: dict) -> bool:
     return False
 
 
-def _claimed(run_dir: Path, held: dict, running: bool) -> RunClaimedError:
+def _claimed(run_dir: Path, held: dict) -> RunClaimedError:
     owner = (f"process {held.get('pid', '?')} on {held.get('host', '?')}, since {held.get('started', '?')}"
              if held else "its claim file cannot be read")
     hint = ""
-    if running or not held or held.get("host") != socket.gethostname():
-        hint = (f"; {'its status.json says running; ' if running else ''}if no run is using it, remove "
-                f"{run_dir / CLAIM_FILE}")
+    if not held or held.get("host") != socket.gethostname():  # this machine cannot tell whether it still runs
+        hint = f"; if no run is using it, remove {run_dir / CLAIM_FILE}"
     return RunClaimedError(f"{run_dir} is claimed by another run ({owner}): choose another run-name, or wait for "
                            f"that run to end{hint}")
 
@@ -153,9 +152,10 @@ def claim_run_dir(run_dir: Path, token: str | None = None) -> str:
     """Claim `run_dir` for one run, before anything is prepared, and return the claim's token: of several runs given
     the same run-name at once exactly one gets it (the claim file appears whole, by a hard link that fails when it
     exists). With the `token` of the claim already there (the run itself, in another process: `pubswap run`'s
-    ServerApp runs in the SuperLink's), that claim is recognised as its own. A claim whose process is gone, on this
-    machine, while the run's status.json does not say running, is stale: taken over with a warning. Any other
-    claim is RunClaimedError naming the folder and the process that holds it."""
+    ServerApp runs in the SuperLink's), that claim is recognised as its own and adopted: it names this process from
+    then on (`pubswap run` may stop following while the run goes on). A claim whose process is gone, on this
+    machine, is stale (a killed run, which `resume = true` continues): taken over with a warning. Any other claim is
+    RunClaimedError naming the folder and the process that holds it."""
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / CLAIM_FILE
     mine = token or secrets.token_hex(16)
@@ -171,14 +171,14 @@ def claim_run_dir(run_dir: Path, token: str | None = None) -> str:
             except FileExistsError:
                 held = _read_claim(path)
             if token is not None and held.get("token") == token:
+                os.replace(draft, path)
                 return token
-            running = read_status(run_dir).get("status") == "running"
-            if running or not _process_gone(held):
-                raise _claimed(run_dir, held, running)
+            if not _process_gone(held):
+                raise _claimed(run_dir, held)
             if _take_over(path, held):
-                log.warning("took over the stale claim of %s (process %s on %s is gone and the run is not running)",
-                            run_dir, held.get("pid"), held.get("host"))
-        raise _claimed(run_dir, _read_claim(path), False)
+                log.warning("took over the stale claim of %s (process %s on %s is gone)", run_dir, held.get("pid"),
+                            held.get("host"))
+        raise _claimed(run_dir, _read_claim(path))
     finally:
         draft.unlink(missing_ok=True)
 

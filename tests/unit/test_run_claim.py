@@ -76,16 +76,32 @@ def test_claimed_run_name_stale_claim_is_taken_over_with_a_warning(tmp_path, cap
                r.getMessage() for r in caplog.records)
 
 
-def test_claimed_run_name_of_a_running_run_is_kept_even_when_its_claimer_is_gone(tmp_path):
-    """`pubswap run` claims in the CLI's process while the run goes on in the SuperLink's: with status.json saying
-    running, a claim whose process is gone is not stale; the message says how to clear it."""
+def test_claimed_run_name_the_run_adopts_its_claim_and_a_killed_run_can_resume(tmp_path):
+    """`pubswap run` claims in the CLI's process, the run goes on in the SuperLink's: the run adopts the claim (it
+    names the run's process from then on), so the CLI may stop following. A killed run (status.json still says
+    running, its process gone) leaves a stale claim: a resume takes it over."""
     run_dir = tmp_path / "real"
     run_dir.mkdir()
-    (run_dir / CLAIM_FILE).write_text(json.dumps({"token": "old", "pid": _dead_pid(), "host": socket.gethostname(),
+    (run_dir / CLAIM_FILE).write_text(json.dumps({"token": "cli", "pid": _dead_pid(), "host": socket.gethostname(),
                                                   "started": "2026-12-06T05:00:00Z"}))
+    assert claim_run_dir(run_dir, "cli") == "cli"
+    assert json.loads((run_dir / CLAIM_FILE).read_text())["pid"] == os.getpid()
+    with pytest.raises(RunClaimedError):
+        claim_run_dir(run_dir)  # its process (this one) lives
+    (run_dir / CLAIM_FILE).write_text(json.dumps({"token": "killed", "pid": _dead_pid(),
+                                                  "host": socket.gethostname(), "started": "2026-12-06T05:00:00Z"}))
     (run_dir / "status.json").write_text('{"status": "running", "detail": "", "elapsed_s": 3}')
-    with pytest.raises(RunClaimedError, match=rf"status.json says running; if no run is using it, remove "
-                                              rf"{run_dir / CLAIM_FILE}"):
+    assert claim_run_dir(run_dir) not in ("cli", "killed")
+
+
+def test_claimed_run_name_held_on_another_machine_says_which_file_to_remove(tmp_path):
+    run_dir = tmp_path / "real"
+    run_dir.mkdir()
+    (run_dir / CLAIM_FILE).write_text(json.dumps({"token": "x", "pid": 1, "host": "elsewhere.invalid",
+                                                  "started": "2026-12-06T05:00:00Z"}))
+    with pytest.raises(RunClaimedError, match=rf"process 1 on elsewhere.invalid, since 2026-12-06T05:00:00Z\): "
+                                              rf"choose another run-name, or wait for that run to end; if no run is "
+                                              rf"using it, remove {run_dir / CLAIM_FILE}$"):
         claim_run_dir(run_dir)
 
 
