@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -283,7 +284,7 @@ def _simulate_claimed(args: argparse.Namespace, config: dict[str, Any], found: p
 
 
 CTRL_C_EXIT = 130  # a shell's code for a command ended by SIGINT
-LINGER_S = 3.0  # how long threads the run left (Flower's engine's) may take to end after a Ctrl-C
+LINGER_S = 2.0  # how long threads the run left (Flower's engine's) may take to end after a Ctrl-C
 
 
 def stopped_by_ctrl_c(run_dir: Path | None) -> int:
@@ -293,21 +294,28 @@ def stopped_by_ctrl_c(run_dir: Path | None) -> int:
     its output flushed. A second Ctrl-C meanwhile only makes it leave sooner."""
     from .server.metrics import INTERRUPTED_DETAIL, read_status, stop_recording
 
+    def lingering() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t is not threading.current_thread() and t.is_alive()
+                and not t.daemon]
+
+    recorded: list[Path] = []
     try:
         recorded = stop_recording(INTERRUPTED_DETAIL)
-        where = recorded[-1] if recorded else run_dir
-        status = read_status(where).get("status") if where is not None else None
-        print(f"interrupted (Ctrl-C): the partial run is in {where} (status.json says {status})" if status else
-              "interrupted (Ctrl-C) before the run started: it wrote nothing", file=sys.stderr, flush=True)
         deadline = time.monotonic() + LINGER_S
-        for thread in threading.enumerate():
-            if thread is not threading.current_thread() and not thread.daemon:
-                thread.join(max(0.0, deadline - time.monotonic()))
+        for thread in lingering():
+            thread.join(max(0.0, deadline - time.monotonic()))
     except KeyboardInterrupt:
         pass
-    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.current_thread()):
+    left_behind = lingering()
+    if left_behind:  # whatever they log next is not the run's: the line below is the last
+        for name in (logs.PACKAGE, "flwr"):
+            logging.getLogger(name).disabled = True
+    where = recorded[-1] if recorded else run_dir
+    status = read_status(where).get("status") if where is not None else None
+    print(f"interrupted (Ctrl-C): the partial run is in {where} (status.json says {status})" if status else
+          "interrupted (Ctrl-C) before the run started: it wrote nothing", file=sys.stderr, flush=True)
+    if left_behind:
         sys.stdout.flush()
-        sys.stderr.flush()
         os._exit(CTRL_C_EXIT)
     return CTRL_C_EXIT
 

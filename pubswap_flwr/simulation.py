@@ -21,7 +21,7 @@ from .protocols import register_client_handlers
 from .server.app import run
 from .server.metrics import RunInterrupted, clear_interrupt, interrupt
 
-STOP_GRACE_S = 5.0  # after a Ctrl-C, how long the ServerApp's thread may take to reach its next check and record it
+STOP_GRACE_S = 4.0  # after a Ctrl-C, how long the ServerApp's thread may take to reach its next check and record it
 
 log = logging.getLogger(__name__)
 
