@@ -98,7 +98,7 @@ def test_setup_shows_stage_lines_only_and_keeps_pips_output_in_a_log(tmp_path):
     assert log.read_text().count("is ignored") == 4 * 40  # all four pip runs' output, none on the terminal
     assert "is ignored" not in done.stdout + done.stderr and "Successfully installed" not in done.stderr
     lines = done.stderr.splitlines()
-    assert [line[:11] for line in lines if line.startswith("[setup ")] == [f"[setup {n}/5" for n in range(1, 6)]
+    assert [line[:10] for line in lines if line.startswith("[setup ")] == [f"[setup {n}/5" for n in range(1, 6)]
     assert all(line.startswith(("[setup ", "torch: ")) for line in lines), lines
     assert str(log) in done.stderr  # the stage lines name the log
     torch_install = [call for call in (tmp_path / "calls").read_text().splitlines() if "torch=" in call]
