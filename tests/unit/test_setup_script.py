@@ -40,7 +40,9 @@ if [ "$1" = "scripts/torch_choice.py" ]; then exec "$REAL_PYTHON" "$@"; fi
 if [ "$1" = "-m" ] && [ "$2" = "pip" ]; then
     for i in $(seq 1 40); do echo "WARNING: Location 'file:///opt/pypi/simple/x$i/' is ignored"; done
     echo "Successfully installed something" >&2
-    case "$*" in *"$STUB_FAIL_ON"*) [ -n "$STUB_FAIL_ON" ] && { echo "ERROR: No matching distribution" >&2; exit 1; };; esac
+    if [ -n "$STUB_FAIL_ON" ]; then
+        case "$*" in *"$STUB_FAIL_ON"*) echo "ERROR: No matching distribution" >&2; exit 1;; esac
+    fi
     exit 0
 fi
 echo "stub python: unexpected call $*" >&2; exit 3
