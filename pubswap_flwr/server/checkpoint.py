@@ -30,7 +30,7 @@ from msgspec import Meta, Struct
 from safetensors.numpy import load_file, save_file
 
 from ..config import ConfigError, ExperimentConfig
-from ..schema import load_json, parse_value_of
+from ..schema import RewardTotal, load_json, parse_value_of
 from ..tasks.splits import MAX_KNOWN_NODES, MAX_NODES
 from ..wire.validate import MAX_ADAPTER_VALUE
 
@@ -74,7 +74,7 @@ class CheckpointState(Struct, frozen=True):
 
     round: Annotated[int, Meta(ge=1)]
     config: dict[str, Any]
-    cumulative_reward: Annotated[float, Meta(ge=0)] = 0.0
+    cumulative_reward: RewardTotal = 0.0
     # Flower node id (up to 64 bits, as text) -> node index
     node_index: Annotated[dict[NodeIdText, Annotated[int, Meta(ge=0, lt=MAX_NODES)]],
                           Meta(max_length=MAX_KNOWN_NODES)] = {}

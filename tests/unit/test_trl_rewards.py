@@ -79,7 +79,7 @@ def test_trl_reward_gets_prompts_whole_completions_and_the_items_columns(tmp_pat
 def test_trl_rewards_of_several_functions_are_summed_and_none_gives_nothing():
     scores = score_trl_group(["<answer>4</answer>", "<answer>5</answer>"], GCD,
                              trl("none_for_the_first", "tenth_per_char"))
-    assert [s.reward for s in scores] == pytest.approx([1.7, 0.25 + 1.7])
+    assert [s.reward for s in scores] == pytest.approx([1.8, 0.25 + 1.8])  # 18 characters each
 
 
 def test_a_completion_every_trl_function_gives_none_is_scored_by_the_tasks_own_reward():
