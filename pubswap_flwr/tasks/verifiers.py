@@ -272,7 +272,7 @@ def score_trl_group(
                     failure.reason)
         values = [[None] * len(texts)]
     for position, index in enumerate(sent):
-        given = [row[position] for row in values if row[position] is not None]
+        given = [value for row in values if (value := row[position]) is not None]
         if failure is not None:
             scores[index] = failure
         elif given:
