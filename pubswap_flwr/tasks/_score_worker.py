@@ -59,7 +59,10 @@ def setup(args) -> _worker_loop.Handler:
             name = f"{spec['module']}:{spec['function']}"
             try:
                 values = user_reward(spec, TRL_REWARDS_KEY)(prompts=prompts, completions=completions, **columns)
-            except TypeError as err:  # a conversational function indexing a string, most often
+            except TypeError as err:
+                if "indices must be integers" not in str(err):
+                    raise
+                # a conversational function reading completion[0]["content"] from a string
                 raise TypeError(f"{err} (in {name}: completions and prompts are plain strings, not chat messages "
                                 "(docs/own-reward.md))") from None
             out.append(trl_values(values, len(completions), name))

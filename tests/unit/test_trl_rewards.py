@@ -120,6 +120,13 @@ def test_a_conversational_trl_function_fails_with_a_hint_that_completions_are_te
     assert "completions and prompts are plain strings, not chat messages (docs/own-reward.md)" in scores[0].reason
 
 
+def test_a_trl_function_without_kwargs_fails_with_its_own_error_and_no_hint():
+    [score] = score_trl_group(["<answer>4</answer>"], GCD, trl("takes_completions_only"))
+    assert score.reward == 0.0
+    assert score.reason == ("scorer error: TypeError: takes_completions_only() got an unexpected keyword argument "
+                            "'prompts'")
+
+
 def test_lines_a_trl_reward_prints_are_never_read_as_its_rewards():
     scores = score_trl_group(["<answer>4</answer>", "<answer>3</answer>"], GCD, trl("prints_forged_replies"))
     assert [s.reward for s in scores] == [0.25, 0.25]
