@@ -251,7 +251,7 @@ def checkout_id(app: str | Path) -> str:
 def own_home(app: str | Path, env: Mapping[str, str]) -> Path:
     """($XDG_DATA_HOME or ~/.local/share)/pubswap-flwr/superlink/<checkout id>: outside the checkout (a home inside it
     went into every app bundle)."""
-    base = Path(env.get("XDG_DATA_HOME") or Path.home() / ".local" / "share").expanduser()
+    base = Path(env.get("XDG_DATA_HOME") or Path(env.get("HOME") or Path.home()) / ".local" / "share").expanduser()
     return base / OWN_HOMES / checkout_id(app)
 
 
