@@ -255,3 +255,24 @@ def test_superlink_status_and_stop(user, tmp_path, monkeypatch, capsys, processe
     assert pubswap(["superlink", "stop", "--force"]) == 0
     assert processes[0].wait(timeout=10) is not None
     assert capsys.readouterr().out == f"stopped this checkout's own SuperLink (pid {pid}, 127.0.0.1:{link.port})\n"
+
+
+def test_the_control_port_held_by_our_superlink_is_kept(user, tmp_path, processes):
+    link = superlink.own_link(tmp_path / "a", user)
+    processes.append(_fake_superlink(tmp_path, link.control_port, link.home))  # FLWR_INTERNAL_GRPC_CONTROL_API=1
+    assert superlink.own_link(tmp_path / "a", user) == link
+
+
+def test_without_proc_a_recorded_port_in_use_is_taken_to_be_ours(user, tmp_path):
+    no_proc = tmp_path / "no-proc"
+    no_proc.mkdir()
+    link = superlink.own_link(tmp_path / "a", user, proc=no_proc)
+    assert not superlink.serves(link, no_proc)
+    assert superlink.describe(link, no_proc).endswith(": not running")
+    with socket.socket() as holder:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        holder.bind(("127.0.0.1", link.port))
+        holder.listen()
+        assert superlink.own_link(tmp_path / "a", user, proc=no_proc) == link
+        assert superlink.serves(link, no_proc) and superlink.serving_pid(link, no_proc) is None
+        assert superlink.describe(link, no_proc).endswith(": port in use (without /proc its process is not checked)")
