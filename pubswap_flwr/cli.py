@@ -21,6 +21,7 @@ import argparse
 import contextlib
 import itertools
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -53,6 +54,7 @@ class UsageError(ValueError):
     """The command's config or run directory cannot be used; caught in main: one line on stderr, exit code 2."""
 
 
+log = logging.getLogger(__name__)
 BIN_DIR = Path(sys.executable).parent  # the venv's bin: flwr, flower-superlink, flower-supernode live here
 
 
@@ -115,15 +117,15 @@ def stream_logs(run_id: str, env: dict[str, str], connection: str | None = None)
 def run_statuses(link: superlink.Link) -> dict[str, str] | None:
     """{run id: status} of every run on the local SuperLink `link`; {} when it no longer runs there (its runs ended
     with it; asking `flwr ls` would start a new one), None when `flwr ls` gave no answer."""
-    if superlink.port_free(link.port) or superlink.serving_pid(link) is None:
+    if not superlink.serves(link):
         return {}
     done = _flwr(["ls", "--format", "json"], flower_env(link.env()))
     try:
         rows = json.loads(done.stdout[done.stdout.index("{"):])["runs"]
         return {str(row["run-id"]): str(row["status"]) for row in rows}
     except (ValueError, KeyError, TypeError) as err:
-        superlink.log.warning("flwr ls on 127.0.0.1:%d gave no run list (%s): %s", link.port, err,
-                              (done.stdout + done.stderr)[-300:])
+        log.warning("flwr ls on 127.0.0.1:%d gave no run list (%s): %s", link.port, err,
+                    (done.stdout + done.stderr)[-300:])
         return None
 
 
@@ -252,7 +254,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     link = local_link(args)
     env = flower_env(link.env() if link is not None else None)
     if link is not None:
-        print(f"SuperLink: {superlink.describe(link, superlink.serving_pid(link))}"
+        print(f"SuperLink: {superlink.describe(link)}"
               + ("; `pubswap superlink stop` stops it, --shared-superlink uses the machine-wide one"
                  if link.kind == "own" else ""), flush=True)
         # a SuperLink runs the app in its own environment
@@ -396,8 +398,11 @@ def cmd_superlink(args: argparse.Namespace) -> int:
         running, keep = superlink.in_flight(superlink.read_submitted(record_home), run_statuses)
         superlink.write_submitted(record_home, keep)
     ours = [(run, status) for run, status in running if run.link == link]
+    if pid is None and args.action == "stop" and superlink.serves(link):
+        raise UsageError(f"without /proc the process on 127.0.0.1:{link.port} cannot be checked; if it is this "
+                         f"checkout's SuperLink, stop it with `kill $(lsof -t -iTCP:{link.port} -sTCP:LISTEN)`")
     if args.action == "status" or pid is None:
-        print(superlink.describe(link, pid))
+        print(superlink.describe(link))
         for run, status in running:
             print(f"  run {run.run_id}: {status} on {run.link.name} (127.0.0.1:{run.link.port})")
         return 0

@@ -17,7 +17,6 @@ Light on purpose (no Flower import): `pubswap run` calls it before submitting.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import logging
@@ -237,10 +236,16 @@ class Link:
             self.kind, "the SuperLink of your FLWR_HOME / port variables")
 
 
-def describe(link: Link, pid: int | None) -> str:
+def describe(link: Link, proc: Path = Path("/proc")) -> str:
     """One line: which SuperLink, where, and whether it runs."""
-    return (f"{link.name} on 127.0.0.1:{link.port} (FLWR_HOME={link.home}): "
-            + (f"running, pid {pid}" if pid is not None else "not running"))
+    pid = serving_pid(link, proc)
+    if pid is not None:
+        state = f"running, pid {pid}"
+    elif serves(link, proc):
+        state = "port in use (without /proc its process is not checked)"
+    else:
+        state = "not running"
+    return f"{link.name} on 127.0.0.1:{link.port} (FLWR_HOME={link.home}): {state}"
 
 
 def checkout_id(app: str | Path) -> str:
@@ -321,14 +326,24 @@ def port_free(port: int, proc: Path = Path("/proc")) -> bool:
     return True
 
 
-def serving_pid(link: Link, proc: Path = Path("/proc")) -> int | None:
-    """The pid of the flower-superlink with this link's FLWR_HOME that listens on its port, else None (nothing listens,
-    or another process: another user's, another program, a SuperLink of another home)."""
-    pid = listener(link.port, proc)
+def _held_by(port: int, home: Path, proc: Path) -> int | None:
+    """The pid of the flower-superlink with FLWR_HOME `home` that listens on `port`, else None."""
+    pid = listener(port, proc)
     process = inspect(pid, proc) if pid is not None else None
     if process is None or bin_dir(process) is None:
         return None
-    return pid if _same(flwr_home(process.environ), link.home) else None
+    return pid if _same(flwr_home(process.environ), home) else None
+
+
+def serving_pid(link: Link, proc: Path = Path("/proc")) -> int | None:
+    """The pid of the flower-superlink with this link's FLWR_HOME that listens on its port, else None (nothing listens,
+    or another process: another user's, another program, a SuperLink of another home)."""
+    return _held_by(link.port, link.home, proc)
+
+
+def serves(link: Link, proc: Path = Path("/proc")) -> bool:
+    """Whether this link's SuperLink runs. Without /proc its holder cannot be seen: whatever listens on the port."""
+    return serving_pid(link, proc) is not None if _has_proc(proc) else not port_free(link.port, proc)
 
 
 def _holder(port: int, proc: Path) -> str:
@@ -365,8 +380,6 @@ def own_link(app: str | Path, env: Mapping[str, str], proc: Path = Path("/proc")
     path = home / RECORD_FILE
     recorded = recorded_ports(home)
     others = _other_checkouts_ports(home)
-    candidate = Link(home, *(recorded or (0, 0)), kind="own")
-    ours = serving_pid(candidate, proc) is not None or not _has_proc(proc)
     kept: list[int | None] = []
     for port in recorded or (None, None):
         if port is None:
@@ -374,7 +387,7 @@ def own_link(app: str | Path, env: Mapping[str, str], proc: Path = Path("/proc")
         elif port in others:
             log.warning("port %d recorded in %s is recorded by another checkout too; choosing another", port, path)
             kept.append(None)
-        elif port_free(port, proc) or (ours and port == candidate.port) or not _has_proc(proc):
+        elif port_free(port, proc) or not _has_proc(proc) or _held_by(port, home, proc) is not None:
             kept.append(port)
         else:
             log.warning("port %d recorded in %s is held by another process (%s); choosing another", port, path,
@@ -482,6 +495,8 @@ def in_flight(runs: list[Submitted], statuses: Callable[[Link], dict[str, str] |
 def locked(home: Path) -> Iterator[None]:
     """Held while a `pubswap run` checks for runs in flight, submits and records its run: two started together do
     not both pass the check."""
+    import fcntl  # POSIX only: imported where used, so the module still imports elsewhere
+
     home.mkdir(parents=True, exist_ok=True)
     with (home / LOCK_FILE).open("w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
