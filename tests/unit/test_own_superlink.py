@@ -276,3 +276,11 @@ def test_without_proc_a_recorded_port_in_use_is_taken_to_be_ours(user, tmp_path)
         assert superlink.own_link(tmp_path / "a", user, proc=no_proc) == link
         assert superlink.serves(link, no_proc) and superlink.serving_pid(link, no_proc) is None
         assert superlink.describe(link, no_proc).endswith(": port in use (without /proc its process is not checked)")
+
+
+def test_an_installed_package_names_no_checkout_it_does_not_have(tmp_path, monkeypatch):
+    site = tmp_path / "site-packages"
+    monkeypatch.setattr(cli, "__file__", str(site / "pubswap_flwr" / "cli.py"))
+    assert cli.app_problem(tmp_path) == (
+        f"{tmp_path} is not a Flower app (no pyproject.toml with [tool.flwr.app]): run `pubswap run` from the "
+        "pubswap-flwr checkout, or pass its folder: `pubswap run /path/to/pubswap-flwr`")
