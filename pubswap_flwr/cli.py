@@ -137,21 +137,23 @@ def follow_commands(run_id: str, link: superlink.Link | None, connection: str | 
     return f"{prefix}{flwr} log {run_id}{tail} --stream", f"{prefix}{flwr} stop {run_id}{tail}"
 
 
-def app_problem(app: str | Path) -> str | None:
-    """Why `app` cannot be run as a Flower app (no pyproject.toml with [tool.flwr.app]), naming the checkout to run
-    from instead; None when it can."""
-    pyproject = Path(app).expanduser() / "pyproject.toml"
+def is_flower_app(folder: str | Path) -> bool:
+    """Whether `folder` has a pyproject.toml with a [tool.flwr.app] table (what `flwr run` needs)."""
     try:
-        with pyproject.open("rb") as handle:
-            is_app = isinstance(tomllib.load(handle).get("tool", {}).get("flwr", {}).get("app"), dict)
+        with (Path(folder).expanduser() / "pyproject.toml").open("rb") as handle:
+            return isinstance(tomllib.load(handle).get("tool", {}).get("flwr", {}).get("app"), dict)
     except (OSError, tomllib.TOMLDecodeError):
-        is_app = False
-    if is_app:
+        return False
+
+
+def app_problem(app: str | Path) -> str | None:
+    """Why `app` cannot be run as a Flower app, naming the checkout to run from instead; None when it can."""
+    if is_flower_app(app):
         return None
-    checkout = Path(__file__).resolve().parents[1]
-    here = Path(app).expanduser().resolve()
-    return (f"{here} is not a Flower app (no pyproject.toml with [tool.flwr.app]): run `pubswap run` from the "
-            f"pubswap-flwr checkout, or pass its folder: `pubswap run {checkout}`")
+    installed_from = Path(__file__).resolve().parents[1]  # the checkout, for an editable install
+    checkout = installed_from if is_flower_app(installed_from) else "/path/to/pubswap-flwr"
+    return (f"{Path(app).expanduser().resolve()} is not a Flower app (no pyproject.toml with [tool.flwr.app]): run "
+            f"`pubswap run` from the pubswap-flwr checkout, or pass its folder: `pubswap run {checkout}`")
 
 
 def cmd_keys(_: argparse.Namespace) -> int:
