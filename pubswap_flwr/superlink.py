@@ -35,7 +35,7 @@ PORT_ENV = "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"
 DEFAULT_CONTROL_PORT = "39093"  # flwr.cli.constant.LOCAL_CONTROL_API_PORT
 CONTROL_PORT_ENV = "FLWR_LOCAL_CONTROL_API_PORT"
 USER_VARIABLES = ("FLWR_HOME", PORT_ENV, CONTROL_PORT_ENV)  # set by the user: their choice of SuperLink is kept
-OWN_HOMES = Path("pubswap-flwr") / "superlink"  # under $XDG_DATA_HOME (~/.local/share): one folder per checkout
+OWN_HOMES = Path("pubswap") / "superlink"  # under $XDG_DATA_HOME (~/.local/share): one folder per checkout
 RECORD_FILE = "ports.json"  # the own SuperLink's two ports, in its home
 SUBMITTED_FILE = "submitted.json"  # the runs `pubswap run` submitted from this checkout and has not seen finish
 LOCK_FILE = "lock"
@@ -254,7 +254,7 @@ def checkout_id(app: str | Path) -> str:
 
 
 def own_home(app: str | Path, env: Mapping[str, str]) -> Path:
-    """($XDG_DATA_HOME or ~/.local/share)/pubswap-flwr/superlink/<checkout id>: outside the checkout (a home inside it
+    """($XDG_DATA_HOME or ~/.local/share)/pubswap/superlink/<checkout id>: outside the checkout (a home inside it
     went into every app bundle)."""
     base = Path(env.get("XDG_DATA_HOME") or Path(env.get("HOME") or Path.home()) / ".local" / "share").expanduser()
     return base / OWN_HOMES / checkout_id(app)
