@@ -65,7 +65,7 @@ def processes():
 
 def test_two_checkouts_get_their_own_homes_and_ports(user, tmp_path):
     first, second = superlink.own_link(tmp_path / "a", user), superlink.own_link(tmp_path / "b", user)
-    base = tmp_path / "data" / "pubswap-flwr" / "superlink"
+    base = tmp_path / "data" / "pubswap" / "superlink"
     assert first.home.parent == base and second.home.parent == base and first.home != second.home
     assert first.kind == second.kind == "own"
     assert len({first.port, first.control_port, second.port, second.control_port}) == 4
