@@ -9,22 +9,27 @@
 
 `run` and `simulate` take the same `-c` values, applied in order: TOML files and key=value pairs. Both check the
 config and the run directory before starting Flower or Ray; a problem is one line on stderr and exit code 2. `run`
-also warns when the local SuperLink that will run the app was started from another checkout or environment
-(superlink.py); `simulate` runs the app in its own process and needs no SuperLink.
+uses a local SuperLink of this checkout's own (`pubswap superlink status|stop`; superlink.py), the machine-wide one
+with --shared-superlink, and warns when the SuperLink that will run the app was started from another checkout or
+environment; it refuses a second run while one from this checkout is in flight (--another starts one beside it).
+`simulate` runs the app in its own process and needs no SuperLink.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import tomllib
 from pathlib import Path
 from typing import Any, Callable
 
@@ -38,6 +43,8 @@ from .server.metrics import final_adapters, mark_failed, mark_stopped
 FLWR_ENV = {"FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
 FLOWER_STOPPED = "finished:stopped"  # `flwr ls` status of a run that `flwr stop` ended
 FLOWER_FAILED = "finished:failed"  # a run Flower ended as failed (its ServerApp raised, or it lost its nodes)
+INTERRUPTED = 130  # the exit code of a command ended by Ctrl-C (128 + SIGINT)
+STOP_WAIT = 15.0  # seconds `pubswap superlink stop` waits for the SuperLink to end
 
 
 class FlowerRunError(RuntimeError):
@@ -48,6 +55,7 @@ class UsageError(ValueError):
     """The command's config or run directory cannot be used; caught in main: one line on stderr, exit code 2."""
 
 
+log = logging.getLogger(__name__)
 BIN_DIR = Path(sys.executable).parent  # the venv's bin: flwr, flower-superlink, flower-supernode live here
 
 
@@ -107,6 +115,48 @@ def stream_logs(run_id: str, env: dict[str, str], connection: str | None = None)
                      sys.stdout)
 
 
+def run_statuses(link: superlink.Link) -> dict[str, str] | None:
+    """{run id: status} of every run on the local SuperLink `link`; {} when it no longer runs there (its runs ended
+    with it; asking `flwr ls` would start a new one), None when `flwr ls` gave no answer."""
+    if not superlink.serves(link):
+        return {}
+    done = _flwr(["ls", "--format", "json"], flower_env(link.env()))
+    try:
+        rows = json.loads(done.stdout[done.stdout.index("{"):])["runs"]
+        return {str(row["run-id"]): str(row["status"]) for row in rows}
+    except (ValueError, KeyError, TypeError) as err:
+        log.warning("flwr ls on 127.0.0.1:%d gave no run list (%s): %s", link.port, err,
+                    (done.stdout + done.stderr)[-300:])
+        return None
+
+
+def follow_commands(run_id: str, link: superlink.Link | None, connection: str | None) -> tuple[str, str]:
+    """The exact shell commands that follow and stop a run (the SuperLink's variables first for a local one)."""
+    prefix = f"{link.prefix()} " if link is not None else ""
+    tail = f" {connection}" if connection else ""
+    flwr = flwr_executable()
+    return f"{prefix}{flwr} log {run_id}{tail} --stream", f"{prefix}{flwr} stop {run_id}{tail}"
+
+
+def is_flower_app(folder: str | Path) -> bool:
+    """Whether `folder` has a pyproject.toml with a [tool.flwr.app] table (what `flwr run` needs)."""
+    try:
+        with (Path(folder).expanduser() / "pyproject.toml").open("rb") as handle:
+            return isinstance(tomllib.load(handle).get("tool", {}).get("flwr", {}).get("app"), dict)
+    except (OSError, tomllib.TOMLDecodeError):
+        return False
+
+
+def app_problem(app: str | Path) -> str | None:
+    """Why `app` cannot be run as a Flower app, naming the checkout to run from instead; None when it can."""
+    if is_flower_app(app):
+        return None
+    installed_from = Path(__file__).resolve().parents[1]  # the checkout, for an editable install
+    checkout = installed_from if is_flower_app(installed_from) else "/path/to/pubswap-flwr"
+    return (f"{Path(app).expanduser().resolve()} is not a Flower app (no pyproject.toml with [tool.flwr.app]): run "
+            f"`pubswap run` from the pubswap-flwr checkout, or pass its folder: `pubswap run {checkout}`")
+
+
 def cmd_keys(_: argparse.Namespace) -> int:
     choices = key_choices()
     for key, default, doc in describe():
@@ -159,7 +209,39 @@ def write_overrides(overrides: dict[str, Any], path: Path) -> Path:
     return path
 
 
+def local_link(args: argparse.Namespace) -> superlink.Link | None:
+    """The local SuperLink this run goes to, or None for a remote connection. A named local connection other than
+    `local` lives in the user's FLWR_HOME, so it keeps the user's SuperLink."""
+    if not superlink.is_local_connection(args.connection, os.environ):
+        return None
+    shared = args.shared_superlink or args.connection not in (None, "local")
+    return superlink.link_for(args.app, os.environ, shared=shared)
+
+
+def refuse_second_run(record_home: Path) -> None:
+    """A UsageError naming a run submitted from this checkout that is still pending or running, if there is one;
+    the record keeps only those (and the ones that could not be asked about)."""
+    running, keep = superlink.in_flight(superlink.read_submitted(record_home), run_statuses)
+    superlink.write_submitted(record_home, keep)
+    if not running:
+        return
+    run, status = running[-1]
+    follow_it, stop_it = follow_commands(run.run_id, run.link, None)
+    more = f" (and {len(running) - 1} more)" if len(running) > 1 else ""
+    raise UsageError(f"run {run.run_id}{more} from this checkout is still {status} on 127.0.0.1:{run.link.port}: "
+                     f"follow it with `{follow_it}`, stop it with `{stop_it}`, or pass --another to start one "
+                     "beside it")
+
+
+def forget_run(record_home: Path, run_id: str) -> None:
+    with superlink.locked(record_home):
+        runs = superlink.read_submitted(record_home)
+        superlink.write_submitted(record_home, [run for run in runs if run.run_id != run_id])
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    if problem := app_problem(args.app):
+        raise UsageError(problem)
     overrides = read_config_options(args)
     # A remote SuperLink's run directory is on its machine: only the config can be checked here.
     found = checked({**preflight.app_defaults(args.app), **overrides}, run_dir=not args.connection)
@@ -175,27 +257,54 @@ def cmd_run(args: argparse.Namespace) -> int:
         # The local SuperLink resolves a relative output.dir against the directory it was started from, which may
         # be another checkout's; make it this directory's, where the run-name check above looked.
         overrides["output.dir"] = str(cfg.run_dir("-").parent)
-    env = flower_env()
-    if superlink.is_local_connection(args.connection, env):
-        warning = superlink.mismatch_warning(env)  # the shared local SuperLink runs the app in its own environment
+    link = local_link(args)
+    env = flower_env(link.env() if link is not None else None)
+    if link is not None:
+        print(f"SuperLink: {superlink.describe(link)}"
+              + ("; `pubswap superlink stop` stops it, --shared-superlink uses the machine-wide one"
+                 if link.kind == "own" else ""), flush=True)
+        # a SuperLink runs the app in its own environment
+        warning = superlink.mismatch_warning(env, advice="Stop it with `pubswap superlink stop` when no run of it "
+                                                         "is in flight.") if link.kind == "own" else \
+            superlink.mismatch_warning(env)
         if warning:
             print(warning, file=sys.stderr, flush=True)
     federation = "" if args.connection else \
         f"num-supernodes={args.nodes} client-resources-num-cpus={args.cpus_per_client}" + \
         (f" client-resources-num-gpus={args.gpus_per_client}" if args.gpus_per_client > 0 else "")
-    with tempfile.TemporaryDirectory(prefix="pubswap-run-") as tmp:
+    record_home = superlink.own_home(args.app, os.environ)
+    with superlink.locked(record_home) if link is not None else contextlib.nullcontext(), \
+            tempfile.TemporaryDirectory(prefix="pubswap-run-") as tmp:
+        if link is not None and not args.another:
+            refuse_second_run(record_home)
         config_files = [str(write_overrides(overrides, Path(tmp) / "overrides.toml"))] if overrides else []
-        run_id = submit(args.app, config_files, federation, env, args.connection)
-    print(f"run {run_id} submitted (stop it with `flwr stop {run_id}" +
-          (f" {args.connection}" if args.connection else "") + "`)", flush=True)
+        try:
+            run_id = submit(args.app, config_files, federation, env, args.connection)
+        except KeyboardInterrupt:
+            list_it, stop_it = follow_commands("RUN_ID", link, args.connection)
+            list_it = list_it.replace(" log RUN_ID", " ls").replace(" --stream", "")
+            print(f"interrupted while submitting; if the run was submitted, `{list_it}` lists it and `{stop_it}` "
+                  "stops it", file=sys.stderr)
+            return INTERRUPTED
+        if link is not None:
+            superlink.write_submitted(record_home, superlink.read_submitted(record_home)
+                                      + [superlink.Submitted(run_id, link)])
+    follow_it, stop_it = follow_commands(run_id, link, args.connection)
+    print(f"run {run_id} submitted (stop it with `{stop_it}`)", flush=True)
     log_stream = stream_logs(run_id, env, args.connection) if not args.quiet else None
     status_ended = status_file_ended(cfg.run_dir(run_id)) if not args.connection else (lambda: False)
     try:
         row = wait(run_id, env, args.connection,
                    ended=lambda: status_ended() or (log_stream is not None and log_stream.ended()))
+    except KeyboardInterrupt:
+        print(f"run {run_id} goes on on the SuperLink: follow it with `{follow_it}`, stop it with `{stop_it}`",
+              file=sys.stderr)
+        return INTERRUPTED
     finally:
         if log_stream is not None:
             log_stream.close()
+    if link is not None:
+        forget_run(record_home, run_id)
     status = row.get("status")
     if not args.connection:
         record_flower_outcome(cfg.run_dir(run_id), run_id, row)
@@ -283,7 +392,6 @@ def _simulate_claimed(args: argparse.Namespace, config: dict[str, Any], found: p
     return 0
 
 
-CTRL_C_EXIT = 130  # a shell's code for a command ended by SIGINT
 LINGER_S = 2.0  # how long threads the run left (Flower's engine's) may take to end after a Ctrl-C
 
 
@@ -316,8 +424,8 @@ def stopped_by_ctrl_c(run_dir: Path | None) -> int:
           "interrupted (Ctrl-C) before the run started: it wrote nothing", file=sys.stderr, flush=True)
     if left_behind:
         sys.stdout.flush()
-        os._exit(CTRL_C_EXIT)
-    return CTRL_C_EXIT
+        os._exit(INTERRUPTED)
+    return INTERRUPTED
 
 
 def register_run(sub) -> None:
@@ -330,7 +438,53 @@ def register_run(sub) -> None:
     run.add_argument("--gpus-per-client", type=float, default=0.0,
                      help="GPU share per simulated client, e.g. 0.25 (default 0: CPU only)")
     run.add_argument("--quiet", action="store_true", help="do not stream the run's log")
+    run.add_argument("--shared-superlink", action="store_true",
+                     help="use the machine-wide local SuperLink (~/.flwr, 127.0.0.1:39091) instead of this checkout's "
+                          "own (docs/running.md)")
+    run.add_argument("--another", action="store_true",
+                     help="submit even while a run from this checkout is still in flight")
     run.set_defaults(func=cmd_run)
+
+
+def cmd_superlink(args: argparse.Namespace) -> int:
+    if problem := app_problem(args.app):
+        raise UsageError(problem)
+    link = superlink.own_link(args.app, os.environ)
+    pid = superlink.serving_pid(link)
+    record_home = link.home
+    with superlink.locked(record_home):
+        running, keep = superlink.in_flight(superlink.read_submitted(record_home), run_statuses)
+        superlink.write_submitted(record_home, keep)
+    ours = [(run, status) for run, status in running if run.link == link]
+    if pid is None and args.action == "stop" and superlink.serves(link):
+        raise UsageError(f"without /proc the process on 127.0.0.1:{link.port} cannot be checked; if it is this "
+                         f"checkout's SuperLink, stop it with `kill $(lsof -t -iTCP:{link.port} -sTCP:LISTEN)`")
+    if args.action == "status" or pid is None:
+        print(superlink.describe(link))
+        for run, status in running:
+            print(f"  run {run.run_id}: {status} on {run.link.name} (127.0.0.1:{run.link.port})")
+        return 0
+    if ours and not args.force:
+        ids = ", ".join(run.run_id for run, _ in ours)
+        raise UsageError(f"run {ids} {'is' if len(ours) == 1 else 'are'} still running on it; "
+                         "`pubswap superlink stop --force` stops it with the SuperLink")
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_WAIT
+    while superlink.serving_pid(link) == pid:
+        if time.monotonic() > deadline:
+            raise FlowerRunError(f"{link.name} (pid {pid}) did not end within {STOP_WAIT:.0f} s of SIGTERM")
+        time.sleep(0.2)
+    print(f"stopped {link.name} (pid {pid}, 127.0.0.1:{link.port})")
+    return 0
+
+
+def register_superlink(sub) -> None:
+    parser = sub.add_parser("superlink", help="this checkout's own local SuperLink: status, stop")
+    parser.add_argument("action", choices=["status", "stop"])
+    parser.add_argument("app", nargs="?", default=".", help="the checkout (default: this folder)")
+    parser.add_argument("--force", action="store_true", help="stop it even while runs from this checkout are in "
+                                                             "flight (they end with it)")
+    parser.set_defaults(func=cmd_superlink)
 
 
 def register_simulate(sub) -> None:
@@ -362,6 +516,7 @@ def main(argv: list[str] | None = None) -> int:
     keys = sub.add_parser("keys", help="list every run-config key with its default and allowed values")
     keys.set_defaults(func=cmd_keys)
     register_run(sub)
+    register_superlink(sub)
     register_simulate(sub)
     from .compare import register as register_compare
     from .deployment import register as register_deploy

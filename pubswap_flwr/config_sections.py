@@ -43,6 +43,16 @@ def _reward_names(key: str, value: Any) -> None:
         raise ConfigError(str(err)) from None
 
 
+def _trl_reward_names(key: str, value: Any) -> None:
+    """tasks.trl-rewards' syntax only (as `_reward_names`)."""
+    from .tasks.rewards import RewardError, parse_trl_rewards
+
+    try:
+        parse_trl_rewards(value, key)
+    except RewardError as err:
+        raise ConfigError(str(err)) from None
+
+
 device_name = _check(lambda v: re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", v) is not None,
                      "auto, cpu, cuda, cuda:N or mps")
 
@@ -155,6 +165,13 @@ class TasksConfig:
                        "answer inside the <answer> tags and the item, returns a float in [0, 1], and runs in the "
                        "isolated scoring worker under the built-ins' time limit; imported at start-up, a bad name "
                        "stops the run (docs/own-reward.md)")
+    trl_rewards: str = opt("", _trl_reward_names,
+                           "training rewards in TRL's shape, f(prompts, completions, **columns) -> list[float | None] "
+                           "(GRPOTrainer's reward_funcs, unchanged): tasks.rewards' syntax, a '+'-joined name sums "
+                           "functions (examples.trl_reward:reward_len+examples.trl_reward:format_reward); called once "
+                           "per group of completions in the isolated scoring worker; they score a node's own rollouts "
+                           "only (held-out evaluation keeps tasks.rewards or the verifier); None: that completion is "
+                           "scored as without them (docs/own-reward.md)")
 
 
 @dataclass(frozen=True)

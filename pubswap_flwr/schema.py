@@ -93,6 +93,9 @@ def texts(longest: int, fewest: int, most: int) -> Any:
 
 
 Fraction = Annotated[float, Meta(ge=0, le=1)]
+REWARD_BOUND = 1e6  # a training reward: in [0, 1] from a verifier or tasks.rewards, within +-this from a TRL reward
+Reward = Annotated[float, Meta(ge=-REWARD_BOUND, le=REWARD_BOUND)]
+RewardTotal = Annotated[float, Meta(ge=-1e15, le=1e15)]  # mean rewards added up, one a round
 Flag = Annotated[int, Meta(ge=0, le=1)]
 Count = Annotated[int, Meta(ge=0, le=1_000_000)]
 PositiveCount = Annotated[int, Meta(ge=1, le=1_000_000)]

@@ -28,6 +28,11 @@ each model (partition 0, or partitions 0..k-1 with k models in model.node-models
 sweep's 176 MB becomes 20 MB. --adapter-seeds and --adapter-nodes choose others, --all-adapters copies every one,
 --no-adapters none (the report does not need them; `pubswap verify` does). The report's command names the choice it
 made.
+
+Clone weight: a published sweep folder may add at most MAX_PUBLISHED_MB (5 MB) to the repository, report and plots
+included; a bigger one is refused (the publication it would replace stays) with the size and what to leave out:
+other seeds' and nodes' adapters stay in the sweep's run folders. --max-mb raises the cap for one publication, and
+the report's command records it.
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_FILES = ("adapter_config.json", "README.md", "pubswap_run.json")  # beside the weights; no tokenizer
 DOCS = Path("docs/results")
 PUBLISH_COMMAND = "python scripts/publish_results.py "
+MAX_PUBLISHED_MB = 5.0  # what one published sweep folder may add to every clone of the repository
 
 
 class PublishError(ValueError):
@@ -194,13 +200,30 @@ def _stage(docs: Path, name: str, files: dict[Path, bytes], runs: list[str]) -> 
     return staging
 
 
+def folder_bytes(folder: Path) -> int:
+    """The bytes of the regular files under `folder`."""
+    return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file() and not path.is_symlink())
+
+
+def _check_size(dst: Path, max_mb: float, adapter_bytes: int) -> int:
+    """The published folder's bytes; PublishError when they are over `max_mb`."""
+    size = folder_bytes(dst)
+    if size > max_mb * 1e6:
+        raise PublishError(f"{dst} adds {size / 1e6:.2f} MB to the repository (its adapters {adapter_bytes / 1e6:.2f} "
+                           f"MB), over the {max_mb:g} MB a published sweep may add: keep fewer adapters with "
+                           "--adapter-seeds, --adapter-nodes or --no-adapters (`pubswap verify` needs one run's; the "
+                           "others stay in the sweep's run folders), or raise the cap knowingly with --max-mb")
+    return size
+
+
 def publish(sweep_file: Path, results: Path, docs: Path = DOCS, force: bool = False, adapters: bool = True,
-            adapter_seeds: set[int] | None = None, adapter_nodes: set[int] | None = None) -> Path:
+            adapter_seeds: set[int] | None = None, adapter_nodes: set[int] | None = None,
+            max_mb: float = MAX_PUBLISHED_MB) -> Path:
     """Copy a finished sweep's completed runs to docs/results/<sweep> and write its report. `adapters`: copy the
     runs' final adapters as fp16 too; `adapter_seeds`: only those of these seeds (None: every seed);
     `adapter_nodes`: of a SAPO or local run, only these partitions' adapters (None: every node's). Everything is
-    read and checked before anything is written, and a publication it replaces stays until the new one is whole;
-    PublishError names what was wrong."""
+    read and checked before anything is written, and a publication it replaces stays until the new one is whole and
+    within `max_mb` (the folder, report and plots included); PublishError names what was wrong."""
     sweep = _sweep(sweep_file)
     src, dst = results / sweep.name, docs / sweep.name
     if not is_present(src / "outcomes.json"):
@@ -237,7 +260,9 @@ def publish(sweep_file: Path, results: Path, docs: Path = DOCS, force: bool = Fa
                 + (f" --adapter-seeds {' '.join(map(str, sorted(adapter_seeds)))}"
                    if adapters and adapter_seeds is not None else "")
                 + (f" --adapter-nodes {' '.join(map(str, sorted(adapter_nodes)))}"
-                   if adapters and adapter_nodes is not None else ""))
+                   if adapters and adapter_nodes is not None else "")
+                + (f" --max-mb {max_mb:g}" if max_mb != MAX_PUBLISHED_MB else ""))
+        size = _check_size(dst, max_mb, adapter_bytes)
     except BaseException:  # the old publication comes back whole
         shutil.rmtree(dst)
         if backup is not None:
@@ -250,6 +275,7 @@ def publish(sweep_file: Path, results: Path, docs: Path = DOCS, force: bool = Fa
               + (f" of seeds {sorted(adapter_seeds)}" if adapter_seeds is not None else "")
               + (f", nodes {sorted(adapter_nodes)} of SAPO and local runs" if adapter_nodes is not None else "")
               + (f"; none kept by {len(without)} run(s): {', '.join(without[:5])}" if without else ""))
+    print(f"published: {size / 1e6:.2f} MB of the {max_mb:g} MB a sweep may add")
     return dst
 
 
@@ -288,6 +314,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--all-adapters", action="store_true",
                         help="copy every seed's and every node's adapters (default: the first seed's, and of SAPO and "
                              "local runs the first node of each model)")
+    parser.add_argument("--max-mb", type=float, default=MAX_PUBLISHED_MB, metavar="MB",
+                        help=f"the most the published folder may add to the repository (default {MAX_PUBLISHED_MB:g}; "
+                             "raising it is recorded in the report's command)")
     args = parser.parse_args(argv)
     try:
         _run(parser, args)
@@ -315,7 +344,8 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             seeds = seeds or [sweep.seeds[0]]
             nodes = nodes or sorted(first_node_of_each_model(sweep) or ())
         print(publish(args.sweep, args.results, force=args.force, adapters=not args.no_adapters,
-                      adapter_seeds=set(seeds) if seeds else None, adapter_nodes=set(nodes) if nodes else None))
+                      adapter_seeds=set(seeds) if seeds else None, adapter_nodes=set(nodes) if nodes else None,
+                      max_mb=args.max_mb))
 
 
 def first_node_of_each_model(sweep) -> set[int] | None:

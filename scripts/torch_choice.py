@@ -7,10 +7,19 @@ PyPI's default torch wheel for Linux is the CUDA build (about 530 MB plus severa
 a machine without a GPU does not need. The choice, first match wins:
 1. PUBSWAP_TORCH: "cpu" (PyTorch's CPU-only index), "default" (pip's own indexes: on PyPI the CUDA build), or any
    other value is taken as the index URL to install torch from;
-2. a torch wheel of the pinned version in a local wheel folder pip is configured with (PIP_FIND_LINKS or pip's
+2. an NVIDIA GPU (nvidia-smi on PATH, or the driver in /proc/driver/nvidia): the CUDA build from pip's own indexes,
+   pinned as torch===<version> so that a CPU-only wheel (<version>+cpu) in a local wheel folder is passed over: pip
+   would otherwise prefer it, since a local version label sorts above the plain version; a local wheel of a GPU
+   build (any label other than +cpu) is taken;
+3. a torch wheel of the pinned version in a local wheel folder pip is configured with (PIP_FIND_LINKS or pip's
    find-links setting): pip's own indexes, so an offline machine installs from the folder;
-3. an NVIDIA GPU (nvidia-smi on PATH, or the driver in /proc/driver/nvidia): pip's own indexes (the CUDA build);
 4. otherwise PyTorch's CPU-only index.
+
+    GPU  local wheel  PUBSWAP_TORCH   installs
+    -    any          cpu|default|URL what it says
+    yes  none/+cpu    unset           torch===<version> (the CUDA build; the +cpu wheel is passed over)
+    yes  GPU build    unset           torch==<version> (the local wheel)
+    no   any          unset           torch==<version>: the local wheel, else from PyTorch's CPU-only index
 """
 
 from __future__ import annotations
@@ -49,6 +58,12 @@ def local_torch_wheel(folders: Sequence[str], version: str = TORCH_VERSION) -> P
     return None
 
 
+def is_cpu_build(wheel: Path) -> bool:
+    """The wheel's local version label says CPU-only (torch-2.13.0+cpu-...)."""
+    version = wheel.name.split("-")[1]
+    return version.partition("+")[2].startswith("cpu")
+
+
 def has_nvidia_gpu(which: Callable[[str], str | None] = shutil.which,
                    driver: Path = Path("/proc/driver/nvidia")) -> bool:
     return which("nvidia-smi") is not None or driver.exists()
@@ -65,10 +80,14 @@ def choose(env: Mapping[str, str], folders: Sequence[str], gpu: bool) -> tuple[l
     if override:
         return [package, "--index-url", override], f"{VARIABLE}: torch from {override}"
     wheel = local_torch_wheel(folders)
+    if gpu:
+        if wheel is not None and not is_cpu_build(wheel):
+            return [package], f"an NVIDIA GPU is present and the local wheel {wheel.name} is a GPU build"
+        passed_over = f" (the local CPU-only wheel {wheel.name} is passed over)" if wheel is not None else ""
+        return [f"torch==={TORCH_VERSION}"], ("an NVIDIA GPU is present: the CUDA build from pip's own indexes"
+                                              + passed_over)
     if wheel is not None:
         return [package], f"the local wheel {wheel.name} (pip's find-links)"
-    if gpu:
-        return [package], "an NVIDIA GPU is present: the CUDA build from pip's own indexes"
     return [package, "--index-url", CPU_INDEX], ("no GPU: the CPU-only build from PyTorch's index (set "
                                                  f"{VARIABLE}=default for pip's own choice)")
 

@@ -36,8 +36,8 @@ from ..tasks import (
 )
 from ..tasks.isolation import check_rewards
 from ..tasks.items import max_question_chars
-from ..tasks.rewards import parse_rewards
-from ..tasks.verifiers import completion_shape
+from ..tasks.rewards import TRL_REWARDS_KEY, parse_rewards, parse_trl_rewards
+from ..tasks.verifiers import completion_shape, score_trl_group
 from ..wire.counters import ForeignCounts, UptakeCounts
 from .state import NodeIdentity, NodeState, NodeStore, plain
 
@@ -114,6 +114,8 @@ class Learner:
         self.universe = settings.universe
         self.rewards = parse_rewards(settings.tasks.rewards)  # tasks.rewards: user reward functions by task
         check_rewards(self.rewards)  # a node that cannot import one fails here, before it trains
+        self.trl_rewards = parse_trl_rewards(settings.tasks.trl_rewards)  # tasks.trl-rewards: its rollouts' rewards
+        check_rewards(self.trl_rewards, TRL_REWARDS_KEY)
         apply_threads(settings.model.threads, identity.cpus)
         self.policy: Policy = cached_policy(policy_spec(settings, identity.model_name, proximal_mu,
                                                         identity.learning_rate))
@@ -243,9 +245,10 @@ class Learner:
                                                                                       tuple(s.logprobs))
                                       if len(s.logprobs) == len(s.token_ids) else None) for s in row]
             self.sampled_shapes.update(completion_shape(s.text) for s in row)
-            reward = self.rewards.for_task(item.task)
-            rewards = [training_reward(score_completion(s.text, item, max_chars=limit, reward=reward).reward, partial)
-                       for s in row]
+            reward, trl = self.rewards.for_task(item.task), self.trl_rewards.for_task(item.task)
+            scores = ([score_completion(s.text, item, max_chars=limit, reward=reward) for s in row] if trl is None
+                      else score_trl_group([s.text for s in row], item, trl, max_chars=limit, fallback=reward))
+            rewards = [s.reward if s.trl else training_reward(s.reward, partial) for s in scores]
             groups.append(RolloutGroup(prompt, completions, rewards, item.uid, item.task))
         return groups, time.perf_counter() - started
 

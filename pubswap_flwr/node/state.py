@@ -30,7 +30,7 @@ from ..config import ExperimentConfig
 from ..config_keys import PLAIN_COMPONENT, is_plain_component
 from ..config_sections import MAX_LEARNING_RATE
 from ..policy import Policy
-from ..schema import decode_json, parse, parse_value_of
+from ..schema import RewardTotal, decode_json, parse, parse_value_of
 from ..tasks import StreamCursor
 from ..tasks.splits import MAX_NODES
 from ..untrusted import MAX_FILE_BYTES, UntrustedFileError, one_line, read_bytes, write_replacing
@@ -141,7 +141,7 @@ class NodeState(Struct):
     rounds: Tally = 0
     steps: Tally = 0
     sample_calls: Tally = 0
-    cumulative_reward: Annotated[float, Meta(ge=0, le=1e9)] = 0.0  # one mean reward in [0, 1] per round
+    cumulative_reward: RewardTotal = 0.0  # one mean reward per round
     last_round: Tally = 0
     cursor: StreamCursor = msgspec.field(default_factory=StreamCursor)
     # the mode family's own state (pubswap's pending public samples, SAPO's pending groups and peer record), as that

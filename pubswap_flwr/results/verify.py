@@ -144,25 +144,33 @@ def run_rewards(cfg, import_rewards: bool, run_dir: Path):
     """(the RewardTable verify scores with, a note for the report or None). A run's tasks.rewards names code that
     verify imports only when told to (`import_rewards`), and then only from the run's own reward modules
     (verify_inputs.check_reward_source, every name checked before any is imported): config.json is untrusted input;
-    without the flag the built-in verifiers score its tasks and the note says so."""
+    without the flag the built-in verifiers score its tasks and the note says so. tasks.trl-rewards scored training
+    only, never held-out items: with the flag they are checked and imported the same way (the note says they
+    import), without it left alone."""
     from ..tasks.isolation import check_rewards
-    from ..tasks.rewards import RewardError, RewardTable, parse_rewards
+    from ..tasks.rewards import TRL_REWARDS_KEY, RewardError, RewardTable, parse_rewards, parse_trl_rewards
 
-    table = parse_rewards(cfg.tasks.rewards)
-    if table.empty:
+    table, trl = parse_rewards(cfg.tasks.rewards), parse_trl_rewards(cfg.tasks.trl_rewards)
+    trl_note = (f"the run's tasks.trl-rewards ({cfg.tasks.trl_rewards!r}) import; they scored training rollouts "
+                "only, so the held-out scores here use the items' verifiers as the run's did")
+    if table.empty and (trl.empty or not import_rewards):
         return RewardTable(), None
     if not import_rewards:
         return RewardTable(), (f"the run used user rewards (tasks.rewards = {cfg.tasks.rewards!r}); they are not "
                                "imported (pass --import-rewards to import and use them), so the tasks they scored "
                                "are scored here by their items' built-in verifiers and may differ from the run's "
                                "numbers")
-    for ref in table.refs():
+    for ref in table.refs() + trl.refs():
         check_reward_source(ref, run_dir)
     try:
         check_rewards(table)
+        check_rewards(trl, TRL_REWARDS_KEY)
     except RewardError as err:
         raise VerifyError(f"--import-rewards: {err}") from None
-    return table, f"scored with the run's user rewards (tasks.rewards = {cfg.tasks.rewards!r}), imported"
+    if table.empty:
+        return table, trl_note
+    note = f"scored with the run's user rewards (tasks.rewards = {cfg.tasks.rewards!r}), imported"
+    return table, note if trl.empty else f"{note}; {trl_note}"
 
 
 def verify(run_dir: Path, data_seed: int | None = None, items_per_task: int | None = None,

@@ -30,7 +30,7 @@ from msgspec import Meta, Struct
 from safetensors.numpy import load_file, save_file
 
 from ..config import ConfigError, ExperimentConfig
-from ..schema import load_json, parse_value_of
+from ..schema import REWARD_BOUND, RewardTotal, load_json, parse_value_of
 from ..tasks.splits import MAX_KNOWN_NODES, MAX_NODES
 from ..wire.validate import MAX_ADAPTER_VALUE
 
@@ -74,7 +74,7 @@ class CheckpointState(Struct, frozen=True):
 
     round: Annotated[int, Meta(ge=1)]
     config: dict[str, Any]
-    cumulative_reward: Annotated[float, Meta(ge=0)] = 0.0
+    cumulative_reward: RewardTotal = 0.0
     # Flower node id (up to 64 bits, as text) -> node index
     node_index: Annotated[dict[NodeIdText, Annotated[int, Meta(ge=0, lt=MAX_NODES)]],
                           Meta(max_length=MAX_KNOWN_NODES)] = {}
@@ -203,9 +203,13 @@ def load_directory(directory: Path) -> ServerCheckpoint:
     number = saved.round
     if number > cfg.num_server_rounds:
         raise bad("round", f"= {number} is beyond the run's num-server-rounds = {cfg.num_server_rounds}")
-    if saved.cumulative_reward > number + 1e-9:  # a round adds a mean reward in [0, 1]
-        raise bad("cumulative_reward", f"= {_short(saved.cumulative_reward)} is more than {number} rounds of "
-                                       "rewards in [0, 1] add up to")
+    # a round adds a mean reward in [0, 1], or within +-REWARD_BOUND with tasks.trl-rewards
+    low, high = (-REWARD_BOUND, REWARD_BOUND) if cfg.tasks.trl_rewards else (0.0, 1.0)
+    for beyond, word in ((saved.cumulative_reward > number * high + 1e-9, "more"),
+                         (saved.cumulative_reward < number * low - 1e-9, "less")):
+        if beyond:
+            raise bad("cumulative_reward", f"= {_short(saved.cumulative_reward)} is {word} than {number} rounds of "
+                                           f"rewards in [{low:g}, {high:g}] add up to")
     nodes = {int(node): index for node, index in saved.node_index.items()}
     if any(node >= 2**64 for node in nodes):
         raise bad("node_index", "maps a node id of more than 64 bits")

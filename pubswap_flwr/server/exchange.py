@@ -102,8 +102,11 @@ class Exchange:
 
     def __init__(self, grid: Grid, *, timeout: float, min_clients: int, fraction: float, seed: int,
                  settle_seconds: float = 1.0, pull_interval: float = PULL_INTERVAL,
-                 progress_every: float = PROGRESS_EVERY):
+                 progress_every: float = PROGRESS_EVERY, reward_range: tuple[float, float] = (0.0, 1.0)):
         self.grid = grid
+        # a reported train or rollout reward outside it drops the reply: [0, 1] from verifiers and tasks.rewards, the
+        # wider wire bound only when the run trains on tasks.trl-rewards (unclipped sums)
+        self.reward_range = reward_range
         self.pull_interval = pull_interval
         self.progress_every = progress_every
         self.pulls = _pulls_itself(grid)  # False: the grid's send_and_receive (see the module docstring)
@@ -160,6 +163,13 @@ class Exchange:
         if known is not None and known != index:
             raise Rejected(f"node-index {index} differs from the {known} this node reported before")
 
+    def _check_rewards(self, report: ClientReport) -> None:
+        low, high = self.reward_range
+        for name, value in (("train-reward", report.train_reward), ("rollout-reward", report.rollout_reward)):
+            if value is not None and not low <= value <= high:
+                raise Rejected(f"metrics.{name} = {value:g} is outside [{low:g}, {high:g}], this run's reward range"
+                               + ("" if (low, high) != (0.0, 1.0) else " (tasks.trl-rewards is not set)"))
+
     # -- send and receive ------------------------------------------------------------------------------------
     def send(self, messages: list[Message], decode: Callable[[int, Message], T]) -> ExchangeResult[T]:
         """Send, wait for replies (or the timeout), and accept each reply through the guard."""
@@ -195,6 +205,7 @@ class Exchange:
             try:
                 decoded = decode(node, reply)
                 self._check_identity(node, decoded.report.node_index)
+                self._check_rewards(decoded.report)
             except Exception as err:  # noqa: BLE001 - the per-reply guard: this reply is dropped with its reason
                 out.dropped[node] = _reason(err)
                 continue

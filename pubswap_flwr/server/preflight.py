@@ -209,24 +209,27 @@ def release_claim(run_dir: Path, token: str | None) -> None:
 
 
 def check_rewards(cfg: ExperimentConfig) -> None:
-    """Import every tasks.rewards function in the scoring worker, under its time limit (ConfigError naming the key
-    and what was wrong), and warn about a task named there that none of the run's mixes lists (it may still be a
-    task of a node's data file)."""
+    """Import every tasks.rewards and tasks.trl-rewards function in the scoring worker, under its time limit
+    (ConfigError naming the key and what was wrong), and warn about a task named there that none of the run's mixes
+    lists (it may still be a task of a node's data file)."""
     from ..tasks.isolation import check_rewards as import_rewards
-    from ..tasks.rewards import REWARDS_KEY, RewardError, parse_rewards
+    from ..tasks.rewards import REWARDS_KEY, TRL_REWARDS_KEY, RewardError, parse_rewards, parse_trl_rewards
     from ..tasks.specs import mix_task_names
 
-    table = parse_rewards(cfg.tasks.rewards)
+    table, trl = parse_rewards(cfg.tasks.rewards), parse_trl_rewards(cfg.tasks.trl_rewards)
     try:
         import_rewards(table)
+        import_rewards(trl, TRL_REWARDS_KEY)
     except RewardError as err:
         raise ConfigError(str(err)) from None
     listed = set(mix_task_names(",".join([cfg.tasks.mix, cfg.tasks.node_mixes.replace(";", ","),
                                           cfg.pubswap.public_mix])))
-    for task, _ref in table.per_task:
-        if task not in listed:
-            log.warning("%s names task %r, which no task mix of the run lists; it applies only to items of that task "
-                        "(a node's data file)", REWARDS_KEY, task)
+    for key, tasks in ((REWARDS_KEY, [task for task, _ref in table.per_task]),
+                       (TRL_REWARDS_KEY, [task for task, _reward in trl.per_task])):
+        for task in tasks:
+            if task not in listed:
+                log.warning("%s names task %r, which no task mix of the run lists; it applies only to items of that "
+                            "task (a node's data file)", key, task)
 
 
 def check_model_packages(cfg: ExperimentConfig) -> None:

@@ -19,6 +19,7 @@ from ..export import run_summary, write_card
 from ..protocols import ServerProtocol
 from ..protocols.base import RoundContext
 from ..protocols.transfer import DOWNLINK
+from ..schema import REWARD_BOUND
 from ..wire.records import Adapter
 from . import checkpoint, trackers
 from .exchange import Exchange
@@ -70,8 +71,9 @@ class Runner:
 
     def _rounds(self, grid: Grid, initial_adapter: Adapter | None) -> Adapter | None:
         s = self.cfg.strategy
+        rewards = (-REWARD_BOUND, REWARD_BOUND) if self.cfg.tasks.trl_rewards else (0.0, 1.0)
         self.exchange = Exchange(grid, timeout=s.timeout, min_clients=s.min_clients, fraction=s.fraction_train,
-                                 seed=self.cfg.seed, settle_seconds=self.settle_seconds)
+                                 seed=self.cfg.seed, settle_seconds=self.settle_seconds, reward_range=rewards)
         log.info("%s: mode=%s rounds=%d min-clients=%d fraction-train=%s timeout=%ss aggregation=%s %s",
                  type(self.protocol).__name__, s.mode, self.cfg.num_server_rounds, s.min_clients, s.fraction_train,
                  s.timeout, s.aggregation, self.protocol.describe())

@@ -8,7 +8,10 @@ as in-process scoring. Each request is {"id", "verifier", "answer", "item", "tim
 function is imported by that name from `root` (the folder the caller imported it from) and run instead of the
 verifier (the root is null when the caller found no folder for it: the worker's own path is searched); a request
 {"id", "check_reward": {...}, "key", "timeout_s"} only imports such a function (the run's start-up check) and
-replies {"id", "checked": true}. The reply is {"id", "reward": float} or {"id", "error", "type", "message"}
+replies {"id", "checked": true}. A request {"id", "trl_reward": [{"module", "function", "root"}, ...], "prompts",
+"completions", "columns", "timeout_s"} calls each function in TRL's shape (tasks.trl-rewards) once on the whole batch
+and replies {"id", "rewards": [[float | null per completion] per function]}, each list checked here first
+(`rewards.trl_values`). The reply is {"id", "reward": float} or {"id", "error", "type", "message"}
 where error is "timeout" or "exception" (`type` names the exception the scorer raised, so the caller's reason reads
 as it would in-process). Some reasoning-gym scorers use a bare `except:` that would turn the timer's exception into
 reward 0; the loop answers "timeout" for any request during which the timer fired.
@@ -29,7 +32,7 @@ def setup(args) -> _worker_loop.Handler:
     sys.path.insert(0, args.package_root)
     import pubswap_flwr.tasks  # noqa: F401 - registers every verifier, as in the caller's process
     from pubswap_flwr.tasks.items import TaskItem
-    from pubswap_flwr.tasks.rewards import REWARDS_KEY, RewardRef, load_reward
+    from pubswap_flwr.tasks.rewards import REWARDS_KEY, TRL_REWARDS_KEY, RewardRef, load_reward, trl_values
     from pubswap_flwr.tasks.verifiers import VERIFIERS
 
     # isort: split
@@ -48,7 +51,28 @@ def setup(args) -> _worker_loop.Handler:
             user_rewards[(module, function, root)] = load_reward(RewardRef(module, function), key)
         return user_rewards[(module, function, root)]
 
+    def trl_rewards(specs: list, prompts: list, completions: list, columns: dict) -> dict:
+        """Each TRL function's values for the batch, checked (rewards.trl_values) in the worker, where a bad reply
+        is still the function's error."""
+        out = []
+        for spec in specs:
+            name = f"{spec['module']}:{spec['function']}"
+            try:
+                values = user_reward(spec, TRL_REWARDS_KEY)(prompts=prompts, completions=completions, **columns)
+            except TypeError as err:
+                if "indices must be integers" not in str(err):
+                    raise
+                # a conversational function reading completion[0]["content"] from a string
+                raise TypeError(f"{err} (in {name}: completions and prompts are plain strings, not chat messages "
+                                "(docs/own-reward.md))") from None
+            out.append(trl_values(values, len(completions), name))
+        return {"rewards": out}
+
     def job(request: dict):
+        if "trl_reward" in request:
+            specs, completions = list(request["trl_reward"]), [str(text) for text in request["completions"]]
+            prompts, columns = [str(text) for text in request["prompts"]], dict(request["columns"])
+            return lambda: trl_rewards(specs, prompts, completions, columns)
         if "check_reward" in request:
             check, key = request["check_reward"], str(request.get("key") or REWARDS_KEY)
             return lambda: (user_reward(check, key), {"checked": True})[1]

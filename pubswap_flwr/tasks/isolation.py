@@ -40,7 +40,9 @@ User rewards (`tasks.rewards`, rewards.py) always run in this worker: the worker
 requests; an endless loop in it costs its completion reward 0 with a "scoring timeout: " reason, as for a built-in.
 The run's reward names are checked at start-up by importing them in the worker too (`check_rewards`, under
 `rewards.REWARD_IMPORT_TIMEOUT_S`), so a module that hangs or crashes at import cannot hang the caller's start-up;
-the caller finds the folder it would import from without running the module (`rewards.import_root`).
+the caller finds the folder it would import from without running the module (`rewards.import_root`). Functions in
+TRL's shape (`tasks.trl-rewards`) run there the same way, once per group of completions under one time limit for the
+group (`IsolatedScorer.score_trl`).
 
 Checks are serialized per scorer (a lock): one worker per process; a thread waiting for the lock is not charged for
 the wait by the time limit, which bounds the scorer's own time.
@@ -53,7 +55,16 @@ from pathlib import Path
 
 from . import rewards
 from .items import TaskItem
-from .rewards import REWARDS_KEY, RewardError, RewardRef, RewardTable, import_root
+from .rewards import (
+    REWARDS_KEY,
+    RewardError,
+    RewardRef,
+    RewardTable,
+    TrlReward,
+    TrlRewardTable,
+    import_root,
+    trl_values,
+)
 from .workers import LazyDefault, ScoringTimeout, WorkerClient
 
 WORKER_SCRIPT = Path(__file__).with_name("_score_worker.py")
@@ -131,7 +142,31 @@ class IsolatedScorer(WorkerClient):
         if reply.get("error"):
             raise RewardError(str(reply.get("message")))
 
+    def score_trl(self, reward: TrlReward, prompts: list[str], completions: list[str], columns: dict,
+                  timeout_s: float) -> list[list[float | None]]:
+        """Each function of the TRL reward `reward` (tasks.trl-rewards) called once on the whole batch in the worker,
+        under one time limit for the batch: per function, one value or None per completion (checked again here:
+        `rewards.trl_values`, a RemoteScorerError RewardError when the reply is not that). Raises as `score`
+        does."""
+        label = f"reward {reward.name}"
+        reply = self._reply({"trl_reward": [_spec(ref) for ref in reward.refs], "prompts": prompts,
+                             "completions": completions, "columns": columns}, label, timeout_s, "rewards")
+        values = reply["rewards"]
+        if not isinstance(values, list) or len(values) != len(reward.refs):
+            raise RemoteScorerError("BadReply", f"{label}: the worker sent {values!r:.200}, not one list per function")
+        try:
+            return [trl_values(row, len(completions), ref.name) for ref, row in zip(reward.refs, values)]
+        except RewardError as err:
+            raise RemoteScorerError("RewardError", str(err)) from None
+
     def _score(self, request: dict, label: str, timeout_s: float) -> float:
+        value = self._reply(request, label, timeout_s, "reward")["reward"]
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise RemoteScorerError("BadReply", f"{label} returned {value!r}, not a number")
+        return float(value)
+
+    def _reply(self, request: dict, label: str, timeout_s: float, field: str) -> dict:
+        """The worker's reply holding `field`; ScoringTimeout or RemoteScorerError otherwise (as `score`)."""
         if timeout_s <= 0:
             self.timeouts += 1
             raise ScoringTimeout(f"{label}: no time left in the scoring budget")
@@ -140,11 +175,8 @@ class IsolatedScorer(WorkerClient):
             if reply is None:
                 self.timeouts += 1
                 raise ScoringTimeout(f"{label} hit the {timeout_s + self.grace_s:g} s hard timeout; worker killed")
-        if "reward" in reply:
-            value = reply["reward"]
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise RemoteScorerError("BadReply", f"{label} returned {value!r}, not a number")
-            return float(value)
+        if field in reply:
+            return reply
         if reply.get("error") == "timeout":
             self.timeouts += 1
             raise ScoringTimeout(f"{label} {reply.get('message')}")
@@ -156,9 +188,10 @@ def _spec(reward: RewardRef) -> dict:
     return {"module": reward.module, "function": reward.function, "root": import_root(reward)}
 
 
-def check_rewards(table: RewardTable, key: str = REWARDS_KEY, timeout_s: float | None = None) -> None:
-    """Import every reward `table` names in the scoring worker, each under `timeout_s` (default
-    rewards.REWARD_IMPORT_TIMEOUT_S); RewardError on the first that cannot be used. Nothing is imported here."""
+def check_rewards(table: RewardTable | TrlRewardTable, key: str = REWARDS_KEY, timeout_s: float | None = None) -> None:
+    """Import every function `table` names in the scoring worker, each under `timeout_s` (default
+    rewards.REWARD_IMPORT_TIMEOUT_S); RewardError (naming `key`) on the first that cannot be used. Nothing is imported
+    here."""
     limit = rewards.REWARD_IMPORT_TIMEOUT_S if timeout_s is None else timeout_s
     for ref in table.refs():
         default_isolated_scorer().check_reward(ref, limit, key)

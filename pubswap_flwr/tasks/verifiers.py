@@ -20,13 +20,13 @@ import math
 import re
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 from ..registry import Registry
 from .isolation import RemoteScorerError, default_isolated_scorer
 from .items import TaskItem
 from .reasoning_gym_scoring import MAX_LITERAL_CHARS, score_reasoning_gym, scored_in_worker
-from .rewards import RewardRef
+from .rewards import TRL_REWARD_BOUND, RewardRef, TrlReward, trl_columns, trl_prompt
 from .specs import TaskError
 from .workers import ScoringTimeout
 
@@ -42,6 +42,7 @@ TIMEOUT_REASON_PREFIX = "scoring timeout: "
 class Score:
     reward: float
     reason: str | None = None  # why the reward is 0 when it is a failure (no tag, scorer error, timeout, ...)
+    trl: bool = False  # a tasks.trl-rewards sum: trained on as it is (any finite value, never made 0/1)
 
     @property
     def failed(self) -> bool:
@@ -226,6 +227,60 @@ def score_completion(
     if not math.isfinite(value):
         return Score(0.0, f"scorer returned {value}")
     return Score(min(1.0, max(0.0, float(value))))
+
+
+def score_trl_group(
+    completions: Sequence[str], item: TaskItem, reward: TrlReward, *, max_chars: int = DEFAULT_MAX_COMPLETION_CHARS,
+    timeout_s: float | None = None, fallback: RewardRef | None = None,
+) -> list[Score]:
+    """The rewards of `completions` (one group: all of them answers to `item`) under the TRL reward `reward`
+    (tasks.trl-rewards); never raises for bad model text or a bad function.
+
+    Each function runs once on the whole group in the isolated worker (`trl_prompt` and `trl_columns` say what it
+    gets), all of them within one time limit for the group, `timeout_s` (default DEFAULT_SCORE_TIMEOUT_S). A
+    completion's reward is the sum of the functions' values for it (Score.trl), held within +-TRL_REWARD_BOUND as each
+    value is, never clipped to [0, 1]; one every function gave
+    None is scored as if there were no TRL reward: by `fallback` (the task's tasks.rewards function) or its
+    verifier. A completion that is not text or is over `max_chars` is not sent and gets 0 with the reason; a timeout
+    or a failure (an exception, a reply that is not one finite number or None per completion) gives every completion
+    sent 0 with the reason."""
+    scores: list[Score | None] = [None] * len(completions)
+    sent: list[int] = []
+    for index, text in enumerate(completions):
+        if not isinstance(text, str):
+            scores[index] = Score(0.0, f"completion is {type(text).__name__}, not text")
+        elif len(text) > max_chars:
+            scores[index] = Score(0.0, f"completion has {len(text)} chars, over the {max_chars} limit")
+        else:
+            sent.append(index)
+    limit = DEFAULT_SCORE_TIMEOUT_S if timeout_s is None else float(timeout_s)
+    if not math.isfinite(limit):
+        raise ValueError(f"timeout_s must be a finite number of seconds, got {timeout_s}")
+    texts = [str(completions[index]) for index in sent]
+    failure: Score | None = None
+    try:
+        values = default_isolated_scorer().score_trl(reward, [trl_prompt(item)] * len(texts), texts,
+                                                     trl_columns(item, len(texts)), limit) if texts else []
+    except ScoringTimeout as err:
+        failure = Score(0.0, f"{TIMEOUT_REASON_PREFIX}{type(err).__name__}: {err}")
+    except RemoteScorerError as err:
+        failure = Score(0.0, f"scorer error: {err.type_name}: {err}")
+    except (OSError, RuntimeError) as err:  # the worker could not start, died or answered out of turn (BadReply)
+        failure = Score(0.0, f"scorer error: {type(err).__name__}: {err}")
+    if failure is not None:
+        log.warning("reward %s failed on item %s (%d completions): %s", reward.name, item.uid, len(texts),
+                    failure.reason)
+        values = [[None] * len(texts)]
+    for position, index in enumerate(sent):
+        given = [value for row in values if (value := row[position]) is not None]
+        if failure is not None:
+            scores[index] = failure
+        elif given:
+            scores[index] = Score(min(TRL_REWARD_BOUND, max(-TRL_REWARD_BOUND, float(sum(given)))), trl=True)
+        else:
+            scores[index] = score_completion(texts[position], item, max_chars=max_chars, timeout_s=limit,
+                                             reward=fallback)
+    return [score for score in scores if score is not None]  # every one was set above
 
 
 def lenient_score(completion: str, item: TaskItem, *, max_chars: int = DEFAULT_MAX_COMPLETION_CHARS,

@@ -17,7 +17,7 @@ import msgspec
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from msgspec import Meta, Struct
 
-from ..schema import Count, Fraction, Tally, parse
+from ..schema import Count, Reward, RewardTotal, Tally, parse
 from ..tasks.splits import MAX_NODES
 from .codecs import (
     ADAPTER_KEY,
@@ -175,15 +175,15 @@ class ReportMetrics(Struct, frozen=True, rename="kebab"):
 
     node_index: Annotated[int, Meta(ge=0, lt=MAX_NODES)]
     num_examples: Tally = 0
-    cumulative_reward: Annotated[float, Meta(ge=0, le=1e9)] = 0.0  # adds one mean reward in [0, 1] per round
+    cumulative_reward: RewardTotal = 0.0  # adds one mean reward per round
     total_steps: Tally = 0
     t_start: Timestamp = 0.0
     t_end: Timestamp | None = None  # t_start when absent
     sample_seconds: Seconds = 0.0
     update_seconds: Seconds = 0.0
-    train_reward: Fraction | None = None
+    train_reward: Reward | None = None
     train_completions: Tally = 0
-    rollout_reward: Fraction | None = None
+    rollout_reward: Reward | None = None
 
     def __post_init__(self) -> None:
         if self.t_end is not None and self.t_end < self.t_start:

@@ -1,6 +1,8 @@
-"""The README's path as a new user takes it: from a copy of the checkout, with the documented FLWR_HOME advice,
-`pubswap run` four times in a row (the fourth was once refused: a Flower home inside the checkout made each app
-bundle carry the previous ones), then `pubswap report` and `pubswap verify` on a run; the checkout gains no file."""
+"""The README's path as a new user takes it: from a copy of the checkout, with none of Flower's variables set (so
+`pubswap run` uses a SuperLink of the checkout's own, its home under the data directory), `pubswap run` four times in
+a row (the fourth was once refused: a Flower home inside the checkout made each app bundle carry the previous ones),
+then `pubswap report` and `pubswap verify` on a run; the checkout gains no file, and `pubswap superlink stop` ends
+the SuperLink."""
 
 from __future__ import annotations
 
@@ -14,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from .flower_harness import _processes, descendants, free_port, stop_pids
+from pubswap_flwr import superlink
+
+from .flower_harness import _processes, descendants, stop_pids
 
 pytestmark = pytest.mark.slow
 
@@ -61,14 +65,13 @@ def test_four_runs_report_and_verify_from_a_checkout_leave_it_unchanged(tmp_path
     checkout = copy_checkout(tmp_path / "checkout")
     home = tmp_path / "home"
     home.mkdir()
-    http_port, control_port = free_port(), free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("PUBSWAP_OUTPUT_ROOT", "XDG_DATA_HOME", "FLWR_HOME")}
-    # README / docs/running.md: `export FLWR_HOME=$HOME/.flwr-pubswap` and ports of its own (here free ones: the
-    # machine's other checkouts may use the documented ones). No bytecode: Python's own __pycache__ is not the
-    # project's writing.
-    env.update(HOME=str(home), FLWR_HOME=str(home / ".flwr-pubswap"), PYTHONPATH=str(checkout),
-               FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(http_port), FLWR_LOCAL_CONTROL_API_PORT=str(control_port),
-               FLWR_TELEMETRY_ENABLED="0", PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS="1")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PUBSWAP_OUTPUT_ROOT", "XDG_DATA_HOME", *superlink.USER_VARIABLES)}
+    # No bytecode: Python's own __pycache__ is not the project's writing.
+    env.update(HOME=str(home), PYTHONPATH=str(checkout), FLWR_TELEMETRY_ENABLED="0", PYTHONDONTWRITEBYTECODE="1",
+               OMP_NUM_THREADS="1")
+    own_home = superlink.own_home(checkout, env)
+    assert own_home.parent == home / ".local" / "share" / "pubswap-flwr" / "superlink"
     before = listing(checkout)
     assert git_status(checkout) == ""
 
@@ -81,14 +84,21 @@ def test_four_runs_report_and_verify_from_a_checkout_leave_it_unchanged(tmp_path
         for attempt in range(4):
             done = pubswap("run", "-c", "configs/smoke.toml", "-c", f"{TINY} seed={attempt}", "--nodes", "2")
             assert done.returncode == 0, f"run {attempt + 1}: {done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+            port = superlink.recorded_ports(own_home)[0]
+            assert done.stdout.startswith(f"SuperLink: this checkout's own SuperLink on 127.0.0.1:{port} "
+                                          f"(FLWR_HOME={own_home}): " + ("not running" if attempt == 0 else "running"))
             run_id = re.search(r"^run (\d+) submitted", done.stdout, re.M).group(1)
             assert f"run {run_id}: finished:completed" in done.stdout
             assert "default simulated SuperNodes changed" not in done.stdout  # the streamed log's noise filter
             run_dirs.append(home / ".local" / "share" / "pubswap" / "runs" / f"fedavg-s{attempt}-{run_id}")
             assert (run_dirs[-1] / "adapters" / "final" / "adapter_model.safetensors").is_file()
+        done = pubswap("superlink", "stop")
+        assert done.returncode == 0 and done.stdout.startswith("stopped this checkout's own SuperLink (pid "), \
+            done.stderr
     finally:
-        stop_superlink(http_port)
-    assert list((home / ".flwr-pubswap" / "apps").iterdir())  # Flower's app store is where the advice puts it
+        if (ports := superlink.recorded_ports(own_home, quiet=True)) is not None:
+            stop_superlink(ports[0])
+    assert list((own_home / "apps").iterdir())  # Flower's app store is in the checkout's own SuperLink home
 
     done = pubswap("report", str(run_dirs[0]))
     assert done.returncode == 0, done.stderr

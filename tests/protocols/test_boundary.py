@@ -237,10 +237,22 @@ def test_a_reward_out_of_range_drops_the_reply_and_the_run_stays_resumable(tmp_p
                         reply_hook=_lie("train-reward", 1e308))
     row = read_metrics(tmp_path / "r")[1]
     (dropped,) = row["dropped"].values()
-    assert "metrics.train-reward: expected `float` <= 1.0" in dropped and row["cumulative_reward"] < 1
+    assert "metrics.train-reward: expected `float` <= 1000000.0" in dropped and row["cumulative_reward"] < 1
     from pubswap_flwr.server.checkpoint import load
 
     assert load(tmp_path / "r").cumulative_reward == row["cumulative_reward"]
+
+
+@pytest.mark.parametrize("value", [1.5, -0.25])
+def test_a_reward_outside_zero_one_drops_the_reply_when_the_run_has_no_trl_rewards(tmp_path, value):
+    # the wire admits +-1e6 for runs that train on tasks.trl-rewards; any other run's rewards are in [0, 1]
+    simulate_in_process({**TINY, "output.dir": str(tmp_path), "run-name": "r"}, 3,
+                        reply_hook=_lie("train-reward", value))
+    row = read_metrics(tmp_path / "r")[1]
+    (dropped,) = row["dropped"].values()
+    assert f"metrics.train-reward = {value:g} is outside [0, 1], this run's reward range (tasks.trl-rewards is not " \
+           "set)" in dropped
+    assert 0 <= row["cumulative_reward"] <= 1
 
 
 def _change_index(msg, context, reply):

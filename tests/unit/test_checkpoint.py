@@ -112,8 +112,9 @@ def test_state_file_that_is_not_a_json_object_is_refused_by_name(tmp_path, conte
      "'config' is not a valid run config: train.local-steps = 'many': must be an integer"),
     ({"config": {"no-such-key": 1}}, "'config' is not a valid run config: unknown config key 'no-such-key'"),
     ({"cumulative_reward": "x"}, "cumulative_reward: expected `float`, got `str`"),
-    ({"cumulative_reward": float("nan")}, "cumulative_reward: expected `float` >= 0.0"),
+    ({"cumulative_reward": float("nan")}, "cumulative_reward: expected `float` >= -1000000000000000.0"),
     ({"cumulative_reward": 1.5}, "'cumulative_reward' = 1.5 is more than 1 rounds of rewards in [0, 1] add up to"),
+    ({"cumulative_reward": -0.5}, "'cumulative_reward' = -0.5 is less than 1 rounds of rewards in [0, 1] add up to"),
     ({"node_index": [1]}, "node_index: expected `object`, got `array`"),
     ({"node_index": {"abc": 0}}, "node_index (a key): expected `str` matching regex '^[0-9]{1,20}\\\\Z'"),
     ({"node_index": {"99999999999999999999": 0}}, "'node_index' maps a node id of more than 64 bits"),
@@ -132,6 +133,18 @@ def test_state_fields_of_the_wrong_type_are_refused_by_name(tmp_path, changes, m
     with pytest.raises(CheckpointError) as err:
         checkpoint.load(tmp_path)
     assert str(err.value).endswith(f"{state_path(tmp_path)}: {message}")
+
+
+def test_a_trl_reward_runs_checkpoint_keeps_its_negative_cumulative_reward_within_the_trl_bound(tmp_path):
+    """tasks.trl-rewards train on values of any sign within +-1e6, so the round's mean reward is too."""
+    config = {**FEDAVG, "tasks.trl-rewards": "examples.trl_reward:reward_len"}
+    checkpoint.save(tmp_path, saved(2, config=config, master=adapter(2), cumulative_reward=-30.5))
+    assert checkpoint.load(tmp_path).cumulative_reward == -30.5
+    edit_state(tmp_path, cumulative_reward=2.5e6)
+    with pytest.raises(CheckpointError) as err:
+        checkpoint.load(tmp_path)
+    assert str(err.value).endswith("'cumulative_reward' = 2500000.0 is more than 2 rounds of rewards in "
+                                   "[-1e+06, 1e+06] add up to")
 
 
 def test_missing_state_file_is_refused_by_name(tmp_path):

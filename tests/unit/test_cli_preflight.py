@@ -108,6 +108,7 @@ def test_run_passes_the_checked_overrides_to_flwr_as_one_toml_file(tmp_path, mon
         raise cli.FlowerRunError("stop here")
 
     monkeypatch.setattr(cli, "submit", submit)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))  # this checkout's own SuperLink's home
     monkeypatch.chdir(tmp_path)
     (tmp_path / "preset.toml").write_text('run-name = "it\'s \\"quoted\\""\n[tasks]\nmix = "gcd:1"\n')
     code = cli.main(["run", str(PROJECT), "-c", "preset.toml", "-c", "seed=4", "--nodes", "3"])

@@ -79,7 +79,8 @@ class PollingGrid:
 def _decode(node: int, reply: Message):
     if node == 5:
         raise ValueError("not a reply this protocol accepts")
-    return SimpleNamespace(report=SimpleNamespace(node_index=node - 1, t_start=0.0, t_end=0.0))
+    return SimpleNamespace(report=SimpleNamespace(node_index=node - 1, t_start=0.0, t_end=0.0,
+                                                 train_reward=None, rollout_reward=None))
 
 
 def _exchange(grid, timeout: float = 1.0) -> Exchange:

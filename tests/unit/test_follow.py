@@ -146,6 +146,7 @@ def test_pubswap_run_records_a_run_flower_ended_as_failed(tmp_path, monkeypatch,
                                                       "status-details": "Lost SuperNode heartbeats"})
     monkeypatch.setattr(cli.superlink, "mismatch_warning", lambda env: None)
     monkeypatch.setenv("FLWR_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))  # where pubswap run records the runs it submits
     root = cli.Path(__file__).resolve().parents[2]
     assert cli.main(["run", str(root), "-c", f"run-name='r' output.dir='{tmp_path}'", "--quiet"]) == 1
     status = json.loads((run_dir / "status.json").read_text())

@@ -116,7 +116,7 @@ def test_a_node_state_round_trips_through_its_json(tmp_path):
     ({"steps": "7"}, "steps: expected `int`, got `str`"),
     ({"steps": 7.0}, "steps: expected `int`, got `float`"),
     ({"rounds": -1}, "rounds: expected `int` >= 0"),
-    ({"cumulative_reward": float("inf")}, "cumulative_reward: expected `float` <= 1000000000.0"),
+    ({"cumulative_reward": float("inf")}, "cumulative_reward: expected `float` <= 1000000000000000.0"),
     ({"mode": [1]}, "mode: expected `object`, got `array`"),
     ({"cursor": {"draws": "x"}}, "cursor.draws: expected `int`, got `str`"),
 ])

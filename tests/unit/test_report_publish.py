@@ -132,3 +132,32 @@ def test_report_only_keeps_a_failed_run_a_failure(tmp_path, capsys):
     assert "FAILED fedprox seed 1: failed: RuntimeError: out of memory" in capsys.readouterr().err
     outcomes = json.loads((results / "mini-sweep" / "outcomes.json").read_text())
     assert [o["status"] for o in outcomes] == ["completed", "completed", "completed", "failed"]
+
+
+def test_publication_over_the_size_cap_is_refused_and_the_old_one_stays(tmp_path, capsys, monkeypatch):
+    """Clone weight (#56 item 8): a published sweep folder adds at most MAX_PUBLISHED_MB (5 MB) to the repository
+    unless --max-mb says more; over it, nothing new is left behind and a publication it would replace stays."""
+    script = _script()
+    assert script.MAX_PUBLISHED_MB == 5.0
+    sweep, results = _finished_sweep(tmp_path)
+    docs = tmp_path / "docs"
+    with pytest.raises(script.PublishError, match=r"adds 0\.0\d MB .* over the 0\.001 MB a published sweep may add"):
+        script.publish(sweep, results, docs=docs, max_mb=0.001)
+    assert not (docs / "mini-sweep").exists() and not [p for p in docs.iterdir() if p.name.startswith(".")]
+
+    published = script.publish(sweep, results, docs=docs)  # within the default 5 MB
+    before = {p.relative_to(published): p.read_bytes() for p in published.rglob("*") if p.is_file()}
+    with pytest.raises(script.PublishError, match="--adapter-seeds, --adapter-nodes or --no-adapters"):
+        script.publish(sweep, results, docs=docs, force=True, max_mb=0.001)
+    assert {p.relative_to(published): p.read_bytes() for p in published.rglob("*") if p.is_file()} == before
+    assert sorted(p.name for p in docs.iterdir()) == ["mini-sweep"]
+
+    monkeypatch.chdir(tmp_path)  # the command line publishes into ./docs/results
+    script.main([str(sweep), str(results)])
+    with pytest.raises(SystemExit) as stopped:
+        script.main([str(sweep), str(results), "--force", "--max-mb", "0.001"])
+    assert stopped.value.code == 2 and "over the 0.001 MB" in capsys.readouterr().err
+    script.main([str(sweep), str(results), "--force", "--max-mb", "6"])
+    report = (tmp_path / "docs" / "results" / "mini-sweep" / "report.md").read_text()
+    # a raised cap is recorded in the report's command (after the adapter choice the command line made)
+    assert f"{results} --force --adapter-seeds 0 --max-mb 6`" in report

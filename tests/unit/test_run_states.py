@@ -123,6 +123,7 @@ def test_pubswap_run_marks_a_run_flower_reports_stopped(tmp_path, monkeypatch, c
     monkeypatch.setattr(cli, "wait", lambda *a, **k: {"status": "finished:stopped", "elapsed": 3.0})
     monkeypatch.setattr(cli.superlink, "mismatch_warning", lambda env: None)
     monkeypatch.setenv("FLWR_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))  # where pubswap run records the runs it submits
     assert pubswap(["run", str(ROOT), "-c", f"run-name='r' output.dir='{tmp_path}'", "--quiet"]) == 1
     assert read_status(run_dir)["status"] == "stopped"
     assert "`flwr stop` (recorded by pubswap run" in read_status(run_dir)["detail"]

@@ -70,14 +70,16 @@ def test_a_superlink_of_another_checkouts_environment_is_warned_about(other_supe
     assert any(line.startswith("  - started without FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1") for line in lines)
     assert f"  - its FLWR_HOME is {tmp_path / 'home'}, not {tmp_path / 'mine'}" in lines
     assert f"  - PUBSWAP_OUTPUT_ROOT is '{checkout / 'runs'}' there, unset here" in lines
-    assert "export FLWR_HOME=$HOME/.flwr-pubswap FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=39191 " \
-           "FLWR_LOCAL_CONTROL_API_PORT=39193" in lines[-1]
+    assert lines[-1].startswith("  To give this checkout its own SuperLink: run `pubswap run` without "
+                                "--shared-superlink and with FLWR_HOME, FLWR_LOCAL_SUPERLINK_HTTP_API_PORT and "
+                                "FLWR_LOCAL_CONTROL_API_PORT unset")
 
 
 def test_pubswap_run_warns_before_it_submits(other_superlink, tmp_path, monkeypatch, capsys):
     port, checkout, _ = other_superlink
     monkeypatch.setenv(superlink.PORT_ENV, str(port))
     monkeypatch.setenv("FLWR_HOME", str(tmp_path / "mine"))  # no config.toml: Flower's default connection is local
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))  # where pubswap run records the runs it submits
     submitted = []
 
     def submit(*args, **kwargs):

@@ -24,7 +24,38 @@ def test_no_gpu_and_no_local_wheel_takes_the_cpu_only_index(choice):
 
 
 def test_a_gpu_takes_pips_own_indexes(choice):
-    assert choice.choose({}, [], gpu=True)[0] == ["torch==2.13.0"]
+    assert choice.choose({}, [], gpu=True)[0] == ["torch===2.13.0"]
+
+
+CPU_WHEEL = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
+CPU_INDEX_ARGS = ["torch==2.13.0", "--index-url", "https://download.pytorch.org/whl/cpu"]
+
+
+@pytest.mark.parametrize("gpu, local_wheel, override, expected, reason", [
+    (False, False, None, CPU_INDEX_ARGS, "no GPU"),
+    (False, True, None, ["torch==2.13.0"], CPU_WHEEL),
+    # '===' matches the version string exactly: PyPI's CUDA build (2.13.0), never the local 2.13.0+cpu, which pip
+    # would otherwise prefer (a local version label sorts above the plain version)
+    (True, False, None, ["torch===2.13.0"], "NVIDIA GPU"),
+    (True, True, None, ["torch===2.13.0"], "passed over"),
+    (False, False, "cpu", CPU_INDEX_ARGS, "PUBSWAP_TORCH=cpu"),
+    (False, True, "cpu", CPU_INDEX_ARGS, "PUBSWAP_TORCH=cpu"),
+    (True, False, "default", ["torch==2.13.0"], "PUBSWAP_TORCH=default"),
+    (True, True, "default", ["torch==2.13.0"], "PUBSWAP_TORCH=default"),
+])
+def test_the_choice_table_prefers_the_gpu_build_over_a_local_cpu_wheel(choice, tmp_path, gpu, local_wheel, override,
+                                                                      expected, reason):
+    if local_wheel:
+        (tmp_path / CPU_WHEEL).write_bytes(b"")
+    env = {} if override is None else {"PUBSWAP_TORCH": override}
+    arguments, why = choice.choose(env, [str(tmp_path)], gpu=gpu)
+    assert arguments == expected and reason in why
+
+
+def test_a_local_gpu_build_wheel_is_taken_with_a_gpu(choice, tmp_path):
+    (tmp_path / "torch-2.13.0+cu128-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(b"")
+    arguments, why = choice.choose({}, [str(tmp_path)], gpu=True)
+    assert arguments == ["torch==2.13.0"] and "torch-2.13.0+cu128" in why
 
 
 def test_a_local_wheel_folder_wins_over_the_cpu_index_so_an_offline_machine_installs(choice, tmp_path):
