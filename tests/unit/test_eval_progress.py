@@ -44,3 +44,29 @@ def test_eval_progress_eta_formats_minutes():
     progress = ProgressLog("held-out evaluation", clock=lambda: next(ticks), every=0.0, emit=lines.append)
     progress("greedy + sampled", 50, 200)
     assert lines == ["held-out evaluation: greedy + sampled 50/200 items, 10 min 0 s elapsed, ETA 30 min 0 s"]
+
+
+def test_eval_progress_eta_the_servers_evaluation_logs_it_and_stops_on_ctrl_c(caplog):
+    """The server's evaluator passes the progress lines to every evaluation, and each batch checks for a Ctrl-C (the
+    flag `pubswap simulate` sets when Ray's ServerApp thread is not the one interrupted)."""
+    import pytest
+
+    from pubswap_flwr.config import ExperimentConfig
+    from pubswap_flwr.server import metrics
+    from pubswap_flwr.server.app import GlobalEvaluator
+
+    evaluator = GlobalEvaluator(ExperimentConfig.from_flat({"eval.items-per-task": 2, "eval.samples": 1,
+                                                            "model.threads": 1}))
+    adapter = evaluator.initial_adapter()
+    with caplog.at_level(logging.INFO, logger="pubswap_flwr"):
+        evaluator.evaluate(adapter)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("held-out evaluation: ")]
+    total = len(evaluator.items)
+    assert lines and lines[-1].startswith("held-out evaluation: ") and f" {total}/{total} items, " in lines[-1]
+    assert lines[-1].endswith("ETA 0 s")
+    metrics.interrupt()
+    try:
+        with pytest.raises(metrics.RunInterrupted):
+            evaluator.evaluate(adapter)
+    finally:
+        metrics.clear_interrupt()
