@@ -248,9 +248,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     if found.finished:
         print(found.finished)
         return 0
-    cfg = found.config
     if found.claim:  # the ServerApp, in the SuperLink's process, recognises its claim by this token
         overrides[preflight.CLAIM_KEY] = found.claim
+    submitted: list[str] = []  # the run id, once Flower took the run
+    try:
+        return _submit_and_follow(args, found, overrides, submitted)
+    except (UsageError, FlowerRunError):
+        if found.run_dir is not None and not submitted:  # refused before any run held the name: free it again
+            preflight.release_claim(found.run_dir, found.claim)
+        raise
+
+
+def _submit_and_follow(args: argparse.Namespace, found: preflight.Checked, overrides: dict[str, Any],
+                       submitted: list[str]) -> int:
+    cfg = found.config
     if not args.connection and (problem := preflight.robust_minimum_problem(cfg, args.nodes)):
         raise UsageError(problem)
     if not args.connection:
@@ -280,6 +291,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         config_files = [str(write_overrides(overrides, Path(tmp) / "overrides.toml"))] if overrides else []
         try:
             run_id = submit(args.app, config_files, federation, env, args.connection)
+            submitted.append(run_id)
         except KeyboardInterrupt:
             list_it, stop_it = follow_commands("RUN_ID", link, args.connection)
             list_it = list_it.replace(" log RUN_ID", " ls").replace(" --stream", "")

@@ -71,7 +71,7 @@ def test_four_runs_report_and_verify_from_a_checkout_leave_it_unchanged(tmp_path
     env.update(HOME=str(home), PYTHONPATH=str(checkout), FLWR_TELEMETRY_ENABLED="0", PYTHONDONTWRITEBYTECODE="1",
                OMP_NUM_THREADS="1")
     own_home = superlink.own_home(checkout, env)
-    assert own_home.parent == home / ".local" / "share" / "pubswap-flwr" / "superlink"
+    assert own_home.parent == home / ".local" / "share" / "pubswap" / "superlink"
     before = listing(checkout)
     assert git_status(checkout) == ""
 

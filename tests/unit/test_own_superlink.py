@@ -17,6 +17,7 @@ import pytest
 
 from pubswap_flwr import cli, superlink
 from pubswap_flwr.cli import main as pubswap
+from pubswap_flwr.server import preflight
 
 ROOT = Path(__file__).resolve().parents[2]
 # A stand-in for flower-superlink: listens on the port given, as a console script named flower-superlink.
@@ -284,3 +285,16 @@ def test_an_installed_package_names_no_checkout_it_does_not_have(tmp_path, monke
     assert cli.app_problem(tmp_path) == (
         f"{tmp_path} is not a Flower app (no pyproject.toml with [tool.flwr.app]): run `pubswap run` from the "
         "pubswap-flwr checkout, or pass its folder: `pubswap run /path/to/pubswap-flwr`")
+
+
+def test_a_refused_second_run_leaves_its_run_name_free(user, tmp_path, monkeypatch, capsys):
+    # the name is claimed in the pre-check, before the in-flight check refuses: the refusal must give it back
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(cli, "submit", lambda *a, **k: "7")
+    monkeypatch.setattr(cli, "wait", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+    assert _run() == 130  # run 7 goes on
+    monkeypatch.setattr(cli, "run_statuses", lambda link: {"7": "running"})
+    assert _run("-c", "run-name='named'") == 2
+    assert "run 7 from this checkout is still running" in capsys.readouterr().err
+    named = tmp_path / "runs" / "named"
+    assert not (named / preflight.CLAIM_FILE).exists()
