@@ -104,7 +104,9 @@ def test_run_passes_the_checked_overrides_to_flwr_as_one_toml_file(tmp_path, mon
         (path,) = overrides
         from flwr.common.config import parse_config_args  # exactly as `flwr run -c FILE` reads it
 
-        submitted.update(config=parse_config_args([path]), federation=federation)
+        claim_file = tmp_path / "runs" / 'it\'s "quoted"' / preflight.CLAIM_FILE
+        submitted.update(config=parse_config_args([path]), federation=federation,
+                         claim=json.loads(claim_file.read_text()))
         raise cli.FlowerRunError("stop here")
 
     monkeypatch.setattr(cli, "submit", submit)
@@ -113,8 +115,9 @@ def test_run_passes_the_checked_overrides_to_flwr_as_one_toml_file(tmp_path, mon
     (tmp_path / "preset.toml").write_text('run-name = "it\'s \\"quoted\\""\n[tasks]\nmix = "gcd:1"\n')
     code = cli.main(["run", str(PROJECT), "-c", "preset.toml", "-c", "seed=4", "--nodes", "3"])
     assert code == 1  # the FlowerRunError
-    claim = json.loads((tmp_path / "runs" / 'it\'s "quoted"' / preflight.CLAIM_FILE).read_text())
-    assert submitted["config"].pop("run-claim") == claim["token"]  # the ServerApp knows its claim by it
+    assert submitted["config"].pop("run-claim") == submitted["claim"]["token"]  # the ServerApp knows its claim by it
+    # Flower refused the run: the name is free again
+    assert not (tmp_path / "runs" / 'it\'s "quoted"' / preflight.CLAIM_FILE).exists()
     assert submitted["config"] == {"tasks.mix": "gcd:1", "run-name": 'it\'s "quoted"', "seed": 4,
                                    "output.dir": str(tmp_path.resolve() / "runs")}  # this directory's runs/
     assert submitted["federation"] == "num-supernodes=3 client-resources-num-cpus=1"
