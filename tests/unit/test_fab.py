@@ -18,8 +18,8 @@ def test_fab_is_small_and_holds_the_app_and_the_example_reward_but_no_weights_or
     names = zipfile.ZipFile(io.BytesIO(fab)).namelist()
     assert {"client_app.py", "server_app.py", "pubswap_flwr/protocols/pubswap.py", "pyproject.toml"} <= set(names)
     assert {"examples/__init__.py", "examples/my_reward.py"} <= set(names)  # tasks.rewards' example travels with it
-    assert not any(n.startswith(("runs/", "results/", ".venv/", "docs/results/")) or n.endswith(".safetensors")
-                   for n in names)
+    assert not any(n.startswith(("runs/", "results/", ".venv/", "docs/", "benchmarks/", ".grimp_cache/"))
+                   or n.endswith(".safetensors") for n in names)  # a run reads none of them
     # Flower never ships weights, so the app finds the embedded models through the installed checkout instead.
     assert "data/models/tiny/config.json" in names and "data/models/tiny/model.safetensors" not in names
 
@@ -31,7 +31,8 @@ def test_flower_home_and_report_files_left_in_the_checkout_stay_out_of_the_bundl
     import shutil
 
     for name in ("pyproject.toml", ".gitignore", "client_app.py", "server_app.py", "README.md",
-                 "data/samples/org.jsonl", "tests/golden/fedavg.json", "docs/results/README.md"):  # each pattern
+                 "data/samples/org.jsonl", "tests/golden/fedavg.json", "docs/results/README.md",
+                 "benchmarks/real_model.py"):  # each fab-exclude pattern must match a file
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(PROJECT / name, tmp_path / name)
     planted = [".flwr-home/apps/pubswap.pubswap-flwr/pyproject.toml", ".flwr-home/config.toml", "report.md",
