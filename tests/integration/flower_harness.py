@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import time
@@ -16,6 +15,8 @@ from pathlib import Path
 from pubswap_flwr import deployment
 from pubswap_flwr.cli import flower_env, flwr_executable, submit, wait
 from pubswap_flwr.node.warm.client import RUNTIME_DIR_ENV
+from tests.processes import alive, descendants, stop_pids
+from tests.processes import process_table as _processes
 
 PROJECT = Path(__file__).resolve().parents[2]
 CONNECTION = "pubswap-test"
@@ -26,47 +27,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def _processes() -> dict[int, tuple[int, str]]:
-    """pid -> (parent pid, command line) for every process we can read."""
-    out = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        out[int(entry.name)] = (ppid, cmdline)
-    return out
-
-
-def descendants(root: int, table: dict[int, tuple[int, str]]) -> list[int]:
-    found, frontier = [], [root]
-    while frontier:
-        parent = frontier.pop()
-        children = [pid for pid, (ppid, _) in table.items() if ppid == parent]
-        found.extend(children)
-        frontier.extend(children)
-    return found
-
-
-def stop_pids(pids: list[int], grace: float = 5.0) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    deadline = time.time() + grace
-    while time.time() < deadline and any(Path(f"/proc/{p}").exists() for p in pids):
-        time.sleep(0.1)
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 class LocalFlower:
@@ -220,14 +180,6 @@ class Deployment:
             if proc.poll() is None:
                 proc.wait(timeout=10)
         return self.leftovers()
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
 
 
 def wait_for_port(port: int, proc: subprocess.Popen, timeout: float, what: str, log: str) -> None:
