@@ -1,10 +1,17 @@
-"""Shared fixtures: the shipped embedded model, small policies, and hermetic environment variables."""
+"""Shared fixtures: the shipped embedded model, small policies, hermetic environment variables, and the suite's
+workers, order and processes (pytest-xdist: tests/scheduling.py; Ctrl-C: tests/processes.py)."""
 
 from __future__ import annotations
 
 import os
+import signal
+import socket
+import threading
 
 import pytest
+
+from tests.processes import MARK, marked, stop_pids
+from tests.scheduling import Planned, TwoEndedScheduling, slow_first
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
@@ -19,6 +26,107 @@ _THREADS = os.environ.get("PUBSWAP_TEST_THREADS", "1")
 for _variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
     if not os.environ.get(_variable):
         os.environ[_variable] = _THREADS
+
+
+# After Ctrl-C, a process that runs tests exits within this many seconds whatever its fixtures' finalizers do, and
+# the xdist controller (which waits for its workers) within the second figure
+INTERRUPT_EXIT_SECONDS = 2.5
+CONTROLLER_EXIT_SECONDS = 3.5
+_WAKEUP = socket.socketpair()  # kept open for the whole process: the signal's C handler writes into it
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` (pyproject's addopts): a worker per CPU this process may use (its affinity and cgroup quota, as
+    the model's threads), none for a run of named tests (`pytest tests/x.py::test_y`) or with `-s` (output that
+    xdist's workers would swallow). PYTEST_XDIST_AUTO_NUM_WORKERS, pytest-xdist's own override, still wins."""
+    from pubswap_flwr.policy.threads import machine_cpus
+
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None
+    if config.args and all("::" in arg for arg in config.args) or config.getoption("capture") == "no":
+        return 0
+    return machine_cpus()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadgroup` (pyproject's addopts) takes the queue from both ends (tests/scheduling.py)."""
+    return TwoEndedScheduling(config, log) if config.getoption("dist") == "loadgroup" else None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """On xdist's workers (whose collections the scheduler reads in order), the slow tests first, longest first;
+    a run in one process keeps pytest's order."""
+    if not hasattr(config, "workerinput"):
+        return
+    plan = []
+    for item in items:
+        group = item.get_closest_marker("xdist_group")
+        name = None if group is None else str(group.args[0] if group.args else group.kwargs.get("name", "default"))
+        plan.append(Planned(item.nodeid, item.get_closest_marker("slow") is not None, name))
+    items[:] = [items[position] for position in slow_first(plan)]
+
+
+def pytest_configure(config):
+    """Marks this process's children (tests/processes.py MARK) and makes Ctrl-C end the run within seconds."""
+    worker = getattr(config, "workerinput", None)
+    outer = os.environ.get(MARK)
+    own = f"pytest-{os.getpid()}" if worker is None else str(worker["workerid"])
+    os.environ[MARK] = f"{outer}/{own}" if outer else own
+    runs_tests = worker is not None or config.getoption("dist", "no") == "no"
+    _watch_for_ctrl_c(INTERRUPT_EXIT_SECONDS if runs_tests else CONTROLLER_EXIT_SECONDS, kill_at_once=runs_tests)
+
+
+def _kill_marked() -> None:
+    for pid in marked(os.environ[MARK]):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _watch_for_ctrl_c(exit_seconds: float, kill_at_once: bool) -> None:
+    """On SIGINT, from a thread of its own (the main thread may sit in Ray's or torch's C++ for long, and Python
+    runs signal handlers there only): SIGKILL every process the tests started (Ray, Flower's processes, scorers,
+    runs of `pubswap`) at once where tests run, then, after `exit_seconds` for the usual KeyboardInterrupt's
+    finalizers and reports, whatever is left of them and this process (exit 130)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    reader, writer = _WAKEUP
+    writer.setblocking(False)
+    signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)  # C's handler writes the signal's number
+
+    def finish() -> None:
+        _kill_marked()
+        os._exit(130)
+
+    def watch() -> None:
+        while signal.SIGINT not in (received := reader.recv(64)):
+            if not received:
+                return
+        if kill_at_once:
+            _kill_marked()
+        threading.Timer(exit_seconds, finish).start()
+
+    threading.Thread(target=watch, name="ctrl-c", daemon=True).start()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session):
+    """In the process that started pytest, after xdist's workers are down: stop and name any process the tests
+    left running."""
+    if hasattr(session.config, "workerinput"):
+        return
+    left = marked(os.environ[MARK])
+    if left:
+        stop_pids(sorted(left), grace=2.0)
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        lines = [f"the tests left {len(left)} process(es) running, now stopped:"]
+        lines += [f"  {pid} {command[:200]}" for pid, command in left.items()]
+        if reporter is not None:
+            reporter.write_line("\n".join(lines), yellow=True)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -19,7 +19,7 @@ from pubswap_flwr.server.metrics import read_metrics
 
 from .flower_harness import CONNECTION, ORGS, PROJECT, Deployment, _processes, descendants
 
-pytestmark = [pytest.mark.slow, pytest.mark.deployment]
+pytestmark = [pytest.mark.slow, pytest.mark.deployment, pytest.mark.xdist_group("deployment")]  # one worker
 
 RUN_NAME = "deployed"
 ROUNDS = 2

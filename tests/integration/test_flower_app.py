@@ -15,7 +15,7 @@ from pubswap_flwr.server.metrics import read_metrics
 
 from .flower_harness import LocalFlower
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("flower-app")]  # one worker: they share `flower`
 
 SMALL = ("num-server-rounds=2 train.local-steps=2 train.prompts-per-step=4 train.completions-per-prompt=4 "
          "eval.items-per-task=10 seed=3 strategy.apply-below-robust=true")  # 2 nodes: apply their rounds (#54)

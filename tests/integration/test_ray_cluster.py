@@ -22,7 +22,7 @@ from pubswap_flwr.server.metrics import read_metrics
 from pubswap_flwr.simulation import simulate
 from tests.golden.runs import RUNS, comparable, golden_differences
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray-cluster")]  # one worker: one cluster
 
 
 def _record_ray_node(directory: str, msg, context) -> None:

@@ -1,0 +1,135 @@
+"""The suite on pytest-xdist workers: slow tests longest first from the queue's front, fast modules from its end."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from xdist.scheduler import LoadGroupScheduling
+
+# Seconds each slow test took on one of two workers (`pytest -m slow -n 2 --durations`, setup + call + teardown, on
+# the 2-core machine at load average ~10, 2026-12-06; 2283 s in all). They set the slow tests' order only, so a stale
+# figure costs minutes, never a result. A key is a test id, a test id without its parameters, or a module (each of
+# its tests); a slow test none names counts DEFAULT_SLOW_SECONDS. The controller takes a test a key names for slow:
+# name no module that holds fast tests.
+_I = "tests/integration/"
+SLOW_SECONDS: dict[str, float] = {
+    _I + "test_front_door.py": 322, _I + "test_warm_worker.py": 164, _I + "test_resume.py": 152,
+    _I + "test_deployment.py": 70,  # each of 2 (a group): 123 + 18
+    _I + "test_real_model.py::test_converted_logits_equal_the_gguf_loaded_models": 110,  # the conversion, 55 s
+    _I + "test_real_model.py": 15,
+    _I + "test_simulation.py::test_flowers_ray_engine_repeats_the_in_process_golden_metrics[pubswap-balanced]": 108,
+    _I + "test_simulation.py::test_pubswap_swaps_public_responses_and_records_them[random]": 106,
+    _I + "test_simulation.py": 75,
+    _I + "test_compare.py::test_sweep_report_matches_metrics_and_names_failed_arms": 105,
+    _I + "test_compare.py": 1,
+    _I + "test_flower_app.py": 60,  # each of 6 (a group): 32 to 78
+    _I + "test_ray_cluster.py": 62,  # each of 2 (a group): 52 + 72
+    _I + "test_gpu_sweeps.py": 47, _I + "test_learning.py": 45, _I + "test_interrupt.py": 45,
+    _I + "test_tiny_builder.py": 10,
+}
+DEFAULT_SLOW_SECONDS = 60.0
+
+
+def _table_key(nodeid: str) -> str | None:
+    function = nodeid.split("@", 1)[0].split("[", 1)[0]
+    for key in (nodeid, function, function.split("::", 1)[0]):
+        if key in SLOW_SECONDS:
+            return key
+    return None
+
+
+def expected_seconds(nodeid: str) -> float:
+    """A slow test's expected duration from SLOW_SECONDS (the most specific key that names it)."""
+    key = _table_key(nodeid)
+    return DEFAULT_SLOW_SECONDS if key is None else SLOW_SECONDS[key]
+
+
+def known_slow(unit: str) -> bool:
+    """What xdist's controller, which collects nothing, knows of a work unit: an xdist group (a name without
+    `::`) or a test SLOW_SECONDS names is slow."""
+    return "::" not in unit or _table_key(unit) is not None
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A collected test as the order sees it."""
+
+    nodeid: str
+    slow: bool
+    group: str | None = None  # its xdist_group: tests that share an expensive module fixture, run by one worker
+
+
+def slow_first(tests: Sequence[Planned]) -> list[int]:
+    """Positions of `tests` in run order: the slow units (an xdist group, else one test; a group is slow when one of
+    its tests is) by expected seconds, longest first, then the fast tests as collected. A unit keeps its tests in
+    collection order."""
+    units: dict[str, list[int]] = {}
+    for position, test in enumerate(tests):
+        units.setdefault(test.group or test.nodeid, []).append(position)
+    slow = [unit for unit in units.values() if any(tests[p].slow for p in unit)]
+    slow.sort(key=lambda unit: -sum(expected_seconds(tests[p].nodeid) for p in unit))
+    fast = sorted(p for unit in units.values() if not any(tests[q].slow for q in unit) for p in unit)
+    return [p for unit in slow for p in unit] + fast
+
+
+def module_of(unit: str) -> str:
+    """The test module of a work unit's name (a test id, or an xdist group's `id@group`)."""
+    return unit.split("::", 1)[0]
+
+
+def tail_unit(backwards: Iterable[str]) -> str:
+    """The unit a tail worker takes, given the queue's units from its end: the first of the last module's trailing
+    units, so that it runs the modules from the end backwards but each module's tests in their own order."""
+    units = iter(backwards)
+    chosen = next(units)
+    for unit in units:
+        if module_of(unit) != module_of(chosen):
+            break
+        chosen = unit
+    return chosen
+
+
+def takes_from_tail(worker_id: str, workers: int) -> bool:
+    """The last worker (`gw<n-1>`, the only one of `-n 1`) runs the fast tests; the others the slow ones. A worker
+    started again after a crash is one of the others."""
+    return worker_id == f"gw{workers - 1}"
+
+
+class TwoEndedScheduling(LoadGroupScheduling):
+    """`--dist loadgroup` with the queue of `slow_first` taken from both ends: one worker takes fast modules from the
+    end (progress from the start) while the others take the slow tests, longest first, from the front; once only
+    slow tests are left, every worker takes them longest first.
+
+    A worker runs a test only when it knows the one after it, so it always holds two. A worker of the slow tests
+    takes its second from the end while fast tests are left (loadgroup would queue a second slow test behind the
+    first, on a worker that cannot start it for minutes)."""
+
+    def __init__(self, config, log=None) -> None:
+        super().__init__(config, log)
+        self.from_front: set[str] = set()  # the units a worker of the slow tests took from the front
+
+    def _next_unit(self, node) -> str:
+        front, back = next(iter(self.workqueue)), tail_unit(reversed(self.workqueue))
+        if known_slow(back):
+            return front
+        if takes_from_tail(node.gateway.id, self.numnodes):
+            return back
+        held = [scope for scope, tests in self.assigned_work.get(node, {}).items() if not all(tests.values())]
+        return back if any(scope in self.from_front for scope in held) else front
+
+    def _assign_work_unit(self, node) -> None:
+        unit = self._next_unit(node)
+        if unit == next(iter(self.workqueue)) and not takes_from_tail(node.gateway.id, self.numnodes):
+            self.from_front.add(unit)
+        self.workqueue.move_to_end(unit, last=False)
+        super()._assign_work_unit(node)
+
+    def _reschedule(self, node) -> None:
+        if node.shutting_down:
+            return
+        if not self.workqueue:
+            node.shutdown()
+            return
+        if self._pending_of(self.assigned_work[node]) < 2:
+            self._assign_work_unit(node)
