@@ -108,7 +108,9 @@ def _watch_for_ctrl_c(exit_seconds: float, kill_at_once: bool) -> None:
                 return
         if kill_at_once:
             _kill_marked()
-        threading.Timer(exit_seconds, finish).start()
+        deadline = threading.Timer(exit_seconds, finish)
+        deadline.daemon = True  # a run that ends sooner exits with its own status
+        deadline.start()
 
     threading.Thread(target=watch, name="ctrl-c", daemon=True).start()
 
