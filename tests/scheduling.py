@@ -1,4 +1,4 @@
-"""The suite on pytest-xdist workers: slow tests longest first from the queue's front, fast modules from its end."""
+"""The suite on pytest-xdist workers: the slow tests longest first on some, the fast ones in their order on another."""
 
 from __future__ import annotations
 
@@ -73,36 +73,24 @@ def slow_first(tests: Sequence[Planned]) -> list[int]:
     return [p for unit in slow for p in unit] + fast
 
 
-def module_of(unit: str) -> str:
-    """The test module of a work unit's name (a test id, or an xdist group's `id@group`)."""
-    return unit.split("::", 1)[0]
+def first_fast(queue: Iterable[str]) -> str | None:
+    """The first unit of the queue not known to be slow: the fast tests go in collection order, as in one process."""
+    return next((unit for unit in queue if not known_slow(unit)), None)
 
 
-def tail_unit(backwards: Iterable[str]) -> str:
-    """The unit a tail worker takes, given the queue's units from its end: the first of the last module's trailing
-    units, so that it runs the modules from the end backwards but each module's tests in their own order."""
-    units = iter(backwards)
-    chosen = next(units)
-    for unit in units:
-        if module_of(unit) != module_of(chosen):
-            break
-        chosen = unit
-    return chosen
-
-
-def takes_from_tail(worker_id: str, workers: int) -> bool:
+def runs_fast_tests(worker_id: str, workers: int) -> bool:
     """The last worker (`gw<n-1>`, the only one of `-n 1`) runs the fast tests; the others the slow ones. A worker
     started again after a crash is one of the others."""
     return worker_id == f"gw{workers - 1}"
 
 
 class TwoEndedScheduling(LoadGroupScheduling):
-    """`--dist loadgroup` with the queue of `slow_first` taken from both ends: one worker takes fast modules from the
-    end (progress from the start) while the others take the slow tests, longest first, from the front; once only
-    slow tests are left, every worker takes them longest first.
+    """`--dist loadgroup` over the queue of `slow_first`: one worker takes the fast tests in their order (progress
+    from the start) while the others take the slow tests from the front, longest first; once only slow tests are
+    left, every worker takes the longest left.
 
     A worker runs a test only when it knows the one after it, so it always holds two. A worker of the slow tests
-    takes its second from the end while fast tests are left (loadgroup would queue a second slow test behind the
+    takes a fast test as its second while there are any (loadgroup would queue a second slow test behind the
     first, on a worker that cannot start it for minutes)."""
 
     def __init__(self, config, log=None) -> None:
@@ -110,17 +98,17 @@ class TwoEndedScheduling(LoadGroupScheduling):
         self.from_front: set[str] = set()  # the units a worker of the slow tests took from the front
 
     def _next_unit(self, node) -> str:
-        front, back = next(iter(self.workqueue)), tail_unit(reversed(self.workqueue))
-        if known_slow(back):
+        front, fast = next(iter(self.workqueue)), first_fast(self.workqueue)
+        if fast is None:
             return front
-        if takes_from_tail(node.gateway.id, self.numnodes):
-            return back
+        if runs_fast_tests(node.gateway.id, self.numnodes):
+            return fast
         held = [scope for scope, tests in self.assigned_work.get(node, {}).items() if not all(tests.values())]
-        return back if any(scope in self.from_front for scope in held) else front
+        return fast if any(scope in self.from_front for scope in held) else front
 
     def _assign_work_unit(self, node) -> None:
         unit = self._next_unit(node)
-        if unit == next(iter(self.workqueue)) and not takes_from_tail(node.gateway.id, self.numnodes):
+        if unit == next(iter(self.workqueue)) and not runs_fast_tests(node.gateway.id, self.numnodes):
             self.from_front.add(unit)
         self.workqueue.move_to_end(unit, last=False)
         super()._assign_work_unit(node)

@@ -1,5 +1,5 @@
 """The full suite on xdist workers (tests/scheduling.py): the slow tests longest first on one worker while another runs
-the fast modules from the queue's end, a group kept on one worker, and `-n auto` a worker per CPU."""
+the fast ones in their order, a group kept on one worker, and `-n auto` a worker per CPU."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from tests import scheduling
-from tests.scheduling import Planned, TwoEndedScheduling, slow_first, tail_unit
+from tests.scheduling import Planned, TwoEndedScheduling, first_fast, slow_first
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,13 +47,12 @@ def test_slow_units_come_first_longest_first_then_the_fast_tests_as_collected(se
                      "tests/i/test_a.py::test_p[y]", "tests/u/test_f.py::test_1", "tests/u/test_f.py::test_2"]
 
 
-def test_the_tail_takes_the_last_modules_first_test():
-    queue = ["tests/i/test_a.py::test_1", "flower", "tests/u/test_f.py::test_1", "tests/u/test_g.py::test_1",
-             "tests/u/test_g.py::test_2", "tests/u/test_g.py::test_3"]
-    assert tail_unit(reversed(queue)) == "tests/u/test_g.py::test_1"
-    assert tail_unit(reversed(queue[:3])) == "tests/u/test_f.py::test_1"
-    assert tail_unit(reversed(queue[:2])) == "flower"
-    assert tail_unit(reversed(queue[:1])) == "tests/i/test_a.py::test_1"
+def test_the_fast_worker_takes_the_first_unit_no_key_names_slow(seconds):
+    queue = ["flower", "tests/i/test_a.py::test_long", "tests/i/test_new.py::test_unlisted",
+             "tests/u/test_f.py::test_1", "tests/u/test_f.py::test_2"]
+    assert first_fast(queue) == "tests/i/test_new.py::test_unlisted"  # a slow test no key names counts as fast
+    assert first_fast(queue[3:]) == "tests/u/test_f.py::test_1"
+    assert first_fast(queue[:2]) is None  # a group and a named test
 
 
 class _Node:
@@ -109,12 +108,12 @@ def test_one_worker_starts_the_slow_tests_longest_first_while_the_other_runs_the
     fast = [f"tests/u/test_{m}.py::test_{n}" for m in "fgh" for n in range(50)]  # 150 s of 1 s tests
     started = _run([*slow, *fast], 2, slow)
     assert started["gw0"][0] == (0.0, "tests/i/test_s.py::test_400")
-    # the other worker begins with the last module's first test; each worker runs a module's tests in order
-    assert started["gw1"][0] == (0.0, "tests/u/test_h.py::test_0")
+    # the other worker begins with the first fast test; each worker runs the fast tests in their order (the slow
+    # worker takes one now and then)
+    assert started["gw1"][0] == (0.0, "tests/u/test_f.py::test_0")
     for runs in started.values():
-        for module in "fgh":
-            numbers = [int(t.rsplit("_", 1)[1]) for _, t in runs if f"test_{module}.py" in t]
-            assert numbers == sorted(numbers)
+        ran = [t for _, t in runs if t not in slow]
+        assert ran == sorted(ran, key=fast.index)
     # the slow worker holds a fast test, not the 300 s one, behind the 400 s one: the fast worker starts it
     assert [t for _, t in started["gw1"] if t in slow][0] == "tests/i/test_s.py::test_300"
     ends = {w: runs[-1][0] + slow.get(runs[-1][1], 1.0) for w, runs in started.items()}
