@@ -43,10 +43,17 @@ class ProgressLog:
                  emit: Callable[[str], None] | None = None):
         self.what, self.clock, self.every = what, clock, every
         self.emit = emit or (lambda line: log.info("%s", line))
-        self.started = self.last = clock()
+        self.started = self.last = self.called = clock()
+        # the pass being timed: the next pass's clock starts where this one's last batch ended
+        self.current: str | None = None
 
     def __call__(self, evaluation_pass: str, done: int, total: int) -> None:
         now = self.clock()
+        if evaluation_pass != self.current:
+            if self.current is not None:
+                self.started = self.called
+            self.current = evaluation_pass
+        self.called = now
         if done < total and now - self.last < self.every:
             return
         self.last = now

@@ -70,3 +70,16 @@ def test_eval_progress_eta_the_servers_evaluation_logs_it_and_stops_on_ctrl_c(ca
             evaluator.evaluate(adapter)
     finally:
         metrics.clear_interrupt()
+
+
+def test_eval_progress_eta_each_pass_is_timed_from_its_own_start():
+    # a greedy pass of 10 items in 100 s, then a sampled pass 4x slower per item: its ETA is its own rate
+    now = [0.0]
+    lines: list[str] = []
+    progress = ProgressLog("held-out evaluation", clock=lambda: now[0], every=0.0, emit=lines.append)
+    for done in (5, 10):
+        now[0] += 50.0
+        progress("greedy", done, 10)
+    now[0] += 200.0
+    progress("sampled", 5, 10)
+    assert lines[-1].endswith("sampled 5/10 items, 3 min 20 s elapsed, ETA 3 min 20 s")

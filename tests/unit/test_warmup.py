@@ -4,6 +4,8 @@ fp16 adapter and its record."""
 from __future__ import annotations
 
 import json
+import logging
+import re
 
 import pytest
 from safetensors import safe_open
@@ -30,8 +32,9 @@ def test_targets_keep_only_the_models_own_right_answers(text, expected):
         assert score_completion(expected, ITEM_RG).reward == 1.0
 
 
-def test_a_small_build_writes_a_portable_fp16_adapter_and_its_record(tmp_path, capsys):
+def test_a_small_build_writes_a_portable_fp16_adapter_and_its_record(tmp_path, capsys, caplog):
     out = tmp_path / "warm"
+    caplog.set_level(logging.INFO, logger="pubswap_flwr")
     main(["build", "--model", "embedded:tiny", "--tasks", "gcd:1", "--items", "4", "--samples", "2", "--epochs", "1",
           "--check-items", "3", "--check-samples", "1", "--lora-r", "4", "--max-new-tokens", "12", "--out", str(out)])
     assert sorted(p.name for p in out.iterdir()) == ["adapter_config.json", "adapter_model.safetensors", "build.json"]
@@ -45,3 +48,6 @@ def test_a_small_build_writes_a_portable_fp16_adapter_and_its_record(tmp_path, c
     assert len(record["loss_per_epoch"]) == 1 and record["before"]["overall"]["greedy_well_formed"] >= 0
     assert {"greedy_lenient_accuracy", "sampled_accuracy"} <= set(record["after"]["overall"])
     assert oct(out.joinpath("build.json").stat().st_mode & 0o777) == "0o644"
+    # the fine-tune says how far it is, with an ETA (an epoch on the real model takes minutes)
+    assert any(re.fullmatch(r"fine-tune: epoch 1/1 \d+/\d+ items, .* elapsed, ETA .*", r.getMessage())
+               for r in caplog.records)
