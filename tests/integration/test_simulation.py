@@ -4,6 +4,7 @@ mid-round, PubSwap with both swap rules, and a heterogeneous SAPO swarm."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -61,28 +62,29 @@ def test_pubswap_swaps_public_responses_and_records_them(tmp_path, rule):
     assert all(r["aggregated"] is True and r["parameter_drift"] > 0 for r in rows[1:])
 
 
-def test_sapo_heterogeneous_swarm_trains_on_external_groups_without_sharing_weights(tmp_path):
-    simulate({**TINY, "strategy.mode": "sapo", "num-server-rounds": 2, "sapo.local": 4, "sapo.external": 4,
-              "sapo.questions": 4, "sapo.completions": 4, "sapo.share": 4, "sapo.sharing": "fixed",
-              "model.node-models": "embedded:tiny,embedded:tiny-b", "output.dir": str(tmp_path), "run-name": "sapo"},
-             4)
-    rows = read_metrics(tmp_path / "sapo")
+@pytest.mark.xdist_group("simulation-sapo-two-models")  # shares ray_golden_run's sapo-two-models run
+def test_sapo_heterogeneous_swarm_trains_on_external_groups_without_sharing_weights(ray_golden_run):
+    """On the golden sapo-two-models run (4 nodes, two architectures, sapo.share = 3), through Flower's Ray engine."""
+    config, nodes = RUNS["sapo-two-models"]
+    run_dir = ray_golden_run("sapo-two-models")
+    rows = read_metrics(run_dir)
     assert [r["round"] for r in rows] == [0, 1, 2]
-    assert len(rows[0]["node_eval"]) == 4  # each node's own starting point
+    assert len(rows[0]["node_eval"]) == nodes == 4  # each node's own starting point
     used: dict[int, int] = {}
     models = {}
     for r in rows[1:]:
-        assert len(r["clients"]) == 4 and not r["dropped"]
+        assert len(r["clients"]) == nodes and not r["dropped"]
         assert r["bytes"]["array_records"] == 0  # no weights crossed the network in this mode
         for c in r["clients"].values():
             used[c["node_index"]] = used.get(c["node_index"], 0) + c["external_used"]
             models[c["node_index"]] = c["model"]
-            assert c["external_received"] == 3 * 4  # every other node's shared groups, never its own
+            # every other node's shared groups, never its own
+            assert c["external_received"] == (nodes - 1) * config["sapo.share"]
     assert set(models.values()) == {"embedded:tiny", "embedded:tiny-b"}
     assert all(count > 0 for count in used.values()), used
     assert rows[-1]["cumulative_reward"] > 0
-    assert all((tmp_path / "sapo" / "nodes" / f"partition-{i}" / "adapter" / "adapter_config.json").is_file()
-               for i in range(4))
+    assert all((run_dir / "nodes" / f"partition-{i}" / "adapter" / "adapter_config.json").is_file()
+               for i in range(nodes))
 
 
 def test_sapo_async_trains_on_the_previous_rounds_pool(tmp_path):
@@ -99,18 +101,33 @@ def test_sapo_async_trains_on_the_previous_rounds_pool(tmp_path):
     assert all(r["bytes"]["array_records"] == 0 for r in rows[1:])
 
 
-@pytest.mark.parametrize("name", ["pubswap-balanced", "sapo-two-models"])
-def test_flowers_ray_engine_repeats_the_in_process_golden_metrics(tmp_path, name):
-    """The fast tier runs protocols in process; Flower's Ray engine (clients in parallel, replies in any order,
-    random node ids) must give exactly the same metrics."""
+@pytest.fixture(scope="module")
+def ray_golden_run(tmp_path_factory):
+    """A golden run through Flower's Ray engine, run once per module whichever tests read it: name -> run dir."""
     import torch
 
-    config, nodes = RUNS[name]
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        simulate({**config, "output.dir": str(tmp_path), "run-name": name}, nodes)
-    finally:
-        torch.set_num_threads(threads)
-    rows = json.loads(json.dumps(comparable(read_metrics(tmp_path / name))))
+    done: dict[str, Path] = {}
+
+    def run(name: str) -> Path:
+        if name not in done:
+            config, nodes = RUNS[name]
+            out = tmp_path_factory.mktemp(name)
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+            try:
+                simulate({**config, "output.dir": str(out), "run-name": name}, nodes)
+            finally:
+                torch.set_num_threads(threads)
+            done[name] = out / name
+        return done[name]
+
+    return run
+
+
+@pytest.mark.parametrize("name", ["pubswap-balanced", pytest.param(
+    "sapo-two-models", marks=pytest.mark.xdist_group("simulation-sapo-two-models"))])
+def test_flowers_ray_engine_repeats_the_in_process_golden_metrics(ray_golden_run, name):
+    """The fast tier runs protocols in process; Flower's Ray engine (clients in parallel, replies in any order,
+    random node ids) must give exactly the same metrics."""
+    rows = json.loads(json.dumps(comparable(read_metrics(ray_golden_run(name)))))
     assert golden_differences(name, rows) == []
