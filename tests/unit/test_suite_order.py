@@ -32,6 +32,12 @@ def test_expected_seconds_takes_the_most_specific_key_and_the_default_for_none(s
     assert scheduling.expected_seconds("tests/i/test_d.py::test_new") == scheduling.DEFAULT_SLOW_SECONDS
 
 
+def test_expected_seconds_of_a_grouped_parametrized_test_takes_its_own_key(seconds):
+    """xdist appends `@<group>` to a grouped test's id: a key naming the test with its parameters still applies."""
+    assert scheduling.expected_seconds("tests/i/test_c.py::test_p[x]@grp") == 400.0
+    assert scheduling.expected_seconds("tests/i/test_a.py::test_p[y]@grp") == 20.0
+
+
 def test_slow_units_come_first_longest_first_then_the_fast_tests_as_collected(seconds):
     tests = [Planned("tests/u/test_f.py::test_1", False),
              Planned("tests/i/test_a.py::test_p[y]", True),  # 20 s
