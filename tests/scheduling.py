@@ -32,8 +32,9 @@ DEFAULT_SLOW_SECONDS = 60.0
 
 
 def _table_key(nodeid: str) -> str | None:
-    function = nodeid.split("@", 1)[0].split("[", 1)[0]
-    for key in (nodeid, function, function.split("::", 1)[0]):
+    test = nodeid.split("@", 1)[0]  # xdist appends @<group> to a grouped test's id
+    function = test.split("[", 1)[0]
+    for key in (test, function, function.split("::", 1)[0]):
         if key in SLOW_SECONDS:
             return key
     return None
