@@ -14,12 +14,15 @@ from xdist.scheduler import LoadGroupScheduling
 # name no module that holds fast tests.
 _I = "tests/integration/"
 SLOW_SECONDS: dict[str, float] = {
-    _I + "test_front_door.py": 322, _I + "test_warm_worker.py": 164, _I + "test_resume.py": 152,
+    _I + "test_front_door.py": 322, _I + "test_warm_worker.py": 164, _I + "test_resume.py": 133,
     _I + "test_deployment.py": 70,  # each of 2 (a group): 123 + 18
     _I + "test_real_model.py::test_converted_logits_equal_the_gguf_loaded_models": 110,  # the conversion, 55 s
     _I + "test_real_model.py": 15,
     _I + "test_simulation.py::test_flowers_ray_engine_repeats_the_in_process_golden_metrics[pubswap-balanced]": 108,
     _I + "test_simulation.py::test_pubswap_swaps_public_responses_and_records_them[random]": 106,
+    # a group (simulation-sapo-two-models): the first of the two, in collection order, makes the shared Ray run
+    _I + "test_simulation.py::test_sapo_heterogeneous_swarm_trains_on_external_groups_without_sharing_weights": 45,
+    _I + "test_simulation.py::test_flowers_ray_engine_repeats_the_in_process_golden_metrics[sapo-two-models]": 1,
     _I + "test_simulation.py": 75,
     _I + "test_compare.py::test_sweep_report_matches_metrics_and_names_failed_arms": 105,
     _I + "test_compare.py": 1,
