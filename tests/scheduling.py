@@ -16,7 +16,7 @@ _I = "tests/integration/"
 SLOW_SECONDS: dict[str, float] = {
     _I + "test_front_door.py": 322, _I + "test_warm_worker.py": 164, _I + "test_resume.py": 133,
     _I + "test_deployment.py": 70,  # each of 2 (a group): 123 + 18
-    _I + "test_real_model.py::test_converted_logits_equal_the_gguf_loaded_models": 110,  # the conversion, 55 s
+    _I + "test_real_model.py::test_converted_logits_equal_the_gguf_loaded_models": 57,  # the conversion, 40-55 s
     _I + "test_real_model.py": 15,
     _I + "test_simulation.py::test_flowers_ray_engine_repeats_the_in_process_golden_metrics[pubswap-balanced]": 108,
     _I + "test_simulation.py::test_pubswap_swaps_public_responses_and_records_them[random]": 106,

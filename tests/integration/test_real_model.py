@@ -16,13 +16,24 @@ PROMPTS = ["What is 7 + 5?", "Find the greatest common divisor of 84 and 36."]
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
-    """A fresh conversion into a private cache (the logits test compares it with the GGUF-loaded model)."""
+    """A fresh conversion into a private cache, and the (model, tokenizer) the conversion loaded from the GGUF file:
+    the logits test compares the folder with them (loading the GGUF again took as long as the conversion, ~50 s)."""
     from pubswap_flwr.policy import packaged
 
     pytest.importorskip("gguf")
     folder = tmp_path_factory.mktemp("cache") / "smollm2-135m-instruct"
-    packaged.convert(packaged.PACKAGED["smollm2-135m-instruct"], folder)
-    return folder
+    loads = []
+    load_from_gguf = packaged.load_from_gguf
+
+    def recording(path, dtype=None):
+        loads.append(load_from_gguf(path, dtype))
+        return loads[-1]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(packaged, "load_from_gguf", recording)
+        packaged.convert(packaged.PACKAGED["smollm2-135m-instruct"], folder)
+    assert len(loads) == 1
+    return folder, loads[0]
 
 
 def test_converted_logits_equal_the_gguf_loaded_models(converted):
@@ -30,11 +41,11 @@ def test_converted_logits_equal_the_gguf_loaded_models(converted):
 
     from pubswap_flwr.policy import packaged
 
-    gguf_model, gguf_tokenizer = packaged.load_from_gguf(packaged.gguf_path(packaged.PACKAGED["smollm2-135m-instruct"]))
-    model = AutoModelForCausalLM.from_pretrained(str(converted)).eval()
-    tokenizer = AutoTokenizer.from_pretrained(str(converted))
+    folder, (gguf_model, gguf_tokenizer) = converted
+    model = AutoModelForCausalLM.from_pretrained(str(folder)).eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
     assert sum(p.numel() for p in model.parameters()) == 134_515_008
-    assert json.loads((converted / packaged.MARKER).read_text())["name"] == "smollm2-135m-instruct"
+    assert json.loads((folder / packaged.MARKER).read_text())["name"] == "smollm2-135m-instruct"
     for prompt in PROMPTS:
         text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
                                              add_generation_prompt=True)
