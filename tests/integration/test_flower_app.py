@@ -17,8 +17,12 @@ from .flower_harness import LocalFlower
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("flower-app")]  # one worker: they share `flower`
 
+# 2 nodes: apply their rounds (#54 keeps them by default)
 SMALL = ("num-server-rounds=2 train.local-steps=2 train.prompts-per-step=4 train.completions-per-prompt=4 "
-         "eval.items-per-task=10 seed=3 strategy.apply-below-robust=true")  # 2 nodes: apply their rounds (#54)
+         "eval.items-per-task=4 eval.samples=1 seed=3 strategy.apply-below-robust=true")
+# The smallest run that completes a round: for tests that check how a run starts or ends, not what it learns
+TINY = ("num-server-rounds=1 train.local-steps=1 train.prompts-per-step=2 train.completions-per-prompt=2 "
+        "eval.items-per-task=4 eval.samples=1 seed=3")
 
 
 @pytest.fixture(scope="module")
@@ -33,10 +37,16 @@ def _overrides(tmp_path, name: str, extra: str = "") -> list[str]:
     return [f"{SMALL} output.dir='{tmp_path}' run-name='{name}'"] + ([extra] if extra else [])
 
 
-def test_fedavg_run_writes_metrics_and_adapters_and_changes_the_global_adapter(flower, tmp_path):
-    row = flower.run(_overrides(tmp_path, "fedavg"))
+@pytest.fixture(scope="module")
+def fedavg_run(flower, tmp_path_factory):
+    """One fedavg run of SMALL (2 nodes, 2 rounds): its `flwr ls` row and run dir, read by two tests."""
+    out = tmp_path_factory.mktemp("fedavg")
+    return flower.run(_overrides(out, "fedavg")), out / "fedavg"
+
+
+def test_fedavg_run_writes_metrics_and_adapters_and_changes_the_global_adapter(fedavg_run):
+    row, run_dir = fedavg_run
     assert row["status"] == "finished:completed", row
-    run_dir = tmp_path / "fedavg"
     rows = read_metrics(run_dir)
     assert [r["round"] for r in rows] == [0, 1, 2]
     assert all("greedy_accuracy" in r["eval"] and "sampled_reward" in r["eval"] for r in rows)
@@ -63,9 +73,9 @@ def test_fedavg_run_writes_metrics_and_adapters_and_changes_the_global_adapter(f
 
 def test_fedprox_run_completes(flower, tmp_path):
     # every strategy.* key in one -c: Flower merges -c strings table by table, so a later string's strategy keys
-    # replace SMALL's (strategy.apply-below-robust was lost and both rounds kept)
-    row = flower.run(_overrides(tmp_path, "fedprox", "strategy.mode='fedprox' strategy.proximal-mu=0.01 "
-                                                     "strategy.apply-below-robust=true"))
+    # replace the first's (strategy.apply-below-robust was lost and both rounds kept)
+    row = flower.run([f"{TINY} output.dir='{tmp_path}' run-name='fedprox'",
+                      "strategy.mode='fedprox' strategy.proximal-mu=0.01 strategy.apply-below-robust=true"])
     assert row["status"] == "finished:completed", row
     rows = read_metrics(tmp_path / "fedprox")
     assert rows[-1]["mode"] == "fedprox" and rows[-1]["aggregated"] is True
@@ -80,15 +90,16 @@ def test_invalid_config_fails_the_run_at_start_naming_the_key(flower, tmp_path, 
     assert not (tmp_path / "bad" / "metrics.jsonl").exists()  # stopped before any round
 
 
-def test_saved_adapter_loads_with_peft_and_generates(flower, tmp_path):
+def test_saved_adapter_loads_with_peft_and_generates(fedavg_run):
+    """The fedavg run's final adapter (a run of its own cost a minute and checked nothing more)."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from pubswap_flwr.policy.model import resolve_model
 
-    row = flower.run(_overrides(tmp_path, "peft", "num-server-rounds=1"))
+    row, run_dir = fedavg_run
     assert row["status"] == "finished:completed", row
-    adapter_dir = tmp_path / "peft" / "adapters" / "final"
+    adapter_dir = run_dir / "adapters" / "final"
     config = json.loads((adapter_dir / "adapter_config.json").read_text())
     assert config["base_model_name_or_path"] == "embedded:tiny"  # portable: data/models/tiny of any checkout
     base = AutoModelForCausalLM.from_pretrained(resolve_model(config["base_model_name_or_path"]))
@@ -113,6 +124,10 @@ def test_math_sample_preset_runs_on_the_sample_file(flower, tmp_path):
     from .flower_harness import PROJECT
 
     preset = load_toml(PROJECT / "configs" / "math-sample.toml")
+    # the preset's data, format, template and tokens as shipped; a smaller run of them (one local step of 2 x 2
+    # completions, 4 held-out items) reaches the same data path and verifier
+    preset.update({"train.local-steps": 1, "train.prompts-per-step": 2, "train.completions-per-prompt": 2,
+                   "eval.items-per-task": 4})
     pairs = " ".join(f"{k}={json.dumps(v) if isinstance(v, str) else str(v).lower()}" for k, v in preset.items())
     row = flower.run([f"{pairs} output.dir='{tmp_path}' run-name='math' eval.sampled=false "
                       "strategy.apply-below-robust=true"])
@@ -129,7 +144,7 @@ def test_a_user_reward_named_in_the_config_scores_from_the_app_bundle(flower, tm
     them from the installed bundle (the scoring worker by name): gcd's held-out reward is the fixture's 0.5 per tagged
     answer, which no built-in verifier pays."""
     rewards = "gcd=tests.unit.reward_fixtures:half_for_any_answer,examples.my_reward:reward"
-    row = flower.run([f"num-server-rounds=1 train.local-steps=1 eval.items-per-task=4 eval.samples=1 seed=3 "
+    row = flower.run([f"{TINY} eval.sampled=false "
                       f"tasks.per-node=0 tasks.partial-credit=true output.dir='{tmp_path}' run-name='reward'",
                       f"tasks.mix='gcd:1,chain_sum:1' tasks.rewards='{rewards}'"])
     assert row["status"] == "finished:completed", row
