@@ -22,10 +22,11 @@ seeds = [7]
 [config]
 num-server-rounds = 1
 strategy.apply-below-robust = true  # 2 nodes: apply their rounds (#54 keeps them by default)
-train.local-steps = 2
+train.local-steps = 1
 train.prompts-per-step = 2
 train.completions-per-prompt = 4
-eval.items-per-task = 6
+eval.items-per-task = 3
+eval.samples = 1
 pubswap.tau-swap = 1
 pubswap.public-prompts = 2
 
