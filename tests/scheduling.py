@@ -24,9 +24,9 @@ SLOW_SECONDS: dict[str, float] = {
     _I + "test_simulation.py::test_sapo_heterogeneous_swarm_trains_on_external_groups_without_sharing_weights": 45,
     _I + "test_simulation.py::test_flowers_ray_engine_repeats_the_in_process_golden_metrics[sapo-two-models]": 1,
     _I + "test_simulation.py": 75,
-    _I + "test_compare.py::test_sweep_report_matches_metrics_and_names_failed_arms": 105,
+    _I + "test_compare.py::test_sweep_report_matches_metrics_and_names_failed_arms": 91,  # -n 0, load 7-14
     _I + "test_compare.py": 1,
-    _I + "test_flower_app.py": 60,  # each of 6 (a group): 32 to 78
+    _I + "test_flower_app.py": 46,  # each of 6 (a group): 0.2 to 76, 277 s in all (-n 0, load 8-12)
     _I + "test_ray_cluster.py": 62,  # each of 2 (a group): 52 + 72
     _I + "test_gpu_sweeps.py": 47, _I + "test_learning.py": 45, _I + "test_interrupt.py": 45,
     _I + "test_tiny_builder.py": 10,
