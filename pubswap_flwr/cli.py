@@ -368,7 +368,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def _simulate_claimed(args: argparse.Namespace, config: dict[str, Any], found: preflight.Checked) -> int:
-    from .server.metrics import read_status
+    from .server.metrics import clear_interrupt, read_status
 
     if found.claim:
         config[preflight.CLAIM_KEY] = found.claim
@@ -386,7 +386,6 @@ def _simulate_claimed(args: argparse.Namespace, config: dict[str, Any], found: p
         except ValueError as err:
             raise UsageError(f"--ray-address: {err}" if args.ray_address else f"RAY_ADDRESS: {err}") from err
     logs.setup(verbose=args.verbose, flower=True)
-    from .server.metrics import clear_interrupt
     from .simulation import simulate, simulate_in_process
 
     clear_interrupt()

@@ -34,7 +34,7 @@ import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Generic, TypeVar
 
 from ..schema import REWARD_BOUND
 from .items import TaskItem
@@ -67,27 +67,37 @@ class RewardRef:
         return f"{self.module}:{self.function}"
 
 
-@dataclass(frozen=True)
-class RewardTable:
-    """Which tasks a user reward scores: `per_task` entries first, else `default` (None: the item's own verifier)."""
+Entry = TypeVar("Entry")
 
-    per_task: tuple[tuple[str, RewardRef], ...] = ()
-    default: RewardRef | None = None
+
+@dataclass(frozen=True)
+class _TaskTable(Generic[Entry]):
+    """Which tasks an entry applies to: `per_task` entries first, else `default` (None: the item's own verifier)."""
+
+    per_task: tuple[tuple[str, Entry], ...] = ()
+    default: Entry | None = None
 
     @property
     def empty(self) -> bool:
         return not self.per_task and self.default is None
 
-    def for_task(self, task: str) -> RewardRef | None:
-        for name, ref in self.per_task:
+    def for_task(self, task: str) -> Entry | None:
+        for name, entry in self.per_task:
             if name == task:
-                return ref
+                return entry
         return self.default
+
+    def entries(self) -> list[Entry]:
+        """The entries as written, per-task ones first, repeats kept."""
+        return [entry for _task, entry in self.per_task] + ([self.default] if self.default is not None else [])
+
+
+class RewardTable(_TaskTable[RewardRef]):
+    """Which tasks a user reward scores (`tasks.rewards`)."""
 
     def refs(self) -> list[RewardRef]:
         """Every reward named, each once, in the order written."""
-        named = [ref for _task, ref in self.per_task] + ([self.default] if self.default else [])
-        return list(dict.fromkeys(named))
+        return list(dict.fromkeys(self.entries()))
 
 
 @dataclass(frozen=True)
@@ -101,27 +111,12 @@ class TrlReward:
         return "+".join(ref.name for ref in self.refs)
 
 
-@dataclass(frozen=True)
-class TrlRewardTable:
-    """Which tasks train on a TRL reward (`tasks.trl-rewards`): `per_task` entries first, else `default`."""
-
-    per_task: tuple[tuple[str, TrlReward], ...] = ()
-    default: TrlReward | None = None
-
-    @property
-    def empty(self) -> bool:
-        return not self.per_task and self.default is None
-
-    def for_task(self, task: str) -> TrlReward | None:
-        for name, reward in self.per_task:
-            if name == task:
-                return reward
-        return self.default
+class TrlRewardTable(_TaskTable[TrlReward]):
+    """Which tasks train on a TRL reward (`tasks.trl-rewards`)."""
 
     def refs(self) -> list[RewardRef]:
         """Every function named, each once, in the order written."""
-        sums = [reward for _task, reward in self.per_task] + ([self.default] if self.default else [])
-        return list(dict.fromkeys(ref for reward in sums for ref in reward.refs))
+        return list(dict.fromkeys(ref for reward in self.entries() for ref in reward.refs))
 
 
 def parse_reward_name(text: str, key: str = REWARDS_KEY) -> RewardRef:
