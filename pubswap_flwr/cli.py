@@ -31,7 +31,7 @@ import threading
 import time
 import tomllib
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from . import logs, superlink
 from .config import describe, key_choices
@@ -368,7 +368,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def _simulate_claimed(args: argparse.Namespace, config: dict[str, Any], found: preflight.Checked) -> int:
-    from .server.metrics import clear_interrupt, read_status
+    from .server.metrics import clear_interrupt, interrupted, read_status
 
     if found.claim:
         config[preflight.CLAIM_KEY] = found.claim
@@ -390,17 +390,50 @@ def _simulate_claimed(args: argparse.Namespace, config: dict[str, Any], found: p
 
     clear_interrupt()
     try:
-        if args.engine == "inprocess":
-            simulate_in_process(config, args.nodes)
-        else:
-            simulate(config, args.nodes, cpus_per_client=args.cpus_per_client, gpus_per_client=args.gpus_per_client,
-                     ray_address=address)
+        with ctrl_c_reaches_the_run():
+            if args.engine == "inprocess":
+                simulate_in_process(config, args.nodes)
+            else:
+                simulate(config, args.nodes, cpus_per_client=args.cpus_per_client,
+                         gpus_per_client=args.gpus_per_client, ray_address=address)
     except KeyboardInterrupt:
+        return stopped_by_ctrl_c(run_dir)
+    if interrupted():  # the KeyboardInterrupt was dropped on its way; the run saw the flag and stopped
         return stopped_by_ctrl_c(run_dir)
     if run_dir is not None and (status := read_status(run_dir)).get("status") != "completed":
         print(f"run did not complete: {status}", file=sys.stderr)
         return 1
     return 0
+
+
+@contextlib.contextmanager
+def ctrl_c_reaches_the_run() -> Iterator[None]:
+    """While a run goes on in this process, Ctrl-C also tells the run to stop (`interrupt()`) before it raises
+    KeyboardInterrupt. Python raises it wherever the main thread is; when that is a weakref callback or a `__del__`
+    (logging's handler clean-up), it prints "Exception ignored" and drops it, and the command ran on (seen in CI). The
+    flag carries it instead: the run stops at its next check, and such a dropped KeyboardInterrupt prints nothing."""
+    from .server.metrics import interrupt, interrupted
+
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set a handler
+        yield
+        return
+
+    def on_ctrl_c(signum: int, frame: Any) -> None:
+        interrupt()
+        raise KeyboardInterrupt
+
+    def on_unraisable(unraisable: Any) -> None:
+        if not (isinstance(unraisable.exc_value, KeyboardInterrupt) and interrupted()):
+            previous_hook(unraisable)
+
+    previous_hook = sys.unraisablehook
+    previous_handler = signal.signal(signal.SIGINT, on_ctrl_c)
+    sys.unraisablehook = on_unraisable
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous_handler)
+        sys.unraisablehook = previous_hook
 
 
 LINGER_S = 2.0  # how long threads the run left (Flower's engine's) may take to end after a Ctrl-C

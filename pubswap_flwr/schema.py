@@ -33,6 +33,8 @@ def parse(value: Any, schema: type[T], what: str, error: type[ValueError] = Sche
     e.g. "eval.per_task[...].greedy_accuracy: expected `float` <= 1.0"."""
     try:
         return msgspec.convert(value, schema, strict=True)
+    except UnicodeEncodeError:  # msgspec encodes text it reports on; a JSON escape can hold a lone surrogate
+        raise error(f"{what + ': ' if what else ''}text that is not valid Unicode (a lone surrogate)") from None
     except msgspec.ValidationError as err:
         message, _, path = str(err).partition(" - at `")
         path = path.rstrip("`")

@@ -51,6 +51,11 @@ def clear_interrupt() -> None:
     _INTERRUPTED.clear()
 
 
+def interrupted() -> bool:
+    """Whether the command running a run in this process was interrupted (and not cleared since)."""
+    return _INTERRUPTED.is_set()
+
+
 def check_interrupted() -> None:
     """RunInterrupted when the command running this run was interrupted."""
     if _INTERRUPTED.is_set():

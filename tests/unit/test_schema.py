@@ -118,3 +118,16 @@ def test_an_evaluation_keeps_the_numbers_given_in_declared_order():
 ])
 def test_an_evaluation_out_of_bounds_is_refused_naming_the_field(change, expected):
     assert reason({"greedy_accuracy": 0.5, **change}, EvalResult, "eval").startswith(expected)
+
+
+@pytest.mark.parametrize("value", [
+    {"greedy_accuracy": "\ud800"},  # a lone surrogate (a JSON escape allows one) where a number belongs
+    {"greedy_accuracy\udfff": 0.5},  # ... or in a key
+])
+def test_text_that_is_not_unicode_is_refused_with_the_callers_error(value):
+    class Refused(ValueError):
+        pass
+
+    with pytest.raises(Refused, match=r"^eval: text that is not valid Unicode \(a lone surrogate\)$"):
+        parse(value, EvalResult, "eval", Refused)
+    assert reason(value, EvalResult, "") == "text that is not valid Unicode (a lone surrogate)"
