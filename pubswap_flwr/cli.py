@@ -389,6 +389,7 @@ def _simulate_claimed(args: argparse.Namespace, config: dict[str, Any], found: p
     from .simulation import simulate, simulate_in_process
 
     clear_interrupt()
+    started = time.time()
     try:
         with ctrl_c_reaches_the_run():
             if args.engine == "inprocess":
@@ -397,9 +398,9 @@ def _simulate_claimed(args: argparse.Namespace, config: dict[str, Any], found: p
                 simulate(config, args.nodes, cpus_per_client=args.cpus_per_client,
                          gpus_per_client=args.gpus_per_client, ray_address=address)
     except KeyboardInterrupt:
-        return stopped_by_ctrl_c(run_dir)
+        return stopped_by_ctrl_c(run_dir, started)
     if interrupted():  # the KeyboardInterrupt was dropped on its way; the run saw the flag and stopped
-        return stopped_by_ctrl_c(run_dir)
+        return stopped_by_ctrl_c(run_dir, started)
     if run_dir is not None and (status := read_status(run_dir)).get("status") != "completed":
         print(f"run did not complete: {status}", file=sys.stderr)
         return 1
@@ -439,7 +440,7 @@ def ctrl_c_reaches_the_run() -> Iterator[None]:
 LINGER_S = 2.0  # how long threads the run left (Flower's engine's) may take to end after a Ctrl-C
 
 
-def stopped_by_ctrl_c(run_dir: Path | None) -> int:
+def stopped_by_ctrl_c(run_dir: Path | None, started: float) -> int:
     """Ctrl-C on `pubswap simulate`: the run records `stopped` (its own thread, or here when it did not get to it),
     one line on stderr says where the partial run is, and the command ends with exit code 130, no traceback. A thread
     left running (a ServerApp busy in a model call) would hold the process open, so then the process exits at once,
@@ -452,7 +453,7 @@ def stopped_by_ctrl_c(run_dir: Path | None) -> int:
 
     recorded: list[Path] = []
     try:
-        recorded = stop_recording(INTERRUPTED_DETAIL)
+        recorded = stop_recording(INTERRUPTED_DETAIL, since=started)  # the runs of this command
         deadline = time.monotonic() + LINGER_S
         for thread in lingering():
             thread.join(max(0.0, deadline - time.monotonic()))

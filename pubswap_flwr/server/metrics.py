@@ -169,10 +169,10 @@ class RunRecorder:
 _RECORDERS: weakref.WeakSet[RunRecorder] = weakref.WeakSet()  # the runs this process records
 
 
-def stop_recording(detail: str) -> list[Path]:
-    """The directories of the runs this process records, those still `running` marked stopped with `detail` (their
-    own thread did not get to it)."""
-    recorders = sorted(_RECORDERS, key=lambda r: r.started)
+def stop_recording(detail: str, since: float = 0.0) -> list[Path]:
+    """The directories of the runs this process began recording at `since` (time.time()) or later, those still
+    `running` marked stopped with `detail` (their own thread did not get to it)."""
+    recorders = sorted((r for r in _RECORDERS if r.started >= since), key=lambda r: r.started)
     for recorder in recorders:
         if recorder.status == "running":
             recorder.write_status(STOPPED, detail)

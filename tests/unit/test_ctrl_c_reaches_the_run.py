@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from pubswap_flwr import cli, simulation
+from pubswap_flwr.config import ExperimentConfig
 from pubswap_flwr.server import metrics
+from pubswap_flwr.server.metrics import RunRecorder, read_status
 
 PROJECT = Path(__file__).resolve().parents[2]
 SMOKE = PROJECT / "configs" / "smoke.toml"
@@ -29,7 +31,9 @@ class _DropsWhatItRaises:
     """An object whose `__del__` is where the Ctrl-C lands: Python reports the exception as unraisable and drops it."""
 
     def __del__(self):
-        signal.raise_signal(signal.SIGINT)
+        # the handler as Python calls it on SIGINT (a real signal would also reach the suite's Ctrl-C watcher, whose
+        # wake-up descriptor ends this worker)
+        signal.getsignal(signal.SIGINT)(signal.SIGINT, None)
 
 
 def test_a_ctrl_c_dropped_on_its_way_still_stops_the_command(tmp_path, monkeypatch, capsys):
@@ -40,6 +44,8 @@ def test_a_ctrl_c_dropped_on_its_way_still_stops_the_command(tmp_path, monkeypat
         gc.collect()
         seen["interrupted"] = metrics.interrupted()  # the run's next check raises RunInterrupted
 
+    earlier = RunRecorder(tmp_path / "earlier", ExperimentConfig.from_flat({"run-name": "earlier"}), "e")
+    earlier.started -= 1.0  # an earlier run of this process, still running: not this command's to report or stop
     monkeypatch.setattr(simulation, "simulate_in_process", run_whose_ctrl_c_is_dropped)
     code = cli.main(["simulate", "--engine", "inprocess", "-c", str(SMOKE), "--out", str(tmp_path / "runs"),
                      "--run-name", "r"])
@@ -48,6 +54,7 @@ def test_a_ctrl_c_dropped_on_its_way_still_stops_the_command(tmp_path, monkeypat
     assert code == cli.INTERRUPTED
     assert "Exception ignored" not in err and "Traceback" not in err, err
     assert err.rstrip("\n").splitlines()[-1] == "interrupted (Ctrl-C) before the run started: it wrote nothing"
+    assert read_status(earlier.run_dir)["status"] == "running"
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the command's handler is gone after it
 
 
