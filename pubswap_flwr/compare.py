@@ -34,7 +34,7 @@ import time
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Mapping
+from typing import Annotated, Any, Literal, Mapping
 
 import msgspec
 from msgspec import Meta, Struct
@@ -73,6 +73,7 @@ class Sweep:
     timeout_s: float = 4 * 3600
     notes: str = ""
     ray_address: str | None = None  # a running Ray cluster's head node (host:port); None: $RAY_ADDRESS or local
+    engine: str = "ray"  # `pubswap simulate --engine`: ray (clients in parallel) or inprocess (no Ray, one by one)
 
     def run_name(self, arm: str, seed: int) -> str:
         return f"{arm}-s{seed}"
@@ -97,8 +98,10 @@ class SweepFile(Struct, kw_only=True, rename="kebab"):
     timeout_s: Annotated[float, Meta(gt=0)] = 4 * 3600
     notes: str = ""
     ray_address: str | None = None
+    engine: Literal["ray", "inprocess"] = "ray"  # inprocess: no Ray, nodes served one after another (same metrics)
 
 
+INPROCESS_NEEDS_NO_RAY = 'engine = "inprocess" runs without Ray: ray-address and gpus-per-client need engine = "ray"'
 SWEEP_KEYS = sorted(SweepFile.__struct_encode_fields__)
 
 
@@ -132,6 +135,8 @@ def load_sweep(path: str | Path) -> Sweep:
             arm.error = f"arm {name!r}: {err}"
         arms.append(arm)
     address = sweep.ray_address
+    if sweep.engine == "inprocess" and (address is not None or sweep.gpus_per_client > 0):
+        raise SweepError(f"{path}: {INPROCESS_NEEDS_NO_RAY}")
     if address is not None:
         from .simulation import check_ray_address
 
@@ -140,7 +145,7 @@ def load_sweep(path: str | Path) -> Sweep:
         except ValueError as err:
             raise SweepError(f"{path}: {err}") from err
     return Sweep(sweep.name or path.stem, sweep.nodes, list(sweep.seeds), base, arms, path, sweep.cpus_per_client,
-                 float(sweep.gpus_per_client), float(sweep.timeout_s), sweep.notes, address)
+                 float(sweep.gpus_per_client), float(sweep.timeout_s), sweep.notes, address, sweep.engine)
 
 
 @dataclass
@@ -173,11 +178,16 @@ class OutcomeEntry(Struct):
 
 
 def run_one(config: dict[str, Any], nodes: int, cpus_per_client: int, timeout_s: float, log_path: Path,
-            gpus_per_client: float = 0.0, ray_address: str | None = None) -> tuple[int, str]:
+            gpus_per_client: float = 0.0, ray_address: str | None = None, engine: str = "ray") -> tuple[int, str]:
     """One run in a fresh process through Flower's simulation engine, on this machine or on the Ray cluster at
-    `ray_address` (the process also inherits $RAY_ADDRESS); (exit code, last lines of its log)."""
-    command = [sys.executable, "-m", "pubswap_flwr.cli", "simulate", "--nodes", str(nodes), "--cpus-per-client",
-               str(cpus_per_client), "--gpus-per-client", str(gpus_per_client), "--json", json.dumps(config)]
+    `ray_address` (the process also inherits $RAY_ADDRESS), or without Ray (`engine` inprocess); (exit code, last
+    lines of its log)."""
+    command = [sys.executable, "-m", "pubswap_flwr.cli", "simulate", "--nodes", str(nodes)]
+    if engine == "inprocess":
+        command += ["--engine", "inprocess"]
+    else:
+        command += ["--cpus-per-client", str(cpus_per_client), "--gpus-per-client", str(gpus_per_client)]
+    command += ["--json", json.dumps(config)]
     if ray_address is not None:
         command += ["--ray-address", ray_address]
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -356,7 +366,7 @@ def run_sweep(sweep: Sweep, out: Path, only: list[str] | None = None, dry_run: b
             started = time.time()
             log.info("%s seed %d: running (%d nodes)", arm.name, seed, sweep.nodes)
             code, tail = run_one(sweep.config_for(arm, seed, out), sweep.nodes, sweep.cpus_per_client,
-                                 sweep.timeout_s, log_path, sweep.gpus_per_client, sweep.ray_address)
+                                 sweep.timeout_s, log_path, sweep.gpus_per_client, sweep.ray_address, sweep.engine)
             status = read_status(run_dir)
             ok = code == 0 and status.get("status") == "completed"
             detail = status.get("detail") or tail
@@ -426,6 +436,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
         if args.ray_address is not None:
             from .simulation import check_ray_address
 
+            if sweep.engine == "inprocess":
+                raise SweepError('--ray-address runs the arms on a Ray cluster; the sweep file says engine = '
+                                 '"inprocess"')
             sweep.ray_address = check_ray_address(args.ray_address)
     except ValueError as err:  # SweepError, or a bad --ray-address
         print(f"error: {err}", file=sys.stderr)

@@ -1,5 +1,6 @@
-"""`pubswap compare`: a small sweep through Flower's simulation engine, its report and plots, a bad arm and a
-failing run reported by name while the other arms complete, and `pubswap report` regenerating from metrics."""
+"""`pubswap compare`: a small sweep (each arm a `pubswap simulate` process, without Ray), its report and plots, a
+bad arm and a failing run reported by name while the other arms complete, and `pubswap report` regenerating from
+metrics."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ SWEEP = """
 name = "mini"
 nodes = 2
 seeds = [7]
+engine = "inprocess"  # no Ray start per arm; a sweep's arms through Ray: test_ray_cluster.py
 
 [config]
 num-server-rounds = 1

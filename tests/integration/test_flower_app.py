@@ -71,14 +71,35 @@ def test_fedavg_run_writes_metrics_and_adapters_and_changes_the_global_adapter(f
     assert moved > 1e-4
 
 
-def test_fedprox_run_completes(flower, tmp_path):
-    # every strategy.* key in one -c: Flower merges -c strings table by table, so a later string's strategy keys
-    # replace the first's (strategy.apply-below-robust was lost and both rounds kept)
-    row = flower.run([f"{TINY} output.dir='{tmp_path}' run-name='fedprox'",
+@pytest.fixture(scope="module")
+def fedprox_reward_run(flower, tmp_path_factory):
+    """One fedprox run of TINY whose gcd reward is a user's function (tasks.rewards names modules of the checkout;
+    `flwr run` bundles them, and the server and the nodes import them from the installed bundle, the scoring worker
+    by name): its `flwr ls` row and run dir, read by two tests."""
+    out = tmp_path_factory.mktemp("fedprox")
+    rewards = "gcd=tests.unit.reward_fixtures:half_for_any_answer,examples.my_reward:reward"
+    # every key of a table in one -c: Flower merges -c strings table by table, so a later string's strategy keys
+    # replaced the first's (strategy.apply-below-robust was lost and both rounds kept)
+    row = flower.run([f"{TINY} eval.sampled=false output.dir='{out}' run-name='fedprox'",
+                      f"tasks.per-node=0 tasks.partial-credit=true tasks.mix='gcd:1,chain_sum:1' "
+                      f"tasks.rewards='{rewards}'",
                       "strategy.mode='fedprox' strategy.proximal-mu=0.01 strategy.apply-below-robust=true"])
+    return row, out / "fedprox"
+
+
+def test_fedprox_run_completes(fedprox_reward_run):
+    row, run_dir = fedprox_reward_run
     assert row["status"] == "finished:completed", row
-    rows = read_metrics(tmp_path / "fedprox")
+    rows = read_metrics(run_dir)
     assert rows[-1]["mode"] == "fedprox" and rows[-1]["aggregated"] is True
+
+
+def test_a_user_reward_named_in_the_config_scores_from_the_app_bundle(fedprox_reward_run):
+    """gcd's held-out reward is the fixture's 0.5 per tagged answer, which no built-in verifier pays."""
+    row, run_dir = fedprox_reward_run
+    assert row["status"] == "finished:completed", row
+    evals = [r["eval"]["per_task"]["gcd"] for r in read_metrics(run_dir)]
+    assert [(e["greedy_reward"], e["greedy_accuracy"]) for e in evals] == [(0.5, 0.0), (0.5, 0.0)]
 
 
 # One case through `flwr run` (every key's validation is unit-tested in tests/unit/test_config.py)
@@ -137,16 +158,3 @@ def test_math_sample_preset_runs_on_the_sample_file(flower, tmp_path):
     assert set(rows[1]["eval"]["per_task"]) == {"deepmath"}
     assert all(c["tasks"] == ["math"] for c in rows[1]["clients"].values())
     assert rows[1]["aggregated"] is True
-
-
-def test_a_user_reward_named_in_the_config_scores_from_the_app_bundle(flower, tmp_path):
-    """tasks.rewards names modules of the checkout; `flwr run` bundles them, and the server and the nodes import
-    them from the installed bundle (the scoring worker by name): gcd's held-out reward is the fixture's 0.5 per tagged
-    answer, which no built-in verifier pays."""
-    rewards = "gcd=tests.unit.reward_fixtures:half_for_any_answer,examples.my_reward:reward"
-    row = flower.run([f"{TINY} eval.sampled=false "
-                      f"tasks.per-node=0 tasks.partial-credit=true output.dir='{tmp_path}' run-name='reward'",
-                      f"tasks.mix='gcd:1,chain_sum:1' tasks.rewards='{rewards}'"])
-    assert row["status"] == "finished:completed", row
-    evals = [r["eval"]["per_task"]["gcd"] for r in read_metrics(tmp_path / "reward")]
-    assert [(e["greedy_reward"], e["greedy_accuracy"]) for e in evals] == [(0.5, 0.0), (0.5, 0.0)]

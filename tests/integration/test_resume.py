@@ -23,9 +23,10 @@ BASE = {"strategy.mode": "pubswap", "num-server-rounds": 3, "train.local-steps":
 
 
 def _simulate(config: dict, **popen) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "pubswap_flwr.cli", "simulate", "--nodes", "3",
-                             "--json", json.dumps(config)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-                            **popen)
+    # without Ray: checkpoints, node state and resume are the ServerApp's and ClientApp's, the same on either engine
+    return subprocess.Popen([sys.executable, "-m", "pubswap_flwr.cli", "simulate", "--engine", "inprocess",
+                             "--nodes", "3", "--json", json.dumps(config)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, **popen)
 
 
 def _comparable(row: dict) -> dict:

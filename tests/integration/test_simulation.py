@@ -1,5 +1,6 @@
-"""All four modes end to end through Flower's simulation engine (in-process `run_simulation`): a client failing
-mid-round, PubSwap with both swap rules, and a heterogeneous SAPO swarm."""
+"""The modes end to end: through Flower's Ray engine (`run_simulation`) a client failing mid-round, a heterogeneous
+SAPO swarm and the golden runs repeated; without Ray (the same ServerApp and ClientApp, nodes one after another),
+PubSwap with both swap rules and asynchronous SAPO."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pubswap_flwr.server.metrics import read_metrics
-from pubswap_flwr.simulation import simulate
+from pubswap_flwr.simulation import simulate, simulate_in_process
 from tests.golden.runs import RUNS, comparable, golden_differences
 
 pytestmark = pytest.mark.slow
@@ -36,7 +37,7 @@ def test_a_client_raising_mid_round_is_dropped_and_the_round_completes(tmp_path)
 
 @pytest.mark.parametrize("rule", ["balanced", "random"])
 def test_pubswap_swaps_public_responses_and_records_them(tmp_path, rule):
-    simulate({**TINY, "strategy.mode": "pubswap", "pubswap.swap": rule, "num-server-rounds": 2,
+    simulate_in_process({**TINY, "strategy.mode": "pubswap", "pubswap.swap": rule, "num-server-rounds": 2,
               "train.local-steps": 4, "pubswap.tau-swap": 2, "pubswap.public-prompts": 4,
               "pubswap.public-mix": "gcd:1,count_bits:1", "output.dir": str(tmp_path), "run-name": rule}, 3)
     rows = read_metrics(tmp_path / rule)
@@ -88,7 +89,7 @@ def test_sapo_heterogeneous_swarm_trains_on_external_groups_without_sharing_weig
 
 
 def test_sapo_async_trains_on_the_previous_rounds_pool(tmp_path):
-    simulate({**TINY, "strategy.mode": "sapo", "sapo.async": True, "num-server-rounds": 3, "sapo.local": 2,
+    simulate_in_process({**TINY, "strategy.mode": "sapo", "sapo.async": True, "num-server-rounds": 3, "sapo.local": 2,
               "sapo.external": 2, "sapo.questions": 3, "sapo.completions": 4, "sapo.share": 3, "sapo.sharing": "fixed",
               "eval.every": 0, "output.dir": str(tmp_path), "run-name": "async"}, 3)
     rows = read_metrics(tmp_path / "async")

@@ -121,3 +121,45 @@ def test_compare_refuses_a_bad_ray_address_in_one_line(tmp_path, capsys):
     assert capsys.readouterr().err == ("error: ray address 'head' is not host:port (the head node's `ray start "
                                        "--head --port`) or auto\n")
     assert not (tmp_path / "s").exists()  # nothing ran
+
+
+def test_a_sweep_on_the_inprocess_engine_runs_its_arms_without_ray(tmp_path, monkeypatch):
+    path = tmp_path / "s.toml"
+    path.write_text('engine = "inprocess"\n[arms.a]\nseed = 1\n')
+    sweep = load_sweep(path)
+    assert sweep.engine == "inprocess" and load_sweep(_sweep_file(tmp_path, "")).engine == "ray"  # the default
+    commands = []
+
+    def run(command, **kw):
+        commands.append(command)
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(compare.subprocess, "run", run)
+    compare.run_sweep(sweep, tmp_path / "out")
+    assert commands[0][commands[0].index("--engine") + 1] == "inprocess"
+    assert "--cpus-per-client" not in commands[0] and "--ray-address" not in commands[0]
+
+
+def _sweep_file(tmp_path, head: str):
+    path = tmp_path / "t.toml"
+    path.write_text(f"{head}\n[arms.a]\nseed = 1\n")
+    return path
+
+
+@pytest.mark.parametrize("head, message", [
+    ('engine = "dask"', r"engine: expected one of \['inprocess', 'ray'\]|engine: invalid enum value 'dask'"),
+    ('engine = "inprocess"\nray-address = "10.0.0.5:6379"', "engine = \"inprocess\" runs without Ray: "
+                                                              "ray-address and gpus-per-client need engine = \"ray\""),
+    ('engine = "inprocess"\ngpus-per-client = 0.5', "engine = \"inprocess\" runs without Ray: ray-address and "
+                                                     "gpus-per-client need engine = \"ray\""),
+])
+def test_a_sweeps_engine_is_checked_with_what_needs_ray(tmp_path, head, message):
+    with pytest.raises(SweepError, match=message):
+        load_sweep(_sweep_file(tmp_path, head))
+
+
+def test_compare_refuses_a_ray_address_for_an_inprocess_sweep(tmp_path, capsys):
+    path = _sweep_file(tmp_path, 'engine = "inprocess"')
+    assert cli.main(["compare", str(path), "--out", str(tmp_path), "--ray-address", "10.0.0.5:6379"]) == 2
+    assert capsys.readouterr().err == ("error: --ray-address runs the arms on a Ray cluster; the sweep file says "
+                                       "engine = \"inprocess\"\n")
