@@ -7,29 +7,33 @@ from typing import Iterable, Sequence
 
 from xdist.scheduler import LoadGroupScheduling
 
-# Seconds each slow test took on one of two workers (`pytest -m slow -n 2 --durations`, setup + call + teardown, on
-# the 2-core machine at load average ~10, 2026-12-06; 2283 s in all). They set the slow tests' order only, so a stale
-# figure costs minutes, never a result. A key is a test id, a test id without its parameters, or a module (each of
-# its tests); a slow test none names counts DEFAULT_SLOW_SECONDS. The controller takes a test a key names for slow:
-# name no module that holds fast tests.
+# Seconds each slow test took on one of two workers (`pytest -m slow --durations=0`, setup + call + teardown, on the
+# idle 2-core machine, 2026-12-06 at 7612085). They set the slow tests' order only, so a stale figure costs minutes,
+# never a result. A key is a test id, a test id without its parameters, or a module (each of its tests); a slow test
+# none names counts DEFAULT_SLOW_SECONDS. The controller takes a test a key names for slow: name no module that holds
+# fast tests.
 _I = "tests/integration/"
 SLOW_SECONDS: dict[str, float] = {
-    _I + "test_front_door.py": 322, _I + "test_warm_worker.py": 164, _I + "test_resume.py": 133,
-    _I + "test_deployment.py": 70,  # each of 2 (a group): 123 + 18
-    _I + "test_real_model.py::test_converted_logits_equal_the_gguf_loaded_models": 57,  # the conversion, 40-55 s
-    _I + "test_real_model.py": 15,
-    _I + "test_simulation.py::test_flowers_ray_engine_repeats_the_in_process_golden_metrics[pubswap-balanced]": 108,
-    _I + "test_simulation.py::test_pubswap_swaps_public_responses_and_records_them[random]": 106,
+    _I + "test_deployment.py": 52,  # each of 2 (a group): 95 + 9
+    _I + "test_front_door.py": 75, _I + "test_warm_worker.py": 44, _I + "test_resume.py": 9,
+    _I + "test_real_model.py::test_converted_logits_equal_the_gguf_loaded_models": 40,  # the conversion
+    _I + "test_real_model.py": 8,
+    _I + "test_simulation.py::test_flowers_ray_engine_repeats_the_in_process_golden_metrics[pubswap-balanced]": 29,
     # a group (simulation-sapo-two-models): the first of the two, in collection order, makes the shared Ray run
-    _I + "test_simulation.py::test_sapo_heterogeneous_swarm_trains_on_external_groups_without_sharing_weights": 45,
+    _I + "test_simulation.py::test_sapo_heterogeneous_swarm_trains_on_external_groups_without_sharing_weights": 35,
     _I + "test_simulation.py::test_flowers_ray_engine_repeats_the_in_process_golden_metrics[sapo-two-models]": 1,
-    _I + "test_simulation.py": 75,
-    _I + "test_compare.py::test_sweep_report_matches_metrics_and_names_failed_arms": 91,  # -n 0, load 7-14
+    _I + "test_simulation.py::test_a_client_raising_mid_round_is_dropped_and_the_round_completes": 24,
+    _I + "test_simulation.py": 6,  # in process
+    _I + "test_compare.py::test_sweep_report_matches_metrics_and_names_failed_arms": 34,
     _I + "test_compare.py": 1,
-    _I + "test_flower_app.py": 46,  # each of 6 (a group): 0.2 to 76, 277 s in all (-n 0, load 8-12)
-    _I + "test_ray_cluster.py": 62,  # each of 2 (a group): 52 + 72
-    _I + "test_gpu_sweeps.py": 47, _I + "test_learning.py": 45, _I + "test_interrupt.py": 45,
-    _I + "test_tiny_builder.py": 10,
+    _I + "test_flower_app.py": 20,  # each of 6 (a group): 0.2 to 35, 119 s in all (-n 0)
+    _I + "test_ray_cluster.py": 38,  # each of 2 (a group): 48 + 28
+    _I + "test_gpu_sweeps.py": 20, _I + "test_learning.py": 12, _I + "test_interrupt.py": 20,
+    _I + "test_ctrl_c.py::test_ctrl_c_on_simulate_with_ray_stops_cleanly": 13,
+    _I + "test_beyond_papers_runs.py::"
+         "test_pubswap_with_every_extension_logs_its_schedule_candidates_and_foreign_weights": 8,
+    _I + "test_tiny_builder.py": 3,
+    "tests/unit/test_suite_order.py::test_plain_pytest_runs_a_worker_per_cpu_and_a_named_test_in_one_process": 22,
 }
 DEFAULT_SLOW_SECONDS = 60.0
 
