@@ -260,12 +260,22 @@ def _paths(value, prefix=()) -> list[tuple]:
 
 
 _BASE: dict[str, Path] = {}
+_BASE_ROOT: list[Path] = []  # pytest's temporary folder for this module (hypothesis's tests take no tmp_path)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _checkpoint_root(tmp_path_factory):
+    _BASE_ROOT.append(tmp_path_factory.mktemp("checkpoints"))
+    yield
+    _BASE_ROOT.clear()
+    _BASE.clear()
 
 
 def _base(mode: str) -> Path:
-    """Checkpoints of rounds 1 and 2 of `mode`, written once."""
+    """Checkpoints of rounds 1 and 2 of `mode`, written once per module run (under pytest's temporary folder, which
+    pytest prunes; a folder of /tmp's own was left behind by every run)."""
     if mode not in _BASE:
-        run = Path(tempfile.mkdtemp(prefix=f"ckpt-{mode}-"))
+        run = _BASE_ROOT[-1] / mode
         for number in (1, 2):
             checkpoint.save(run, ServerCheckpoint(
                 number, FLATS[mode], 0.5 * number, {7: 0, 8: 1}, {0: number, 1: number}, PROTOCOL.get(mode, {}),
