@@ -136,10 +136,29 @@ class ExperimentConfig:
                               "strategy.aggregation = 'mean'")
         if s.aggregation == "trimmed-mean":
             self._check_trim()
+        if self.tasks.curriculum:
+            self._check_curriculum()
         t = self.train
         if t.prompts_per_step * t.completions_per_prompt > MAX_COMPLETIONS_PER_BATCH:
             raise ConfigError(f"train.prompts-per-step x train.completions-per-prompt = {t.prompts_per_step} x "
                               f"{t.completions_per_prompt}: more than {MAX_COMPLETIONS_PER_BATCH} completions per step")
+
+    def _check_curriculum(self) -> None:
+        """tasks.curriculum: a band low < high, generated tasks that all have a curriculum, a start level in range."""
+        from .tasks import TaskError, parse_custom_tasks, parse_mix
+        from .tasks.curriculum import check_levels
+
+        t = self.tasks
+        if t.curriculum_low >= t.curriculum_high:
+            raise ConfigError(f"tasks.curriculum-low = {t.curriculum_low} must be below tasks.curriculum-high = "
+                              f"{t.curriculum_high}")
+        if t.data_paths.strip():
+            raise ConfigError("tasks.curriculum = true needs generated tasks: nodes with tasks.data-paths train on "
+                              "their files, which have no curriculum levels")
+        try:
+            check_levels(parse_mix(t.mix, parse_custom_tasks(t.custom)), t.curriculum_start)
+        except TaskError as err:
+            raise ConfigError(str(err)) from None
 
     def _check_trim(self) -> None:
         """A trimmed mean of n clients drops floor(trim-fraction x n) values at each end (aggregate.trimmed_mean). The

@@ -172,6 +172,19 @@ class TasksConfig:
                            "per group of completions in the isolated scoring worker; they score a node's own rollouts "
                            "only (held-out evaluation keeps tasks.rewards or the verifier); None: that completion is "
                            "scored as without them (docs/own-reward.md)")
+    curriculum: bool = opt(False, doc="the frontier controller (issue #53): each node moves its private stream's "
+                                      "reasoning-gym curriculum level per task, one step up when the success rate "
+                                      "of its last tasks.curriculum-window groups at that level is above "
+                                      "tasks.curriculum-high, one down when below tasks.curriculum-low (checked at "
+                                      "each round's start; a change waits for a full new window); held-out and "
+                                      "public items keep the tasks' own configs; every task needs a curriculum")
+    curriculum_low: float = opt(0.3, between(0, 1), "the success band's bottom (tasks.curriculum)")
+    curriculum_high: float = opt(0.7, between(0, 1), "the success band's top (tasks.curriculum); > "
+                                                     "tasks.curriculum-low")
+    curriculum_window: int = opt(16, between(1, 10_000), "groups per task the success rate is taken over "
+                                                         "(tasks.curriculum)")
+    curriculum_start: int = opt(0, between(0, 1000), "every node's first curriculum level (tasks.curriculum); at "
+                                                     "most each task's top level")
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from pubswap_flwr.config import ExperimentConfig
+from pubswap_flwr.config_keys import ConfigError
+
 from pubswap_flwr.tasks import PRESETS, TaskError, TaskSpec
 from pubswap_flwr.tasks.curriculum import (
     Band,
@@ -107,7 +110,7 @@ def test_a_level_spec_generates_items_of_that_level():
 def test_a_level_outside_the_range_is_refused():
     with pytest.raises(TaskError, match=r"'gcd': curriculum level 4 is outside its range 0..3"):
         level_config(PRESETS["gcd"], 4)
-    with pytest.raises(TaskError, match=r"tasks.curriculum-start = 4: above task 'gcd'"):
+    with pytest.raises(TaskError, match=r"tasks.curriculum-start = 4: above the top curriculum level 3 of task 'gcd'"):
         check_levels([PRESETS["spell_backward"], PRESETS["gcd"]], 4)
 
 
@@ -115,3 +118,38 @@ def test_a_task_without_a_curriculum_is_refused():
     spec = TaskSpec("rg:list_functions", "list_functions", {})
     with pytest.raises(TaskError, match=r"tasks.curriculum = true: reasoning-gym 0.1.25 has no curriculum for rg:list_functions"):
         check_levels([PRESETS["gcd"], spec], 0)
+
+
+# -- config --------------------------------------------------------------------------------------------------------
+def config(**flat):
+    return ExperimentConfig.from_flat({"tasks.curriculum": True, "tasks.mix": "gcd:1,spell_backward:1", **flat})
+
+
+def test_curriculum_keys_parse_and_default_off():
+    assert ExperimentConfig().tasks.curriculum is False
+    cfg = config(**{"tasks.curriculum-low": 0.2, "tasks.curriculum-high": 0.8, "tasks.curriculum-window": 8,
+                    "tasks.curriculum-start": 3})
+    assert (cfg.tasks.curriculum_low, cfg.tasks.curriculum_high, cfg.tasks.curriculum_window,
+            cfg.tasks.curriculum_start) == (0.2, 0.8, 8, 3)
+
+
+@pytest.mark.parametrize(("flat", "message"), [
+    ({"tasks.curriculum-low": 0.7, "tasks.curriculum-high": 0.7},
+     r"^tasks.curriculum-low = 0.7 must be below tasks.curriculum-high = 0.7$"),
+    ({"tasks.curriculum-low": 0.8}, r"^tasks.curriculum-low = 0.8 must be below tasks.curriculum-high = 0.7$"),
+    ({"tasks.curriculum-high": 1.5}, r"^tasks.curriculum-high = 1.5: must be >= 0 and <= 1$"),
+    ({"tasks.curriculum-low": -0.1}, r"^tasks.curriculum-low = -0.1: must be >= 0 and <= 1$"),
+    ({"tasks.curriculum-window": 0}, r"^tasks.curriculum-window = 0: must be >= 1"),
+    ({"tasks.curriculum-start": 4}, r"^tasks.curriculum-start = 4: above the top curriculum level 3 of task 'gcd'$"),
+    ({"tasks.curriculum-start": -1}, r"^tasks.curriculum-start = -1: must be >= 0"),
+    ({"tasks.mix": "gcd:1,rg:list_functions:1"}, r"^tasks.curriculum = true: .* no curriculum for rg:list_functions"),
+    ({"tasks.data-paths": "a.jsonl"}, r"^tasks.curriculum = true needs generated tasks"),
+])
+def test_bad_curriculum_settings_are_config_errors_naming_the_key(flat, message):
+    with pytest.raises(ConfigError, match=message):
+        config(**flat)
+
+
+def test_curriculum_settings_are_not_checked_with_the_controller_off():
+    cfg = ExperimentConfig.from_flat({"tasks.curriculum-start": 9, "tasks.mix": "gcd:1,rg:list_functions:1"})
+    assert cfg.tasks.curriculum_start == 9
