@@ -7,7 +7,6 @@ import pytest
 
 from pubswap_flwr.config import ExperimentConfig
 from pubswap_flwr.config_keys import ConfigError
-
 from pubswap_flwr.tasks import PRESETS, TaskError, TaskSpec
 from pubswap_flwr.tasks.curriculum import (
     Band,
@@ -116,7 +115,8 @@ def test_a_level_outside_the_range_is_refused():
 
 def test_a_task_without_a_curriculum_is_refused():
     spec = TaskSpec("rg:list_functions", "list_functions", {})
-    with pytest.raises(TaskError, match=r"tasks.curriculum = true: reasoning-gym 0.1.25 has no curriculum for rg:list_functions"):
+    expected = r"^tasks.curriculum = true: reasoning-gym 0.1.25 has no curriculum for rg:list_functions;"
+    with pytest.raises(TaskError, match=expected):
         check_levels([PRESETS["gcd"], spec], 0)
 
 

@@ -1,0 +1,32 @@
+"""tasks.curriculum in a run served in process: each node's levels are recorded per round in its client row, moved
+by the frontier rule between rounds (here a band no node reaches, so every full window lowers a level)."""
+
+from __future__ import annotations
+
+from pubswap_flwr.metrics_schema import CURRICULUM_LEVELS
+from pubswap_flwr.server.metrics import read_metrics
+from pubswap_flwr.simulation import simulate_in_process
+
+TINY = {"seed": 5, "strategy.mode": "fedavg", "num-server-rounds": 3, "train.local-steps": 2,
+        "train.prompts-per-step": 2, "train.completions-per-prompt": 4, "eval.items-per-task": 3, "eval.samples": 1,
+        "eval.sampled": False, "eval.every": 0, "tasks.mix": "gcd:1,spell_backward:1", "tasks.per-node": 1,
+        "tasks.curriculum": True, "tasks.curriculum-start": 2, "tasks.curriculum-window": 4,
+        "tasks.curriculum-low": 0.99, "tasks.curriculum-high": 1.0}
+
+
+def test_each_nodes_levels_are_recorded_per_round_and_follow_the_rule(tmp_path):
+    simulate_in_process({**TINY, "output.dir": str(tmp_path), "run-name": "cur"}, 2)
+    rows = read_metrics(tmp_path / "cur")
+    levels = {row["round"]: {client["node_index"]: client[CURRICULUM_LEVELS] for client in row["clients"].values()}
+              for row in rows[1:]}
+    # 4 groups a round fill the window; success below 0.99 lowers the level at the next round's start
+    assert levels == {1: {0: {"gcd": 2}, 1: {"spell_backward": 2}},
+                      2: {0: {"gcd": 1}, 1: {"spell_backward": 1}},
+                      3: {0: {"gcd": 0}, 1: {"spell_backward": 0}}}
+
+
+def test_without_the_controller_no_levels_are_recorded(tmp_path):
+    simulate_in_process({**TINY, "tasks.curriculum": False, "num-server-rounds": 1, "output.dir": str(tmp_path),
+                         "run-name": "off"}, 2)
+    rows = read_metrics(tmp_path / "off")
+    assert all(CURRICULUM_LEVELS not in client for row in rows[1:] for client in row["clients"].values())
