@@ -39,5 +39,6 @@ WELL_FORMED: Final = "well_formed"  # share of the node's own samples that kept 
 FOREIGN_WEIGHT_MEAN: Final = "foreign_weight_mean"  # train.foreign-correction: mean loss weight of foreign tokens,
 IS_CAPPED_FRACTION: Final = "is_capped_fraction"  # the share truncated at train.is-cap,
 FOREIGN_FALLBACKS: Final = "foreign_fallbacks"  # foreign completions without a usable donor behaviour
+CURRICULUM_LEVELS: Final = "curriculum_levels"  # tasks.curriculum: task -> the level of the node's private items
 
 WELL_FORMED_WARNING: Final = 0.8  # below this WELL_FORMED share a client is warned about (and the report says so)

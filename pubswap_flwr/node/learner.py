@@ -27,6 +27,7 @@ from ..tasks import (
     ItemListStream,
     MixtureStream,
     TaskItem,
+    TaskSpec,
     load_items,
     node_mixes,
     parse_custom_tasks,
@@ -34,6 +35,7 @@ from ..tasks import (
     score_completion,
     training_reward,
 )
+from ..tasks.curriculum import Band, TaskLevel, at_level, group_success, next_level, observe, top_level
 from ..tasks.isolation import check_rewards
 from ..tasks.items import max_question_chars
 from ..tasks.rewards import TRL_REWARDS_KEY, parse_rewards, parse_trl_rewards
@@ -121,6 +123,8 @@ class Learner:
                                                         identity.learning_rate))
         self.uses_proximal = proximal_mu > 0
         self.store = NodeStore(identity.state_dir, identity.model_name)
+        t = settings.tasks  # tasks.curriculum: the frontier controller's band (tasks/curriculum.py)
+        self.band = Band(t.curriculum_low, t.curriculum_high, t.curriculum_window) if t.curriculum else None
         self._family_state: msgspec.Struct | None = None  # family_state's parse of state.mode
         self.state = self._load()
         self.stream = self._build_stream()
@@ -166,6 +170,7 @@ class Learner:
             self._by_question = None
             log.info("node %d: repeating round %d from its saved start", self.identity.index, round_number)
             return True
+        self._move_levels(round_number)
         self.save()
         self.store.snapshot_round_start(round_number)
         return False
@@ -191,7 +196,63 @@ class Learner:
         unknown = [s.name for s in mix if s.name not in names]
         if unknown:
             raise ValueError(f"node task mix names tasks outside tasks.mix: {unknown}")
+        if self.band is not None:
+            mix = [at_level(spec, self._curriculum_level(spec)) for spec in mix]
         return MixtureStream(mix, self.universe.tasks, self.identity.index, exclude, settings.tasks.data_seed)
+
+    # -- tasks.curriculum: the private stream's levels -----------------------------------------------------------
+    def _curriculum_level(self, spec: TaskSpec) -> int:
+        """The node's saved level of `spec` (the start level for a task it has none of yet), checked against the
+        task's range: node.json is untrusted input."""
+        saved = self.state.curriculum.setdefault(spec.name, TaskLevel(self.settings.tasks.curriculum_start))
+        if saved.level > top_level(spec):
+            raise ValueError(f"node state {self.store.directory / 'node.json'}: curriculum level {saved.level} of "
+                             f"task {spec.name!r} is above its top level {top_level(spec)}")
+        return saved.level
+
+    def _curriculum_stream(self) -> MixtureStream:
+        """The generated private stream the controller moves; ValueError for a data file or saved levels of tasks
+        this node does not train."""
+        if not isinstance(self.stream, MixtureStream):
+            raise ValueError(f"tasks.curriculum = true, but node {self.identity.index} trains on its data file "
+                             f"{self.identity.data_path}, which has no curriculum levels")
+        extra = sorted(set(self.state.curriculum) - set(self.task_names))
+        if extra:
+            raise ValueError(f"node state {self.store.directory / 'node.json'}: curriculum names tasks this node "
+                             f"does not train: {extra}")
+        return self.stream
+
+    def observe_groups(self, groups: Sequence[RolloutGroup]) -> None:
+        """Add this node's own private groups' success rates to its curriculum windows (tasks.curriculum)."""
+        if self.band is None:
+            return
+        for name in dict.fromkeys(g.task for g in groups):
+            state = self.state.curriculum.get(name)
+            if state is not None:
+                successes = [group_success(g.rewards) for g in groups if g.task == name]
+                self.state.curriculum[name] = observe(state, successes, self.band)
+
+    def _move_levels(self, round_number: int) -> None:
+        """A round's start: the frontier rule moves each task's level (tasks.curriculum), the stream follows."""
+        if self.band is None:
+            return
+        moved = False
+        for spec in self._curriculum_stream().mix:
+            before = self.state.curriculum[spec.name]
+            after = next_level(before, self.band, top_level(spec))
+            self.state.curriculum[spec.name] = after
+            if after.level != before.level:
+                moved = True
+                log.info("node %d: round %d trains %s at curriculum level %d (was %d)", self.identity.index,
+                         round_number, spec.name, after.level, before.level)
+        if moved:
+            self.stream = self._build_stream()
+
+    @property
+    def curriculum_levels(self) -> dict[str, int]:
+        """Task -> the curriculum level this node's private items are drawn at (empty with the controller off)."""
+        return {name: self.state.curriculum[name].level for name in self.task_names
+                if self.band is not None and name in self.state.curriculum}
 
     def own_items(self, question: str) -> list[TaskItem]:
         """This node's own training items (an organization data file) with this question text; none for a generated
@@ -297,6 +358,7 @@ class Learner:
         for _ in range(count):
             items = self.stream.take(cfg.prompts_per_step, self.state.cursor)
             groups, sample_s = self.rollout(items, cfg.completions_per_prompt)
+            self.observe_groups(groups)
             rewards = [r for g in groups for r in g.rewards]
             self.state.cumulative_reward += sum(rewards) / len(rewards)
             self.learn_step(groups, "private", report, sample_s)

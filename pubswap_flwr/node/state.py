@@ -32,7 +32,8 @@ from ..config_sections import MAX_LEARNING_RATE
 from ..policy import Policy
 from ..schema import RewardTotal, decode_json, parse, parse_value_of
 from ..tasks import StreamCursor
-from ..tasks.splits import MAX_NODES
+from ..tasks.curriculum import TaskLevel
+from ..tasks.splits import MAX_NODES, MAX_TASKS
 from ..untrusted import MAX_FILE_BYTES, UntrustedFileError, one_line, read_bytes, write_replacing
 
 STATE_FILE = "node.json"
@@ -144,6 +145,9 @@ class NodeState(Struct):
     cumulative_reward: RewardTotal = 0.0  # one mean reward per round
     last_round: Tally = 0
     cursor: StreamCursor = msgspec.field(default_factory=StreamCursor)
+    # tasks.curriculum: the node's curriculum level and recent group successes per task (tasks/curriculum.py)
+    curriculum: Annotated[dict[Annotated[str, Meta(max_length=256)], TaskLevel], Meta(max_length=MAX_TASKS)] = \
+        msgspec.field(default_factory=dict)
     # the mode family's own state (pubswap's pending public samples, SAPO's pending groups and peer record), as that
     # family declares it (catalog: node_state) and Learner.family_state parses it
     mode: dict[str, Any] = msgspec.field(default_factory=dict)

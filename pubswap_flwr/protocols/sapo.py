@@ -237,6 +237,7 @@ class SapoNode:
             return []
         items = learner.stream.take(count, learner.state.cursor)
         groups, sample_s = learner.rollout(items, scfg.completions)
+        learner.observe_groups(groups)
         self.saved.pending = [PendingGroup(item.to_dict(), [c.text for c in g.completions],
                                            [list(c.token_ids or ()) for c in g.completions], list(g.rewards))
                               for item, g in zip(items, groups)]

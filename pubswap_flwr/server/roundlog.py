@@ -84,6 +84,8 @@ class RoundLog:
             row["total_steps"] = float(report.total_steps)
             row["model"] = report.model
             row["tasks"] = report.tasks
+            if report.curriculum:  # tasks.curriculum: the levels its private items were drawn at, as it reports them
+                row[schema.CURRICULUM_LEVELS] = dict(report.curriculum)
 
     def warn_broken_formats(self, threshold: float = WELL_FORMED_WARNING) -> list[int]:
         """Log a warning for each client whose own samples this round kept the answer format less often than

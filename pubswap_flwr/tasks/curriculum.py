@@ -102,7 +102,8 @@ def at_level(spec: TaskSpec, level: int) -> TaskSpec:
 def _levels(generator: str) -> tuple[int, tuple[str, ...]]:
     """(top level, the config fields the curriculum sets) of a generator's curriculum; TaskError when it has none."""
     from reasoning_gym.coaching.attributes import RangeAttributeDefinition
-    from reasoning_gym.factory import create_curriculum, has_curriculum as registered
+    from reasoning_gym.factory import create_curriculum
+    from reasoning_gym.factory import has_curriculum as registered
 
     if not registered(generator):
         raise TaskError(f"reasoning-gym has no curriculum for {generator!r}")

@@ -10,14 +10,15 @@ checks types and ranges and raises on anything malformed (the exchange's per-rep
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, TypeVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Mapping, TypeVar
 
 import msgspec
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from msgspec import Meta, Struct
 
 from ..schema import Count, Reward, RewardTotal, Tally, parse
+from ..tasks.curriculum import Level
 from ..tasks.splits import MAX_NODES
 from .codecs import (
     ADAPTER_KEY,
@@ -195,6 +196,7 @@ class ReportPayload(Struct, frozen=True):
 
     model: Annotated[str, Meta(max_length=1024)] = ""
     tasks: Annotated[list[Annotated[str, Meta(max_length=256)]], Meta(max_length=256)] = []
+    curriculum: Annotated[dict[Annotated[str, Meta(max_length=256)], Level], Meta(max_length=256)] = {}
 
 
 @dataclass(frozen=True)
@@ -217,6 +219,7 @@ class ClientReport:
     formats: FormatCounts = FormatCounts()  # this message's own samples, and how many kept the answer format
     foreign: ForeignCounts = ForeignCounts()  # train.foreign-correction: the foreign text it trained on
     uptake: UptakeCounts = UptakeCounts()  # pubswap.measure-uptake
+    curriculum: Mapping[str, int] = field(default_factory=dict)  # tasks.curriculum: task -> level (a metric only)
 
     @classmethod
     def of(cls, learner: Learner, report: WorkReport, started: float) -> "ClientReport":
@@ -230,7 +233,7 @@ class ClientReport:
             model=learner.identity.model_name, tasks=tuple(learner.task_names),
             formats=FormatCounts.of_shapes(learner.sampled_shapes),
             foreign=msgspec.structs.replace(report.foreign, fallbacks=sum(report.fallbacks.values())),
-            uptake=report.uptake)
+            uptake=report.uptake, curriculum=learner.curriculum_levels)
 
     def metrics(self) -> dict:
         out = {"node-index": self.node_index, "num-examples": self.num_examples,
@@ -247,7 +250,8 @@ class ClientReport:
         return out
 
     def payload(self) -> dict:
-        return {"model": self.model, "tasks": list(self.tasks)}
+        levels = {"curriculum": dict(self.curriculum)} if self.curriculum else {}
+        return {"model": self.model, "tasks": list(self.tasks), **levels}
 
     @classmethod
     def from_records(cls, metrics: Any, payload: dict) -> "ClientReport":
@@ -261,7 +265,7 @@ class ClientReport:
             train_reward=numbers.train_reward, train_completions=numbers.train_completions,
             rollout_reward=numbers.rollout_reward, formats=FormatCounts.from_metrics(metrics),
             foreign=ForeignCounts.from_metrics(metrics), uptake=UptakeCounts.from_metrics(metrics),
-            model=texts.model, tasks=tuple(texts.tasks))
+            model=texts.model, tasks=tuple(texts.tasks), curriculum=texts.curriculum)
 
 
 def reply_records(report: ClientReport, *, payload: dict | None = None, metrics: dict | None = None,
