@@ -102,3 +102,41 @@ def test_saved_levels_of_a_task_the_node_does_not_train_are_refused(tmp_path):
     path.write_text(json.dumps({**state, "curriculum": {**state["curriculum"], "count_bits": {"level": 0}}}))
     with pytest.raises(ValueError, match=r"curriculum names tasks this node does not train: \['count_bits'\]"):
         learner(tmp_path).begin_round(1)
+
+
+# -- SAPO: a peer's private items are at its own levels ------------------------------------------------------------
+def _sapo_node(tmp_path, curriculum: bool):
+    from pubswap_flwr.protocols.sapo import SapoNode
+
+    cfg = ExperimentConfig.from_flat({**FLAT, "strategy.mode": "sapo", "sapo.completions": 4,
+                                      "tasks.curriculum": curriculum})
+    return SapoNode(Learner(NodeSettings.of(cfg), NodeIdentity(0, tmp_path / str(curriculum), "embedded:tiny")),
+                    cfg.sapo)
+
+
+def _peer_item_at(node, level: int):
+    from pubswap_flwr.tasks import MixtureStream, StreamCursor
+    from pubswap_flwr.tasks.curriculum import at_level
+
+    spec = next(t for t in node.learner.universe.tasks if t.name == "gcd")
+    stream = MixtureStream([at_level(spec, level)], node.learner.universe.tasks, node=5, exclude=set())
+    return stream.take(1, StreamCursor())[0]
+
+
+def test_a_sapo_receiver_with_the_controller_verifies_a_peers_item_at_any_level_of_its_tasks(tmp_path):
+    from dataclasses import replace
+
+    from pubswap_flwr.algorithms.sapo_selection import Packet
+
+    node = _sapo_node(tmp_path, curriculum=True)
+    item = _peer_item_at(node, 3)  # the receiver itself trains gcd at level 1
+    assert node.rescore(Packet("peer", item, (f"<answer>{item.answer}</answer>", "<answer>0</answer>"))) == [1.0, 0.0]
+    wrong = str(int(item.answer) + 1)
+    with pytest.raises(ValueError, match="answer does not match its provenance"):
+        node.rescore(Packet("peer", replace(item, answer=wrong), (f"<answer>{wrong}</answer>",)))
+    beyond = {**item.provenance["config"], "max_value": 10**9}  # no level of gcd: a generator config of the peer's
+    with pytest.raises(ValueError, match="provenance names a task this node does not run"):
+        node.rescore(Packet("peer", replace(item, provenance={**item.provenance, "config": beyond}), ("<answer>1",)))
+    off = _sapo_node(tmp_path, curriculum=False)  # without the controller only the tasks' own configs are run
+    with pytest.raises(ValueError, match="provenance names a task this node does not run"):
+        off.rescore(Packet("peer", item, (f"<answer>{item.answer}</answer>",)))
