@@ -14,7 +14,8 @@ from __future__ import annotations
 from ..algorithms.sapo_selection import Unverifiable
 from ..node.learner import Learner
 from ..tasks import TaskItem
-from ..tasks.specs import generate_entry
+from ..tasks.curriculum import at_level, has_curriculum, top_level
+from ..tasks.specs import TaskSpec, generate_entry
 from ..tasks.splits import RANGE
 from .catalog import SapoConfig
 
@@ -51,12 +52,21 @@ def own_copy(learner: Learner, item: TaskItem) -> TaskItem | None:
                     own.family)
 
 
+def runnable_specs(learner: Learner) -> list[TaskSpec]:
+    """The task specs a peer's item may name: the run's tasks, and with tasks.curriculum each of them at every level
+    of its curriculum (peers draw their private items at their own levels; a bounded set, as the run's own tasks)."""
+    tasks = list(learner.universe.tasks)
+    if not learner.settings.tasks.curriculum:
+        return tasks
+    return tasks + [at_level(t, level) for t in tasks if has_curriculum(t) for level in range(top_level(t) + 1)]
+
+
 def regenerated(learner: Learner, item: TaskItem) -> TaskItem:
     """A peer's reasoning-gym item checked against its provenance: the receiver regenerates it (only for task
     specs in its own run, so a peer cannot make it build arbitrary generators) and scores with the regenerated
     entry, so a forged answer or tampered metadata is caught."""
     prov = item.provenance
-    spec = next((t for t in learner.universe.tasks if t.generator == prov.get("generator")
+    spec = next((t for t in runnable_specs(learner) if t.generator == prov.get("generator")
                  and dict(t.config) == dict(prov.get("config") or {})), None)
     if spec is None:
         raise ValueError(f"provenance names a task this node does not run: {prov.get('generator')!r}")
