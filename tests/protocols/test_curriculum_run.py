@@ -30,3 +30,15 @@ def test_without_the_controller_no_levels_are_recorded(tmp_path):
                          "run-name": "off"}, 2)
     rows = read_metrics(tmp_path / "off")
     assert all(CURRICULUM_LEVELS not in client for row in rows[1:] for client in row["clients"].values())
+
+
+def test_the_harder_tier_is_recorded_beside_the_held_out_figures(tmp_path):
+    from pubswap_flwr.metrics_schema import HARDER_TIER
+
+    simulate_in_process({**TINY, "num-server-rounds": 1, "eval.harder-tier": True, "tasks.curriculum-start": 0,
+                         "output.dir": str(tmp_path), "run-name": "harder"}, 2)
+    rows = read_metrics(tmp_path / "harder")
+    for row in rows:  # round 0 and the last round
+        harder = row["eval"][HARDER_TIER]
+        assert sorted(harder["per_task"]) == ["gcd", "spell_backward"] == sorted(row["eval"]["per_task"])
+        assert 0 <= harder["greedy_accuracy"] <= 1 and "item_results" not in harder
