@@ -138,6 +138,8 @@ class ExperimentConfig:
             self._check_trim()
         if self.tasks.curriculum:
             self._check_curriculum()
+        if self.eval.harder_tier:
+            self._check_harder_tier()
         t = self.train
         if t.prompts_per_step * t.completions_per_prompt > MAX_COMPLETIONS_PER_BATCH:
             raise ConfigError(f"train.prompts-per-step x train.completions-per-prompt = {t.prompts_per_step} x "
@@ -157,6 +159,22 @@ class ExperimentConfig:
                               "their files, which have no curriculum levels")
         try:
             check_levels(parse_mix(t.mix, parse_custom_tasks(t.custom)), t.curriculum_start)
+        except TaskError as err:
+            raise ConfigError(str(err)) from None
+
+    def _check_harder_tier(self) -> None:
+        """eval.harder-tier: a server that evaluates a global adapter, generated tasks with a level above the start."""
+        from .tasks import TaskError, parse_custom_tasks, parse_mix
+        from .tasks.curriculum import check_levels
+
+        if not catalog.protocol(self.strategy.mode).averages_adapters:
+            raise ConfigError(f"eval.harder-tier = true: {self.strategy.mode} mode has no global adapter for the "
+                              "server to evaluate (fedavg, fedprox and pubswap have one)")
+        if self.eval.data_path:
+            raise ConfigError("eval.harder-tier = true needs generated held-out items, not eval.data-path")
+        try:
+            check_levels(parse_mix(self.tasks.mix, parse_custom_tasks(self.tasks.custom)),
+                         self.tasks.curriculum_start + 1, key="eval.harder-tier")
         except TaskError as err:
             raise ConfigError(str(err)) from None
 

@@ -201,6 +201,11 @@ class EvalConfig:
                                    "right whatever the format) and the well-formed share of the same samples")
     data_path: str = opt("", doc="JSONL/parquet file used as the held-out set instead of generated task items")
     data_format: str = opt("", doc="row format of eval.data-path (empty = tasks.data-format)")
+    harder_tier: bool = opt(False, doc="also evaluate the global adapter on a harder held-out tier (issue #53): "
+                                       "eval.items-per-task items per task of tasks.mix at curriculum level "
+                                       "tasks.curriculum-start + 1, from their own seed ranges (disjoint from the "
+                                       "held-out tier, left out of training), recorded as eval.harder_tier; modes "
+                                       "with a global adapter (fedavg, fedprox, pubswap)")
 
 
 @dataclass(frozen=True)

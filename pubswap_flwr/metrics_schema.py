@@ -30,6 +30,7 @@ SAMPLED_ACCURACY: Final = "sampled_accuracy"
 SAMPLED_REWARD: Final = "sampled_reward"
 CONSTANT_ACCURACY: Final = "constant_accuracy"  # per task: the best constant answer's accuracy on the same items
 SHORTCUT_TASKS: Final = ("greedy_shortcut_tasks", "sampled_shortcut_tasks")  # tasks whose answers collapsed (shortcuts)
+HARDER_TIER: Final = "harder_tier"  # eval.harder-tier: the same metrics on the harder tier, inside EVAL
 ITEM_RESULTS: Final = "item_results"  # evaluate()'s per-item correct counts: written to eval_items.jsonl, not the row
 
 # -- a client's row in CLIENTS -------------------------------------------------------------------------------------

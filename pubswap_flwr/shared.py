@@ -14,6 +14,7 @@ from .config_sections import GenerationConfig, ModelConfig, TasksConfig, TrainCo
 from .policy import GenerationSettings, GRPOSettings, LoraSettings, PolicySpec
 from .policy.data import ModelError, data_dir
 from .tasks import HeldOutSet, PublicSet, load_items, parse_custom_tasks, parse_mix
+from .tasks.curriculum import at_level
 from .tasks.items import max_question_chars
 from .tasks.splits import question_key
 
@@ -28,11 +29,14 @@ class TaskUniverse:
     tasks: list  # every TaskSpec named anywhere in the run (index = seed-range slot)
     held_out: HeldOutSet
     public: PublicSet
+    harder: HeldOutSet | None = None  # eval.harder-tier: tasks.mix's tasks one curriculum level above the start
 
     @property
     def training_exclude(self) -> set[str]:
-        """Question keys (tasks.splits.question_key) no private stream may contain: held-out and public ones."""
-        return self.held_out.questions | {question_key(item.question) for item in self.public.items}
+        """Question keys (tasks.splits.question_key) no private stream may contain: held-out (both tiers) and public
+        ones."""
+        harder = self.harder.questions if self.harder is not None else set()
+        return self.held_out.questions | harder | {question_key(item.question) for item in self.public.items}
 
 
 def resolve_data_path(path: str) -> Path:
@@ -55,10 +59,12 @@ def resolve_data_path(path: str) -> Path:
 @lru_cache(maxsize=4)
 def _universe(mix: str, public_mix: str, custom: str, per_task: int, public_size: int, data_seed: int,
               node_mixes_text: str, eval_path: str, data_format: str, max_prompt_tokens: int = 256,
-              supervised: frozenset[str] = frozenset()) -> TaskUniverse:
-    """`supervised`: question keys the run's models were fine-tuned on before any run (warm-ups), never held out."""
+              supervised: frozenset[str] = frozenset(), harder_level: int | None = None) -> TaskUniverse:
+    """`supervised`: question keys the run's models were fine-tuned on before any run (warm-ups), never held out.
+    `harder_level`: eval.harder-tier's curriculum level, None without it."""
     custom_specs = parse_custom_tasks(custom)
     tasks = parse_mix(mix, custom_specs)
+    mixed = list(tasks)
     names = [t.name for t in tasks]
     extra = []
     for text, key in [(public_mix, "pubswap.public-mix")] + [(m, "tasks.node-mixes") for m in
@@ -76,8 +82,14 @@ def _universe(mix: str, public_mix: str, custom: str, per_task: int, public_size
         held_out = HeldOutSet.build(tasks, per_task, data_seed, exclude=supervised)
     public_tasks = parse_mix(public_mix, custom_specs, key="pubswap.public-mix") if public_mix.strip() else tasks[
         : len(tasks) - len(extra)]
-    public = PublicSet.build(public_tasks, tasks, public_size, held_out.questions, data_seed, seed=data_seed)
-    return TaskUniverse(tasks, held_out, public)
+    harder = None
+    if harder_level is not None:  # disjoint from the held-out tier: its own seed ranges, its questions left out
+        harder = HeldOutSet.build([at_level(spec, harder_level) for spec in mixed], per_task, data_seed,
+                                  exclude=supervised | held_out.questions, split="harder",
+                                  indices=[names.index(spec.name) for spec in mixed])
+    held = held_out.questions | (harder.questions if harder is not None else set())
+    public = PublicSet.build(public_tasks, tasks, public_size, held, data_seed, seed=data_seed)
+    return TaskUniverse(tasks, held_out, public, harder)
 
 
 def task_universe(cfg: ExperimentConfig) -> TaskUniverse:
@@ -85,7 +97,8 @@ def task_universe(cfg: ExperimentConfig) -> TaskUniverse:
     return _universe(cfg.tasks.mix, cfg.pubswap.public_mix, cfg.tasks.custom, cfg.eval.items_per_task,
                      cfg.pubswap.public_size, cfg.tasks.data_seed, cfg.tasks.node_mixes, cfg.eval.data_path,
                      cfg.eval.data_format or cfg.tasks.data_format, cfg.generation.max_prompt_tokens,
-                     supervised_questions(tuple(sorted(set(names)))))
+                     supervised_questions(tuple(sorted(set(names)))),
+                     cfg.tasks.curriculum_start + 1 if cfg.eval.harder_tier else None)
 
 
 @lru_cache(maxsize=8)

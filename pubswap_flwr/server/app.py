@@ -13,6 +13,7 @@ from flwr.app import Context
 from flwr.serverapp import Grid
 from flwr.supercore.exit import add_exit_handler
 
+from .. import metrics_schema as schema
 from .. import provenance
 from ..config import ConfigError, ExperimentConfig
 from ..evaluation import ProgressLog, duration, evaluate
@@ -38,9 +39,11 @@ class GlobalEvaluator:
         started = time.monotonic()
         log.info("preparing the server's model %s (a packaged model converts once on first use)", cfg.model.name)
         self.policy = Policy(policy_spec(cfg))
-        self.items = task_universe(cfg).held_out.items
-        log.info("server's model ready in %s; held-out evaluation: %d items", duration(time.monotonic() - started),
-                 len(self.items))
+        universe = task_universe(cfg)
+        self.items = universe.held_out.items
+        self.harder_items = universe.harder.items if universe.harder is not None else []  # eval.harder-tier
+        log.info("server's model ready in %s; held-out evaluation: %d items%s", duration(time.monotonic() - started),
+                 len(self.items), f" and {len(self.harder_items)} of the harder tier" if self.harder_items else "")
 
     def initial_adapter(self) -> dict[str, np.ndarray]:
         """A fresh adapter from the run seed, rounded through fp16: the global adapter starts as exactly what the
@@ -52,16 +55,26 @@ class GlobalEvaluator:
         self.policy.load_adapter({k: torch.from_numpy(np.asarray(v, dtype=np.float32)) for k, v in master.items()})
 
     def evaluate(self, master: dict[str, np.ndarray]) -> dict:
+        """The held-out metrics; with eval.harder-tier the harder tier's beside them (HARDER_TIER: its summary only,
+        its per-item results are not written to eval_items.jsonl)."""
         self._load(master)
+        result = self._evaluate(self.items, "held-out evaluation")
+        if self.harder_items:
+            harder = self._evaluate(self.harder_items, "harder-tier evaluation")
+            harder.pop(schema.ITEM_RESULTS, None)
+            result[schema.HARDER_TIER] = harder
+        return result
+
+    def _evaluate(self, items, what: str) -> dict:
         e = self.cfg.eval
-        return evaluate(self.policy, self.items, sampled=e.sampled, samples=e.samples, batch_size=e.batch_size,
+        return evaluate(self.policy, items, sampled=e.sampled, samples=e.samples, batch_size=e.batch_size,
                         seed=self.cfg.seed, max_chars=self.cfg.generation.max_completion_chars, lenient=e.lenient,
-                        rewards=parse_rewards(self.cfg.tasks.rewards), progress=self._progress())
+                        rewards=parse_rewards(self.cfg.tasks.rewards), progress=self._progress(what))
 
     @staticmethod
-    def _progress():
+    def _progress(what: str = "held-out evaluation"):
         """Progress lines with an ETA; each batch also checks for a Ctrl-C (an evaluation may take many minutes)."""
-        lines = ProgressLog("held-out evaluation")
+        lines = ProgressLog(what)
 
         def progress(evaluation_pass: str, done: int, total: int) -> None:
             check_interrupted()

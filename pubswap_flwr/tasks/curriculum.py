@@ -141,8 +141,9 @@ def check_levels(specs: Sequence[TaskSpec], start: int, key: str = "tasks.curric
                         "out of the task mix or leave the controller off")
     for spec in specs:
         if start > top_level(spec):
-            raise TaskError(f"tasks.curriculum-start = {start}: above the top curriculum level {top_level(spec)} "
-                            f"of task {spec.name!r}")
+            where = "tasks.curriculum-start" if key == "tasks.curriculum" else f"{key} at tasks.curriculum-start + 1"
+            raise TaskError(f"{where} = {start}: above the top curriculum level {top_level(spec)} of task "
+                            f"{spec.name!r}")
 
 
 def levels_of(states: Mapping[str, TaskLevel]) -> dict[str, int]:

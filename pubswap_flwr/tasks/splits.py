@@ -27,7 +27,8 @@ MAX_NODES = 10_000  # node indices (deployment: node id modulo this)
 # nodes new ids when a run resumes), so more than MAX_NODES
 MAX_KNOWN_NODES = 10 * MAX_NODES
 # public/eval/sft take one 1e9 block each; private streams start above them: MAX_NODES * MAX_TASKS * RANGE = 9e12.
-SPLIT_BASE = {"public": 1_000_000_000, "eval": 2_000_000_000, "sft": 4_000_000_000, "private": 10_000_000_000}
+SPLIT_BASE = {"public": 1_000_000_000, "eval": 2_000_000_000, "harder": 3_000_000_000, "sft": 4_000_000_000,
+              "private": 10_000_000_000}  # harder: eval.harder-tier's held-out items
 DATA_SEED_STRIDE = 10_000_000_000_000  # > private base + the whole private block
 
 
@@ -96,11 +97,14 @@ class HeldOutSet:
 
     @classmethod
     def build(cls, tasks: Sequence[TaskSpec], per_task: int, data_seed: int = 0,
-              exclude: Set[str] = frozenset()) -> "HeldOutSet":
-        """`exclude`: question keys the held-out set must not contain (texts a model was supervised on)."""
+              exclude: Set[str] = frozenset(), split: str = "eval",
+              indices: Sequence[int] | None = None) -> "HeldOutSet":
+        """`exclude`: question keys the held-out set must not contain (texts a model was supervised on). `split`
+        "harder" is eval.harder-tier's set, from its own seed ranges; `indices`: each task's seed-range slot (its
+        place in the run's task list; default, its place in `tasks`)."""
         items: list[TaskItem] = []
-        for index, spec in enumerate(tasks):
-            items.extend(unique_items("eval", spec, index, per_task, exclude=exclude, data_seed=data_seed))
+        for index, spec in zip(indices if indices is not None else range(len(tasks)), tasks):
+            items.extend(unique_items(split, spec, index, per_task, exclude=exclude, data_seed=data_seed))
         return cls(items)
 
     @property
