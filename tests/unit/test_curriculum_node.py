@@ -140,3 +140,16 @@ def test_a_sapo_receiver_with_the_controller_verifies_a_peers_item_at_any_level_
     off = _sapo_node(tmp_path, curriculum=False)  # without the controller only the tasks' own configs are run
     with pytest.raises(ValueError, match="provenance names a task this node does not run"):
         off.rescore(Packet("peer", item, (f"<answer>{item.answer}</answer>",)))
+
+
+def test_reported_levels_are_a_checked_metric_of_the_reply():
+    from pubswap_flwr.wire.records import ClientReport
+    from pubswap_flwr.wire.validate import Rejected
+
+    report = ClientReport.from_records({"node-index": 3}, {"model": "m", "curriculum": {"gcd": 2}})
+    assert dict(report.curriculum) == {"gcd": 2} and report.payload()["curriculum"] == {"gcd": 2}
+    assert "curriculum" not in ClientReport.from_records({"node-index": 3}, {"model": "m"}).payload()
+    for bad, why in (({"gcd": -1}, r"expected `int` >= 0"), ({"gcd": 1001}, r"expected `int` <= 1000"),
+                     ({"gcd": "2"}, r"expected `int`, got `str`"), (["gcd"], r"expected `object`, got `array`")):
+        with pytest.raises(Rejected, match=rf"payload.curriculum.*{why}"):
+            ClientReport.from_records({"node-index": 3}, {"model": "m", "curriculum": bad})
