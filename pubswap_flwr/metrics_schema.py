@@ -23,6 +23,11 @@ PARAMETER_DRIFT: Final = "parameter_drift"
 KEPT_REASON: Final = "kept_reason"  # why an averaging round kept the global adapter (`aggregated` false)
 SWAP: Final = "swap"  # pubswap: the round's summary of its public steps
 SERVER_OPTIMIZER: Final = "server_optimizer"
+# the mean over clients of their ZERO_ADVANTAGE_SHARE (below); in SWAP, and per public prompt in a public step, the
+# share of the clients' groups with equal rewards before and after the swap
+ZERO_ADVANTAGE_SHARE: Final = "zero_advantage_share"
+ZERO_ADVANTAGE_BEFORE_SWAP: Final = "zero_advantage_before_swap"
+ZERO_ADVANTAGE_AFTER_SWAP: Final = "zero_advantage_after_swap"
 
 # -- the held-out metrics in EVAL / NODE_EVAL ---------------------------------------------------------------------
 GREEDY_ACCURACY: Final = "greedy_accuracy"
@@ -41,5 +46,10 @@ FOREIGN_WEIGHT_MEAN: Final = "foreign_weight_mean"  # train.foreign-correction: 
 IS_CAPPED_FRACTION: Final = "is_capped_fraction"  # the share truncated at train.is-cap,
 FOREIGN_FALLBACKS: Final = "foreign_fallbacks"  # foreign completions without a usable donor behaviour
 CURRICULUM_LEVELS: Final = "curriculum_levels"  # tasks.curriculum: task -> the level of the node's private items
+TRAINED_GROUPS: Final = "trained_groups"  # groups in the node's GRPO updates this round,
+ZERO_ADVANTAGE_GROUPS: Final = "zero_advantage_groups"  # of them, those whose rewards were all equal (no signal),
+# and their share (ZERO_ADVANTAGE_SHARE, the same key as the row's mean over clients)
+EXTERNAL_USABLE: Final = "external_usable"  # sapo: received groups that passed the receiver's re-scoring and differ
+EXTERNAL_ZERO_ADVANTAGE_SHARE: Final = "external_zero_advantage_share"  # sapo: of the received groups it scored
 
 WELL_FORMED_WARNING: Final = 0.8  # below this WELL_FORMED share a client is warned about (and the report says so)

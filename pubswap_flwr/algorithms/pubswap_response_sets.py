@@ -155,3 +155,15 @@ def build_response_sets(pool: Sequence[Response], rule: str, threshold: float, k
         out[client] = SwapOutcome(responses=chosen, swapped=sum(r.client != client for r in chosen),
                                   donors_available=donors, own_correct=correct)
     return out
+
+
+def rewards_after_swap(outcome: SwapOutcome) -> list[float]:
+    """The rewards of the response set a client trains on. With donor = likely the client fills the slots itself,
+    so each slot counts at the lowest candidate's reward: every candidate is correct, and under 0/1 rewards they are
+    all equal, so the value is exact there."""
+    rewards = [r.reward for r in outcome.responses]
+    if outcome.choice is not None and outcome.choice.candidates:
+        lowest = min(r.reward for r in outcome.choice.candidates)
+        for slot in outcome.choice.slots:
+            rewards[slot] = lowest
+    return rewards

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Callable, Sequence
 from msgspec import Meta, Struct
 
 from ..rollouts import MAX_BEHAVIOUR_TOKENS, Behaviour
+from .group_signal import has_signal
 from ..schema import parse
 from ..tasks import TaskItem
 
@@ -211,6 +212,15 @@ def weighted_sample(items: Sequence[Any], weights: Sequence[float], k: int, rng:
 def reputation(passed: int, failed: int) -> float:
     """A sender's sampling weight: its Laplace-smoothed share of packets that passed verification."""
     return (passed + 1) / (passed + failed + 2)
+
+
+def shared_groups(order: Sequence[int], rewards: Sequence[Sequence[float]], share: int,
+                  informative_only: bool = False) -> list[int]:
+    """The groups a node shares, by index: the first `share` of `order` (its seeded shuffle of its groups); with
+    `informative_only` (sapo.share-informative-only), the first `share` of those whose rewards differ under its own
+    scoring, so no packet it sends is one a receiver would drop as zero-advantage."""
+    eligible = [i for i in order if has_signal(rewards[i])] if informative_only else list(order)
+    return eligible[:share]
 
 
 def select_local(groups: Sequence[Any], i: int, rng: random.Random) -> list[Any]:

@@ -40,7 +40,7 @@ from ..tasks.isolation import check_rewards
 from ..tasks.items import max_question_chars
 from ..tasks.rewards import TRL_REWARDS_KEY, parse_rewards, parse_trl_rewards
 from ..tasks.verifiers import completion_shape, score_trl_group
-from ..wire.counters import ForeignCounts, UptakeCounts
+from ..wire.counters import ForeignCounts, SignalCounts, UptakeCounts
 from .state import NodeIdentity, NodeState, NodeStore, plain
 
 log = logging.getLogger(__name__)
@@ -70,6 +70,7 @@ class WorkReport:
     foreign: ForeignCounts = ForeignCounts()  # train.foreign-correction: the foreign text trained on,
     fallbacks: collections.Counter = field(default_factory=collections.Counter)  # and why some of it had no IS
     uptake: UptakeCounts = UptakeCounts()  # pubswap.measure-uptake: log-probs of the public step's responses
+    signal: SignalCounts = SignalCounts()  # the groups trained on, and those whose rewards were all equal
 
     def add(self, record: StepRecord) -> None:
         self.steps.append(record)
@@ -349,6 +350,7 @@ class Learner:
         self.state.steps += 1
         report.num_examples += stats.completions
         report.foreign += ForeignCounts.of_step(stats.extra)
+        report.signal += SignalCounts.of_groups(g.rewards for g in groups)
         report.add(StepRecord(self.state.steps, kind, stats.mean_reward, stats.completions, sample_seconds,
                               update_s, stats.zero_advantage_groups, stats.foreign_completions))
 

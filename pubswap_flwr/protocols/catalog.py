@@ -306,6 +306,9 @@ class SapoConfig:
                                                "same question, scored against its own answer; others are dropped)")
     reputation: bool = opt(False, doc="order the draw of external groups by each sender's verification record (no "
                                       "sender gets more than its fair share of J either way)")
+    share_informative_only: bool = opt(False, doc="share only groups whose rewards differ under the sender's own "
+                                                  "scoring (at most as many as sharing allows); receivers still "
+                                                  "re-score and filter every packet")
 
 
 def check_sapo(cfg: "ExperimentConfig") -> None:

@@ -30,7 +30,8 @@ from flwr.app import RecordDict
 
 from .. import metrics_schema as schema
 from ..algorithms.public_schedule import even_positions, fixed_positions, public_step_count
-from ..algorithms.pubswap_response_sets import Response, build_response_sets, most_likely
+from ..algorithms.group_signal import zero_advantage_share
+from ..algorithms.pubswap_response_sets import Response, build_response_sets, most_likely, rewards_after_swap
 from ..config import ExperimentConfig
 from ..rollouts import OWN, Behaviour, Completion, RolloutGroup
 from ..tasks import ScoringBudget
@@ -225,6 +226,8 @@ class PubSwapProtocol(ServerProtocol):
         donors = []
         disagreement = []
         own_reward: dict[int, list[float]] = {node: [] for node in nodes}
+        equal_before: list[float] = []  # per prompt: the share of the clients' groups with all rewards equal
+        equal_after: list[float] = []
         for uid in uids:
             pool = [Response(label(node), i, text, reward, (behaviour.get(node) or {}).get(uid, [None] * k)[i])
                     for node in nodes for i, (text, reward) in enumerate(responses[node][uid])]
@@ -244,6 +247,11 @@ class PubSwapProtocol(ServerProtocol):
                 swapped_pairs += outcome.swapped > 0
                 donors.append(outcome.donors_available)
                 own_reward[node].extend(reward for _, reward in responses[node][uid])
+            before = zero_advantage_share([reward for _, reward in responses[node][uid]] for node in nodes)
+            after = zero_advantage_share(rewards_after_swap(outcomes[label(node)]) for node in nodes)
+            if before is not None and after is not None:
+                equal_before.append(before)
+                equal_after.append(after)
             pairs = list(combinations([modal[node][uid] for node in nodes], 2))
             if pairs:
                 disagreement.append(sum(a != b for a, b in pairs) / len(pairs))
@@ -259,6 +267,8 @@ class PubSwapProtocol(ServerProtocol):
             "mean_donors": float(np.mean(donors)) if donors else 0.0,
             "public_reward_before_swap": {str(n): float(np.mean(r)) if r else 0.0 for n, r in own_reward.items()},
             "policy_disagreement": float(np.mean(disagreement)) if disagreement else 0.0,
+            schema.ZERO_ADVANTAGE_BEFORE_SWAP: equal_before,
+            schema.ZERO_ADVANTAGE_AFTER_SWAP: equal_after,
         }
         if any(withheld.values()):
             metrics["behaviours_withheld"] = {str(n): c for n, c in withheld.items()}
@@ -276,6 +286,10 @@ def summarise_public_steps(steps: list[dict]) -> dict:
         "mean_donors": float(np.mean([s["mean_donors"] for s in steps])),
         "policy_disagreement": float(np.mean([s["policy_disagreement"] for s in steps])),
     }
+    for key in (schema.ZERO_ADVANTAGE_BEFORE_SWAP, schema.ZERO_ADVANTAGE_AFTER_SWAP):
+        shares = [share for s in steps for share in s.get(key, ())]  # over every public prompt of the round
+        if shares:
+            summary[key] = float(np.mean(shares))
     withheld = [s["behaviours_withheld"] for s in steps if "behaviours_withheld" in s]
     if withheld:
         summary["behaviours_withheld"] = {n: sum(w.get(n, 0) for w in withheld) for w0 in withheld for n in w0}

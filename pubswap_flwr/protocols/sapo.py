@@ -25,6 +25,7 @@ from flwr.app import Message, RecordDict
 from msgspec import Struct
 
 from .. import metrics_schema as schema
+from ..algorithms.group_signal import ExternalSignal
 from ..algorithms.sapo_selection import (
     Packet,
     Selection,
@@ -34,6 +35,7 @@ from ..algorithms.sapo_selection import (
     reputation,
     select_external,
     select_local,
+    shared_groups,
 )
 from ..config import ExperimentConfig
 from ..node.learner import Learner, StepRecord, WorkReport
@@ -188,10 +190,27 @@ class SapoProtocol(ServerProtocol):
             row = ctx.log.client(node)
             for key in SELECTION_KEYS:
                 row[key.replace("-", "_")] = reply.selection[key]
+            record_external_signal(row, node, reply.selection, ctx.number)
             if reply.rejections:
                 row["external_rejections"] = list(reply.rejections)
             for key, count in reply.scoring.items():
                 row[key.replace("-", "_")] = count
+
+
+def record_external_signal(row: dict, node: int, selection: dict[str, int], round_number: int) -> None:
+    """The client row's usable external groups and zero-advantage share of those it scored, from the counts its
+    reply reported (a metric: nothing is decided on them); counts that cannot come from one selection are
+    logged and give neither."""
+    signal = ExternalSignal(selection["external-received"], selection["external-rejected"],
+                            selection["external-zero-advantage"])
+    problem = signal.problem()
+    if problem:
+        log.warning("round %d: node %d reported selection counts that do not add up (%s): its usable external "
+                    "groups are not recorded", round_number, node, problem)
+        return
+    row[schema.EXTERNAL_USABLE] = signal.usable
+    if signal.zero_advantage_share is not None:
+        row[schema.EXTERNAL_ZERO_ADVANTAGE_SHARE] = signal.zero_advantage_share
 
 
 # -- client: the node's SAPO learning ---------------------------------------------------------------------------
@@ -229,7 +248,9 @@ class SapoNode:
     def generate_rollouts(self, round_number: int, report: WorkReport) -> list[Packet]:
         """Sample B questions x L completions, keep them for training, and return the groups to share: with
         `sapo.sharing = "local"` B = I and all I are shared, so a node that trains on few of its own
-        groups also gives the swarm few; with "fixed", B = sapo.questions and sapo.share of them are shared."""
+        groups also gives the swarm few; with "fixed", B = sapo.questions and sapo.share of them are shared. With
+        sapo.share-informative-only, only those whose rewards differ under the node's own scoring (up to the same
+        number)."""
         learner, scfg = self.learner, self.sapo
         count, share = (scfg.local, scfg.local) if scfg.sharing == "local" else (scfg.questions, scfg.share)
         self.saved.pending = []
@@ -248,11 +269,12 @@ class SapoNode:
         learner.state.cumulative_reward += mean
         report.add(StepRecord(learner.state.steps, "rollout", mean, len(rewards), sample_s, 0.0,
                               sum(not g.has_signal for g in groups), 0))
-        chosen = shuffled(range(len(items)), derive_seed(learner.settings.seed, learner.identity.index, round_number,
-                                                         "share"))
+        order = shuffled(range(len(items)), derive_seed(learner.settings.seed, learner.identity.index, round_number,
+                                                        "share"))
+        chosen = shared_groups(order, [g.rewards for g in groups], share, scfg.share_informative_only)
         return [Packet("", items[i], tuple(c.text for c in groups[i].completions),
                        tuple(c.behaviour for c in groups[i].completions) if behaviour else None, fingerprint)
-                for i in chosen[:share]]
+                for i in chosen]
 
     def pending_groups(self) -> list[RolloutGroup]:
         out = []

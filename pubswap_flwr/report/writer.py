@@ -24,6 +24,7 @@ from .markdown import (
 )
 from .plots import arm_styles, remove_stale_plots, write_plots
 from .shortcut_lines import shortcut_lines
+from .signal_lines import signal_lines
 from .statistics import CONFIDENCE
 from .summaries import RunSummary, group, summarize_run
 from .task_differences import task_difference_lines
@@ -141,6 +142,7 @@ def write_report(out: Path, run_dirs: list[Path], *, failures: dict[tuple[str, i
     lines += task_difference_lines(arms, baseline, runs, summary)
     lines += learning_lines(arms, summary)
     lines += format_lines(arms, summary)
+    lines += signal_lines(arms, summary)
     lines += drift_lines(arms, summary)
     lines += failure_lines(failures)
     styles = arm_styles(arms)

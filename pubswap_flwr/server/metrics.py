@@ -145,6 +145,8 @@ class RunRecorder:
         if row.get(ms.TRAIN_REWARD) is not None:
             parts.append(f"train reward {row[ms.TRAIN_REWARD]:.3f} "
                          f"(cumulative {row.get(ms.CUMULATIVE_REWARD, 0):.2f})")
+        if row.get(ms.ZERO_ADVANTAGE_SHARE) is not None:
+            parts.append(f"zero-advantage groups {row[ms.ZERO_ADVANTAGE_SHARE]:.2f}")
         held = row.get(ms.EVAL)
         if held:
             text = ("held-out, self-reported by the nodes," if row.get(ms.NODE_EVAL) else "held-out") + \
@@ -282,13 +284,24 @@ class RoundBytes(Struct):
     received_by_clients: float
 
 
+Share = Annotated[float, Meta(ge=0, le=1)]
+Count = Annotated[int, Meta(ge=0)]
+
+
 class SwapNumbers(Struct):
     policy_disagreement: float | None = None
+    zero_advantage_before_swap: Share | None = None
+    zero_advantage_after_swap: Share | None = None
 
 
 class ClientNumbers(Struct):
     well_formed: float | None = None
     node_index: int | None = None
+    trained_groups: Count | None = None
+    zero_advantage_groups: Count | None = None
+    zero_advantage_share: Share | None = None
+    external_usable: Count | None = None
+    external_zero_advantage_share: Share | None = None
 
 
 class MetricsRow(Struct):
@@ -299,6 +312,7 @@ class MetricsRow(Struct):
     train_reward: float | None = None
     cumulative_reward: float | None = None
     parameter_drift: float | None = None
+    zero_advantage_share: Share | None = None
     eval: EvalNumbers | None = None
     node_eval: dict[str, EvalNumbers] | None = None
     # absent or an object, never null: the readers index into them whenever the key is there

@@ -195,6 +195,9 @@ class Runner:
         fields: dict = {schema.TRAIN_REWARD: float(np.mean(rewards)) if rewards else None,
                         schema.CUMULATIVE_REWARD: self.cumulative_reward, schema.CLIENTS: clients,
                         schema.DROPPED: {str(n): r for n, r in round_log.dropped.items()}}
+        shares = [c[schema.ZERO_ADVANTAGE_SHARE] for c in clients.values() if schema.ZERO_ADVANTAGE_SHARE in c]
+        if shares:  # the mean over the clients that trained a group this round
+            fields[schema.ZERO_ADVANTAGE_SHARE] = float(np.mean(shares))
         fields.update(round_log.extra)
         sampling = sum(c["sample_s"] for c in round_log.clients.values())
         update = sum(c["update_s"] for c in round_log.clients.values())

@@ -1,8 +1,8 @@
 """Counters a client's reply carries and a round adds up, each a small typed block that merges with `+`, writes
 itself into a reply's metrics and reads itself back from one (checked, as everything from another party), and gives
-its fields of the metrics row: the answer format of a node's own samples, and the foreign text it trained on
-(train.foreign-correction). The client report, the node's work report and the round log hold the blocks instead of
-their loose fields.
+its fields of the metrics row: the answer format of a node's own samples, the foreign text it trained on
+(train.foreign-correction), and how many of the groups it trained on had a learning signal. The client report, the
+node's work report and the round log hold the blocks instead of their loose fields.
 
 Each block is its own schema (pubswap_flwr/schema.py): a msgspec Struct whose fields declare their bounds and, through
 `rename`, their key in a reply's metrics; `from_metrics` parses a reply's metrics into it and then checks the rules
@@ -10,11 +10,12 @@ across its fields (a part never exceeds its whole)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Mapping
+from typing import Annotated, Any, Iterable, Mapping, Sequence
 
 from msgspec import Meta, Struct
 
 from .. import metrics_schema as schema
+from ..algorithms.group_signal import has_signal
 from ..schema import Tally, parse
 from .validate import Rejected
 
@@ -183,3 +184,41 @@ class UptakeCounts(Struct, frozen=True, rename=_uptake_key):
                 out[f"uptake_{kind}_after"] = after / count
                 out[f"uptake_{kind}_completions"] = count
         return out
+
+
+class SignalCounts(Struct, frozen=True, rename={"groups": "trained-groups",
+                                                "zero_advantage": "zero-advantage-groups"}):
+    """The groups in a node's GRPO updates and how many of them had all rewards equal (no learning signal): issue
+    #53's measure. Not on the wire before the node trained a group."""
+
+    groups: Tally = 0
+    zero_advantage: Tally = 0
+
+    @classmethod
+    def of_groups(cls, groups: Iterable[Sequence[float]]) -> "SignalCounts":
+        """From the rewards of each group trained on."""
+        flags = [not has_signal(rewards) for rewards in groups]
+        return cls(len(flags), sum(flags))
+
+    def __bool__(self) -> bool:
+        return bool(self.groups)
+
+    def __add__(self, other: "SignalCounts") -> "SignalCounts":
+        return SignalCounts(self.groups + other.groups, self.zero_advantage + other.zero_advantage)
+
+    def to_metrics(self) -> dict[str, int]:
+        return {"trained-groups": self.groups, "zero-advantage-groups": self.zero_advantage} if self else {}
+
+    @classmethod
+    def from_metrics(cls, metrics: Any) -> "SignalCounts":
+        return _read(metrics, cls)
+
+    def problem(self) -> str:
+        return "zero-advantage-groups exceeds trained-groups" if self.zero_advantage > self.groups else ""
+
+    def row(self) -> dict[str, float]:
+        """The client row's counts and share (none before any group was trained)."""
+        if not self:
+            return {}
+        return {schema.TRAINED_GROUPS: self.groups, schema.ZERO_ADVANTAGE_GROUPS: self.zero_advantage,
+                schema.ZERO_ADVANTAGE_SHARE: self.zero_advantage / self.groups}

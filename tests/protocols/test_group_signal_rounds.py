@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import statistics
 
+import pytest
+
 from pubswap_flwr.server.metrics import read_metrics
 from pubswap_flwr.simulation import simulate_in_process
 from tests.protocols.test_rounds import SAPO, SMOKE, TINY, _count_shared
@@ -33,7 +35,7 @@ def _check_signal_fields(rows: list[dict]) -> None:
             scored = c["external_received"] - c["external_rejected"]
             if scored:
                 assert c["external_zero_advantage_share"] == c["external_zero_advantage"] / scored
-        assert row["zero_advantage_share"] == statistics.fmean(c["zero_advantage_share"] for c in clients)
+        assert row["zero_advantage_share"] == pytest.approx(statistics.fmean(c["zero_advantage_share"] for c in clients))
 
 
 def test_sapo_records_the_signal_and_shares_only_mixed_groups_when_told(tmp_path):
@@ -64,8 +66,6 @@ def test_pubswap_records_the_share_before_and_after_the_swap_per_public_prompt(t
         before, after = step["zero_advantage_before_swap"], step["zero_advantage_after_swap"]
         assert len(before) == len(after) == len(step["prompts"])
         assert all(0 <= share <= 1 for share in before + after)
-    assert row["swap"]["zero_advantage_before_swap"] == statistics.fmean(
-        s for step in steps for s in step["zero_advantage_before_swap"])
-    assert row["swap"]["zero_advantage_after_swap"] == statistics.fmean(
-        s for step in steps for s in step["zero_advantage_after_swap"])
+    for key in ("zero_advantage_before_swap", "zero_advantage_after_swap"):  # the mean over the round's prompts
+        assert row["swap"][key] == pytest.approx(statistics.fmean(s for step in steps for s in step[key]))
     assert all("trained_groups" in c for c in row["clients"].values())
