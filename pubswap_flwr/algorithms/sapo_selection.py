@@ -16,9 +16,9 @@ from typing import Annotated, Any, Callable, Sequence
 from msgspec import Meta, Struct
 
 from ..rollouts import MAX_BEHAVIOUR_TOKENS, Behaviour
-from .group_signal import has_signal
 from ..schema import parse
 from ..tasks import TaskItem
+from .group_signal import has_signal
 
 
 @dataclass(frozen=True)

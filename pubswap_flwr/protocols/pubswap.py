@@ -29,8 +29,8 @@ import numpy as np
 from flwr.app import RecordDict
 
 from .. import metrics_schema as schema
-from ..algorithms.public_schedule import even_positions, fixed_positions, public_step_count
 from ..algorithms.group_signal import zero_advantage_share
+from ..algorithms.public_schedule import even_positions, fixed_positions, public_step_count
 from ..algorithms.pubswap_response_sets import Response, build_response_sets, most_likely, rewards_after_swap
 from ..config import ExperimentConfig
 from ..rollouts import OWN, Behaviour, Completion, RolloutGroup

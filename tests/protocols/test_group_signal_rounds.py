@@ -35,7 +35,8 @@ def _check_signal_fields(rows: list[dict]) -> None:
             scored = c["external_received"] - c["external_rejected"]
             if scored:
                 assert c["external_zero_advantage_share"] == c["external_zero_advantage"] / scored
-        assert row["zero_advantage_share"] == pytest.approx(statistics.fmean(c["zero_advantage_share"] for c in clients))
+        mean = statistics.fmean(c["zero_advantage_share"] for c in clients)
+        assert row["zero_advantage_share"] == pytest.approx(mean)
 
 
 def test_sapo_records_the_signal_and_shares_only_mixed_groups_when_told(tmp_path):
