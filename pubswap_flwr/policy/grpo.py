@@ -1,17 +1,18 @@
 """GRPO/DAPO update on rollout groups from any source, over the LoRA parameters.
 
-Semantics follow TRL 1.16 `GRPOTrainer._compute_loss` (tests/unit/test_grpo_oracle.py checks loss and gradients
-against it): group advantages (r - mean) / (std + 1e-4) with the unbiased std over own + foreign members;
-per-token ratio clipped to [1 - eps_low, 1 + eps_high]; "dapo" normalises the token sum by the number of active
-tokens in the whole batch, "grpo" averages per sequence then over sequences; optional k3 KL to the base model
+Semantics follow TRL 1.16 `GRPOTrainer._compute_loss` (tests/unit/test_grpo_oracle.py checks loss and gradients against
+it): group advantages (r - mean) / (std + 1e-4) with the unbiased std over own + foreign members; per-token ratio
+clipped to [1 - eps_low, 1 + eps_high]; "dapo" normalises the token sum by the number of active tokens in the groups
+trained, "grpo" averages per sequence then over the groups' sequences (without a KL term a group whose rewards all agree
+is not trained, and counts in neither: TRL counts it, so it dilutes the others); optional k3 KL to the base model
 (adapter disabled) with TRL's importance-sampling correction. Own samples keep their sampled ids; foreign text is
 re-tokenized locally with EOS appended, then truncated. With one inner iteration the old policy is the current one
 (ratio 1, as in TRL); with more, a no-grad pass scores the old log-probs first. Foreign completions are treated as
-on-policy samples of the local model, as TRL does without vLLM (its old log-probs are the current model's, so
-the ratio starts at 1 whoever sampled the text). TRL's `scale_rewards` ("group": the above; "batch": the batch's
-std instead of the group's; "none": r - mean alone) and `mask_truncated_completions` (completions that end in neither
-EOS nor pad, i.e. cut at the token limit, leave the loss and its token count, but their rewards still shape their
-groups' advantages) are settings.
+on-policy samples of the local model, as TRL does without vLLM (its old log-probs are the current model's, so the ratio
+starts at 1 whoever sampled the text). TRL's `scale_rewards` ("group": the above; "batch": the batch's std instead of
+the group's; "none": r - mean alone) and `mask_truncated_completions` (completions that end in neither EOS nor pad, i.e.
+cut at the token limit, leave the loss and its token count, but their rewards still shape their groups' advantages) are
+settings.
 
 `foreign_correction` (an extension beyond both papers, which train on foreign text at ratio 1): "weight" scales the
 loss of every foreign token by `foreign_weight`; "is" weights each foreign token by the truncated importance ratio
@@ -95,9 +96,21 @@ def group_advantages(rewards: torch.Tensor, group_sizes: Sequence[int], eps: flo
     return out
 
 
+def trained_group_rows(advantages: torch.Tensor, group_sizes: Sequence[int]) -> torch.Tensor:
+    """(B,) bool: the rows of groups with a non-zero advantage (a group whose rewards all agree, or a group of one,
+    has none and teaches nothing without a KL term). A row of 0 in such a group still counts: it is a sample of a
+    group that is trained."""
+    rows = torch.zeros(advantages.shape[0], dtype=torch.bool, device=advantages.device)
+    start = 0
+    for size in group_sizes:
+        rows[start:start + size] = bool((advantages[start:start + size] != 0).any())
+        start += size
+    return rows
+
+
 def _count_batch(batch: Batch, stats: UpdateStats) -> float:
     """Fill the batch's counts into `stats` (completions, foreign ones, tokens, mean reward, groups whose rewards
-    all agree); returns the number of completion tokens (the DAPO denominator)."""
+    all agree); returns the number of completion tokens (the DAPO denominator when every group is trained)."""
     mask = batch.completion_mask.float()
     total_tokens = float(mask.sum())
     stats.completions = batch.rewards.shape[0]
@@ -245,11 +258,15 @@ class GRPOLearner:
         n = batch.rewards.shape[0]
         advantages = group_advantages(batch.rewards, batch.group_sizes, scale=s.scale_rewards)
         total_tokens = _count_batch(batch, stats)
+        sequences = n
         # Rows with advantage 0 add exactly 0 to the clipped surrogate and its gradient (and to the foreign-token
-        # weights, which multiply it): without a KL term they need no forward or backward. They still count in the
-        # DAPO token total and the GRPO sequence count above, so the loss and gradients equal the whole batch's.
-        # With 0/1 rewards a group whose members all agree is common (stats.zero_advantage_groups).
+        # weights, which multiply it): without a KL term they need no forward or backward. Groups whose rewards all
+        # agree (common with 0/1 rewards: stats.zero_advantage_groups) are then not trained, and leave the DAPO
+        # token total and the GRPO sequence count too, so they do not dilute the groups that are (#53); a row of 0
+        # in a group that is trained still counts there.
         if s.kl_beta == 0:
+            trained = trained_group_rows(advantages, batch.group_sizes)
+            total_tokens, sequences = float(batch.completion_mask[trained].sum()), int(trained.sum())
             active = (advantages != 0).nonzero().squeeze(1)
             if len(active) < n:
                 batch, advantages = batch.rows(active), advantages[active]
@@ -273,7 +290,7 @@ class GRPOLearner:
             for rows in chunks:
                 part = micro_batch_loss(self.model, batch, rows, advantages, None if old is None else old[rows],
                                         None if ref is None else ref[rows], s, total_tokens,
-                                        self.generation.temperature, n, tags)
+                                        self.generation.temperature, max(sequences, 1), tags)
                 part.loss.backward()
                 sums.add(part, first_iteration=iteration == 0)
             self._step(stats, proximal_reference, mu)
