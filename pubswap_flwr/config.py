@@ -144,6 +144,11 @@ class ExperimentConfig:
         if t.prompts_per_step * t.completions_per_prompt > MAX_COMPLETIONS_PER_BATCH:
             raise ConfigError(f"train.prompts-per-step x train.completions-per-prompt = {t.prompts_per_step} x "
                               f"{t.completions_per_prompt}: more than {MAX_COMPLETIONS_PER_BATCH} completions per step")
+        dynamic_cap = math.floor(t.prompts_per_step * t.dynamic_sampling_max_factor + 1e-9)
+        if t.dynamic_sampling and dynamic_cap * t.completions_per_prompt > MAX_COMPLETIONS_PER_BATCH:
+            raise ConfigError(f"train.dynamic-sampling-max-factor = {t.dynamic_sampling_max_factor:g}: up to "
+                              f"{dynamic_cap} prompts x train.completions-per-prompt = {t.completions_per_prompt} is "
+                              f"more than {MAX_COMPLETIONS_PER_BATCH} completions per step")
 
     def _check_curriculum(self) -> None:
         """tasks.curriculum: a band low < high, generated tasks that all have a curriculum, a start level in range."""

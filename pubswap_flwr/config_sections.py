@@ -139,6 +139,14 @@ class TrainConfig:
                                 "weight of foreign tokens with foreign-correction weight, and the fallback of is")
     is_cap: float = opt(GRPO.is_cap, between(0, 1000, above=True),
                         "C: truncation of the importance weight (foreign-correction is)")
+    dynamic_sampling: bool = opt(False, doc="DAPO's dynamic sampling on a node's private steps: groups whose rewards "
+                                            "all agree are dropped and further prompts of the node's stream sampled "
+                                            "until the step has prompts-per-step groups whose rewards differ or "
+                                            "dynamic-sampling-max-factor is reached; the step trains on those alone "
+                                            "(none: the step is skipped)")
+    dynamic_sampling_max_factor: float = opt(2.0, between(1, 100),
+                                             "with dynamic-sampling: at most this x prompts-per-step prompts sampled "
+                                             "per step")
 
 
 @dataclass(frozen=True)

@@ -51,5 +51,12 @@ ZERO_ADVANTAGE_GROUPS: Final = "zero_advantage_groups"  # of them, those whose r
 # and their share (ZERO_ADVANTAGE_SHARE, the same key as the row's mean over clients)
 EXTERNAL_USABLE: Final = "external_usable"  # sapo: received groups that passed the receiver's re-scoring and differ
 EXTERNAL_ZERO_ADVANTAGE_SHARE: Final = "external_zero_advantage_share"  # sapo: of the received groups it scored
+# train.dynamic-sampling: a node's private groups sampled and trained this round, trained / (steps x prompts-per-step),
+# sampled / (steps x prompts-per-step) (1: no extra sampling), and the steps skipped with no group whose rewards differ
+DYNAMIC_GROUPS_SAMPLED: Final = "dynamic_groups_sampled"
+DYNAMIC_GROUPS_TRAINED: Final = "dynamic_groups_trained"
+DYNAMIC_FILLED_SHARE: Final = "dynamic_filled_share"
+DYNAMIC_SAMPLING_FACTOR: Final = "dynamic_sampling_factor"
+DYNAMIC_STEPS_SKIPPED: Final = "dynamic_steps_skipped"
 
 WELL_FORMED_WARNING: Final = 0.8  # below this WELL_FORMED share a client is warned about (and the report says so)

@@ -15,6 +15,7 @@ from typing import Sequence, TypeVar
 import msgspec
 import torch
 
+from ..algorithms.dynamic_sampling import FilledStep, SamplingBudget, fill_step
 from ..config import ExperimentConfig
 from ..config_sections import EvalConfig, GenerationConfig, ModelConfig, StrategyConfig, TasksConfig, TrainConfig
 from ..policy import Policy, cached_policy
@@ -40,7 +41,7 @@ from ..tasks.isolation import check_rewards
 from ..tasks.items import max_question_chars
 from ..tasks.rewards import TRL_REWARDS_KEY, parse_rewards, parse_trl_rewards
 from ..tasks.verifiers import completion_shape, score_trl_group
-from ..wire.counters import ForeignCounts, SignalCounts, UptakeCounts
+from ..wire.counters import ForeignCounts, SamplingCounts, SignalCounts, UptakeCounts
 from .state import NodeIdentity, NodeState, NodeStore, plain
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,7 @@ class WorkReport:
     fallbacks: collections.Counter = field(default_factory=collections.Counter)  # and why some of it had no IS
     uptake: UptakeCounts = UptakeCounts()  # pubswap.measure-uptake: log-probs of the public step's responses
     signal: SignalCounts = SignalCounts()  # the groups trained on, and those whose rewards were all equal
+    sampling: SamplingCounts = SamplingCounts()  # train.dynamic-sampling: groups wanted, sampled and trained
 
     def add(self, record: StepRecord) -> None:
         self.steps.append(record)
@@ -344,23 +346,64 @@ class Learner:
                      "; ".join(f"{why} ({n})" for why, n in report.fallbacks.most_common()))
 
     def learn_step(self, groups: Sequence[RolloutGroup], kind: str, report: WorkReport,
-                   sample_seconds: float = 0.0) -> None:
-        """One GRPO update on `groups`, counted as a step of `kind` (its completions count as examples)."""
+                   sample_seconds: float = 0.0, filled: FilledStep | None = None) -> None:
+        """One GRPO update on `groups`, counted as a step of `kind` (its completions count as examples). A dynamic
+        step's record (`filled`) has the reward of every group it sampled, and counts those whose rewards agree."""
         stats, update_s = self.learn(groups)
         self.state.steps += 1
         report.num_examples += stats.completions
         report.foreign += ForeignCounts.of_step(stats.extra)
-        report.signal += SignalCounts.of_groups(g.rewards for g in groups)
-        report.add(StepRecord(self.state.steps, kind, stats.mean_reward, stats.completions, sample_seconds,
-                              update_s, stats.zero_advantage_groups, stats.foreign_completions))
+        report.signal += SignalCounts.of_groups(g.rewards for g in groups)  # the groups trained
+        reward, completions, zero_advantage = stats.mean_reward, stats.completions, stats.zero_advantage_groups
+        if filled is not None:
+            reward, completions = _mean_reward(filled.sampled)
+            zero_advantage = filled.zero_advantage
+        report.add(StepRecord(self.state.steps, kind, reward, completions, sample_seconds, update_s, zero_advantage,
+                              stats.foreign_completions))
 
     def private_steps(self, count: int, report: WorkReport) -> None:
-        """`count` GRPO steps on fresh prompts from the private stream."""
+        """`count` GRPO steps on fresh prompts from the private stream (with train.dynamic-sampling, on the groups
+        whose rewards differ: `dynamic_step`)."""
         cfg = self.settings.train
         for _ in range(count):
+            if cfg.dynamic_sampling:
+                self.dynamic_step(report)
+                continue
             items = self.stream.take(cfg.prompts_per_step, self.state.cursor)
             groups, sample_s = self.rollout(items, cfg.completions_per_prompt)
             self.observe_groups(groups)
             rewards = [r for g in groups for r in g.rewards]
             self.state.cumulative_reward += sum(rewards) / len(rewards)
             self.learn_step(groups, "private", report, sample_s)
+
+    def dynamic_step(self, report: WorkReport) -> None:
+        """train.dynamic-sampling: sample the step's prompts, then further prompts of the private stream (each draw
+        seeded as every rollout is), until prompts-per-step groups have rewards that differ or the cap is reached
+        (algorithms/dynamic_sampling.py); train on those. With none the step is skipped and logged."""
+        cfg = self.settings.train
+        seconds = 0.0
+
+        def draw(count: int) -> list[RolloutGroup]:
+            nonlocal seconds
+            groups, sample_s = self.rollout(self.stream.take(count, self.state.cursor), cfg.completions_per_prompt)
+            seconds += sample_s
+            return groups
+
+        filled = fill_step(SamplingBudget(cfg.prompts_per_step, cfg.dynamic_sampling_max_factor), draw)
+        reward, completions = _mean_reward(filled.sampled)
+        self.state.cumulative_reward += reward
+        report.sampling += SamplingCounts(cfg.prompts_per_step, len(filled.sampled), len(filled.trained),
+                                          int(not filled.trained))
+        if filled.trained:
+            self.learn_step(filled.trained, "private", report, seconds, filled)
+            return
+        log.info("node %d: private step skipped: none of the %d groups it sampled had rewards that differ "
+                 "(train.dynamic-sampling, at most %g x %d prompts)", self.identity.index, len(filled.sampled),
+                 cfg.dynamic_sampling_max_factor, cfg.prompts_per_step)
+        report.add(StepRecord(self.state.steps, "private", reward, completions, seconds, 0.0, filled.zero_advantage))
+
+
+def _mean_reward(groups: Sequence[RolloutGroup]) -> tuple[float, int]:
+    """The mean reward of `groups`' completions, and how many there are."""
+    rewards = [r for group in groups for r in group.rewards]
+    return sum(rewards) / len(rewards), len(rewards)

@@ -10,7 +10,7 @@ from typing import Any
 
 from .. import metrics_schema as schema
 from ..metrics_schema import WELL_FORMED_WARNING
-from ..wire.counters import ForeignCounts, FormatCounts, SignalCounts, UptakeCounts
+from ..wire.counters import ForeignCounts, FormatCounts, SamplingCounts, SignalCounts, UptakeCounts
 from .exchange import ExchangeResult
 
 log = logging.getLogger("pubswap_flwr")
@@ -35,6 +35,7 @@ class RoundLog:
     foreign: dict[int, ForeignCounts] = field(default_factory=dict)  # node -> foreign text (train.foreign-correction)
     uptake: dict[int, UptakeCounts] = field(default_factory=dict)  # node -> pubswap.measure-uptake
     signal: dict[int, SignalCounts] = field(default_factory=dict)  # node -> the groups it trained on
+    sampling: dict[int, SamplingCounts] = field(default_factory=dict)  # node -> train.dynamic-sampling
 
     def client(self, node: int) -> dict:
         return self.clients.setdefault(node, {"bytes_sent": 0, "bytes_received": 0, "sample_s": 0.0,
@@ -83,6 +84,9 @@ class RoundLog:
             if report.signal:  # segments add up
                 self.signal[node] = self.signal.get(node, SignalCounts()) + report.signal
                 row.update(self.signal[node].row())
+            if report.sampling:  # train.dynamic-sampling; segments add up
+                self.sampling[node] = self.sampling.get(node, SamplingCounts()) + report.sampling
+                row.update(self.sampling[node].row())
             row[schema.CUMULATIVE_REWARD] = report.cumulative_reward
             row["num_examples"] = float(report.num_examples)
             row["total_steps"] = float(report.total_steps)

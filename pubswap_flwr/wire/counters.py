@@ -1,8 +1,9 @@
 """Counters a client's reply carries and a round adds up, each a small typed block that merges with `+`, writes
 itself into a reply's metrics and reads itself back from one (checked, as everything from another party), and gives
 its fields of the metrics row: the answer format of a node's own samples, the foreign text it trained on
-(train.foreign-correction), and how many of the groups it trained on had a learning signal. The client report, the
-node's work report and the round log hold the blocks instead of their loose fields.
+(train.foreign-correction), how many of the groups it trained on had a learning signal, and its dynamic
+sampling (train.dynamic-sampling). The client report, the node's work report and the round log hold the
+blocks instead of their loose fields.
 
 Each block is its own schema (pubswap_flwr/schema.py): a msgspec Struct whose fields declare their bounds and, through
 `rename`, their key in a reply's metrics; `from_metrics` parses a reply's metrics into it and then checks the rules
@@ -128,6 +129,51 @@ class ForeignCounts(Struct, frozen=True, rename={
             rest = self.tokens - self.tag_tokens
             out[schema.FOREIGN_WEIGHT_MEAN + "_other"] = (self.weight_sum - self.tag_weight_sum) / rest if rest else 0.0
         return out
+
+
+class SamplingCounts(Struct, frozen=True, rename={
+        "wanted": "dynamic-groups-wanted", "sampled": "dynamic-groups-sampled",
+        "trained": "dynamic-groups-trained", "skipped": "dynamic-steps-skipped"}):
+    """train.dynamic-sampling: the groups a node's private steps wanted (prompts-per-step each), sampled and trained
+    on (those whose rewards differ), and the steps skipped for want of any. Not on the wire without it."""
+
+    wanted: Tally = 0
+    sampled: Tally = 0
+    trained: Tally = 0
+    skipped: Tally = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.wanted)
+
+    def __add__(self, other: "SamplingCounts") -> "SamplingCounts":
+        return SamplingCounts(self.wanted + other.wanted, self.sampled + other.sampled,
+                              self.trained + other.trained, self.skipped + other.skipped)
+
+    def to_metrics(self) -> dict[str, int]:
+        if not self:
+            return {}
+        return {"dynamic-groups-wanted": self.wanted, "dynamic-groups-sampled": self.sampled,
+                "dynamic-groups-trained": self.trained, "dynamic-steps-skipped": self.skipped}
+
+    @classmethod
+    def from_metrics(cls, metrics: Any) -> "SamplingCounts":
+        return _read(metrics, cls)
+
+    def problem(self) -> str:
+        for part, whole, name in ((self.trained, self.wanted, "wanted"), (self.trained, self.sampled, "sampled")):
+            if part > whole:
+                return f"dynamic-groups-trained exceeds dynamic-groups-{name}"
+        return ""
+
+    def row(self) -> dict[str, float]:
+        """Groups sampled and trained, the filled share (trained / wanted) and the sampling factor (sampled /
+        wanted: 1 is no extra sampling), and the steps skipped."""
+        if not self:
+            return {}
+        return {schema.DYNAMIC_GROUPS_SAMPLED: self.sampled, schema.DYNAMIC_GROUPS_TRAINED: self.trained,
+                schema.DYNAMIC_FILLED_SHARE: self.trained / self.wanted,
+                schema.DYNAMIC_SAMPLING_FACTOR: self.sampled / self.wanted,
+                schema.DYNAMIC_STEPS_SKIPPED: self.skipped}
 
 
 def _uptake_key(field: str) -> str:

@@ -34,7 +34,7 @@ from .codecs import (
     payload_record,
     record_of,
 )
-from .counters import ForeignCounts, FormatCounts, SignalCounts, UptakeCounts
+from .counters import ForeignCounts, FormatCounts, SamplingCounts, SignalCounts, UptakeCounts
 from .validate import HeldOutRequest, Rejected, check_eval
 
 if TYPE_CHECKING:
@@ -221,6 +221,7 @@ class ClientReport:
     uptake: UptakeCounts = UptakeCounts()  # pubswap.measure-uptake
     signal: SignalCounts = SignalCounts()  # the groups it trained on, and those whose rewards were all equal
     curriculum: Mapping[str, int] = field(default_factory=dict)  # tasks.curriculum: task -> level (a metric only)
+    sampling: SamplingCounts = SamplingCounts()  # train.dynamic-sampling
 
     @classmethod
     def of(cls, learner: Learner, report: WorkReport, started: float) -> "ClientReport":
@@ -234,7 +235,8 @@ class ClientReport:
             model=learner.identity.model_name, tasks=tuple(learner.task_names),
             formats=FormatCounts.of_shapes(learner.sampled_shapes),
             foreign=msgspec.structs.replace(report.foreign, fallbacks=sum(report.fallbacks.values())),
-            uptake=report.uptake, signal=report.signal, curriculum=learner.curriculum_levels)
+            uptake=report.uptake, signal=report.signal, sampling=report.sampling,
+            curriculum=learner.curriculum_levels)
 
     def metrics(self) -> dict:
         out = {"node-index": self.node_index, "num-examples": self.num_examples,
@@ -249,6 +251,7 @@ class ClientReport:
         out.update(self.foreign.to_metrics())  # only with train.foreign-correction
         out.update(self.uptake.to_metrics())  # only with pubswap.measure-uptake
         out.update(self.signal.to_metrics())  # only once it trained a group
+        out.update(self.sampling.to_metrics())  # only with train.dynamic-sampling
         return out
 
     def payload(self) -> dict:
@@ -267,8 +270,8 @@ class ClientReport:
             train_reward=numbers.train_reward, train_completions=numbers.train_completions,
             rollout_reward=numbers.rollout_reward, formats=FormatCounts.from_metrics(metrics),
             foreign=ForeignCounts.from_metrics(metrics), uptake=UptakeCounts.from_metrics(metrics),
-            signal=SignalCounts.from_metrics(metrics), model=texts.model, tasks=tuple(texts.tasks),
-            curriculum=texts.curriculum)
+            signal=SignalCounts.from_metrics(metrics), sampling=SamplingCounts.from_metrics(metrics),
+            model=texts.model, tasks=tuple(texts.tasks), curriculum=texts.curriculum)
 
 
 def reply_records(report: ClientReport, *, payload: dict | None = None, metrics: dict | None = None,
