@@ -43,3 +43,22 @@ def test_off_by_default_no_run_records_dynamic_sampling():
         rows = json.loads(path.read_text())
         assert not any(key in FIELDS for row in rows for client in row.get("clients", {}).values()
                        for key in client), path.name
+
+
+def test_a_client_whose_steps_were_all_skipped_is_left_out_of_the_aggregate_not_dropped(tmp_path):
+    """Seed 0: node 1's one step finds no group whose rewards differ and is skipped, so it trained on nothing. That is
+    no bad reply: it stays in the row (its dynamic sampling recorded), the row names it in `untrained_clients`, and
+    the aggregate is the other client's adapter."""
+    simulate_in_process({"seed": 0, "num-server-rounds": 1, "train.local-steps": 1, "train.prompts-per-step": 2,
+                         "train.completions-per-prompt": 4, "train.dynamic-sampling": True,
+                         "strategy.aggregation": "mean", "strategy.min-clients": 1, "eval.items-per-task": 2,
+                         "eval.samples": 1, "model.threads": 1, "output.dir": str(tmp_path), "run-name": "s"}, 2)
+    row = read_metrics(tmp_path / "s")[-1]
+    assert row["dropped"] == {}
+    clients = {c["node_index"]: (node, c) for node, c in row["clients"].items()}
+    assert sorted(clients) == [0, 1]
+    idle_node, idle = clients[1]
+    assert idle["dynamic_steps_skipped"] == 1 and idle["dynamic_groups_trained"] == 0
+    assert idle["dynamic_groups_sampled"] == 4 and idle["num_examples"] == 0
+    assert [str(n) for n in row["untrained_clients"]] == [idle_node]
+    assert row["aggregated"] is True and [str(n) for n in row["aggregated_clients"]] == [clients[0][0]]
