@@ -21,6 +21,7 @@ TIME: Final = "time"
 BYTES: Final = "bytes"
 PARAMETER_DRIFT: Final = "parameter_drift"
 KEPT_REASON: Final = "kept_reason"  # why an averaging round kept the global adapter (`aggregated` false)
+UNTRAINED_CLIENTS: Final = "untrained_clients"  # replies left out of the aggregate: they trained on no examples
 SWAP: Final = "swap"  # pubswap: the round's summary of its public steps
 SERVER_OPTIMIZER: Final = "server_optimizer"
 # the mean over clients of their ZERO_ADVANTAGE_SHARE (below); in SWAP, and per public prompt in a public step, the

@@ -116,15 +116,20 @@ def checked_adapter(content: RecordDict, reference: Adapter, codec: Codec | None
 def aggregate_adapters(ctx: RoundContext, settings: RunSettings, master: Adapter, adapters: dict[int, Adapter],
                        expected: dict[int, float], base: Adapter | None = None,
                        optimizer: ServerOptimizer | None = None) -> Adapter:
-    """The new global adapter from the round's valid adapters, each weighted by the examples its client reported
-    over the round but never more than the server asked it for (`expected`: steps x prompts x K), so no claim can
-    take the average over; a client with no valid weight is dropped; `master` is kept when fewer than
-    min-clients remain, or when a robust rule has fewer than 3 votes (lora_averaging.combine). `base` is the global
-    the clients started from (update clipping and the server optimizer measure from it; default `master`);
-    `optimizer` (strategy.server-optimizer) moves it from the aggregate."""
+    """The new global adapter from the round's valid adapters, each weighted by the examples its client reported over
+    the round but never more than the server asked it for (`expected`: steps x prompts x K), so no claim can take the
+    average over; a client with no valid weight is dropped, one that trained on no examples is left out
+    (`untrained_clients`); `master` is kept when fewer than min-clients remain, or when a robust rule has fewer than 3
+    votes (lora_averaging.combine). `base` is the global the clients started from (update clipping and the server
+    optimizer measure from it; default `master`); `optimizer` (strategy.server-optimizer) moves it from the
+    aggregate."""
     started = time.perf_counter()
     valid: dict[int, tuple[Adapter, float]] = {}
+    untrained = []
     for node in ctx.exchange.ordered(adapters):
+        if not ctx.log.client(node).get("examples", 0):  # no bad reply: every step was skipped (dynamic sampling)
+            untrained.append(node)
+            continue
         try:
             claimed = check_weight(ctx.log.client(node).get("examples", 0))
             valid[node] = adapters[node], min(claimed, float(expected.get(node, 0.0)))
@@ -132,6 +137,10 @@ def aggregate_adapters(ctx: RoundContext, settings: RunSettings, master: Adapter
         except Rejected as err:
             ctx.log.drop(node, f"rejected reply: {err}")
             valid.pop(node, None)
+    if untrained:
+        ctx.log.extra[schema.UNTRAINED_CLIENTS] = untrained
+        log.info("round %d: clients %s trained on no examples (train.dynamic-sampling skipped every step: no group "
+                 "whose rewards differ), left out of the aggregate", ctx.number, untrained)
     s = settings.strategy
     if len(valid) < s.min_clients:
         ctx.log.extra["aggregated"] = False

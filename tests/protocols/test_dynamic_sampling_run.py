@@ -46,7 +46,7 @@ def test_off_by_default_no_run_records_dynamic_sampling():
 
 
 def test_a_client_whose_steps_were_all_skipped_is_left_out_of_the_aggregate_not_dropped(tmp_path):
-    """Seed 0: node 1's one step finds no group whose rewards differ and is skipped, so it trained on nothing. That is
+    """Seed 0: node 0's one step finds no group whose rewards differ and is skipped, so it trained on nothing. That is
     no bad reply: it stays in the row (its dynamic sampling recorded), the row names it in `untrained_clients`, and
     the aggregate is the other client's adapter."""
     simulate_in_process({"seed": 0, "num-server-rounds": 1, "train.local-steps": 1, "train.prompts-per-step": 2,
@@ -55,10 +55,10 @@ def test_a_client_whose_steps_were_all_skipped_is_left_out_of_the_aggregate_not_
                          "eval.samples": 1, "model.threads": 1, "output.dir": str(tmp_path), "run-name": "s"}, 2)
     row = read_metrics(tmp_path / "s")[-1]
     assert row["dropped"] == {}
-    clients = {c["node_index"]: (node, c) for node, c in row["clients"].items()}
-    assert sorted(clients) == [0, 1]
-    idle_node, idle = clients[1]
-    assert idle["dynamic_steps_skipped"] == 1 and idle["dynamic_groups_trained"] == 0
-    assert idle["dynamic_groups_sampled"] == 4 and idle["num_examples"] == 0
+    assert sorted(c["node_index"] for c in row["clients"].values()) == [0, 1]
+    (idle_node, idle), = [(n, c) for n, c in row["clients"].items() if c["dynamic_steps_skipped"]]
+    (trained_node, _), = [(n, c) for n, c in row["clients"].items() if n != idle_node]
+    assert idle["node_index"] == 0 and idle["dynamic_steps_skipped"] == 1 and idle["dynamic_groups_trained"] == 0
+    assert idle["dynamic_groups_sampled"] == 4 and idle["num_examples"] == 0  # the cap: 2 x 2 prompts
     assert [str(n) for n in row["untrained_clients"]] == [idle_node]
-    assert row["aggregated"] is True and [str(n) for n in row["aggregated_clients"]] == [clients[0][0]]
+    assert row["aggregated"] is True and [str(n) for n in row["aggregated_clients"]] == [trained_node]
