@@ -147,6 +147,10 @@ class TrainConfig:
     dynamic_sampling_max_factor: float = opt(2.0, between(1, 100),
                                              "with dynamic-sampling: at most this x prompts-per-step prompts sampled "
                                              "per step")
+    skip_equal_prompts: float = opt(0.0, between(0, 1),
+                                    "skipping before rollout (after GRESO): the probability that a private prompt is "
+                                    "skipped, unsampled, when its task's last 2 groups at the node all had rewards "
+                                    "that agree (a step looks at most 4 x prompts-per-step prompts ahead); 0 = off")
 
 
 @dataclass(frozen=True)

@@ -59,5 +59,6 @@ DYNAMIC_GROUPS_TRAINED: Final = "dynamic_groups_trained"
 DYNAMIC_FILLED_SHARE: Final = "dynamic_filled_share"
 DYNAMIC_SAMPLING_FACTOR: Final = "dynamic_sampling_factor"
 DYNAMIC_STEPS_SKIPPED: Final = "dynamic_steps_skipped"
+PROMPTS_SKIPPED: Final = "prompts_skipped"  # train.skip-equal-prompts: private prompts skipped before rollout
 
 WELL_FORMED_WARNING: Final = 0.8  # below this WELL_FORMED share a client is warned about (and the report says so)

@@ -1,18 +1,23 @@
 """DAPO's dynamic sampling (train.dynamic-sampling): a step keeps the groups whose rewards differ and samples further
-prompts until it has its prompts' worth of them or has sampled its cap. Pure functions.
+prompts until it has its prompts' worth of them or has sampled its cap; and skipping prompts before rollout. Pure
+functions.
 
 A group whose rewards all agree has advantage 0 everywhere and teaches nothing (without a KL term), yet costs its
 sampling time. The first draw is the step's usual prompts; each further draw asks for the shortfall scaled up by the
 informative share seen so far (everything the cap still allows while none was informative), never past the cap, so
 a step samples at most floor(prompts x max-factor) prompts. Of the groups whose rewards differ, the first ones in
 sampling order, up to the step's prompts, are trained.
+
+Skipping before rollout (train.skip-equal-prompts, after GRESO): a prompt whose task's last groups at the node all had
+rewards that agree is skipped with a probability before any sampling is spent on it.
 """
 
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from ..rollouts import RolloutGroup
 
@@ -76,3 +81,22 @@ def fill_step(budget: SamplingBudget, draw: Callable[[int], Sequence[RolloutGrou
         sampled.extend(groups)
         kept.extend(group for group in groups if group.has_signal)
     return FilledStep(sampled, kept[:budget.wanted], draws)
+
+
+# -- skipping before rollout (train.skip-equal-prompts, GRESO's idea) ----------------------------------------------
+RECENT_EQUAL = 2  # a task whose last this many groups at the node all had rewards that agree is a candidate to skip
+
+
+def equal_streaks(streaks: Mapping[str, int], groups: Sequence[RolloutGroup]) -> dict[str, int]:
+    """Per task, how many of its latest groups in a row had rewards that all agree, after `groups` (in order): one
+    whose rewards differ resets its task's count to 0."""
+    out = dict(streaks)
+    for group in groups:
+        out[group.task] = 0 if group.has_signal else out.get(group.task, 0) + 1
+    return out
+
+
+def skips(task: str, streaks: Mapping[str, int], probability: float, rng: random.Random) -> bool:
+    """Whether a prompt of `task` is skipped before rollout: with `probability` when the task's last RECENT_EQUAL
+    groups all had rewards that agree, never otherwise (`rng` is drawn from only then)."""
+    return streaks.get(task, 0) >= RECENT_EQUAL and probability > 0 and rng.random() < probability

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import random
 import time
 from dataclasses import dataclass, field
 from typing import Sequence, TypeVar
@@ -15,7 +16,7 @@ from typing import Sequence, TypeVar
 import msgspec
 import torch
 
-from ..algorithms.dynamic_sampling import FilledStep, SamplingBudget, fill_step
+from ..algorithms.dynamic_sampling import FilledStep, SamplingBudget, equal_streaks, fill_step, skips
 from ..config import ExperimentConfig
 from ..config_sections import EvalConfig, GenerationConfig, ModelConfig, StrategyConfig, TasksConfig, TrainConfig
 from ..policy import Policy, cached_policy
@@ -45,6 +46,7 @@ from ..wire.counters import ForeignCounts, SamplingCounts, SignalCounts, UptakeC
 from .state import NodeIdentity, NodeState, NodeStore, plain
 
 log = logging.getLogger(__name__)
+SKIP_LOOK_AHEAD = 4  # train.skip-equal-prompts: a step looks at most this x its prompts ahead in its stream
 FamilyState = TypeVar("FamilyState", bound=msgspec.Struct)
 
 
@@ -369,12 +371,38 @@ class Learner:
             if cfg.dynamic_sampling:
                 self.dynamic_step(report)
                 continue
-            items = self.stream.take(cfg.prompts_per_step, self.state.cursor)
+            items = self.take_private(cfg.prompts_per_step, report)
             groups, sample_s = self.rollout(items, cfg.completions_per_prompt)
             self.observe_groups(groups)
+            self.note_equal_groups(groups)
             rewards = [r for g in groups for r in g.rewards]
             self.state.cumulative_reward += sum(rewards) / len(rewards)
             self.learn_step(groups, "private", report, sample_s)
+
+    def take_private(self, count: int, report: WorkReport) -> list[TaskItem]:
+        """The next `count` prompts of the private stream; with train.skip-equal-prompts, prompts whose task's
+        recent groups here all had rewards that agree are skipped with its probability (seeded by the run seed,
+        node and sampling call, so a resumed node skips the same), looking at most SKIP_LOOK_AHEAD x `count` ahead."""
+        probability = self.settings.train.skip_equal_prompts
+        if probability == 0:
+            return self.stream.take(count, self.state.cursor)
+        rng = random.Random(derive_seed(self.settings.seed, self.identity.index, self.state.sample_calls, "skip"))
+        kept: list[TaskItem] = []
+        looked = skipped = 0
+        while len(kept) < count:
+            item = self.stream.take(1, self.state.cursor)[0]
+            looked += 1
+            if looked <= SKIP_LOOK_AHEAD * count and skips(item.task, self.state.equal_streaks, probability, rng):
+                skipped += 1
+                continue
+            kept.append(item)
+        report.sampling += SamplingCounts(prompts_skipped=skipped)
+        return kept
+
+    def note_equal_groups(self, groups: Sequence[RolloutGroup]) -> None:
+        """Keep each task's run of private groups whose rewards agree (train.skip-equal-prompts reads it)."""
+        if self.settings.train.skip_equal_prompts > 0:
+            self.state.equal_streaks = equal_streaks(self.state.equal_streaks, groups)
 
     def dynamic_step(self, report: WorkReport) -> None:
         """train.dynamic-sampling: sample the step's prompts, then further prompts of the private stream (each draw
@@ -385,7 +413,9 @@ class Learner:
 
         def draw(count: int) -> list[RolloutGroup]:
             nonlocal seconds
-            groups, sample_s = self.rollout(self.stream.take(count, self.state.cursor), cfg.completions_per_prompt)
+            groups, sample_s = self.rollout(self.take_private(count, report), cfg.completions_per_prompt)
+            self.observe_groups(groups)  # every group sampled, kept or not: else the success rate is biased
+            self.note_equal_groups(groups)
             seconds += sample_s
             return groups
 

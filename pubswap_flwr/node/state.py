@@ -148,6 +148,8 @@ class NodeState(Struct):
     # tasks.curriculum: the node's curriculum level and recent group successes per task (tasks/curriculum.py)
     curriculum: Annotated[dict[Annotated[str, Meta(max_length=256)], TaskLevel], Meta(max_length=MAX_TASKS)] = \
         msgspec.field(default_factory=dict)
+    # train.skip-equal-prompts: per task, its latest private groups in a row whose rewards all agreed
+    equal_streaks: dict[str, Tally] = msgspec.field(default_factory=dict)
     # the mode family's own state (pubswap's pending public samples, SAPO's pending groups and peer record), as that
     # family declares it (catalog: node_state) and Learner.family_state parses it
     mode: dict[str, Any] = msgspec.field(default_factory=dict)

@@ -133,27 +133,34 @@ class ForeignCounts(Struct, frozen=True, rename={
 
 class SamplingCounts(Struct, frozen=True, rename={
         "wanted": "dynamic-groups-wanted", "sampled": "dynamic-groups-sampled",
-        "trained": "dynamic-groups-trained", "skipped": "dynamic-steps-skipped"}):
+        "trained": "dynamic-groups-trained", "skipped": "dynamic-steps-skipped",
+        "prompts_skipped": "prompts-skipped"}):
     """train.dynamic-sampling: the groups a node's private steps wanted (prompts-per-step each), sampled and trained
-    on (those whose rewards differ), and the steps skipped for want of any. Not on the wire without it."""
+    on (those whose rewards differ), and the steps skipped for want of any; train.skip-equal-prompts: the private
+    prompts skipped before rollout. Not on the wire without them."""
 
     wanted: Tally = 0
     sampled: Tally = 0
     trained: Tally = 0
     skipped: Tally = 0
+    prompts_skipped: Tally = 0
 
     def __bool__(self) -> bool:
-        return bool(self.wanted)
+        return bool(self.wanted or self.prompts_skipped)
 
     def __add__(self, other: "SamplingCounts") -> "SamplingCounts":
         return SamplingCounts(self.wanted + other.wanted, self.sampled + other.sampled,
-                              self.trained + other.trained, self.skipped + other.skipped)
+                              self.trained + other.trained, self.skipped + other.skipped,
+                              self.prompts_skipped + other.prompts_skipped)
 
     def to_metrics(self) -> dict[str, int]:
-        if not self:
-            return {}
-        return {"dynamic-groups-wanted": self.wanted, "dynamic-groups-sampled": self.sampled,
-                "dynamic-groups-trained": self.trained, "dynamic-steps-skipped": self.skipped}
+        out = {}
+        if self.wanted:
+            out = {"dynamic-groups-wanted": self.wanted, "dynamic-groups-sampled": self.sampled,
+                   "dynamic-groups-trained": self.trained, "dynamic-steps-skipped": self.skipped}
+        if self.prompts_skipped:
+            out["prompts-skipped"] = self.prompts_skipped
+        return out
 
     @classmethod
     def from_metrics(cls, metrics: Any) -> "SamplingCounts":
@@ -167,13 +174,16 @@ class SamplingCounts(Struct, frozen=True, rename={
 
     def row(self) -> dict[str, float]:
         """Groups sampled and trained, the filled share (trained / wanted) and the sampling factor (sampled /
-        wanted: 1 is no extra sampling), and the steps skipped."""
-        if not self:
-            return {}
-        return {schema.DYNAMIC_GROUPS_SAMPLED: self.sampled, schema.DYNAMIC_GROUPS_TRAINED: self.trained,
-                schema.DYNAMIC_FILLED_SHARE: self.trained / self.wanted,
-                schema.DYNAMIC_SAMPLING_FACTOR: self.sampled / self.wanted,
-                schema.DYNAMIC_STEPS_SKIPPED: self.skipped}
+        wanted: 1 is no extra sampling), the steps skipped; the prompts skipped before rollout (only when any)."""
+        out: dict[str, float] = {}
+        if self.wanted:
+            out = {schema.DYNAMIC_GROUPS_SAMPLED: self.sampled, schema.DYNAMIC_GROUPS_TRAINED: self.trained,
+                   schema.DYNAMIC_FILLED_SHARE: self.trained / self.wanted,
+                   schema.DYNAMIC_SAMPLING_FACTOR: self.sampled / self.wanted,
+                   schema.DYNAMIC_STEPS_SKIPPED: self.skipped}
+        if self.prompts_skipped:
+            out[schema.PROMPTS_SKIPPED] = self.prompts_skipped
+        return out
 
 
 def _uptake_key(field: str) -> str:

@@ -62,3 +62,17 @@ def test_a_client_whose_steps_were_all_skipped_is_left_out_of_the_aggregate_not_
     assert idle["dynamic_groups_sampled"] == 4 and idle["num_examples"] == 0  # the cap: 2 x 2 prompts
     assert [str(n) for n in row["untrained_clients"]] == [idle_node]
     assert row["aggregated"] is True and [str(n) for n in row["aggregated_clients"]] == [trained_node]
+
+
+def test_skipping_equal_prompts_records_the_prompts_skipped_and_keeps_each_steps_prompts(tmp_path):
+    """train.skip-equal-prompts = 1 (seed 3): once a task's last 2 groups at a node agreed, its prompts are skipped
+    unsampled while the stream has others within 4 x prompts-per-step; every step still trains on its 2 prompts."""
+    simulate_in_process({"seed": 3, "num-server-rounds": 2, "train.local-steps": 3, "train.prompts-per-step": 2,
+                         "train.completions-per-prompt": 4, "train.skip-equal-prompts": 1.0,
+                         "strategy.aggregation": "mean", "eval.items-per-task": 2, "eval.samples": 1,
+                         "model.threads": 1, "output.dir": str(tmp_path), "run-name": "k"}, 2)
+    rows = read_metrics(tmp_path / "k")[1:]
+    clients = [c for row in rows for c in row["clients"].values()]
+    assert all(c["num_examples"] == 3 * 2 * 4 for c in clients)
+    assert sorted(c.get("prompts_skipped", 0) for c in clients) == [0, 0, 1, 17]
+    assert not any(key in FIELDS for c in clients for key in c)  # dynamic sampling stays off

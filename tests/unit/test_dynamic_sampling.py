@@ -1,13 +1,24 @@
 """train.dynamic-sampling (#53 item 3): a private step keeps only the groups whose rewards differ, samples further
-prompts until it has prompts-per-step of them or its cap, and reports what it sampled and trained (scripted rewards,
-no model)."""
+prompts until it has prompts-per-step of them or its cap, and reports what it sampled and trained; and
+train.skip-equal-prompts, which skips prompts of tasks whose recent groups all agreed (scripted rewards, no model)."""
 
 from __future__ import annotations
 
+import json
+import random
+
 import pytest
 
-from pubswap_flwr.algorithms.dynamic_sampling import SamplingBudget, fill_step, next_draw
+from pubswap_flwr.algorithms.dynamic_sampling import (
+    RECENT_EQUAL,
+    SamplingBudget,
+    equal_streaks,
+    fill_step,
+    next_draw,
+    skips,
+)
 from pubswap_flwr.config import ConfigError, ExperimentConfig
+from pubswap_flwr.node.state import NodeState
 from pubswap_flwr.rollouts import Completion, RolloutGroup
 from pubswap_flwr.wire.counters import SamplingCounts
 from pubswap_flwr.wire.validate import Rejected
@@ -113,3 +124,46 @@ def test_the_counts_travel_in_a_reply_checked_and_give_the_clients_row():
         SamplingCounts.from_metrics({**counts.to_metrics(), "dynamic-groups-sampled": 5})
     with pytest.raises(Rejected, match="dynamic-groups-sampled"):
         SamplingCounts.from_metrics({**counts.to_metrics(), "dynamic-groups-sampled": -1})
+
+
+# -- train.skip-equal-prompts --------------------------------------------------------------------------------------
+def _group(task: str, rewards: list[float]) -> RolloutGroup:
+    return RolloutGroup("p", [Completion(str(r)) for r in rewards], rewards, task=task)
+
+
+def test_equal_streaks_count_each_tasks_latest_groups_whose_rewards_agree():
+    streaks = equal_streaks({"gcd": 1}, [_group("gcd", FLAT), _group("lcm", FLAT), _group("gcd", FLAT),
+                                         _group("lcm", MIXED), _group("sum", [0.0, 0.0, 0.0, 0.0])])
+    assert streaks == {"gcd": 3, "lcm": 0, "sum": 1}
+    assert equal_streaks(streaks, [_group("gcd", MIXED)])["gcd"] == 0
+
+
+def test_prompts_of_tasks_whose_recent_groups_agreed_are_skipped_with_the_probability():
+    streaks = {"gcd": RECENT_EQUAL, "lcm": RECENT_EQUAL - 1}
+    rng = random.Random(0)
+    assert all(skips("gcd", streaks, 1.0, rng) for _ in range(50))
+    assert not any(skips(task, streaks, p, rng) for task in ("lcm", "sum") for p in (0.5, 1.0) for _ in range(50))
+    assert not any(skips("gcd", streaks, 0.0, rng) for _ in range(50))
+    rng_a, rng_b = random.Random(7), random.Random(7)  # the learner seeds it from the run seed, node and call
+    draws = [skips("gcd", streaks, 0.3, rng_a) for _ in range(2000)]
+    assert draws == [skips("gcd", streaks, 0.3, rng_b) for _ in range(2000)]
+    assert 0.27 < sum(draws) / 2000 < 0.33
+
+
+def test_the_streaks_are_node_state_that_a_restart_reads_back_and_checks():
+    state = NodeState(model_name="m", equal_streaks={"gcd": 3, "lcm": 0})
+    assert NodeState.from_dict(json.loads(json.dumps(state.to_dict()))) == state
+    assert NodeState.from_dict({"model_name": "m"}).equal_streaks == {}  # a node.json from before the key
+    with pytest.raises(ValueError, match=r"equal_streaks"):
+        NodeState.from_dict({"model_name": "m", "equal_streaks": {"gcd": -1}})
+
+
+def test_skip_equal_prompts_is_a_probability_or_a_config_error_naming_the_key():
+    assert ExperimentConfig().train.skip_equal_prompts == 0.0
+    assert ExperimentConfig.from_flat({"train.skip-equal-prompts": 0.5}).train.skip_equal_prompts == 0.5
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ConfigError, match=rf"^train.skip-equal-prompts = {bad}: must be >= 0 and <= 1$"):
+            ExperimentConfig.from_flat({"train.skip-equal-prompts": bad})
+    counts = SamplingCounts(prompts_skipped=3)
+    assert counts.to_metrics() == {"prompts-skipped": 3} and counts.row() == {"prompts_skipped": 3}
+    assert SamplingCounts.from_metrics(counts.to_metrics()) == counts
