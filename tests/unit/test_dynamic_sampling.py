@@ -167,3 +167,13 @@ def test_skip_equal_prompts_is_a_probability_or_a_config_error_naming_the_key():
     counts = SamplingCounts(prompts_skipped=3)
     assert counts.to_metrics() == {"prompts-skipped": 3} and counts.row() == {"prompts_skipped": 3}
     assert SamplingCounts.from_metrics(counts.to_metrics()) == counts
+
+
+@pytest.mark.parametrize("key, value", [("train.dynamic-sampling", True), ("train.skip-equal-prompts", 0.5)])
+def test_sapo_which_has_no_private_steps_refuses_the_sampling_keys_naming_them(key, value):
+    """SAPO's nodes sample their own groups in its rollout phase, not in private steps: the keys would do nothing."""
+    with pytest.raises(ConfigError, match=rf"^{key} = {value}: a node's private steps only \(fedavg, fedprox, "
+                                          r"pubswap, local\); strategy.mode = 'sapo' has none"):
+        ExperimentConfig.from_flat({"strategy.mode": "sapo", key: value})
+    for mode in ("fedavg", "fedprox", "pubswap", "local"):
+        assert ExperimentConfig.from_flat({"strategy.mode": mode, key: value})
