@@ -144,6 +144,12 @@ class ExperimentConfig:
         if t.prompts_per_step * t.completions_per_prompt > MAX_COMPLETIONS_PER_BATCH:
             raise ConfigError(f"train.prompts-per-step x train.completions-per-prompt = {t.prompts_per_step} x "
                               f"{t.completions_per_prompt}: more than {MAX_COMPLETIONS_PER_BATCH} completions per step")
+        for key, value in (("train.dynamic-sampling", t.dynamic_sampling),
+                           ("train.skip-equal-prompts", t.skip_equal_prompts)):
+            if value and self.strategy.mode == "sapo":
+                raise ConfigError(f"{key} = {value}: a node's private steps only (fedavg, fedprox, pubswap, local); "
+                                  "strategy.mode = 'sapo' has none (its nodes sample their groups in its rollout "
+                                  "phase)")
         dynamic_cap = math.floor(t.prompts_per_step * t.dynamic_sampling_max_factor + 1e-9)
         if t.dynamic_sampling and dynamic_cap * t.completions_per_prompt > MAX_COMPLETIONS_PER_BATCH:
             raise ConfigError(f"train.dynamic-sampling-max-factor = {t.dynamic_sampling_max_factor:g}: up to "

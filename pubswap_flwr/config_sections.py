@@ -143,7 +143,7 @@ class TrainConfig:
                                             "all agree are dropped and further prompts of the node's stream sampled "
                                             "until the step has prompts-per-step groups whose rewards differ or "
                                             "dynamic-sampling-max-factor is reached; the step trains on those alone "
-                                            "(none: the step is skipped)")
+                                            "(none: the step is skipped); not sapo, which has no private steps")
     dynamic_sampling_max_factor: float = opt(2.0, between(1, 100),
                                              "with dynamic-sampling: at most this x prompts-per-step prompts sampled "
                                              "per step")
