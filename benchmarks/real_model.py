@@ -12,7 +12,8 @@ measured side by side in one run, printing medians and ratios.
 2. One GRPO update (G = K completions per prompt, LoRA r 8 on all linear layers) against TRL 1.16 GRPOTrainer's
    `_compute_loss` + backward + clip + AdamW step on the same batch (benchmarks/grpo_step.py's harness), fp32 both,
    tokens/s (prompt + completion tokens). The batch is the arm-1 samples scored by the verifiers, as a run has it
-   (groups whose rewards all agree included: our update leaves their rows out, exactly).
+   (groups whose rewards all agree included: our update leaves their rows out, and since #53 its normaliser too,
+   which TRL's counts them in: the same work, a loss scaled to the groups trained).
 3. Peak memory (max RSS) of one simulated client's process: model + adapter + optimizer + sampling copy, after a
    rollout and an update, fp32-only sampling against generation.dtype = "auto".
 4. Thread policy: two processes at once (two simulated clients, or two SuperNodes, on this 2-core machine), each
