@@ -3,6 +3,8 @@ by the frontier rule between rounds (here a band no node reaches, so every full 
 
 from __future__ import annotations
 
+import pytest
+
 from pubswap_flwr.metrics_schema import CURRICULUM_LEVELS
 from pubswap_flwr.server.metrics import read_metrics
 from pubswap_flwr.simulation import simulate_in_process
@@ -42,3 +44,35 @@ def test_the_harder_tier_is_recorded_beside_the_held_out_figures(tmp_path):
         harder = row["eval"][HARDER_TIER]
         assert sorted(harder["per_task"]) == ["gcd", "spell_backward"] == sorted(row["eval"]["per_task"])
         assert 0 <= harder["greedy_accuracy"] <= 1 and "item_results" not in harder
+
+
+class ServerDied(BaseException):
+    """Stands for the server process being killed: not an Exception, so nothing on the way catches it."""
+
+
+def _die_in_round_three(msg, context, call):
+    reply = call(msg, context)  # the node has done (and saved) its part of round 3 ...
+    if int(msg.content["config"]["server-round"]) == 3 and int(context.node_config["partition-id"]) == 1:
+        raise ServerDied()  # ... when the server dies
+    return reply
+
+
+def test_a_resumed_run_with_every_node_state_of_53_repeats_the_uninterrupted_metrics(tmp_path):
+    """The curriculum levels and windows, the skip-before-rollout streaks and dynamic sampling's draws all live in a
+    node's state: a run whose server died in round 3 and resumed from its round-2 checkpoint (the nodes restoring
+    their round-start state) repeats the uninterrupted run's rows, levels included."""
+    import json
+
+    from tests.golden.runs import comparable
+
+    config = {**TINY, "train.dynamic-sampling": True, "train.skip-equal-prompts": 0.5,
+              "strategy.apply-below-robust": True, "output.dir": str(tmp_path)}
+    simulate_in_process({**config, "run-name": "full"}, 2)
+    with pytest.raises(ServerDied):
+        simulate_in_process({**config, "run-name": "cut"}, 2, deliver=_die_in_round_three)
+    assert json.loads((tmp_path / "cut" / "checkpoint" / "state.json").read_text())["round"] == 2
+    simulate_in_process({**config, "run-name": "cut", "resume": True}, 2)
+    full, cut = read_metrics(tmp_path / "full"), read_metrics(tmp_path / "cut")
+    assert [r["round"] for r in cut] == [0, 1, 2, 3]
+    assert comparable(full) == comparable(cut)
+    assert [c[CURRICULUM_LEVELS] for c in cut[3]["clients"].values()] == [{"gcd": 0}, {"spell_backward": 0}]
