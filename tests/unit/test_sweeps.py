@@ -20,6 +20,7 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
     ("compare-control-sapo-skills.toml", ["sapo-8-0", "sapo-4-4"], 4, [0, 1, 2]),
     ("compare-control-pubswap-experts.toml",
      ["fedavg", "fedprox", "pubswap-none", "pubswap-random", "pubswap-balanced"], 4, [0, 1, 2]),
+    ("signal.toml", ["fixed", "controller", "controller-dynamic"], 2, [0, 1, 2]),
 ])
 def test_shipped_sweeps_are_valid(name, arms, nodes, seeds):
     sweep = load_sweep(CONFIGS / name)
