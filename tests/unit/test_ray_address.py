@@ -86,18 +86,24 @@ def test_the_cli_refuses_a_bad_cluster_address_in_one_line(args, env, message, c
     assert err.startswith(message.replace("CLOSED", closed)) and err.count("\n") == 1
 
 
-def test_a_sweeps_ray_address_reaches_every_arms_process(tmp_path, monkeypatch):
-    path = tmp_path / "s.toml"
-    path.write_text('ray-address = "10.0.0.5:6379"\n[arms.a]\nseed = 1\n')
-    sweep = load_sweep(path)
-    assert sweep.ray_address == "10.0.0.5:6379"
-    commands = []
+def _recorded_commands(monkeypatch) -> list[list[str]]:
+    """The commands the sweep's runs would start, recorded instead of run (each "exits" 0)."""
+    commands: list[list[str]] = []
 
     def run(command, **kw):
         commands.append(command)
         return subprocess.CompletedProcess(command, 0)
 
     monkeypatch.setattr(compare.subprocess, "run", run)
+    return commands
+
+
+def test_a_sweeps_ray_address_reaches_every_arms_process(tmp_path, monkeypatch):
+    path = tmp_path / "s.toml"
+    path.write_text('ray-address = "10.0.0.5:6379"\n[arms.a]\nseed = 1\n')
+    sweep = load_sweep(path)
+    assert sweep.ray_address == "10.0.0.5:6379"
+    commands = _recorded_commands(monkeypatch)
     compare.run_sweep(sweep, tmp_path / "out")
     run_one({"seed": 1}, 2, 1, 60, tmp_path / "log.txt")  # no address: the arm runs on this machine
     assert commands[0][-2:] == ["--ray-address", "10.0.0.5:6379"]
@@ -128,13 +134,7 @@ def test_a_sweep_on_the_inprocess_engine_runs_its_arms_without_ray(tmp_path, mon
     path.write_text('engine = "inprocess"\n[arms.a]\nseed = 1\n')
     sweep = load_sweep(path)
     assert sweep.engine == "inprocess" and load_sweep(_sweep_file(tmp_path, "")).engine == "ray"  # the default
-    commands = []
-
-    def run(command, **kw):
-        commands.append(command)
-        return subprocess.CompletedProcess(command, 0)
-
-    monkeypatch.setattr(compare.subprocess, "run", run)
+    commands = _recorded_commands(monkeypatch)
     compare.run_sweep(sweep, tmp_path / "out")
     assert commands[0][commands[0].index("--engine") + 1] == "inprocess"
     assert "--cpus-per-client" not in commands[0] and "--ray-address" not in commands[0]
