@@ -11,14 +11,17 @@ across its fields (a part never exceeds its whole)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Iterable, Mapping, Sequence
+from typing import Annotated, Any, Iterable, Mapping, Sequence, TypeVar
 
 from msgspec import Meta, Struct
+from msgspec.structs import astuple
 
 from .. import metrics_schema as schema
 from ..algorithms.group_signal import has_signal
 from ..schema import Tally, parse
 from .validate import Rejected
+
+C = TypeVar("C", bound=Struct)
 
 # a sum of loss weights: each in [0, max(train.is-cap, 1)], and train.is-cap is at most 1000
 WeightSum = Annotated[float, Meta(ge=0, le=1000.0 * 1e12)]
@@ -50,7 +53,7 @@ class FormatCounts(Struct, frozen=True, rename={"sampled": "sampled-completions"
         return cls(sum(shapes.values()), shapes.get("well-formed", 0))
 
     def __add__(self, other: "FormatCounts") -> "FormatCounts":
-        return FormatCounts(self.sampled + other.sampled, self.well_formed + other.well_formed)
+        return _summed(self, other)
 
     def to_metrics(self) -> dict[str, int]:
         return {"sampled-completions": self.sampled, "well-formed-completions": self.well_formed}
@@ -93,9 +96,7 @@ class ForeignCounts(Struct, frozen=True, rename={
         return bool(self.tokens or self.fallbacks)
 
     def __add__(self, other: "ForeignCounts") -> "ForeignCounts":
-        return ForeignCounts(self.tokens + other.tokens, self.weight_sum + other.weight_sum,
-                             self.capped + other.capped, self.fallbacks + other.fallbacks,
-                             self.tag_tokens + other.tag_tokens, self.tag_weight_sum + other.tag_weight_sum)
+        return _summed(self, other)
 
     def to_metrics(self) -> dict[str, float]:
         if not self:
@@ -149,9 +150,7 @@ class SamplingCounts(Struct, frozen=True, rename={
         return bool(self.wanted or self.prompts_skipped)
 
     def __add__(self, other: "SamplingCounts") -> "SamplingCounts":
-        return SamplingCounts(self.wanted + other.wanted, self.sampled + other.sampled,
-                              self.trained + other.trained, self.skipped + other.skipped,
-                              self.prompts_skipped + other.prompts_skipped)
+        return _summed(self, other)
 
     def to_metrics(self) -> dict[str, int]:
         out = {}
@@ -186,6 +185,11 @@ class SamplingCounts(Struct, frozen=True, rename={
         return out
 
 
+def _summed(first: C, second: C) -> C:
+    """Two blocks of one kind added field by field (a round's segments, a node's steps)."""
+    return type(first)(*(a + b for a, b in zip(astuple(first), astuple(second))))
+
+
 def _uptake_key(field: str) -> str:
     return "uptake-" + field.replace("_", "-")
 
@@ -206,17 +210,14 @@ class UptakeCounts(Struct, frozen=True, rename=_uptake_key):
         return bool(self.foreign or self.own)
 
     def __add__(self, other: "UptakeCounts") -> "UptakeCounts":
-        return UptakeCounts(*(a + b for a, b in zip(self._values(), other._values())))
-
-    def _values(self) -> tuple:
-        return (self.foreign, self.foreign_before, self.foreign_after, self.own, self.own_before, self.own_after)
+        return _summed(self, other)
 
     def to_metrics(self) -> dict[str, float]:
         if not self:
             return {}
         keys = ("uptake-foreign", "uptake-foreign-before", "uptake-foreign-after", "uptake-own", "uptake-own-before",
                 "uptake-own-after")
-        return dict(zip(keys, self._values()))
+        return dict(zip(keys, astuple(self)))
 
     @classmethod
     def from_metrics(cls, metrics: Any) -> "UptakeCounts":
@@ -260,7 +261,7 @@ class SignalCounts(Struct, frozen=True, rename={"groups": "trained-groups",
         return bool(self.groups)
 
     def __add__(self, other: "SignalCounts") -> "SignalCounts":
-        return SignalCounts(self.groups + other.groups, self.zero_advantage + other.zero_advantage)
+        return _summed(self, other)
 
     def to_metrics(self) -> dict[str, int]:
         return {"trained-groups": self.groups, "zero-advantage-groups": self.zero_advantage} if self else {}
