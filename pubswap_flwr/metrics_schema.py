@@ -18,6 +18,7 @@ CUMULATIVE_REWARD: Final = "cumulative_reward"
 CLIENTS: Final = "clients"  # Flower node id -> the client's row (below)
 DROPPED: Final = "dropped"  # Flower node id -> why
 TIME: Final = "time"
+SAMPLING_S: Final = "sampling_s"  # in TIME: the clients' summed seconds spent sampling their own rollouts this round
 BYTES: Final = "bytes"
 PARAMETER_DRIFT: Final = "parameter_drift"
 KEPT_REASON: Final = "kept_reason"  # why an averaging round kept the global adapter (`aggregated` false)

@@ -14,9 +14,9 @@ import sys
 import time
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from msgspec import Struct, field
+from msgspec import Meta, Struct, field
 
 from .schema import SchemaError, parse
 
@@ -118,9 +118,11 @@ class CodeRecord(Struct, frozen=True):
 
 
 class DeviceRecord(Struct, frozen=True):
-    """The part of a start's `device` that labels it (platform, cpus, threads are recorded but not read back)."""
+    """The part of a start's `device` that labels it, and its CPU count (platform and threads are recorded but not
+    read back)."""
 
     cpu: str = ""
+    cpus: Annotated[int, Meta(ge=0, le=1_000_000)] = 0  # os.cpu_count(); 0: not recorded
     cpu_flags: list[str] | None = None  # None: recorded before the flags were
 
 

@@ -9,7 +9,7 @@ import statistics
 from ..metrics_schema import CLIENTS, EXTERNAL_USABLE, ZERO_ADVANTAGE_SHARE
 from .formatting import escape_markdown as md
 from .formatting import fmt_ci, interval_json
-from .statistics import CONFIDENCE, mean_ci
+from .statistics import CONFIDENCE, mean_ci, within
 from .summaries import RunSummary
 
 Arms = dict[str, list[RunSummary]]
@@ -42,15 +42,16 @@ def signal_lines(arms: Arms, summary: dict) -> list[str]:
     lines = ["", "## Learning signal", "",
              "Share of the groups the clients trained on whose rewards differed (GRPO learns nothing from a group "
              "whose rewards are all equal): per run the mean over rounds of the round's mean over clients, then the "
-             f"mean over seeds with its {CONFIDENCE:.0%} interval (t over seeds). SAPO: the external groups a "
-             "receiver could use per round (re-scored, rewards that differ; it trains on at most J of them), the mean "
+             f"mean over seeds with its {CONFIDENCE:.0%} interval (t over seeds, cut to the values a share or a "
+             "count can take). SAPO: the external groups a receiver could use per round (re-scored, rewards that "
+             "differ; it trains on at most J of them), the mean "
              "over receiver-rounds. Both are what the nodes reported.", "",
              "| arm | informative share of trained groups | usable external groups per receiver-round |",
              "|---|---|---|"]
     summary["signal"] = {}
     for arm, runs in values.items():
         shares, usable = [s for s, _ in runs], [u for _, u in runs]
-        share_ci, usable_ci = mean_ci(shares), mean_ci(usable)
+        share_ci, usable_ci = within(mean_ci(shares), 0.0, 1.0), within(mean_ci(usable), 0.0, math.inf)
         summary["signal"][arm] = {"informative_share": interval_json(share_ci, shares),
                                   "external_usable": interval_json(usable_ci, usable)}
         for run, (share, count) in zip(arms[arm], runs):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable
 
 from .summaries import RunSummary
@@ -95,6 +95,31 @@ def mean_ci(values: Iterable[float | None], confidence: float = CONFIDENCE) -> I
         return Interval(mean, NAN, NAN, 1)
     sd = statistics.stdev(clean)
     half = t_quantile((1 + confidence) / 2, n - 1) * sd / math.sqrt(n)
+    return Interval(mean, mean - half, mean + half, n, sd)
+
+
+def within(interval: Interval, low: float, high: float) -> Interval:
+    """The interval cut to [low, high], the values the quantity can take (a t interval on a share near 0 or 1 can
+    reach past them); the mean is left as it is."""
+    if not interval.has_interval:
+        return interval
+    return replace(interval, low=min(max(interval.low, low), high), high=max(min(interval.high, high), low))
+
+
+def mean_ci_with_item_variance(values: Iterable[float | None], item_variances: Iterable[float | None],
+                               confidence: float = CONFIDENCE) -> Interval:
+    """Mean of per-seed values whose held-out items are the same for every seed, where no item-level record exists:
+    the t interval over seeds widened by the mean of the runs' own item variances (each a squared standard error over
+    items), var = s²/n + mean(SE²). The item part does not shrink with more seeds, since every seed draws the same
+    items; taking each run's SE² whole is conservative (a difference of two correlated evaluations is narrower)."""
+    pairs = [(float(v), float(w)) for v, w in zip(values, item_variances)
+             if v is not None and w is not None and v == v and w == w]
+    n = len(pairs)
+    if n < 2:
+        return Interval(pairs[0][0], NAN, NAN, 1) if n else Interval(NAN, NAN, NAN, 0)
+    clean = [v for v, _ in pairs]
+    mean, sd = statistics.fmean(clean), statistics.stdev(clean)
+    half = t_quantile((1 + confidence) / 2, n - 1) * math.sqrt(sd * sd / n + statistics.fmean(w for _, w in pairs))
     return Interval(mean, mean - half, mean + half, n, sd)
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..server.metrics import json_safe
 from ..untrusted import UntrustedFileError, check_no_links, is_present, parse_json, read_bytes, write_replacing
+from .budget_lines import cost_lines, harder_tier_lines
 from .drift_lines import drift_lines
 from .formatting import code_span
 from .markdown import (
@@ -142,7 +143,9 @@ def write_report(out: Path, run_dirs: list[Path], *, failures: dict[tuple[str, i
     lines += task_difference_lines(arms, baseline, runs, summary)
     lines += learning_lines(arms, summary)
     lines += format_lines(arms, summary)
+    lines += harder_tier_lines(arms, baseline, summary)
     lines += signal_lines(arms, summary)
+    lines += cost_lines(arms, baseline, summary)
     lines += drift_lines(arms, summary)
     lines += failure_lines(failures)
     styles = arm_styles(arms)

@@ -147,6 +147,10 @@ class RunRecorder:
                          f"(cumulative {row.get(ms.CUMULATIVE_REWARD, 0):.2f})")
         if row.get(ms.ZERO_ADVANTAGE_SHARE) is not None:
             parts.append(f"zero-advantage groups {row[ms.ZERO_ADVANTAGE_SHARE]:.2f}")
+        levels = [level for client in (row.get(ms.CLIENTS) or {}).values()
+                  for level in (client.get(ms.CURRICULUM_LEVELS) or {}).values()]
+        if levels:  # tasks.curriculum: where the nodes' private tasks stand
+            parts.append(f"curriculum levels {min(levels)}-{max(levels)} (mean {sum(levels) / len(levels):.2f})")
         held = row.get(ms.EVAL)
         if held:
             text = ("held-out, self-reported by the nodes," if row.get(ms.NODE_EVAL) else "held-out") + \
@@ -155,6 +159,11 @@ class RunRecorder:
                 text += f" sampled {held[ms.SAMPLED_ACCURACY]:.3f}"
                 if held.get(ms.SAMPLED_REWARD) is not None:  # optional in a node's self-reported evaluation
                     text += f" (reward {held[ms.SAMPLED_REWARD]:.3f})"
+            harder = held.get(ms.HARDER_TIER)
+            if harder:
+                text += f", harder tier greedy {harder[ms.GREEDY_ACCURACY]:.3f}"
+                if ms.SAMPLED_ACCURACY in harder:
+                    text += f" sampled {harder[ms.SAMPLED_ACCURACY]:.3f}"
             parts.append(text)
         if ms.CLIENTS in row:
             text = f"{len(row[ms.CLIENTS])} clients"
@@ -275,8 +284,12 @@ class EvalNumbers(EvalTaskNumbers):
     per_task: dict[str, EvalTaskNumbers] = {}
 
 
+Seconds = Annotated[float, Meta(ge=0)]
+
+
 class RoundTime(Struct):
     round_s: float
+    sampling_s: Seconds | None = None
 
 
 class RoundBytes(Struct):
@@ -302,6 +315,9 @@ class ClientNumbers(Struct):
     zero_advantage_share: Share | None = None
     external_usable: Count | None = None
     external_zero_advantage_share: Share | None = None
+    sample_s: Seconds | None = None
+    curriculum_levels: dict[str, Annotated[int, Meta(ge=0, le=1000)]] | None = None
+    dynamic_filled_share: Share | None = None
 
 
 class MetricsRow(Struct):

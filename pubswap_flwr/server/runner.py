@@ -202,9 +202,9 @@ class Runner:
         sampling = sum(c["sample_s"] for c in round_log.clients.values())
         update = sum(c["update_s"] for c in round_log.clients.values())
         comm = max(0.0, round_log.exchange_wall - round_log.exchange_busy) + round_log.server_seconds
-        fields[schema.TIME] = {"round_s": time.time() - round_log.started, "sampling_s": sampling, "update_s": update,
-                          "evaluation_s": round_log.eval_seconds, "client_busy_s": round_log.exchange_busy,
-                          "comm_orchestration_s": comm}
+        fields[schema.TIME] = {"round_s": time.time() - round_log.started, schema.SAMPLING_S: sampling,
+                               "update_s": update, "evaluation_s": round_log.eval_seconds,
+                               "client_busy_s": round_log.exchange_busy, "comm_orchestration_s": comm}
         fields[schema.BYTES] = {"sent_by_clients": sum(c["bytes_sent"] for c in round_log.clients.values()),
                            "received_by_clients": sum(c["bytes_received"] for c in round_log.clients.values()),
                            "array_records": round_log.array_records}

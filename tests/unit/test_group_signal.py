@@ -224,7 +224,7 @@ def test_report_shows_the_mean_informative_share_over_rounds_with_an_interval_ov
     text = write_report(root, runs).read_text()
     section = text.split("## Learning signal")[1]
     a, b = _table(section, "a"), _table(section, "b")
-    assert a[1].startswith("0.250 [")  # mean over seeds of 0.2 and 0.3, with its t interval
+    assert a[1].startswith("0.250 [0.000, ")  # mean over seeds of 0.2 and 0.3, its t interval cut at 0
     assert a[2] == "–"  # not sapo: no external groups
     assert b[1] == "0.500 [n/a]"
     assert b[2] == "3.000 [n/a]"  # usable external groups per receiver-round: (1+3 + 2+4 + 3+5) / 6
