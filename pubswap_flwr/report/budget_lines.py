@@ -21,7 +21,7 @@ from ..metrics_schema import (
 )
 from .formatting import escape_markdown as md
 from .formatting import fmt_ci, fmt_spread, fmt_value, interval_json, spread_json
-from .item_intervals import learning_item_interval, record_construction
+from .item_intervals import learning_item_interval, paired_item_interval, record_construction
 from .statistics import CONFIDENCE, Interval, mean_ci, mean_ci_with_item_variance
 from .summaries import RunSummary
 
@@ -30,6 +30,7 @@ NAN = float("nan")
 HARDER = [("greedy strict", GREEDY_ACCURACY), ("sampled strict", SAMPLED_ACCURACY)]
 SAMPLE_S = "sample_s"  # a client's seconds sampling its own rollouts (the runner's client row)
 APPROXIMATE = "seeds + items (approx.)"
+SEEDS_ITEMS = "seeds × items"
 
 
 def _tier(numbers: dict, tier: str | None) -> dict:
@@ -59,18 +60,22 @@ def item_variance(numbers: dict, key: str) -> float:
 
 
 def _change(runs: list[RunSummary], key: str, tier: str | None) -> tuple[Interval, list[float], str]:
-    """last − round 0 over the arm's seeds: two-way over seeds × items where eval_items.jsonl resolves it (the
-    configured tier), else the t interval widened by the runs' item variances."""
+    """last − round 0 over the arm's seeds: two-way over seeds × items where eval_items.jsonl resolves it, else the
+    t interval widened by the runs' item variances."""
     ends = [e for e in (tier_ends(r, tier) for r in runs) if e is not None]
     changes = [last[key] - first[key] for first, last in ends if key in first and key in last]
-    if tier is None:
-        by_item = learning_item_interval(runs, key)
-        if by_item is not None:
-            return by_item, changes, "seeds × items"
+    by_item = learning_item_interval(_on_tier(runs, tier), key)
+    if by_item is not None:
+        return by_item, changes, SEEDS_ITEMS
     variances = [item_variance(first, key) + item_variance(last, key) for first, last in ends
                  if key in first and key in last]
     interval, covers = _widened(changes, variances)
     return interval, changes, covers
+
+
+def _on_tier(runs: list[RunSummary], tier: str | None) -> list[RunSummary]:
+    """The runs with their per-item results of `tier` where the item intervals look for the held-out ones."""
+    return runs if tier is None else [replace(r, items=r.harder_items) for r in runs]
 
 
 def _widened(values: list[float], variances: list[float]) -> tuple[Interval, str]:
@@ -83,7 +88,8 @@ def _widened(values: list[float], variances: list[float]) -> tuple[Interval, str
 
 def _paired_last(runs: list[RunSummary], base_runs: list[RunSummary], key: str
                  ) -> tuple[Interval, list[float], str]:
-    """The arm minus the baseline at the harder tier's last evaluation, seed by seed, widened by both item variances."""
+    """The arm minus the baseline at the harder tier's last evaluation, seed by seed: two-way over seeds × items where
+    the runs recorded the tier's items, else the t interval widened by both runs' item variances."""
     base = {r.seed: tier_ends(r, HARDER_TIER) for r in base_runs}
     diffs, variances = [], []
     for run in runs:
@@ -92,6 +98,9 @@ def _paired_last(runs: list[RunSummary], base_runs: list[RunSummary], key: str
             continue
         diffs.append(mine[1][key] - theirs[1][key])
         variances.append(item_variance(mine[1], key) + item_variance(theirs[1], key))
+    by_item = paired_item_interval(_on_tier(runs, HARDER_TIER), _on_tier(base_runs, HARDER_TIER), key)
+    if by_item is not None:
+        return by_item, diffs, SEEDS_ITEMS
     interval, covers = _widened(diffs, variances)
     return interval, diffs, covers
 
@@ -103,9 +112,10 @@ def harder_tier_lines(arms: Arms, baseline: str | None, summary: dict) -> list[s
     lines = ["", "## Harder tier", "",
              "Held-out strict accuracy on eval.harder-tier's items (the task mix one curriculum level above "
              "tasks.curriculum-start, items disjoint from the held-out ones), at round 0 and the last evaluated round, "
-             f"mean over seeds, with {CONFIDENCE:.0%} intervals. The runs record no per-item results for this tier, "
-             "and every seed evaluates the same items, so each interval is the t interval over seeds widened by the "
-             "runs' own variance over items (var = s²/n + mean SE²; greedy: the binomial p(1−p)/items): *"
+             f"mean over seeds, with {CONFIDENCE:.0%} intervals: over *{SEEDS_ITEMS}* as for the held-out tier where "
+             "the runs recorded the tier's per-item results; for runs that did not (made before they were written), "
+             "every seed evaluating the same items, the t interval over seeds widened by the runs' own variance over "
+             "items (var = s²/n + mean SE²; greedy: the binomial p(1−p)/items): *"
              f"{APPROXIMATE}*, conservative; *seeds* where a run recorded no standard error.", "",
              f"| arm | metric | round 0 | last | last − round 0 [95% CI] | arm − {md(baseline or '–')}, last [95% CI] "
              "| CI covers |", "|---|---|---|---|---|---|---|"]
@@ -117,6 +127,8 @@ def harder_tier_lines(arms: Arms, baseline: str | None, summary: dict) -> list[s
             start = [e[0][key] for e in ends if e and key in e[0]]
             end = [e[1][key] for e in ends if e and key in e[1]]
             change, changes, covers = _change(runs, key, HARDER_TIER)
+            if covers == SEEDS_ITEMS:
+                record_construction(summary)
             entry = {"round0": statistics.fmean(start) if start else NAN,
                      "last": statistics.fmean(end) if end else NAN,
                      "change": {**interval_json(change, changes), "covers": covers}}
@@ -256,7 +268,7 @@ def _gains(runs: list[RunSummary], mean_hours: float, summary: dict
             found[name] = None
             continue
         gain, changes, covers = _change(runs, SAMPLED_ACCURACY, tier)
-        if covers == "seeds × items":
+        if covers == SEEDS_ITEMS:
             record_construction(summary)
         rate = _scaled(gain, 1 / mean_hours) if mean_hours > 0 else Interval(NAN, NAN, NAN, 0)
         found[name] = (gain, rate, changes, covers)

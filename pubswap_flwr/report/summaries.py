@@ -12,6 +12,8 @@ from ..schema import parse, parse_value_of
 from ..server.metrics import (
     CONFIG_FILE,
     EVAL_ITEMS_FILE,
+    GLOBAL_ITEMS,
+    HARDER_TIER_ITEMS,
     STATUS_FILE,
     RunConfigFile,
     RunStatusFile,
@@ -39,6 +41,8 @@ class RunSummary:
     # runs made before it existed)
     items: dict[int, dict[str, dict[str, float]]] = field(default_factory=dict, repr=False)
     item_tasks: dict[str, str] = field(default_factory=dict, repr=False)  # item uid -> its task, where recorded
+    harder_items: dict[int, dict[str, dict[str, float]]] = field(default_factory=dict, repr=False)  # as `items`,
+    # on eval.harder-tier's items ({} for runs that did not record them)
     node_evals: dict[int, dict] = field(default_factory=dict)  # sapo: each node's own last held-out report, by index
 
 
@@ -86,15 +90,17 @@ def summarize_run(run_dir: Path) -> RunSummary:
     arm, seed = arm_and_seed(run_dir)
     samples = {row["round"]: row["eval"].get("samples") for row in evaluated}
     items, item_tasks = item_values(run_dir, samples)
+    harder_items, _ = item_values(run_dir, samples, harder=True)
     return RunSummary(arm, seed, run_dir, rows[-1].get("mode", "?"), values, final.get("per_task", {}), rows,
-                      items=items, item_tasks=item_tasks, node_evals=node_evals)
+                      items=items, item_tasks=item_tasks, node_evals=node_evals, harder_items=harder_items)
 
 
-def item_values(run_dir: Path, samples_by_round: dict[int, int | None] | None = None
+def item_values(run_dir: Path, samples_by_round: dict[int, int | None] | None = None, harder: bool = False
                 ) -> tuple[dict[int, dict[str, dict[str, float]]], dict[str, str]]:
     """Per evaluated round, each held-out item's greedy (0/1) and sampled (share of samples right) accuracy from
-    eval_items.jsonl: the global adapter's, or (sapo, local) the mean over the nodes that reported the item; and each
-    item's task where the records name it. A record without its `samples` (the first runs that wrote the file) takes
+    eval_items.jsonl: the global adapter's, or (sapo, local) the mean over the nodes that reported the item (`harder`:
+    the global adapter's on eval.harder-tier's items, from the rounds that recorded them); and each item's task where
+    the records name it. A record without its `samples` (the first runs that wrote the file) takes
     the round's eval.samples from metrics.jsonl. The file is read as the runner writes it: a record listing an item
     twice or counting more right answers than it has, or two records naming different tasks for one item (the server
     rejects a node's evaluation that names another), is refused with a ValueError naming the file, round and item."""
@@ -105,7 +111,13 @@ def item_values(run_dir: Path, samples_by_round: dict[int, int | None] | None = 
         number = row["round"]
         fallback = (samples_by_round or {}).get(number) or 1
         records = eval_items_records(row, str(path), fallback)
-        chosen = {"global": records["global"]} if "global" in records else records
+        tier = records.pop(HARDER_TIER_ITEMS, None)
+        if harder:
+            if tier is None:
+                continue
+            chosen = {HARDER_TIER_ITEMS: tier}
+        else:
+            chosen = {GLOBAL_ITEMS: records[GLOBAL_ITEMS]} if GLOBAL_ITEMS in records else records
         sums: dict[str, dict[str, list[float]]] = {}
         for key, record in chosen.items():
             for uid, task in zip(record.uids, record.tasks or ()):

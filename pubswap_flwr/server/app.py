@@ -55,14 +55,12 @@ class GlobalEvaluator:
         self.policy.load_adapter({k: torch.from_numpy(np.asarray(v, dtype=np.float32)) for k, v in master.items()})
 
     def evaluate(self, master: dict[str, np.ndarray]) -> dict:
-        """The held-out metrics; with eval.harder-tier the harder tier's beside them (HARDER_TIER: its summary only,
-        its per-item results are not written to eval_items.jsonl)."""
+        """The held-out metrics; with eval.harder-tier the harder tier's beside them under HARDER_TIER, each with its
+        per-item results (ITEM_RESULTS, which the runner moves to eval_items.jsonl)."""
         self._load(master)
         result = self._evaluate(self.items, "held-out evaluation")
         if self.harder_items:
-            harder = self._evaluate(self.harder_items, "harder-tier evaluation")
-            harder.pop(schema.ITEM_RESULTS, None)
-            result[schema.HARDER_TIER] = harder
+            result[schema.HARDER_TIER] = self._evaluate(self.harder_items, "harder-tier evaluation")
         return result
 
     def _evaluate(self, items, what: str) -> dict:

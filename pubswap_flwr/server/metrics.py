@@ -27,6 +27,8 @@ METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.json"
 STATUS_FILE = "status.json"
 EVAL_ITEMS_FILE = "eval_items.jsonl"  # per evaluated round, each held-out item's correct counts (item-level intervals)
+GLOBAL_ITEMS = "global"  # eval_items.jsonl's record of the server's own evaluation of the global adapter
+HARDER_TIER_ITEMS = "harder_tier"  # ... of the global adapter on eval.harder-tier's items (other keys: node ids)
 STOPPED = "stopped"
 UNREADABLE = "unreadable"  # read_status of a status.json that cannot be read or is not a run's status
 KEEP_UNREADABLE = "move the run folder away (or mend the file) to run it again"  # a sweep never clears such a run
@@ -120,7 +122,8 @@ class RunRecorder:
             handle.write(json.dumps(json_safe(row), separators=(",", ":")) + "\n")
 
     def write_eval_items(self, round_number: int, results: dict[str, dict]) -> None:
-        """One eval_items.jsonl row: `results` maps "global" or a node id to evaluation.ITEM_RESULTS."""
+        """One eval_items.jsonl row: `results` maps GLOBAL_ITEMS, HARDER_TIER_ITEMS or a node id to
+        evaluation.ITEM_RESULTS."""
         row = {"round": round_number, **{key: json_safe(value) for key, value in results.items()}}
         with (self.run_dir / EVAL_ITEMS_FILE).open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(row, separators=(",", ":")) + "\n")
@@ -365,9 +368,9 @@ class RunStatusFile(Struct):
 
 
 class EvalItemsRecord(Struct):
-    """One adapter's per-item counts in an eval_items.jsonl row (evaluation.ITEM_RESULTS), under "global" (the
-    server's own evaluation) or a node id (that node's self-reported one); `record_problem` checks what types
-    cannot."""
+    """One adapter's per-item counts in an eval_items.jsonl row (evaluation.ITEM_RESULTS), under GLOBAL_ITEMS (the
+    server's own evaluation), HARDER_TIER_ITEMS (its evaluation on eval.harder-tier's items) or a node id (that node's
+    self-reported one); `record_problem` checks what types cannot."""
 
     uids: list[str]
     tasks: list[str] | None = None

@@ -23,7 +23,7 @@ from ..schema import REWARD_BOUND
 from ..wire.records import Adapter
 from . import checkpoint, trackers
 from .exchange import Exchange
-from .metrics import RunRecorder, json_safe
+from .metrics import GLOBAL_ITEMS, HARDER_TIER_ITEMS, RunRecorder, json_safe
 from .roundlog import RoundLog
 
 log = logging.getLogger("pubswap_flwr")
@@ -154,7 +154,10 @@ class Runner:
             started = time.perf_counter()
             row[schema.EVAL] = self.evaluator.evaluate(master)
             round_log.eval_seconds += time.perf_counter() - started
-            item_results["global"] = row[schema.EVAL].pop(schema.ITEM_RESULTS)
+            item_results[GLOBAL_ITEMS] = row[schema.EVAL].pop(schema.ITEM_RESULTS)
+            harder = row[schema.EVAL].get(schema.HARDER_TIER)
+            if harder is not None:  # eval.harder-tier: the global adapter's results on the harder tier's items
+                item_results[HARDER_TIER_ITEMS] = harder.pop(schema.ITEM_RESULTS)
         if round_log.node_evals:
             row[schema.NODE_EVAL] = round_log.node_evals
             item_results.update({str(node): node_eval.pop(schema.ITEM_RESULTS) for node, node_eval in

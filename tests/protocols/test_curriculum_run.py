@@ -34,8 +34,10 @@ def test_without_the_controller_no_levels_are_recorded(tmp_path):
     assert all(CURRICULUM_LEVELS not in client for row in rows[1:] for client in row["clients"].values())
 
 
-def test_the_harder_tier_is_recorded_beside_the_held_out_figures(tmp_path):
+def test_the_harder_tier_is_recorded_beside_the_held_out_figures_with_its_items(tmp_path):
     from pubswap_flwr.metrics_schema import HARDER_TIER
+    from pubswap_flwr.report import summarize_run
+    from pubswap_flwr.server.metrics import read_eval_items
 
     simulate_in_process({**TINY, "num-server-rounds": 1, "eval.harder-tier": True, "tasks.curriculum-start": 0,
                          "output.dir": str(tmp_path), "run-name": "harder"}, 2)
@@ -44,6 +46,15 @@ def test_the_harder_tier_is_recorded_beside_the_held_out_figures(tmp_path):
         harder = row["eval"][HARDER_TIER]
         assert sorted(harder["per_task"]) == ["gcd", "spell_backward"] == sorted(row["eval"]["per_task"])
         assert 0 <= harder["greedy_accuracy"] <= 1 and "item_results" not in harder
+    items = read_eval_items(tmp_path / "harder")
+    assert [row["round"] for row in items] == [0, 1]
+    for row, metrics in zip(items, rows):
+        held, tier = row["global"], row["harder_tier"]
+        assert len(tier["uids"]) == 6 and not set(tier["uids"]) & set(held["uids"])  # 3 per task, disjoint items
+        assert sum(tier["greedy"]) / 6 == pytest.approx(metrics["eval"][HARDER_TIER]["greedy_accuracy"])
+    run = summarize_run(tmp_path / "harder")
+    assert set(run.harder_items) == {0, 1} and set(run.harder_items[1]["greedy_accuracy"]) == set(tier["uids"])
+    assert set(run.items[1]["greedy_accuracy"]) == set(held["uids"])  # the held-out tier's stay its own
 
 
 class ServerDied(BaseException):

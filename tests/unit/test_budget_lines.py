@@ -147,3 +147,33 @@ def test_the_progress_line_shows_the_curriculum_levels_and_the_harder_tier(tmp_p
     line = caplog.records[-1].getMessage()
     assert "curriculum levels 0-2 (mean 1.00)" in line
     assert "held-out greedy 0.300 sampled 0.250, harder tier greedy 0.125 sampled 0.100" in line
+
+
+def _with_harder_items(run, right_last: int):
+    """eval_items.jsonl for a run: 10 held-out items and 10 harder-tier items at rounds 0 and 3, the harder tier's
+    last round with `right_last` items right (1 at round 0)."""
+    def record(prefix: str, right: int) -> dict:
+        return {"uids": [f"{prefix}{i}" for i in range(10)], "tasks": ["t1"] * 10, "samples": 4,
+                "greedy": [1.0 if i < right else 0.0 for i in range(10)],
+                "sampled": [4.0 if i < right else 0.0 for i in range(10)]}
+    rows = [{"round": 0, "global": record("e", 3), "harder_tier": record("h", 1)},
+            {"round": 3, "global": record("e", 3), "harder_tier": record("h", right_last)}]
+    (run / "eval_items.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return run
+
+
+def test_harder_tier_intervals_cover_seeds_and_items_where_the_runs_recorded_the_tiers_items(tmp_path):
+    root = tmp_path / "sweep"
+    runs = [_with_harder_items(_edit(make_run(root, arm, seed, 0.3, se=True), 1800, 2, last, 40.0), round(last * 10))
+            for arm, seed, last in (("fixed", 0, 0.2), ("fixed", 1, 0.2), ("ctrl", 0, 0.4), ("ctrl", 1, 0.5))]
+    text = write_report(root, runs, arm_order=["fixed", "ctrl"]).read_text()
+    section = text.split("## Harder tier")[1].split("\n## ")[0]
+    row = next(line for line in section.splitlines() if line.startswith("| ctrl | greedy strict"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[4].startswith("+0.350 [") and cells[5].startswith("+0.250 [") and cells[6] == "seeds × items"
+    summary = json.loads((root / "summary.json").read_text())
+    assert summary["harder"]["ctrl"]["greedy_accuracy"]["against_baseline"]["covers"] == "seeds × items"
+    assert "item_interval_construction" in summary
+    # the held-out tier's item intervals read the global records only, never the harder tier's
+    from pubswap_flwr.report import summarize_run
+    assert set(summarize_run(runs[0]).items[3]["greedy_accuracy"]) == {f"e{i}" for i in range(10)}
