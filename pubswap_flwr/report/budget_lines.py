@@ -200,11 +200,12 @@ def _scaled(interval: Interval, by: float) -> Interval:
 
 
 def cost_lines(arms: Arms, baseline: str | None, summary: dict) -> list[str]:
-    """The section, only when some run recorded its sampling seconds; fills summary["cost"]."""
-    per_round = {arm: [sampling_per_round(r) for r in runs] for arm, runs in arms.items()}
-    if not any(not math.isnan(v) for values in per_round.values() for v in values):
-        return []
+    """The section, only when some run recorded the groups its clients trained on (the runs of issue #53 on; older ones
+    can say no cost per group); fills summary["cost"]."""
     per_group = {arm: [sampling_per_trained_group(r) for r in runs] for arm, runs in arms.items()}
+    if not any(not math.isnan(v) for values in per_group.values() for v in values):
+        return []
+    per_round = {arm: [sampling_per_round(r) for r in runs] for arm, runs in arms.items()}
     hours = {arm: [machine_cpu_hours(r) for r in runs] for arm, runs in arms.items()}
     base = baseline if baseline in arms else None
 
@@ -233,13 +234,15 @@ def cost_lines(arms: Arms, baseline: str | None, summary: dict) -> list[str]:
         lines.append(f"| {md(arm)} | {fmt_ci(round_ci, 1)} | {_ratio(round_ci.mean, arm_mean(per_round, base))} | "
                      f"{fmt_ci(group_ci, 2)} | {_ratio(group_ci.mean, arm_mean(per_group, base))} | "
                      f"{fmt_value(filled.mean, 2)} | {level_text} | {fmt_spread(hours[arm], 3)} |")
+    tiers = [None] + ([HARDER_TIER] if any(tier_ends(r, HARDER_TIER) for runs in arms.values() for r in runs) else [])
     lines += ["", "*Gain*: held-out sampled strict accuracy, last evaluated round − round 0 (the intervals of 'Change "
               "since round 0' and 'Harder tier'); *per CPU-hour*: the gain and its interval divided by the arm's mean "
               "CPU-hours (their spread over seeds, in the table above, is left out of the interval). *× baseline*: "
               "the ratio of the two arms' gains per CPU-hour, shown only where the baseline's gain is positive.", "",
-              "| arm | gain [95% CI] | per CPU-hour [95% CI] | × baseline | harder-tier gain [95% CI] | "
-              "per CPU-hour [95% CI] | × baseline | CI covers |", "|---|---|---|---|---|---|---|---|"]
-    gains = {arm: _gains(runs, mean_ci(hours[arm]).mean, summary) for arm, runs in arms.items()}
+              "| arm | gain [95% CI] | per CPU-hour [95% CI] | × baseline | "
+              + ("harder-tier gain [95% CI] | per CPU-hour [95% CI] | × baseline | " if len(tiers) > 1 else "")
+              + "CI covers |", "|---|---|---|---|" + "---|---|---|" * (len(tiers) - 1) + "---|"]
+    gains = {arm: _gains(runs, mean_ci(hours[arm]).mean, tiers, summary) for arm, runs in arms.items()}
     for arm, tiers in gains.items():
         row, covered = [md(arm)], []
         for tier, found in tiers.items():
@@ -257,12 +260,12 @@ def cost_lines(arms: Arms, baseline: str | None, summary: dict) -> list[str]:
     return lines
 
 
-def _gains(runs: list[RunSummary], mean_hours: float, summary: dict
+def _gains(runs: list[RunSummary], mean_hours: float, tiers: list[str | None], summary: dict
            ) -> dict[str, tuple[Interval, Interval, list[float], str] | None]:
     """Per tier ("held_out", HARDER_TIER): the arm's gain in sampled strict accuracy since round 0, that gain per
     CPU-hour, the per-seed gains and what the interval covers; None for a tier some run did not evaluate."""
     found: dict[str, tuple[Interval, Interval, list[float], str] | None] = {}
-    for tier in (None, HARDER_TIER):
+    for tier in tiers:
         name = tier or "held_out"
         if any(tier_ends(r, tier) is None for r in runs):
             found[name] = None
