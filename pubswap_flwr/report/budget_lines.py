@@ -129,16 +129,16 @@ def harder_tier_lines(arms: Arms, baseline: str | None, summary: dict) -> list[s
             change, changes, covers = _change(runs, key, HARDER_TIER)
             if covers == SEEDS_ITEMS:
                 record_construction(summary)
-            entry = {"round0": statistics.fmean(start) if start else NAN,
-                     "last": statistics.fmean(end) if end else NAN,
-                     "change": {**interval_json(change, changes), "covers": covers}}
+            round0, last = (statistics.fmean(start) if start else NAN), (statistics.fmean(end) if end else NAN)
+            entry: dict = {"round0": round0, "last": last,
+                           "change": {**interval_json(change, changes), "covers": covers}}
             paired = "–"
             if baseline is not None and arm != baseline:
                 against, diffs, paired_covers = _paired_last(runs, arms[baseline], key)
                 entry["against_baseline"] = {**interval_json(against, diffs), "covers": paired_covers}
                 paired = fmt_ci(against, 3, True)
             summary["harder"][arm][key] = entry
-            lines.append(f"| {md(arm)} | {label} | {fmt_value(entry['round0'])} | {fmt_value(entry['last'])} | "
+            lines.append(f"| {md(arm)} | {label} | {fmt_value(round0)} | {fmt_value(last)} | "
                          f"{fmt_ci(change, 3, True)} | {paired} | {covers} |")
     return lines
 
@@ -243,9 +243,9 @@ def cost_lines(arms: Arms, baseline: str | None, summary: dict) -> list[str]:
               + ("harder-tier gain [95% CI] | per CPU-hour [95% CI] | × baseline | " if len(tiers) > 1 else "")
               + "CI covers |", "|---|---|---|---|" + "---|---|---|" * (len(tiers) - 1) + "---|"]
     gains = {arm: _gains(runs, mean_ci(hours[arm]).mean, tiers, summary) for arm, runs in arms.items()}
-    for arm, tiers in gains.items():
+    for arm, by_tier in gains.items():
         row, covered = [md(arm)], []
-        for tier, found in tiers.items():
+        for tier, found in by_tier.items():
             if found is None:
                 row += ["–", "–", "–"]
                 continue
