@@ -22,7 +22,7 @@ from ..metrics_schema import (
 from .formatting import escape_markdown as md
 from .formatting import fmt_ci, fmt_spread, fmt_value, interval_json, spread_json
 from .item_intervals import learning_item_interval, paired_item_interval, record_construction
-from .statistics import CONFIDENCE, Interval, mean_ci, mean_ci_with_item_variance
+from .statistics import CONFIDENCE, Interval, finite, mean_ci, mean_ci_with_item_variance
 from .summaries import RunSummary
 
 Arms = dict[str, list[RunSummary]]
@@ -194,6 +194,12 @@ def _ratio(value: float, base: float) -> str:
     return f"{value / base:.2f}×"
 
 
+def median(values: list[float]) -> float:
+    """The median of the finite values; NaN without one."""
+    clean = finite(values)
+    return statistics.median(clean) if clean else NAN
+
+
 def _scaled(interval: Interval, by: float) -> Interval:
     return replace(interval, mean=interval.mean * by, low=interval.low * by, high=interval.high * by,
                    sd=interval.sd * by)
@@ -209,40 +215,42 @@ def cost_lines(arms: Arms, baseline: str | None, summary: dict) -> list[str]:
     hours = {arm: [machine_cpu_hours(r) for r in runs] for arm, runs in arms.items()}
     base = baseline if baseline in arms else None
 
-    def arm_mean(values: dict[str, list[float]], arm: str | None) -> float:
-        return mean_ci(values[arm]).mean if arm is not None else NAN
+    def arm_median(values: dict[str, list[float]], arm: str | None) -> float:
+        return median(values[arm]) if arm is not None else NAN
 
     lines = ["", "## Sampling cost and gain per CPU-hour", "",
-             "*Sampling s per round*: the clients' summed seconds sampling their own rollouts, mean over rounds; *per "
-             "trained group*: those seconds over the run divided by the groups the clients trained on; both mean over "
-             "seeds, × the baseline arm's mean. *Filled*: train.dynamic-sampling's trained groups over the batch's "
-             "(mean over client-rounds). *Level*: tasks.curriculum's mean level of the nodes' private tasks over "
-             "client-rounds (last round in parentheses). *CPU-hours*: wall time × the CPUs of the machine that ran "
-             "the run (provenance.json).", "",
+             "Times are machine load, not a spread around a mean: each is the median over seeds with its range "
+             "(fastest–slowest), and × baseline the ratio of the two arms' medians. *Sampling s per round*: the "
+             "clients' summed seconds sampling their own rollouts, mean over the run's rounds; *per trained group*: "
+             "those seconds over the run divided by the groups the clients trained on. *Filled*: "
+             "train.dynamic-sampling's trained groups over the batch's (mean over client-rounds and seeds). *Level*: "
+             "tasks.curriculum's mean level of the nodes' private tasks over client-rounds and seeds (last round in "
+             "parentheses). *CPU-hours*: wall time × the CPUs of the machine that ran the run (provenance.json).", "",
              "| arm | sampling s per round | × baseline | sampling s per trained group | × baseline | filled | level | "
              "CPU-hours, median (range) |", "|---|---|---|---|---|---|---|---|"]
     summary["cost"] = {}
     for arm, runs in arms.items():
         filled = mean_ci(_client_mean(r.rows, lambda c: c.get(DYNAMIC_FILLED_SHARE)) for r in runs)
         level, level_last = mean_ci(mean_level(r) for r in runs), mean_ci(mean_level(r, True) for r in runs)
-        round_ci, group_ci = mean_ci(per_round[arm]), mean_ci(per_group[arm])
-        summary["cost"][arm] = {"sampling_s_per_round": interval_json(round_ci, per_round[arm]),
-                                "sampling_s_per_trained_group": interval_json(group_ci, per_group[arm]),
+        summary["cost"][arm] = {"sampling_s_per_round": spread_json(per_round[arm]),
+                                "sampling_s_per_trained_group": spread_json(per_group[arm]),
                                 "filled_share": filled.mean, "level": level.mean, "level_last": level_last.mean,
                                 "cpu_hours": spread_json(hours[arm])}
         level_text = "–" if level.n == 0 else f"{level.mean:.2f} ({level_last.mean:.2f})"
-        lines.append(f"| {md(arm)} | {fmt_ci(round_ci, 1)} | {_ratio(round_ci.mean, arm_mean(per_round, base))} | "
-                     f"{fmt_ci(group_ci, 2)} | {_ratio(group_ci.mean, arm_mean(per_group, base))} | "
-                     f"{fmt_value(filled.mean, 2)} | {level_text} | {fmt_spread(hours[arm], 3)} |")
+        lines.append(f"| {md(arm)} | {fmt_spread(per_round[arm], 1)} | "
+                     f"{_ratio(median(per_round[arm]), arm_median(per_round, base))} | "
+                     f"{fmt_spread(per_group[arm], 2)} | {_ratio(median(per_group[arm]), arm_median(per_group, base))} "
+                     f"| {fmt_value(filled.mean, 2)} | {level_text} | {fmt_spread(hours[arm], 3)} |")
     tiers = [None] + ([HARDER_TIER] if any(tier_ends(r, HARDER_TIER) for runs in arms.values() for r in runs) else [])
     lines += ["", "*Gain*: held-out sampled strict accuracy, last evaluated round − round 0 (the intervals of 'Change "
-              "since round 0' and 'Harder tier'); *per CPU-hour*: the gain and its interval divided by the arm's mean "
-              "CPU-hours (their spread over seeds, in the table above, is left out of the interval). *× baseline*: "
-              "the ratio of the two arms' gains per CPU-hour, shown only where the baseline's gain is positive.", "",
+              "since round 0' and 'Harder tier'); *per CPU-hour*: the gain and its interval divided by the arm's "
+              "median CPU-hours (their spread over seeds, in the table above, is left out of the interval). "
+              "*× baseline*: the ratio of the two arms' gains per CPU-hour, shown only where the baseline's gain is "
+              "positive.", "",
               "| arm | gain [95% CI] | per CPU-hour [95% CI] | × baseline | "
               + ("harder-tier gain [95% CI] | per CPU-hour [95% CI] | × baseline | " if len(tiers) > 1 else "")
               + "CI covers |", "|---|---|---|---|" + "---|---|---|" * (len(tiers) - 1) + "---|"]
-    gains = {arm: _gains(runs, mean_ci(hours[arm]).mean, tiers, summary) for arm, runs in arms.items()}
+    gains = {arm: _gains(runs, median(hours[arm]), tiers, summary) for arm, runs in arms.items()}
     for arm, by_tier in gains.items():
         row, covered = [md(arm)], []
         for tier, found in by_tier.items():

@@ -93,8 +93,8 @@ def test_cost_shows_sampling_per_round_and_per_trained_group_against_the_baselin
     text, summary = report
     section = text.split("## Sampling cost and gain per CPU-hour")[1]
     fixed, ctrl = _table(section, "fixed"), _table(section, "ctrl")
-    assert fixed[1:6] == ["40.0 [40.0, 40.0]", "1.00×", "1.25 [1.25, 1.25]", "1.00×", "–"]  # 40 s / 32 groups
-    assert ctrl[1:8] == ["60.0 [60.0, 60.0]", "1.50×", "1.88 [1.88, 1.88]", "1.50×", "0.75", "1.67 (2.00)",
+    assert fixed[1:6] == ["40.0 (40.0–40.0)", "1.00×", "1.25 (1.25–1.25)", "1.00×", "–"]  # 40 s / 32 groups
+    assert ctrl[1:8] == ["60.0 (60.0–60.0)", "1.50×", "1.88 (1.88–1.88)", "1.50×", "0.75", "1.67 (2.00)",
                          "2.000 (2.000–2.000)"]  # 3600 s × 2 CPUs
     assert fixed[6:8] == ["–", "1.000 (1.000–1.000)"]
     assert summary["cost"]["ctrl"]["cpu_hours"]["values"] == [2.0, 2.0]
