@@ -364,6 +364,7 @@ def _evaluation_arm(old: bool, per_task: int, threads: int, queue) -> None:
     from pubswap_flwr import evaluation
     from pubswap_flwr.evaluation import evaluate
     from pubswap_flwr.policy import sampling
+    from pubswap_flwr.settings import EvalSettings
     from pubswap_flwr.tasks import HeldOutSet, parse_mix
 
     torch.set_num_threads(threads)
@@ -376,7 +377,8 @@ def _evaluation_arm(old: bool, per_task: int, threads: int, queue) -> None:
         evaluation.SHARED_PREFILL = False  # a greedy pass, then a sampled pass, each prefilling every prompt
     items = HeldOutSet.build(parse_mix(EVAL_MIX), per_task=per_task, data_seed=11).items
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    elapsed, result = timed(lambda: evaluate(policy, items, samples=4, batch_size=256, seed=0, lenient=True))
+    settings = EvalSettings(samples=4, batch_size=256, seed=0, lenient=True)
+    elapsed, result = timed(lambda: evaluate(policy, items, settings))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     greedy = {key: value for key, value in result.items() if key.startswith("greedy")}
     queue.put((elapsed, before, peak, json.dumps(greedy, sort_keys=True), result["sampled_accuracy"],

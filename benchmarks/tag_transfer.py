@@ -139,7 +139,7 @@ def build_policy(cfg, model_name: str, new_tokens: int):
 
 
 def donor_groups(cfg, items, k: int, new_tokens: int, seed: int) -> list[DonorGroup]:
-    """The warm donor's K samples per item, scored as node/learner.py's Learner.rollout scores them."""
+    """The warm donor's K samples per item, scored as node_runtime/learner.py's Learner.rollout scores them."""
     import torch
 
     from pubswap_flwr.tasks import score_completion, training_reward
@@ -160,9 +160,9 @@ def donor_groups(cfg, items, k: int, new_tokens: int, seed: int) -> list[DonorGr
 
 def external_group(policy, cfg, group: DonorGroup, arm: str, correction: str = "none"):
     """`group` as a SAPO receiver trains on it (protocols/sapo.py SapoNode.train_on_pool and external_completions,
-    node/learner.py Learner.foreign_completion): the receiver's prompt, the text as a foreign completion (with the
-    donor's behaviour under "is" when accept_behaviour takes it) and the receiver's re-scored rewards; the all-stripped
-    control keeps the donor's rewards."""
+    node_runtime/learner.py Learner.foreign_completion): the receiver's prompt, the text as a foreign completion (with
+    the donor's behaviour under "is" when accept_behaviour takes it) and the receiver's re-scored rewards; the
+    all-stripped control keeps the donor's rewards."""
     from pubswap_flwr.policy.behaviour import accept_behaviour
     from pubswap_flwr.rollouts import Behaviour, Completion, RolloutGroup
     from pubswap_flwr.tasks import score_completion, training_reward

@@ -368,7 +368,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def _simulate_claimed(args: argparse.Namespace, config: dict[str, Any], found: preflight.Checked) -> int:
-    from .server.metrics import clear_interrupt, interrupted, read_status
+    from .interruption import clear_interrupt, interrupted
+    from .server.metrics import read_status
 
     if found.claim:
         config[preflight.CLAIM_KEY] = found.claim
@@ -413,7 +414,7 @@ def ctrl_c_reaches_the_run() -> Iterator[None]:
     KeyboardInterrupt. Python raises it wherever the main thread is; when that is a weakref callback or a `__del__`
     (logging's handler clean-up), it prints "Exception ignored" and drops it, and the command ran on (seen in CI). The
     flag carries it instead: the run stops at its next check, and such a dropped KeyboardInterrupt prints nothing."""
-    from .server.metrics import interrupt, interrupted
+    from .interruption import interrupt, interrupted
 
     if threading.current_thread() is not threading.main_thread():  # only the main thread may set a handler
         yield
@@ -445,7 +446,8 @@ def stopped_by_ctrl_c(run_dir: Path | None, started: float) -> int:
     one line on stderr says where the partial run is, and the command ends with exit code 130, no traceback. A thread
     left running (a ServerApp busy in a model call) would hold the process open, so then the process exits at once,
     its output flushed. A second Ctrl-C meanwhile only makes it leave sooner."""
-    from .server.metrics import INTERRUPTED_DETAIL, read_status, stop_recording
+    from .interruption import INTERRUPTED_DETAIL
+    from .server.metrics import read_status, stop_recording
 
     def lingering() -> list[threading.Thread]:
         return [t for t in threading.enumerate() if t is not threading.current_thread() and t.is_alive()

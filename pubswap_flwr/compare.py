@@ -177,6 +177,7 @@ class OutcomeEntry(Struct):
                    outcome.reused, str(outcome.run_dir))
 
 
+# parameters: one run's command line (pubswap simulate's options), the optional ones with defaults
 def run_one(config: dict[str, Any], nodes: int, cpus_per_client: int, timeout_s: float, log_path: Path,
             gpus_per_client: float = 0.0, ray_address: str | None = None, engine: str = "ray") -> tuple[int, str]:
     """One run in a fresh process through Flower's simulation engine, on this machine or on the Ray cluster at

@@ -12,12 +12,13 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import torch
 
 from .metrics_schema import ITEM_RESULTS
 from .policy import Policy
+from .settings import EvalSettings
 from .tasks import TaskItem, lenient_answer, lenient_score, score_completion
 from .tasks.rewards import RewardTable
 from .tasks.shortcuts import check_task
@@ -86,16 +87,26 @@ def _add_scores(into: Scores, items: Sequence[TaskItem], rows: Sequence[Sequence
                 + [float(completion_shape(s.text) == "well-formed") for s in row])
 
 
+class Scoring(NamedTuple):
+    """What every pass of one evaluation shares: its settings, its progress callback and its reward table."""
+
+    settings: EvalSettings
+    progress: Progress | None
+    rewards: RewardTable | None
+
+
 def _scores(policy: Policy, items: Sequence[TaskItem], per_item: int, parts: Sequence[slice], pass_name: str,
-            batch_size: int, max_chars: int, lenient: bool = False, progress: Progress | None = None,
-            user_rewards: RewardTable | None = None, **sample) -> list[Scores]:
+            scoring: Scoring, **sample) -> list[Scores]:
     """One generation pass: `per_item` completions of every item (`policy.sample(..., **sample)`, batch_size
-    sequences a call), scored as one Scores per slice of each item's completions in `parts`. A Scores is (task -> per
+    sequences a call), scored as one Scores per slice of each item's completions in `parts`; `scoring`: the
+    evaluation's settings, its progress callback and its reward table. A Scores is (task -> per
     item, the rewards of its samples; with `lenient`, task -> per item, each sample's lenient correctness (1/0)
     followed by whether it is well-formed (1/0), else {}; task -> every sample's answer (the tagged one, else the last
     number or word: tasks.lenient_answer), for the shortcut check)."""
+    settings, progress, user_rewards = scoring
+    max_chars, lenient = settings.max_chars, settings.lenient
     scores: list[Scores] = [({}, {}, {}) for _ in parts]
-    per_call = max(1, batch_size // per_item)
+    per_call = max(1, settings.batch_size // per_item)
     table = user_rewards or RewardTable()
     for start in range(0, len(items), per_call):
         chunk = items[start:start + per_call]
@@ -107,26 +118,26 @@ def _scores(policy: Policy, items: Sequence[TaskItem], per_item: int, parts: Seq
     return scores
 
 
-def _passes(policy: Policy, items: Sequence[TaskItem], sampled: bool, samples: int, batch_size: int,
-            max_chars: int, lenient: bool, progress: Progress | None, rewards: RewardTable | None,
-            seed: int) -> tuple[Scores, Scores | None]:
-    """The greedy pass's scores and, with `sampled`, the sampled pass's (else None). Sampling starts from `seed`
-    and leaves the global random state as it found it; greedy rows draw nothing, so sharing the prefill
-    (SHARED_PREFILL) leaves the sampled rows the seed's stream, as a pass of their own would."""
+def _passes(policy: Policy, items: Sequence[TaskItem], settings: EvalSettings, progress: Progress | None,
+            rewards: RewardTable | None) -> tuple[Scores, Scores | None]:
+    """The greedy pass's scores and, with `settings.sampled`, the sampled pass's (else None). Sampling starts from
+    `settings.seed` and leaves the global random state as it found it; greedy rows draw nothing, so sharing the
+    prefill (SHARED_PREFILL) leaves the sampled rows the seed's stream, as a pass of their own would."""
     every = [slice(None)]
-    args = (batch_size, max_chars, lenient, progress, rewards)
-    if not sampled:
-        return _scores(policy, items, 1, every, "greedy", *args, greedy=True)[0], None
+    scoring = Scoring(settings, progress, rewards)
+    samples, seed = settings.samples, settings.seed
+    if not settings.sampled:
+        return _scores(policy, items, 1, every, "greedy", scoring, greedy=True)[0], None
     shared = SHARED_PREFILL and policy.can_mix_greedy
-    greedy = None if shared else _scores(policy, items, 1, every, "greedy", *args, greedy=True)[0]
+    greedy = None if shared else _scores(policy, items, 1, every, "greedy", scoring, greedy=True)[0]
     state = torch.get_rng_state()
     torch.manual_seed(seed)
     try:
         if greedy is None:  # each item's prompt prefilled once for its greedy and its sampled completions
-            both = _scores(policy, items, samples + 1, [slice(0, 1), slice(1, None)], "greedy + sampled", *args,
+            both = _scores(policy, items, samples + 1, [slice(0, 1), slice(1, None)], "greedy + sampled", scoring,
                            greedy_first=1)
             return both[0], both[1]
-        return greedy, _scores(policy, items, samples, every, "sampled", *args)[0]
+        return greedy, _scores(policy, items, samples, every, "sampled", scoring)[0]
     finally:
         torch.set_rng_state(state)
 
@@ -208,8 +219,7 @@ def _item_results(items: Sequence[TaskItem], rewards: dict[str, list[list[float]
     return out
 
 
-def evaluate(policy: Policy, items: Sequence[TaskItem], *, sampled: bool = True, samples: int = 1,
-             batch_size: int = 256, seed: int = 0, max_chars: int = 4096, lenient: bool = False,
+def evaluate(policy: Policy, items: Sequence[TaskItem], settings: EvalSettings = EvalSettings(), *,
              progress: Progress | None = None, rewards: RewardTable | None = None) -> dict:
     """{"greedy_accuracy", "greedy_reward", ["sampled_accuracy", "sampled_reward" and their "_se", "samples"],
     "per_task": {...}, "items", ITEM_RESULTS}: sampled metrics average `samples` samples per item (at the policy's
@@ -221,11 +231,11 @@ def evaluate(policy: Policy, items: Sequence[TaskItem], *, sampled: bool = True,
     `rewards` (tasks.rewards) scores its tasks instead of their items' verifiers, as in training."""
     if not items:
         raise ValueError("no held-out items to evaluate")
+    samples, lenient = settings.samples, settings.lenient
     if samples < 1:
         raise ValueError(f"samples per item must be >= 1, got {samples}")
     out: dict = {"per_task": {}, "items": len(items)}
-    greedy_scores, sampled_scores = _passes(policy, items, sampled, samples, batch_size, max_chars, lenient,
-                                            progress, rewards, seed)
+    greedy_scores, sampled_scores = _passes(policy, items, settings, progress, rewards)
     scored, extra, answers = greedy_scores
     _summary(scored, "greedy", out, with_se=False)
     if lenient:

@@ -304,6 +304,7 @@ def export(path: str | Path, out: str | Path, *, merged: bool = False, force: bo
     return out
 
 
+# parameters: the pieces `pubswap export` has read and checked, written in one place
 def _write_export(adapter_dir: Path, config: AdapterConfigFile, base: str, tokenizer, summary: dict[str, Any],
                   work: Path, out: Path, merged: bool) -> None:
     """export's files, written into `work`, which becomes `out` (where a shipped base is named from)."""

@@ -70,7 +70,7 @@ class InProcessGrid(Grid):
     and `num-partitions` as Flower's simulation sets them (plus `extra_node_config` per partition)."""
 
     # every node answers (or runs out of time) within send_and_receive, so the exchange keeps it
-    # (pubswap_flwr.server.exchange): a withheld reply is then the timeout path without waiting for the timeout
+    # (pubswap_flwr.rounds.exchange): a withheld reply is then the timeout path without waiting for the timeout
     synchronous: ClassVar[bool] = True
 
     client_app: ClientApp

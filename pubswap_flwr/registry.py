@@ -1,7 +1,7 @@
 """One mechanism for the project's pluggable, named things (server optimizers, tracker backends, verifiers, data-file
 formats), after verl's `@register_...("name")`: a Registry maps names to entries, filled at import by its
 `register` decorator (or `add`), read by name with `lookup`, whose error lists the known names. The protocol catalog
-(protocols/catalog.py) is the one richer declaration beside it: a mode declares more than one entry. Imports nothing
+(config/catalog.py) is the one richer declaration beside it: a mode declares more than one entry. Imports nothing
 of the package."""
 
 from __future__ import annotations

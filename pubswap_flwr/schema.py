@@ -1,7 +1,8 @@
 """The schema layer: what a party receives is declared once as msgspec Structs (types, bounds, optional fields),
 and `parse` checks a decoded JSON value against a declaration, raising an error that names the field; `load_json`
 and `parse_file` read a file someone else may have written. Imports nothing of the package: every level declares
-its own records with it (wire/payloads.py, server/checkpoint.py, node/state.py, server/metrics.py, tasks/items.py).
+its own records with it (wire/payloads.py, server/checkpoint.py, node_runtime/state.py, server/metrics.py,
+tasks/items.py).
 
 msgspec was chosen over pydantic v2 (docs/results/schema-decode): it is strict by default (a string is never coerced
 into a number, a bool is not an int), it is one small wheel without dependencies, and decoding a SAPO reply's text

@@ -1,5 +1,5 @@
-"""The policy's sampling and update settings, as plain dataclasses light enough for the config to import: their
-defaults are the run config's (config_sections' generation.* and train.* keys take theirs from here, and
+"""The policy's sampling, update and evaluation settings, as plain dataclasses light enough for the config to import:
+their defaults are the run config's (config/sections.py's generation.* and train.* keys take theirs from here, and
 shared.settings_from builds both from a run's config by field name), so each default is written once."""
 
 from __future__ import annotations
@@ -17,6 +17,19 @@ class GenerationSettings:
     sampler: str = "cached"
     dtype: str = "auto"  # the sampling copy's precision (policy.sampling_precision)
     stop_at_answer: bool = False  # cached sampler: EOS right after a completion closes its </answer>
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """How a held-out evaluation samples (eval.sampled, eval.samples, eval.batch-size, eval.lenient; the run's seed;
+    generation.max-completion-chars): shared.eval_settings builds it from a run's config."""
+
+    sampled: bool = True
+    samples: int = 1
+    batch_size: int = 256
+    seed: int = 0
+    max_chars: int = 4096
+    lenient: bool = False
 
 
 @dataclass(frozen=True)

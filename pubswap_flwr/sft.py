@@ -16,6 +16,7 @@ from .metrics_schema import ITEM_RESULTS
 from .policy import Policy
 from .policy.grpo import build_batch, completion_logps
 from .rollouts import Completion, RolloutGroup
+from .settings import EvalSettings
 from .tasks import TaskItem
 
 log = logging.getLogger("pubswap_flwr.sft")
@@ -76,7 +77,7 @@ def fine_tune(policy: Policy, targets: list[tuple[TaskItem, str]], epochs: int, 
 def held_out_check(policy: Policy, items: list[TaskItem], samples: int) -> dict:
     """Strict / lenient pass@1 and well-formed share, greedy and over `samples` samples, overall and per task, and
     how many items had 0, 1, ... `samples` samples correct (`solved_of_samples`, the per-item solve-rate spread)."""
-    out = evaluate(policy, items, samples=samples, batch_size=64, seed=0, lenient=True)
+    out = evaluate(policy, items, EvalSettings(samples=samples, batch_size=64, lenient=True))
     solved = Counter(out[ITEM_RESULTS]["sampled"])
     return {"overall": {k: out[k] for k in CHECK_KEYS},
             "per_task": {t: {k: v[k] for k in CHECK_KEYS if k in v} for t, v in out["per_task"].items()},

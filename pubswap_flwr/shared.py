@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from .config import ExperimentConfig
-from .config_sections import GenerationConfig, ModelConfig, TasksConfig, TrainConfig
+from .config.sections import EvalConfig, GenerationConfig, ModelConfig, TasksConfig, TrainConfig
 from .policy import GenerationSettings, GRPOSettings, LoraSettings, PolicySpec
 from .policy.data import ModelError, data_dir
+from .settings import EvalSettings
 from .tasks import HeldOutSet, PublicSet, load_items, parse_custom_tasks, parse_mix
 from .tasks.curriculum import at_level
 from .tasks.items import max_question_chars
@@ -56,6 +57,7 @@ def resolve_data_path(path: str) -> Path:
     raise FileNotFoundError(f"data file {path!r} not found (looked in: {', '.join(str(t) for t in tried)})")
 
 
+# parameters: the hashable config values a task universe depends on (its lru_cache key)
 @lru_cache(maxsize=4)
 def _universe(mix: str, public_mix: str, custom: str, per_task: int, public_size: int, data_seed: int,
               node_mixes_text: str, eval_path: str, data_format: str, max_prompt_tokens: int = 256,
@@ -161,6 +163,14 @@ def policy_spec(cfg: PolicySections, model_name: str | None = None, proximal_mu:
         grpo=settings_from(t, GRPOSettings, learning_rate=learning_rate or t.learning_rate, proximal_mu=proximal_mu),
         template=cfg.tasks.template,
     )
+
+
+def eval_settings(evaluation: EvalConfig, generation: GenerationConfig, seed: int, **overrides: Any) -> EvalSettings:
+    """How a held-out evaluation of this run samples: its eval.* keys, the run's seed and the completion cap
+    (`overrides`: a caller's own, e.g. verify's samples and batch size)."""
+    return EvalSettings(**{"sampled": evaluation.sampled, "samples": evaluation.samples, "batch_size":
+                           evaluation.batch_size, "seed": seed, "max_chars": generation.max_completion_chars,
+                           "lenient": evaluation.lenient, **overrides})
 
 
 def derive_seed(*parts: Any) -> int:

@@ -17,9 +17,9 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from .inprocess import InProcessGrid, server_context
+from .interruption import RunInterrupted, clear_interrupt, interrupt
 from .protocols import register_client_handlers
 from .server.app import run
-from .server.metrics import RunInterrupted, clear_interrupt, interrupt
 
 STOP_GRACE_S = 4.0  # after a Ctrl-C, how long the ServerApp's thread may take to reach its next check and record it
 
@@ -143,6 +143,7 @@ def ray_backend_config(cpus_per_client: float = 1.0, gpus_per_client: float = 0.
                           "include_dashboard": False, **logging_args}}
 
 
+# parameters: `pubswap simulate`'s options, keyword-only with their defaults
 def simulate(run_config: dict[str, Any], num_nodes: int, *, cpus_per_client: float = 1.0, gpus_per_client: float = 0.0,
              total_cpus: int | None = None, client_hook: ClientHook | None = None,
              reply_hook: ReplyHook | None = None, verbose: bool = False, ray_address: str | None = None) -> None:

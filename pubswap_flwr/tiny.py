@@ -120,6 +120,7 @@ def evaluate_greedy(model, tokenizer, items: list[TaskItem], batch: int = 250) -
     return report
 
 
+# parameters: `python -m pubswap_flwr.tiny`'s options
 def build(preset_name: str, out: Path, seed: int, steps: int | None, mix_text: str, eval_per_task: int,
           eval_every: int, pool_per_task: int | None = None) -> dict:
     preset = PRESETS[preset_name]

@@ -20,8 +20,9 @@ from pathlib import Path
 
 from pubswap_flwr.config import ExperimentConfig, parse_overrides
 from pubswap_flwr.evaluation import evaluate
-from pubswap_flwr.node.learner import Learner, NodeSettings, WorkReport
-from pubswap_flwr.node.state import NodeIdentity
+from pubswap_flwr.node_runtime.learner import Learner, NodeSettings, WorkReport
+from pubswap_flwr.node_runtime.state import NodeIdentity
+from pubswap_flwr.settings import EvalSettings
 from pubswap_flwr.tasks.verifiers import completion_shape
 
 
@@ -52,7 +53,8 @@ def main(argv: list[str] | None = None) -> None:
             rewards = [r for g in groups for r in g.rewards]
             texts = [c.text for g in groups for c in g.completions]
             shapes = collections.Counter(completion_shape(t) for t in texts)
-            held = evaluate(learner.policy, items, samples=2, seed=step, max_chars=cfg.generation.max_completion_chars)
+            held = evaluate(learner.policy, items,
+                            EvalSettings(samples=2, seed=step, max_chars=cfg.generation.max_completion_chars))
             row = {
                 "step": step,
                 "seconds": round(time.perf_counter() - started, 1),

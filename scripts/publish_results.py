@@ -52,7 +52,7 @@ from safetensors import SafetensorError
 from safetensors.numpy import load, save
 
 from pubswap_flwr.compare import NOT_RUN, OutcomeEntry, SweepError, is_failure, load_sweep
-from pubswap_flwr.config_keys import PLAIN_COMPONENT, is_plain_component
+from pubswap_flwr.config.keys import PLAIN_COMPONENT, is_plain_component
 from pubswap_flwr.report import summarize_run, write_report
 from pubswap_flwr.report.writer import read_summary
 from pubswap_flwr.results.verify import NoAdapterError, VerifyError, final_adapters
@@ -352,7 +352,7 @@ def first_node_of_each_model(sweep) -> set[int] | None:
     """The partitions that run each of the sweep's models first (model.node-models is assigned round robin, so
     partitions 0..k-1 for k models; one model: partition 0), over every arm; None when no arm's mode keeps an adapter
     per node (only a global adapter to copy)."""
-    from pubswap_flwr.protocols.catalog import CATALOG
+    from pubswap_flwr.config.catalog import CATALOG
 
     configs = [sweep.config_for(arm, sweep.seeds[0], Path("results")) for arm in sweep.arms]
     if all(CATALOG[str(c.get("strategy.mode", "fedavg"))].averages_adapters for c in configs):

@@ -112,6 +112,7 @@ def main() -> None:
     from pubswap_flwr.policy import LoraSettings, Policy, PolicySpec
     from pubswap_flwr.policy.sampling import GenerationSettings
     from pubswap_flwr.policy.threads import apply_threads
+    from pubswap_flwr.settings import EvalSettings
     from pubswap_flwr.tasks import HeldOutSet, parse_custom_tasks, parse_mix
 
     apply_threads()
@@ -137,7 +138,8 @@ def main() -> None:
             continue
         items = [item for item in held_out.items if item.task == name]
         task_started = time.perf_counter()
-        out = evaluate(policy, items, samples=args.samples, batch_size=args.batch_size, seed=0, lenient=True)
+        out = evaluate(policy, items,
+                       EvalSettings(samples=args.samples, batch_size=args.batch_size, seed=0, lenient=True))
         row = {k: v for k, v in out.items() if k not in ("per_task", "item_results")}
         row.update(constant_figures(items))
         result["tasks"][name] = row

@@ -1,7 +1,7 @@
 """Flower floor ServerApp: each round sends every node the `segments` messages of a PubSwap round, one exchange after
 another, with no work on either side; round times are written as a PubSwap run writes them.
 
-The exchange is PubSwap's (pubswap_flwr/server/exchange.py): one push, then a pull every 0.1 s until every node
+The exchange is PubSwap's (pubswap_flwr/rounds/exchange.py): one push, then a pull every 0.1 s until every node
 replied, so the floor pays Flower's own costs (the SuperNode's polls, a flwr-clientapp process per message, the
 SuperLink's TLS round trips) and nothing of the project's. A round starts once `min-nodes` nodes are connected;
 PubSwap's 1 s settle wait (`Exchange.select`) is the project's, not Flower's, and is left out.
@@ -15,7 +15,7 @@ from floor_payload import payload
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
-PULL_INTERVAL = 0.1  # as pubswap_flwr.server.exchange.PULL_INTERVAL
+PULL_INTERVAL = 0.1  # as pubswap_flwr.rounds.exchange.PULL_INTERVAL
 
 app = ServerApp()
 

@@ -212,7 +212,7 @@ def count_votes(adapters: Sequence[Adapter], weights: Sequence[float], reference
 
 @dataclass(frozen=True)
 class AggregationRule:
-    """The strategy.* keys that combine a round's replies (config_sections.StrategyConfig documents them)."""
+    """The strategy.* keys that combine a round's replies (config/sections.py: StrategyConfig documents them)."""
 
     method: str
     trim_fraction: float = 0.2
@@ -270,6 +270,7 @@ def dp_noise_std(noise_multiplier: float, clip_norm: float, clients: int) -> flo
     return float(noise_multiplier * clip_norm / clients)
 
 
+# parameters: the strategy.* keys that combine a round's replies, keyword-only with their defaults
 def aggregate(adapters: Sequence[Adapter], weights: Sequence[float], *, method: str = "mean",
               trim_fraction: float = 0.2, reference: Adapter | None = None, clip_norm: float = 0.0,
               noise_multiplier: float = 0.0, rng: np.random.Generator | None = None) -> Adapter:

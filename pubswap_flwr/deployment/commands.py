@@ -106,6 +106,7 @@ def _run_steps(plan: DeploymentPlan) -> list[str]:
     ]
 
 
+# parameters: `pubswap deploy`'s options, keyword-only with their defaults
 def deployment_commands(directory: str | Path, superlink: str, orgs: Sequence[Org], *,
                         connection: str = DEFAULT_CONNECTION, app: str | Path = PROJECT,
                         run_config: Sequence[str] = (), output_dir: str | Path | None = None,

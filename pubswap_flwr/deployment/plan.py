@@ -143,6 +143,7 @@ def _bind_address(host: str) -> str:
     return "::" if ipv6 else "0.0.0.0"
 
 
+# parameters: `pubswap deploy`'s options, keyword-only with their defaults
 def plan_deployment(directory: str | Path, superlink: str, orgs: Sequence[Org], *,
                     connection: str = DEFAULT_CONNECTION, app: str | Path = PROJECT,
                     run_config: Sequence[str] = (), output_dir: str | Path | None = None,

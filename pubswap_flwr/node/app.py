@@ -16,8 +16,7 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 from flwr.supercore.task_identity import TaskIdentity
 
-from ..config import ExperimentConfig
-from ..protocols import catalog
+from ..config import ExperimentConfig, catalog
 from . import warm
 
 log = logging.getLogger("pubswap_flwr")

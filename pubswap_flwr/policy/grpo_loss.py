@@ -7,14 +7,11 @@ from __future__ import annotations
 import functools
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
+from ..settings import GRPOSettings
 from .grpo_batch import Batch
-
-if TYPE_CHECKING:
-    from .grpo import GRPOSettings
 
 LOSS_TYPES = ("dapo", "grpo")
 FOREIGN_CORRECTIONS = ("none", "weight", "is")
@@ -259,6 +256,7 @@ class MicroBatchLoss:
     tag_tokens: int = 0  # and how many there are
 
 
+# parameters: the GRPO loss's inputs for one micro-batch, as the TRL oracle test calls it
 def micro_batch_loss(model, batch: Batch, rows: slice, advantages: torch.Tensor, old_logps: torch.Tensor | None,
                      ref_logps: torch.Tensor | None, settings: GRPOSettings, total_tokens: float,
                      temperature: float = 1.0, total_sequences: int | None = None,

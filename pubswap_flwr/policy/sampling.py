@@ -225,6 +225,7 @@ def _choose(logits: torch.Tensor, greedy_rows: torch.Tensor, settings: Generatio
     return (logits.float().index_copy(0, sampled, processed) if with_scores else None), chosen
 
 
+# parameters: generate's options, passed on unchanged
 def _generate_cached(model, tokenizer, batch: dict[str, torch.Tensor], num_return: int,
                      settings: GenerationSettings, greedy: bool, with_logprobs: bool,
                      greedy_first: int = 0) -> tuple[list[list[int]], list[list[float]] | None]:
@@ -282,6 +283,7 @@ def _generate_cached(model, tokenizer, batch: dict[str, torch.Tensor], num_retur
     return tokens, logps
 
 
+# parameters: the sampler's options, keyword-only with their defaults
 @torch.no_grad()
 def generate(model, tokenizer, prompts: list[str], *, num_return: int, settings: GenerationSettings,
              greedy: bool = False, with_logprobs: bool = True, greedy_first: int = 0) -> list[list[Sample]]:

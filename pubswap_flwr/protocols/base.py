@@ -4,37 +4,19 @@ of a mode's server side, and the record of a round's scoring budget."""
 from __future__ import annotations
 
 import logging
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from .. import metrics_schema as schema
 from ..config import ExperimentConfig
-from ..config_sections import StrategyConfig, TasksConfig, TrainConfig
+from ..config.sections import StrategyConfig, TasksConfig, TrainConfig
+from ..rounds.context import RoundContext
 from ..shared import task_universe
-from ..wire.records import Adapter, Header
+from ..wire.records import Adapter
 from ..wire.validate import HeldOutRequest, Limits
 
-if TYPE_CHECKING:
-    from ..server.exchange import Exchange
-    from ..server.roundlog import RoundLog
-
 log = logging.getLogger("pubswap_flwr")
-
-
-@dataclass
-class RoundContext:
-    """What a protocol's server round works with."""
-
-    number: int
-    final: bool
-    evaluate: bool  # SAPO: nodes evaluate their own models this round
-    exchange: "Exchange"
-    log: "RoundLog"
-    run_name: str
-    run_dir: str
-
-    def header(self, round_start: bool = False) -> Header:
-        return Header(self.number, self.run_name, self.run_dir, round_start)
 
 
 @dataclass(frozen=True)
@@ -60,7 +42,7 @@ class RunSettings:
         return cls(cfg.seed, cfg.num_server_rounds, cfg.train, cfg.strategy, cfg.tasks, Limits.of(cfg), request)
 
 
-class ServerProtocol:
+class ServerProtocol(ABC):
     """A mode's server side. Subclasses set the class attributes and implement `run_round`; their parameters come
     through the constructor (`from_config` reads them from a run's config once: the run-wide RunSettings, and a
     mode with its own section adds that section)."""
@@ -79,16 +61,18 @@ class ServerProtocol:
         # a mode without a global adapter has its nodes evaluate their own: the server checks them against held_out
         return cls(RunSettings.of(cfg, held_out=not cls.holds_global_adapter), public)
 
-    @staticmethod
-    def proximal_mu(cfg: ExperimentConfig) -> float:
-        """FedProx's mu for the nodes' GRPO loss (0 = none)."""
+    @property
+    def proximal_mu(self) -> float:
+        """FedProx's mu for the nodes' GRPO loss (0 = none), sent in every message's header."""
         return 0.0
 
     def describe(self) -> str:
         return ""
 
+    @abstractmethod
     def run_round(self, ctx: RoundContext) -> None:
-        raise NotImplementedError
+        """One round: send the mode's messages through `ctx.exchange`, fold the replies into `ctx.log`, and leave
+        the new global adapter in `self.master` when the mode keeps one."""
 
     def state(self) -> dict:
         """JSON-able protocol state for the checkpoint (the global adapter is saved apart)."""

@@ -17,28 +17,26 @@ from flwr.app import Message, RecordDict
 
 from .. import metrics_schema as schema
 from ..algorithms.lora_averaging import MIN_ROBUST_REPLIES, AggregationRule, Combined, combine, mean_pairwise_l2
-from ..config import ExperimentConfig
-from ..config_sections import StrategyConfig
+from ..algorithms.server_optimizers import ServerOptimizer, norm
+from ..algorithms.server_optimizers import build as build_optimizer
+from ..config.sections import StrategyConfig
+from ..node_runtime.serving import ClientWork
+from ..rounds.context import RoundContext
 from ..schema import Count
 from ..wire.compression import Codec, Quantized
 from ..wire.records import (
     Adapter,
     ClientReport,
-    Header,
     Instruction,
-    InstructionFields,
+    InstructionConfig,
     adapter_of,
     config_of,
-    instruction_fields,
     read_reply,
     records,
     reply_records,
 )
 from ..wire.validate import Rejected, check_adapter, check_weight
-from .base import RoundContext, RunSettings, ServerProtocol, log
-from .optimizers import ServerOptimizer, norm
-from .optimizers import build as build_optimizer
-from .serving import ClientWork
+from .base import RunSettings, ServerProtocol, log
 from .transfer import (
     Downlink,
     adapter_to_send,
@@ -55,32 +53,30 @@ from .transfer import (
 
 
 # -- messages ------------------------------------------------------------------------------------------------------
-class LocalRoundFields(InstructionFields, frozen=True, kw_only=True):
-    local_steps: Count
+class LocalRoundConfig(InstructionConfig, frozen=True, kw_only=True):
+    local_steps: Count  # tau, the node's private steps this round
 
 
 @dataclass(frozen=True)
 class LocalRound(Instruction):
     message_type: ClassVar[str] = "train.local_round"
-    header: Header
+    config: LocalRoundConfig
     adapter: Adapter | None  # None only when `downlink` carries the global as a delta
-    local_steps: int
     downlink: Downlink | None = None  # strategy.compression
 
     def to_record(self) -> RecordDict:
         extra = self.downlink.config() if self.downlink is not None else {}
-        content = records({**self.header.to_config(), "local-steps": self.local_steps, **extra}, adapter=self.adapter)
+        content = records({**self.config_record(), **extra}, adapter=self.adapter)
         return put_quantized(content, self.downlink.delta if self.downlink is not None else None)
 
     @classmethod
     def from_record(cls, content: RecordDict) -> "LocalRound":
-        config = config_of(content)
-        fields = instruction_fields(config, LocalRoundFields)
+        header, config = cls.read(content)
         adapter = adapter_of(content)
-        downlink = Downlink.read(config, content)
+        downlink = Downlink.read(config_of(content), content)
         if adapter is None and (downlink is None or downlink.delta is None):
             raise ValueError("a local round needs the global adapter")
-        return cls(fields.header(), adapter, fields.local_steps, downlink)
+        return cls(header, config, adapter, downlink)
 
 
 @dataclass(frozen=True)
@@ -216,37 +212,32 @@ def server_step(ctx: RoundContext, optimizer: ServerOptimizer, current: Adapter,
     return new
 
 
-def averaging_state(broadcast, optimizer: ServerOptimizer) -> tuple[dict, dict[str, Adapter]]:
-    """(JSON state, named adapters) a protocol that averages adapters checkpoints: the compressed downlink's and
-    the server optimizer's."""
-    state, adapters = downlink_checkpoint(broadcast)
-    return {**state, **optimizer.state()}, {**adapters, **optimizer.saved_arrays()}
+class AveragingProtocol(ServerProtocol):
+    """A mode whose server averages the nodes' adapters into a global one (fedavg, fedprox, pubswap): the global's
+    downlink (strategy.compression) and the server optimizer, both kept in its checkpoint."""
 
-
-def restore_averaging(rounds: int, broadcast, optimizer: ServerOptimizer, state: dict,
-                      adapters: dict[str, Adapter]) -> None:
-    restore_downlink(broadcast, state, adapters)
-    optimizer.restore(state, adapters, rounds)
-
-
-class FedAvgProtocol(ServerProtocol):
     def __init__(self, settings: RunSettings, public=None):
         super().__init__(settings, public)
         self.broadcast = broadcast_of(settings.strategy)
         self.optimizer = build_optimizer(settings.strategy)
 
-    def describe(self) -> str:
-        return " ".join(filter(None, [f"tau={self.settings.train.local_steps}", self.optimizer.describe()]))
-
     def state(self) -> dict:
-        return averaging_state(self.broadcast, self.optimizer)[0]
+        downlink, _ = downlink_checkpoint(self.broadcast)
+        return {**downlink, **self.optimizer.state()}
 
     def saved_adapters(self) -> dict[str, Adapter]:
-        return averaging_state(self.broadcast, self.optimizer)[1]
+        _, adapters = downlink_checkpoint(self.broadcast)
+        return {**adapters, **self.optimizer.saved_arrays()}
 
     def restore(self, state: dict, adapters: dict[str, Adapter] | None = None,
                 nodes: dict[int, int] | None = None) -> None:
-        restore_averaging(self.settings.rounds, self.broadcast, self.optimizer, state, adapters or {})
+        restore_downlink(self.broadcast, state, adapters or {})
+        self.optimizer.restore(state, adapters or {}, self.settings.rounds)
+
+
+class FedAvgProtocol(AveragingProtocol):
+    def describe(self) -> str:
+        return " ".join(filter(None, [f"tau={self.settings.train.local_steps}", self.optimizer.describe()]))
 
     def run_round(self, ctx: RoundContext) -> None:
         """The global to every selected node (with compression: as a quantized delta to nodes holding the last one),
@@ -257,7 +248,8 @@ class FedAvgProtocol(ServerProtocol):
         messages = []
         for node in nodes:
             whole, downlink = global_for(self.broadcast, sent, node)
-            messages.append(LocalRound(ctx.header(round_start=True), whole, self.settings.train.local_steps,
+            messages.append(LocalRound(ctx.header(round_start=True, proximal_mu=self.proximal_mu),
+                                       LocalRoundConfig(local_steps=self.settings.train.local_steps), whole,
                                        downlink).to_message(node))
         result = ctx.exchange.send(messages, lambda node, reply: AdapterReply.from_message(reply, sent, codec))
         if self.broadcast is not None:
@@ -273,19 +265,19 @@ class FedAvgProtocol(ServerProtocol):
 class FedProxProtocol(FedAvgProtocol):
     """FedAvg + mu/2·||w − w_global||² in every client's GRPO loss."""
 
-    @staticmethod
-    def proximal_mu(cfg: ExperimentConfig) -> float:
-        return cfg.strategy.proximal_mu
+    @property
+    def proximal_mu(self) -> float:
+        return self.settings.strategy.proximal_mu
 
     def describe(self) -> str:
         return f"{super().describe()} mu={self.settings.strategy.proximal_mu}"
 
 
 # -- client --------------------------------------------------------------------------------------------------------
-def local_round(work: ClientWork) -> RecordDict:
+def local_round(work: ClientWork[None]) -> RecordDict:
     """Load the global adapter, run tau private GRPO steps, reply the adapter."""
     message = LocalRound.from_record(work.message.content)
     take_global(work, message.adapter, message.downlink)
-    work.learner.private_steps(message.local_steps, work.report)
+    work.learner.private_steps(message.config.local_steps, work.report)
     return AdapterReply(work.client_report(), adapter_to_send(work)).to_record()
 

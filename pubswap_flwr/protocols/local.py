@@ -14,46 +14,30 @@ from typing import ClassVar
 
 from flwr.app import RecordDict
 
+from ..node_runtime.serving import ClientWork, evaluate_own_adapter
+from ..rounds.context import RoundContext
 from ..schema import Count
 from ..wire.records import (
     AskedEvaluations,
-    Header,
     Instruction,
-    InstructionFields,
+    InstructionConfig,
     OwnAdapterReply,
-    config_of,
-    instruction_fields,
-    records,
 )
-from .base import RoundContext, ServerProtocol
-from .serving import ClientWork, evaluate_own_adapter
+from .base import ServerProtocol
 
 
 # -- messages ------------------------------------------------------------------------------------------------------
-class TrainAloneFields(InstructionFields, frozen=True, kw_only=True):
+class TrainAloneConfig(InstructionConfig, frozen=True, kw_only=True):
     local_steps: Count
-    evaluate: bool = False
-    save_adapter: bool = False
-    evaluate_initial: bool = False
+    evaluate: bool = False  # its own adapter on the held-out set, after the steps
+    save_adapter: bool = False  # the run's last round: save the adapter portable
+    evaluate_initial: bool = False  # round 1: its starting point first
 
 
 @dataclass(frozen=True)
 class TrainAlone(Instruction):
     message_type: ClassVar[str] = "train.alone"
-    header: Header
-    local_steps: int
-    evaluate: bool = False
-    save_adapter: bool = False
-    evaluate_initial: bool = False
-
-    def to_record(self) -> RecordDict:
-        return records({**self.header.to_config(), "local-steps": self.local_steps, "evaluate": self.evaluate,
-                        "save-adapter": self.save_adapter, "evaluate-initial": self.evaluate_initial})
-
-    @classmethod
-    def from_record(cls, content: RecordDict) -> "TrainAlone":
-        f = instruction_fields(config_of(content), TrainAloneFields)
-        return cls(f.header(), f.local_steps, f.evaluate, f.save_adapter, f.evaluate_initial)
+    config: TrainAloneConfig
 
 
 # -- server --------------------------------------------------------------------------------------------------------
@@ -68,20 +52,21 @@ class LocalProtocol(ServerProtocol):
         """tau private steps on every selected node's own adapter; their own evaluations recorded when asked."""
         nodes = ctx.exchange.select(ctx.number)
         asked = AskedEvaluations(self.settings.held_out, initial=ctx.number == 1, current=ctx.evaluate)
-        messages = [TrainAlone(ctx.header(round_start=True), self.settings.train.local_steps, asked.current,
-                               ctx.final, asked.initial).to_message(node) for node in nodes]
+        config = TrainAloneConfig(local_steps=self.settings.train.local_steps, evaluate=asked.current,
+                                  save_adapter=ctx.final, evaluate_initial=asked.initial)
+        messages = [TrainAlone(ctx.header(round_start=True), config).to_message(node) for node in nodes]
         result = ctx.exchange.send(messages, lambda node, reply: OwnAdapterReply.from_message(reply, asked))
         ctx.log.absorb(result)
         for node in ctx.exchange.ordered(result.replies):  # by node index: means over nodes in one order
-            result.replies[node].record(ctx, node)
+            ctx.log.record_own_evaluations(node, result.replies[node])
 
 
 # -- client --------------------------------------------------------------------------------------------------------
-def train_alone(work: ClientWork) -> RecordDict:
+def train_alone(work: ClientWork[None]) -> RecordDict:
     """Evaluate the starting point if asked, run tau private GRPO steps on the node's own adapter, evaluate (and at
     the end save) it if asked; reply the report and the evaluations, no adapter."""
-    message = TrainAlone.from_record(work.message.content)
-    eval_initial = work.evaluate() if message.evaluate_initial else None
-    work.learner.private_steps(message.local_steps, work.report)
-    evaluation, seconds = evaluate_own_adapter(work, message.evaluate, message.save_adapter)
+    asked = TrainAlone.from_record(work.message.content).config
+    eval_initial = work.evaluate() if asked.evaluate_initial else None
+    work.learner.private_steps(asked.local_steps, work.report)
+    evaluation, seconds = evaluate_own_adapter(work, asked.evaluate, asked.save_adapter)
     return OwnAdapterReply(work.client_report(), eval_initial, evaluation, seconds).to_record()

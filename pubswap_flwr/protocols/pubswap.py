@@ -33,16 +33,17 @@ from ..algorithms.group_signal import zero_advantage_share
 from ..algorithms.public_schedule import even_positions, fixed_positions, public_step_count
 from ..algorithms.pubswap_response_sets import Response, build_response_sets, most_likely, rewards_after_swap
 from ..config import ExperimentConfig
+from ..config.catalog import PubSwapConfig
+from ..node_runtime.serving import ClientWork
 from ..rollouts import OWN, Behaviour, Completion, RolloutGroup
+from ..rounds.context import RoundContext
 from ..tasks import ScoringBudget
 from ..tasks.rewards import parse_rewards
 from ..tasks.verifiers import completion_shape
 from ..wire.counters import UptakeCounts
 from ..wire.records import Adapter
-from .base import RoundContext, RunSettings, ServerProtocol, record_scoring
-from .catalog import PubSwapConfig
-from .fedavg import aggregate_adapters, averaging_state, restore_averaging
-from .optimizers import build as build_optimizer
+from .base import RunSettings, record_scoring
+from .fedavg import AveragingProtocol, aggregate_adapters
 from .pubswap_messages import (
     DonorChoice,
     PendingSample,
@@ -50,23 +51,21 @@ from .pubswap_messages import (
     Scored,
     Segment,
     SegmentAsk,
+    SegmentConfig,
     SegmentReply,
     SwapEntry,
     fit_behaviours,
 )
-from .serving import ClientWork
-from .transfer import Downlink, adapter_to_send, broadcast_of, decoded, global_for, start_round, take_global
+from .transfer import Downlink, adapter_to_send, decoded, global_for, start_round, take_global
 
 log = logging.getLogger("pubswap_flwr")
 
 
 # -- server --------------------------------------------------------------------------------------------------------
-class PubSwapProtocol(ServerProtocol):
+class PubSwapProtocol(AveragingProtocol):
     def __init__(self, settings: RunSettings, pubswap: PubSwapConfig, public=None):
         super().__init__(settings, public)
         self.pubswap = pubswap
-        self.broadcast = broadcast_of(settings.strategy)
-        self.optimizer = build_optimizer(settings.strategy)
         self.public_cursor = 0
         self.limits = settings.limits
         self.last_disagreement: float | None = None  # schedule = adaptive: the signal for the next round
@@ -75,9 +74,9 @@ class PubSwapProtocol(ServerProtocol):
     def from_config(cls, cfg: ExperimentConfig, public=None) -> "PubSwapProtocol":
         return cls(RunSettings.of(cfg), cfg.pubswap, public)
 
-    @staticmethod
-    def proximal_mu(cfg: ExperimentConfig) -> float:
-        return cfg.strategy.proximal_mu if cfg.pubswap.base == "fedprox" else 0.0
+    @property
+    def proximal_mu(self) -> float:
+        return self.settings.strategy.proximal_mu if self.pubswap.base == "fedprox" else 0.0
 
     def describe(self) -> str:
         p = self.pubswap
@@ -89,13 +88,10 @@ class PubSwapProtocol(ServerProtocol):
                 f"public-prompts={p.public_prompts} base={p.base}{extra}" + (f" {optimizer}" if optimizer else ""))
 
     def state(self) -> dict:
-        state: dict = {"public_cursor": self.public_cursor, **averaging_state(self.broadcast, self.optimizer)[0]}
+        state: dict = {"public_cursor": self.public_cursor, **super().state()}
         if self.last_disagreement is not None:
             state["last_disagreement"] = self.last_disagreement
         return state
-
-    def saved_adapters(self) -> dict[str, Adapter]:
-        return averaging_state(self.broadcast, self.optimizer)[1]
 
     def restore(self, state: dict, adapters: dict[str, Adapter] | None = None,
                 nodes: dict[int, int] | None = None) -> None:
@@ -108,7 +104,7 @@ class PubSwapProtocol(ServerProtocol):
         last = state.get("last_disagreement")
         if last is not None and (isinstance(last, bool) or not isinstance(last, (int, float)) or not 0 <= last <= 1):
             raise ValueError(f"last_disagreement must be a number in [0, 1], got {str(last)[:40]}")
-        restore_averaging(self.settings.rounds, self.broadcast, self.optimizer, state, adapters or {})
+        super().restore(state, adapters, nodes)
         self.public_cursor = cursor
         self.last_disagreement = None if last is None else float(last)
 
@@ -166,8 +162,10 @@ class PubSwapProtocol(ServerProtocol):
                 public = sum(len(entries) for entries in pending_sets.get(node, {}).values())
                 expected[node] += (next_public - previous - 1) * t.prompts_per_step * t.completions_per_prompt + public
             uids = [] if is_final else self.next_public_uids()
-            messages = [Segment(ctx.header(round_start=segment == 0), next_public - previous - 1, tuple(uids), k,
-                                is_final, *self.global_for(node, master, segment, pending_sets.get(node)),
+            header = ctx.header(round_start=segment == 0, proximal_mu=self.proximal_mu)
+            config = SegmentConfig(private_steps=next_public - previous - 1, public_uids="\n".join(uids), k=k,
+                                   final=is_final)
+            messages = [Segment(header, config, *self.global_for(node, master, segment, pending_sets.get(node)),
                                 choices=pending_choices.get(node) or None)
                         .to_message(node) for node in active]
             ask = SegmentAsk(tuple(uids), k, self.limits, self.public, master if is_final else None,
@@ -297,7 +295,7 @@ def summarise_public_steps(steps: list[dict]) -> dict:
 
 
 # -- client --------------------------------------------------------------------------------------------------------
-def public_items(work: ClientWork, uids) -> list:
+def public_items(work: ClientWork[PubSwapConfig], uids) -> list:
     items = []
     for uid in uids:
         item = work.learner.universe.public.get(uid)
@@ -307,7 +305,7 @@ def public_items(work: ClientWork, uids) -> list:
     return items
 
 
-def public_generate(work: ClientWork, uids: tuple[str, ...], k: int
+def public_generate(work: ClientWork[PubSwapConfig], uids: tuple[str, ...], k: int
                     ) -> tuple[dict[str, list[str]], dict[str, list[Behaviour | None]]]:
     """K responses per public prompt with the node's current policy, and with train.foreign-correction = is their
     sampling behaviours (else {}); own ids are kept for the public step."""
@@ -328,7 +326,8 @@ def public_generate(work: ClientWork, uids: tuple[str, ...], k: int
     return {uid: [s.text for s in rows] for uid, rows in saved.pending.items()}, {}
 
 
-def likeliest(work: ClientWork, prompt: str, entries: tuple[SwapEntry, ...], choice: DonorChoice) -> tuple:
+def likeliest(work: ClientWork[PubSwapConfig], prompt: str, entries: tuple[SwapEntry, ...],
+              choice: DonorChoice) -> tuple:
     """The response set with `choice.slots` filled by the candidates this client's policy finds most likely."""
     for slot in choice.slots:
         if slot >= len(entries) or entries[slot].own_index < 0:
@@ -344,7 +343,7 @@ def likeliest(work: ClientWork, prompt: str, entries: tuple[SwapEntry, ...], cho
     return tuple(out)
 
 
-def public_update(work: ClientWork, response_sets: dict[str, tuple[SwapEntry, ...]],
+def public_update(work: ClientWork[PubSwapConfig], response_sets: dict[str, tuple[SwapEntry, ...]],
                   choices: dict[str, DonorChoice] | None = None) -> None:
     """One GRPO step on the server-built response sets (with pubswap.donor = likely, the chosen slots filled by
     the candidates this policy finds most likely). Own responses keep their sampled ids; foreign text is
@@ -399,7 +398,7 @@ def uptake(groups: list[RolloutGroup], before: list[list[float]], after: list[li
                         count["own"], before_sum["own"], after_sum["own"])
 
 
-def segment(work: ClientWork) -> RecordDict:
+def segment(work: ClientWork[PubSwapConfig]) -> RecordDict:
     """[load the global adapter] [public step on the sent sets] private steps [K responses to the next public
     prompts] [last segment: the adapter]."""
     message = Segment.from_record(work.message.content)
@@ -407,8 +406,9 @@ def segment(work: ClientWork) -> RecordDict:
         take_global(work, message.adapter, message.downlink)
     if message.response_sets is not None:
         public_update(work, message.response_sets, message.choices)
-    work.learner.private_steps(message.private_steps, work.report)
-    responses, behaviour = public_generate(work, message.public_uids, message.k) if message.public_uids else ({}, {})
-    adapter = adapter_to_send(work) if message.final else None
+    asked = message.config
+    work.learner.private_steps(asked.private_steps, work.report)
+    responses, behaviour = public_generate(work, asked.uids, asked.k) if asked.uids else ({}, {})
+    adapter = adapter_to_send(work) if asked.final else None
     return SegmentReply(work.client_report(), responses, adapter, behaviour=behaviour).to_record()
 

@@ -20,12 +20,10 @@ from ..wire.compression import Codec, Quantized
 from ..wire.records import (
     Adapter,
     ClientReport,
-    Header,
     Instruction,
-    InstructionFields,
+    InstructionConfig,
     adapter_of,
     config_of,
-    instruction_fields,
     payload_of,
     read_reply,
     records,
@@ -147,30 +145,28 @@ class DonorChoiceRecord(Struct):
     candidates: Annotated[list[SwapEntryRecord], Meta(max_length=MAX_CANDIDATES)]
 
 
-class SegmentFields(InstructionFields, frozen=True, kw_only=True):
-    private_steps: Count = 0
-    public_uids: str = ""  # the next public prompts' uids, one per line
-    k: PositiveCount
-    final: bool = False
+class SegmentConfig(InstructionConfig, frozen=True, kw_only=True):
+    private_steps: Count = 0  # before the segment's public step
+    public_uids: str = ""  # the next public prompts' uids, one per line (none in the last segment)
+    k: PositiveCount  # responses per public prompt
+    final: bool = False  # the round's last segment: reply the adapter
+
+    @property
+    def uids(self) -> tuple[str, ...]:
+        return tuple(uid for uid in self.public_uids.split("\n") if uid)
 
 
 @dataclass(frozen=True)
 class Segment(Instruction):
     message_type: ClassVar[str] = "train.segment"
-    header: Header
-    private_steps: int
-    public_uids: tuple[str, ...]  # the next public prompts (none in the last segment)
-    k: int
-    final: bool
+    config: SegmentConfig
     adapter: Adapter | None = None  # segment 0: the global adapter
     response_sets: dict[str, tuple[SwapEntry, ...]] | None = None  # the pending public step's sets
     downlink: Downlink | None = None  # segment 0 with strategy.compression (then `adapter` may be None)
     choices: dict[str, DonorChoice] | None = None  # pubswap.donor = likely: slots to fill per prompt
 
     def to_record(self) -> RecordDict:
-        config = {**self.header.to_config(), "private-steps": self.private_steps,
-                  "public-uids": "\n".join(self.public_uids), "k": self.k, "final": self.final,
-                  **(self.downlink.config() if self.downlink is not None else {})}
+        config = {**self.config_record(), **(self.downlink.config() if self.downlink is not None else {})}
         payload: dict[str, Any] | None = None
         if self.response_sets is not None:
             payload = {"response-sets": {uid: [e.to_dict() for e in entries]
@@ -182,11 +178,10 @@ class Segment(Instruction):
 
     @classmethod
     def from_record(cls, content: RecordDict) -> "Segment":
-        config = config_of(content)
-        fields = instruction_fields(config, SegmentFields)
+        header, config = cls.read(content)
         payload = payload_of(content)
         sets, choices = payload.get("response-sets"), payload.get("donor-choices")
-        k = fields.k
+        k = config.k
         try:
             response_sets = None if sets is None else {str(uid): tuple(SwapEntry.from_dict(e) for e in entries)
                                                        for uid, entries in dict(sets).items()}
@@ -194,8 +189,8 @@ class Segment(Instruction):
                                                           for uid, c in dict(choices).items()}
         except (TypeError, KeyError, ValueError) as err:
             raise ValueError(f"malformed response sets: {type(err).__name__}: {err}") from None
-        return cls(fields.header(), fields.private_steps, tuple(u for u in fields.public_uids.split("\n") if u), k,
-                   fields.final, adapter_of(content), response_sets, Downlink.read(config, content), donor_choices)
+        return cls(header, config, adapter_of(content), response_sets, Downlink.read(config_of(content), content),
+                   donor_choices)
 
 
 @dataclass(frozen=True)

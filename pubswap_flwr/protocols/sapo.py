@@ -38,9 +38,12 @@ from ..algorithms.sapo_selection import (
     shared_groups,
 )
 from ..config import ExperimentConfig
-from ..node.learner import Learner, StepRecord, WorkReport
+from ..config.catalog import SapoConfig
+from ..node_runtime.learner import Learner, StepRecord, WorkReport
+from ..node_runtime.serving import ClientWork, evaluate_own_adapter
 from ..policy.behaviour import tokenizer_fingerprint
 from ..rollouts import Completion, RolloutGroup
+from ..rounds.context import RoundContext
 from ..schema import Tally
 from ..shared import derive_seed
 from ..tasks import ScoringBudget, TaskItem, score_completion, training_reward
@@ -49,11 +52,17 @@ from ..tasks.verifiers import VERIFIERS
 from ..wire.codecs import DEFAULT_MAX_PAYLOAD_BYTES
 from ..wire.records import Adapter, AskedEvaluations
 from ..wire.validate import Limits, Rejected, check_packet
-from .base import RoundContext, RunSettings, ServerProtocol
-from .catalog import SapoConfig
-from .sapo_messages import SELECTION_KEYS, CollectRollouts, SapoAsyncRound, SapoReply, SapoTrain
+from .base import RunSettings, ServerProtocol
+from .sapo_messages import (
+    SELECTION_KEYS,
+    CollectRollouts,
+    CollectRolloutsConfig,
+    SapoAsyncRound,
+    SapoReply,
+    SapoTrain,
+    SapoTrainConfig,
+)
 from .sapo_verify import verified_item
-from .serving import ClientWork, evaluate_own_adapter
 
 log = logging.getLogger("pubswap_flwr")
 
@@ -158,8 +167,8 @@ class SapoProtocol(ServerProtocol):
                 ctx.log.extra.setdefault("relay_cut", {})[str(node)] = dict(sorted(cut.items()))
                 log.warning("round %d: the pool for node %d is over %d bytes: %d packets of %s not relayed",
                             ctx.number, node, RELAY_BYTES, sum(cut.values()), ", ".join(sorted(cut)))
-            messages.append(kind(ctx.header(round_start), tuple(relayed), ctx.evaluate, ctx.final,
-                                 evaluate_initial).to_message(node))
+            config = SapoTrainConfig(evaluate=ctx.evaluate, save_adapter=ctx.final, evaluate_initial=evaluate_initial)
+            messages.append(kind(ctx.header(round_start), config, tuple(relayed)).to_message(node))
         return messages
 
     def run_round(self, ctx: RoundContext) -> None:
@@ -172,7 +181,8 @@ class SapoProtocol(ServerProtocol):
             self.pool = self._pool(ctx, result.replies)
             exchanges = [result]
         else:
-            shared = ctx.exchange.send([CollectRollouts(ctx.header(round_start=True), first).to_message(n)
+            asked = CollectRolloutsConfig(evaluate_initial=first)
+            shared = ctx.exchange.send([CollectRollouts(ctx.header(round_start=True), asked).to_message(n)
                                         for n in nodes], self._decode(packets=True, trained=False, initial=first,
                                                                       current=False))
             ctx.log.absorb(shared)
@@ -184,7 +194,7 @@ class SapoProtocol(ServerProtocol):
             exchanges = [shared, result]
         for exchanged in exchanges:  # the nodes' own evaluations: round 1's starting points, and when asked
             for node in ctx.exchange.ordered(exchanged.replies):
-                exchanged.replies[node].record(ctx, node)
+                ctx.log.record_own_evaluations(node, exchanged.replies[node])
         for node in ctx.exchange.ordered(result.replies):  # by node index: means over nodes in one order
             reply = result.replies[node]
             row = ctx.log.client(node)
@@ -357,7 +367,7 @@ class SapoNode:
                 for text, behaviour in zip(packet.completions, behaviours)]
 
 
-def _train_reply(work: ClientWork, message: SapoTrain, packets: list[Packet] | None,
+def _train_reply(work: ClientWork[SapoConfig], message: SapoTrain, packets: list[Packet] | None,
                  eval_initial: dict | None) -> RecordDict:
     budget = ScoringBudget(Limits.score_seconds, Limits.sender_scoring_seconds, rewards=work.learner.rewards)
     selection = SapoNode(work.learner, work.section).train_on_pool(message.pool, message.header.server_round,
@@ -368,29 +378,29 @@ def _train_reply(work: ClientWork, message: SapoTrain, packets: list[Packet] | N
     counts = {"external-received": selection.received, "external-used": len(selection.chosen),
               "external-zero-advantage": selection.zero_advantage, "external-rejected": selection.rejected,
               "external-unverifiable": selection.unverifiable, "external-shortfall": selection.shortfall}
-    evaluation, seconds = evaluate_own_adapter(work, message.evaluate, message.save_adapter)
+    evaluation, seconds = evaluate_own_adapter(work, message.config.evaluate, message.config.save_adapter)
     return SapoReply(work.client_report(), eval_initial, evaluation, seconds,
                      packets=None if packets is None else tuple(packets), selection=counts,
                      rejections=tuple(selection.rejections),
                      scoring={k: v for k, v in scoring.items() if v}).to_record()
 
 
-def collect_rollouts(work: ClientWork) -> RecordDict:
+def collect_rollouts(work: ClientWork[SapoConfig]) -> RecordDict:
     message = CollectRollouts.from_record(work.message.content)
-    eval_initial = work.evaluate() if message.evaluate_initial else None
+    eval_initial = work.evaluate() if message.config.evaluate_initial else None
     packets = SapoNode(work.learner, work.section).generate_rollouts(message.header.server_round, work.report)
     return SapoReply(work.client_report(), eval_initial, packets=tuple(packets)).to_record()
 
 
-def sapo_train(work: ClientWork) -> RecordDict:
+def sapo_train(work: ClientWork[SapoConfig]) -> RecordDict:
     message = SapoTrain.from_record(work.message.content)
-    eval_initial = work.evaluate() if message.evaluate_initial else None
+    eval_initial = work.evaluate() if message.config.evaluate_initial else None
     return _train_reply(work, message, None, eval_initial)
 
 
-def sapo_async_round(work: ClientWork) -> RecordDict:
+def sapo_async_round(work: ClientWork[SapoConfig]) -> RecordDict:
     message = SapoAsyncRound.from_record(work.message.content)
-    eval_initial = work.evaluate() if message.evaluate_initial else None
+    eval_initial = work.evaluate() if message.config.evaluate_initial else None
     packets = SapoNode(work.learner, work.section).generate_rollouts(message.header.server_round, work.report)
     return _train_reply(work, message, packets, eval_initial)
 

@@ -15,12 +15,9 @@ from ..algorithms.sapo_selection import Packet
 from ..schema import parse
 from ..wire.records import (
     AskedEvaluations,
-    Header,
     Instruction,
-    InstructionFields,
+    InstructionConfig,
     OwnAdapterReply,
-    config_of,
-    instruction_fields,
     own_evaluations,
     payload_of,
     read_reply,
@@ -52,13 +49,13 @@ class ScoringCounts(Struct, frozen=True, rename="kebab", omit_defaults=True):
 SELECTION_KEYS = tuple(f.encode_name for f in msgspec.structs.fields(SelectionCounts))
 
 
-class CollectRolloutsFields(InstructionFields, frozen=True, kw_only=True):
-    evaluate_initial: bool = False
+class CollectRolloutsConfig(InstructionConfig, frozen=True, kw_only=True):
+    evaluate_initial: bool = False  # round 1: evaluate the node's own starting model first
 
 
-class SapoTrainFields(CollectRolloutsFields, frozen=True, kw_only=True):
-    evaluate: bool = False
-    save_adapter: bool = False
+class SapoTrainConfig(CollectRolloutsConfig, frozen=True, kw_only=True):
+    evaluate: bool = False  # its own adapter on the held-out set, after training
+    save_adapter: bool = False  # the run's last round: save the adapter portable
 
 
 @dataclass(frozen=True)
@@ -66,16 +63,7 @@ class CollectRollouts(Instruction):
     """Sync phase 1: sample this round's rollouts and share some as packets."""
 
     message_type: ClassVar[str] = "query.rollouts"
-    header: Header
-    evaluate_initial: bool = False  # round 1: evaluate the node's own starting model first
-
-    def to_record(self) -> RecordDict:
-        return records({**self.header.to_config(), "evaluate-initial": self.evaluate_initial})
-
-    @classmethod
-    def from_record(cls, content: RecordDict) -> "CollectRollouts":
-        fields = instruction_fields(config_of(content), CollectRolloutsFields)
-        return cls(fields.header(), fields.evaluate_initial)
+    config: CollectRolloutsConfig
 
 
 @dataclass(frozen=True)
@@ -83,20 +71,15 @@ class SapoTrain(Instruction):
     """Sync phase 2 (`train.sapo`) or the async round (`train.sapo_async`, which also samples and shares)."""
 
     message_type: ClassVar[str] = "train.sapo"
-    header: Header
+    config: SapoTrainConfig
     pool: tuple[Packet, ...]  # the other nodes' packets
-    evaluate: bool = False
-    save_adapter: bool = False
-    evaluate_initial: bool = False
 
     def to_record(self) -> RecordDict:
-        config = {**self.header.to_config(), "evaluate": self.evaluate, "save-adapter": self.save_adapter,
-                  "evaluate-initial": self.evaluate_initial}
-        return records(config, payload={"pool": [p.to_wire() for p in self.pool]})
+        return records(self.config_record(), payload={"pool": [p.to_wire() for p in self.pool]})
 
     @classmethod
     def from_record(cls, content: RecordDict) -> "SapoTrain":
-        fields = instruction_fields(config_of(content), SapoTrainFields)
+        header, config = cls.read(content)
         pool = payload_of(content).get("pool", [])
         if not isinstance(pool, list):
             raise ValueError("the relayed pool is not a list")
@@ -106,7 +89,7 @@ class SapoTrain(Instruction):
                 packets.append(Packet.from_wire(entry))
             except ValueError as err:  # its message names the field
                 raise ValueError(f"relayed packet {index}: {err}") from None
-        return cls(fields.header(), tuple(packets), fields.evaluate, fields.save_adapter, fields.evaluate_initial)
+        return cls(header, config, tuple(packets))
 
 
 @dataclass(frozen=True)

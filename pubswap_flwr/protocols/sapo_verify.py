@@ -12,12 +12,12 @@ items raise `Unverifiable`, unless `sapo.accept-unverifiable` lets the receiver 
 from __future__ import annotations
 
 from ..algorithms.sapo_selection import Unverifiable
-from ..node.learner import Learner
+from ..config.catalog import SapoConfig
+from ..node_runtime.learner import Learner
 from ..tasks import TaskItem
 from ..tasks.curriculum import at_level, has_curriculum, top_level
 from ..tasks.specs import TaskSpec, generate_entry
 from ..tasks.splits import RANGE
-from .catalog import SapoConfig
 
 
 def verified_item(learner: Learner, item: TaskItem, sapo: SapoConfig) -> TaskItem:

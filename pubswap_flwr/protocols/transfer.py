@@ -9,20 +9,21 @@ adapter − global + residual quantized, and keeps what was lost as its new resi
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
-from ..config_sections import StrategyConfig
-from ..node.state import GLOBAL_FILE, RESIDUAL_FILE
+from ..config.sections import StrategyConfig
+from ..node_runtime.serving import ClientWork
+from ..node_runtime.state import GLOBAL_FILE, RESIDUAL_FILE
 from ..policy import from_wire, to_wire
 from ..tasks.splits import MAX_KNOWN_NODES
 from ..wire.codecs import QUANTIZED_KEY, quantized_from_record, quantized_record, record_of
 from ..wire.compression import Broadcast, Codec, CodecError, Quantized, apply_delta, fingerprint
 from ..wire.records import Adapter
 from ..wire.validate import Rejected, check_compressed
-from .serving import ClientWork
 
 SHA_KEY, BASE_KEY = "adapter-sha", "adapter-base"
 
@@ -119,7 +120,7 @@ def global_for(broadcast: Broadcast | None, master: Adapter, node: int) -> tuple
     return broadcast.current, Downlink(broadcast.current_sha)
 
 
-def receive_global(work: ClientWork, whole: Adapter | None, downlink: Downlink,
+def receive_global(work: ClientWork[Any], whole: Adapter | None, downlink: Downlink,
                    codec: Codec) -> dict[str, torch.Tensor]:
     """The global adapter of a compressed message, decoded against the global this node holds and checked against
     the server's SHA-256; kept in the state dir as the base of the next deltas both ways."""
@@ -145,7 +146,7 @@ def receive_global(work: ClientWork, whole: Adapter | None, downlink: Downlink,
     return {k: torch.from_numpy(v.copy()) for k, v in new.items()}
 
 
-def take_global(work: ClientWork, whole: Adapter | None, downlink: Downlink | None) -> None:
+def take_global(work: ClientWork[Any], whole: Adapter | None, downlink: Downlink | None) -> None:
     """Start the node's round from the message's global: as sent, or under strategy.compression rebuilt by
     `receive_global`."""
     codec = codec_of(work.settings.strategy)
@@ -166,13 +167,13 @@ def decoded(adapter: Adapter | Quantized | None) -> Adapter:
     return adapter
 
 
-def adapter_to_send(work: ClientWork) -> Adapter | Quantized:
+def adapter_to_send(work: ClientWork[Any]) -> Adapter | Quantized:
     """The node's adapter for its reply: fp16 as is, or under strategy.compression `upload`'s quantized delta."""
     codec = codec_of(work.settings.strategy)
     return to_wire(work.learner.policy.adapter()) if codec is None else upload(work, codec)
 
 
-def upload(work: ClientWork, codec: Codec) -> Quantized:
+def upload(work: ClientWork[Any], codec: Codec) -> Quantized:
     """This node's adapter as a quantized delta against the global it holds, with error feedback."""
     store = work.learner.store
     base = store.load_arrays(GLOBAL_FILE)

@@ -41,6 +41,7 @@ Arms = dict[str, list[RunSummary]]
 SELF_REPORTED = "self-reported by the nodes"  # summary.json's `held_out` of an arm whose runs' evals are the nodes'
 
 
+# parameters: the parts of the report's heading, each from write_report
 def heading_lines(title: str, notes: str, command: str, made_by: str, runs: list[RunSummary],
                   code_lines: list[str], pending: list[tuple[str, int]] | None = None,
                   excluded: list[str] | None = None) -> list[str]:

@@ -121,6 +121,7 @@ class _Figures:
         found = {arm: band(runs, PICKS[key]) for arm, runs in self.arms.items()}
         return {arm: curve for arm, curve in found.items() if curve[0]}
 
+    # parameters: a figure's presentation options, keyword-only with their defaults
     def figure(self, panels: list[tuple[str, str, str, Curves]], name: str, caption: str, *,
                from_zero: bool = False, sharey: bool = False, zero_line: str | None = None,
                suptitle: str | None = None, arm_linestyles: bool = False) -> None:

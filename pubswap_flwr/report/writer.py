@@ -89,6 +89,7 @@ def _shown(run_dir: Path, out: Path) -> str:
         return str(run_dir)
 
 
+# parameters: `pubswap report`'s options, keyword-only with their defaults
 def write_report(out: Path, run_dirs: list[Path], *, failures: dict[tuple[str, int], str] | None = None,
                  title: str | None = None, notes: str | None = None, command: str = "",
                  made_by: str | None = None, baseline: str | None = None, force: bool = False,

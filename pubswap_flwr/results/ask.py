@@ -54,6 +54,7 @@ def find_adapter(run_dir: Path, adapter: Path | None, node: int | None) -> tuple
     return folder, run_dir
 
 
+# parameters: `pubswap ask`'s options, keyword-only with their defaults
 def ask(run_dir: Path, question: str, *, adapter: Path | None = None, node: int | None = None, samples: int = 0,
         temperature: float | None = None, max_new_tokens: int | None = None, family: str = "plain",
         seed: int = 0) -> tuple[str, list[Answer]]:

@@ -116,7 +116,7 @@ class _Evaluator:
         from ..evaluation import evaluate
         from ..policy import Policy
         from ..policy.model import ModelError
-        from ..shared import policy_spec
+        from ..shared import eval_settings, policy_spec
 
         cfg = self.cfg
         if base not in self.policies:
@@ -135,8 +135,8 @@ class _Evaluator:
         count = samples or cfg.eval.samples
         self.progress.start(f"scoring {folder} on {len(items)} items (greedy" +
                             (f" and {count} samples each)" if cfg.eval.sampled else ")"))
-        return evaluate(policy, items, sampled=cfg.eval.sampled, samples=count, batch_size=self.batch_size,
-                        seed=cfg.seed, max_chars=cfg.generation.max_completion_chars, lenient=cfg.eval.lenient,
+        return evaluate(policy, items, eval_settings(cfg.eval, cfg.generation, cfg.seed, samples=count,
+                                                     batch_size=self.batch_size),
                         progress=self.progress, rewards=self.rewards)
 
 
@@ -173,6 +173,7 @@ def run_rewards(cfg, import_rewards: bool, run_dir: Path):
     return table, note if trl.empty else f"{note}; {trl_note}"
 
 
+# parameters: `pubswap verify`'s options with their defaults
 def verify(run_dir: Path, data_seed: int | None = None, items_per_task: int | None = None,
            samples: int | None = None, against: Path | None = None,
            batch_size: int = BATCH_SIZE, progress: Progress | None = None,

@@ -17,14 +17,15 @@ from .. import metrics_schema as schema
 from .. import provenance
 from ..config import ConfigError, ExperimentConfig
 from ..evaluation import ProgressLog, duration, evaluate
+from ..interruption import INTERRUPTED_DETAIL, check_interrupted
 from ..logs import route_logs_to_flower
 from ..policy import Policy
 from ..policy.threads import apply_threads
 from ..protocols import run_protocol
-from ..shared import derive_seed, policy_spec, task_universe
+from ..shared import derive_seed, eval_settings, policy_spec, task_universe
 from ..tasks.rewards import parse_rewards
 from . import checkpoint, preflight
-from .metrics import INTERRUPTED_DETAIL, STOPPED, RunRecorder, check_interrupted, final_adapters, write_status
+from .metrics import STOPPED, RunRecorder, final_adapters, write_status
 from .runner import Runner
 
 log = logging.getLogger("pubswap_flwr")
@@ -64,9 +65,7 @@ class GlobalEvaluator:
         return result
 
     def _evaluate(self, items, what: str) -> dict:
-        e = self.cfg.eval
-        return evaluate(self.policy, items, sampled=e.sampled, samples=e.samples, batch_size=e.batch_size,
-                        seed=self.cfg.seed, max_chars=self.cfg.generation.max_completion_chars, lenient=e.lenient,
+        return evaluate(self.policy, items, eval_settings(self.cfg.eval, self.cfg.generation, self.cfg.seed),
                         rewards=parse_rewards(self.cfg.tasks.rewards), progress=self._progress(what))
 
     @staticmethod

@@ -6,7 +6,6 @@ import json
 import logging
 import math
 import os
-import threading
 import time
 import weakref
 from collections import Counter
@@ -18,6 +17,7 @@ from msgspec import Meta, Struct
 
 from .. import metrics_schema as ms
 from ..config import ExperimentConfig
+from ..interruption import INTERRUPTED_DETAIL, interrupted
 from ..schema import parse, parse_value_of
 
 log = logging.getLogger("pubswap_flwr")
@@ -34,36 +34,6 @@ UNREADABLE = "unreadable"  # read_status of a status.json that cannot be read or
 KEEP_UNREADABLE = "move the run folder away (or mend the file) to run it again"  # a sweep never clears such a run
 MAX_STATUS_BYTES = 1 << 20  # write_status writes one line with the reason; the reason quotes at most a log's tail
 STOP_DETAIL = "stopped before its last round: `flwr stop`, or its process was told to exit (SIGINT/SIGTERM)"
-INTERRUPTED_DETAIL = "interrupted (Ctrl-C)"
-
-# Set when the command that runs a run in this process is interrupted (Ctrl-C reaches the main thread, while with
-# Ray the ServerApp runs in a thread of its own): the run stops at its next check and records `stopped`.
-_INTERRUPTED = threading.Event()
-
-
-class RunInterrupted(KeyboardInterrupt):
-    """Raised in the run's thread at its next check (an exchange's wait, an evaluation batch) after `interrupt()`."""
-
-
-def interrupt() -> None:
-    _INTERRUPTED.set()
-
-
-def clear_interrupt() -> None:
-    _INTERRUPTED.clear()
-
-
-def interrupted() -> bool:
-    """Whether the command running a run in this process was interrupted (and not cleared since)."""
-    return _INTERRUPTED.is_set()
-
-
-def check_interrupted() -> None:
-    """RunInterrupted when the command running this run was interrupted."""
-    if _INTERRUPTED.is_set():
-        raise RunInterrupted(INTERRUPTED_DETAIL)
-
-
 class RunExistsError(FileExistsError):
     """The run directory already holds metrics from another run."""
 
@@ -131,7 +101,7 @@ class RunRecorder:
     def write_status(self, status: str, detail: str = "") -> None:
         if self.status == STOPPED:  # what the process does on its way out after a stop is not the run's outcome
             return
-        if _INTERRUPTED.is_set():  # whatever the run saw next (a lost node, a failed exchange) followed the Ctrl-C
+        if interrupted():  # whatever the run saw next (a lost node, a failed exchange) followed the Ctrl-C
             status, detail = STOPPED, INTERRUPTED_DETAIL
         self.status = status
         write_status(self.run_dir, status, detail, time.time() - self.started)

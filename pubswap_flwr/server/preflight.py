@@ -251,7 +251,7 @@ def robust_minimum_problem(cfg: ExperimentConfig, nodes: int) -> str | None:
     the global adapter in any round of fewer than MIN_ROBUST_REPLIES replies (#54 class 4), so with fewer nodes than
     that every round would be kept unless the run applies such rounds (strategy.apply-below-robust)."""
     from ..algorithms.lora_averaging import MIN_ROBUST_REPLIES, ROBUST
-    from ..protocols.catalog import CATALOG
+    from ..config.catalog import CATALOG
 
     strategy = cfg.strategy
     if nodes >= MIN_ROBUST_REPLIES or strategy.aggregation not in ROBUST or strategy.apply_below_robust \

@@ -2,7 +2,7 @@
 adapters saved in PEFT format, and a checkpoint after every round (resume continues from it).
 
 The loop is ours rather than Flower's `Strategy.start`: a PubSwap round holds several exchanges and SAPO keeps no
-global model, so no mode fits Flower's one-train-one-evaluate round; Flower stays behind the Grid (server/exchange.py).
+global model, so no mode fits Flower's one-train-one-evaluate round; Flower stays behind the Grid (rounds/exchange.py).
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ from .. import metrics_schema as schema
 from ..config import ExperimentConfig
 from ..export import run_summary, write_card
 from ..protocols import ServerProtocol
-from ..protocols.base import RoundContext
 from ..protocols.transfer import DOWNLINK
+from ..rounds.context import RoundContext
+from ..rounds.exchange import Exchange
+from ..rounds.roundlog import RoundLog
 from ..schema import REWARD_BOUND
 from ..wire.records import Adapter
 from . import checkpoint, trackers
-from .exchange import Exchange
 from .metrics import GLOBAL_ITEMS, HARDER_TIER_ITEMS, RunRecorder, json_safe
-from .roundlog import RoundLog
 
 log = logging.getLogger("pubswap_flwr")
 

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 from .. import metrics_schema as schema
 from ..config import ConfigError, ExperimentConfig
-from ..config_sections import REPORT_TO
+from ..config.sections import REPORT_TO
 from ..registry import Registry
 
 log = logging.getLogger("pubswap_flwr")

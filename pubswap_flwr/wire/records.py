@@ -9,14 +9,15 @@ checks types and ranges and raises on anything malformed (the exchange's per-rep
 
 from __future__ import annotations
 
-import time
+import typing
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Mapping, TypeVar
+from typing import Annotated, Any, ClassVar, Mapping, TypeVar
 
 import msgspec
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from msgspec import Meta, Struct
 
+from ..config.sections import MAX_PROXIMAL_MU
 from ..schema import Count, Reward, RewardTotal, Tally, parse
 from ..tasks.curriculum import Level
 from ..tasks.splits import MAX_NODES
@@ -36,10 +37,6 @@ from .codecs import (
 )
 from .counters import ForeignCounts, FormatCounts, SamplingCounts, SignalCounts, UptakeCounts
 from .validate import HeldOutRequest, Rejected, check_eval
-
-if TYPE_CHECKING:
-    from ..node.learner import Learner, WorkReport
-    from ..protocols.base import RoundContext
 
 Adapter = dict[str, Any]
 MAX_SECONDS = 1e7  # any duration a client reports (about 4 months)
@@ -76,13 +73,54 @@ def records(config: dict, *, adapter: Adapter | None = None, payload: dict | Non
 
 
 # -- messages every protocol shares ----------------------------------------------------------------------------
+class InstructionConfig(Struct, frozen=True, kw_only=True, rename="kebab"):
+    """A message type's own keys in its instruction's config record, each declared once with its type and bounds:
+    the server writes them from the fields (kebab-case names), a node parses them back against the same declaration,
+    as in "instruction config.local-steps: expected `int`, got `float`" (a subclass per message type:
+    fedavg.LocalRoundConfig, ...). The header's keys are InstructionFields'."""
+
+
+InstructionT = TypeVar("InstructionT", bound="Instruction")
+
+
+@dataclass(frozen=True)
 class Instruction:
-    """A server-to-client message type: a frozen dataclass with `message_type`, `to_record` and `from_record`."""
+    """A server-to-client message type: its header, its own config keys (`config`, whose annotation in the subclass
+    names the type's InstructionConfig) and, in a subclass, what travels beside them (an adapter, a payload), which
+    its `to_record` and `from_record` add to `config_record()` and `read()`. A subclass must name its
+    `message_type` (`train.<action>` or `query.<action>`, Flower's only forms)."""
 
     message_type: ClassVar[str]
+    header: Header
+    config: InstructionConfig
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if not isinstance(cls.__dict__.get("message_type", getattr(cls, "message_type", None)), str):
+            raise TypeError(f"{cls.__name__}: an instruction must name its message_type")
+
+    def config_record(self) -> dict:
+        return {**self.header.to_config(), **msgspec.to_builtins(self.config)}
 
     def to_record(self) -> RecordDict:
-        raise NotImplementedError
+        """The message's content as the node reads it back with `from_record` (here: the config record alone)."""
+        return records(self.config_record())
+
+    @classmethod
+    def config_type(cls) -> type[InstructionConfig]:
+        """The InstructionConfig subclass the type's `config` annotation names."""
+        return typing.get_type_hints(cls)["config"]
+
+    @classmethod
+    def read(cls, content: RecordDict) -> tuple[Header, Any]:
+        """The header and the type's own keys of a received instruction, each checked against its declaration."""
+        config = config_of(content)
+        return Header.from_config(config), instruction_fields(config, cls.config_type())
+
+    @classmethod
+    def from_record(cls: type[InstructionT], content: RecordDict) -> InstructionT:
+        """The instruction a node received, every field checked (ValueError naming the field)."""
+        return cls(*cls.read(content))
 
     def to_message(self, node: int) -> Message:
         return Message(self.to_record(), dst_node_id=node, message_type=self.message_type)
@@ -101,13 +139,17 @@ class Header:
     round_start: bool = False
     node_round: int = 0
     node_rounds: dict[int, int] | None = None
+    proximal_mu: float = 0.0  # FedProx's term for this message's local steps (Flower's FedProx sends it the same way)
 
     def accepted_round(self, index: int) -> int:
         return self.node_rounds.get(index, 0) if self.node_rounds is not None else self.node_round
 
     def to_config(self) -> dict:
-        return {"server-round": self.server_round, "run-name": self.run_name, "run-dir": self.run_dir,
-                "round-start": self.round_start}
+        config = {"server-round": self.server_round, "run-name": self.run_name, "run-dir": self.run_dir,
+                  "round-start": self.round_start}
+        if self.proximal_mu:  # only FedProx's messages carry it: the others' bytes stay as they were
+            config["proximal-mu"] = self.proximal_mu
+        return config
 
     @classmethod
     def from_config(cls, config: ConfigRecord | dict) -> "Header":
@@ -115,26 +157,26 @@ class Header:
 
 
 class InstructionFields(Struct, frozen=True, kw_only=True, rename="kebab"):
-    """An instruction's config record as a node reads it: the header's keys, which every instruction carries. A
-    message type that sends more declares a subclass with its own keys (fedavg.LocalRoundFields, ...). Keys that
-    are not declared (strategy.compression's downlink keys, which transfer.Downlink reads) are left to their
-    readers."""
+    """The header's keys in an instruction's config record, which every instruction carries beside its type's own
+    (an InstructionConfig). Keys neither declares (strategy.compression's downlink keys, which transfer.Downlink
+    reads) are left to their readers."""
 
     server_round: Count
-    run_name: Annotated[str, Meta(max_length=255)]  # one path component (node.state.safe_component checks it)
+    run_name: Annotated[str, Meta(max_length=255)]  # one path component (node_runtime.state.safe_component checks it)
     run_dir: str = ""
     round_start: bool = False
     node_round: Count = 0  # NODE_ROUND_KEY
     node_rounds: str | None = None  # NODE_ROUNDS_KEY: JSON text, checked by _node_rounds
+    proximal_mu: Annotated[float, Meta(ge=0, le=MAX_PROXIMAL_MU)] = 0.0
 
     def header(self) -> Header:
         if self.node_round > self.server_round:
             raise ValueError(f"{NODE_ROUND_KEY} = {self.node_round} is not a round in [0, {self.server_round}]")
         return Header(self.server_round, self.run_name, self.run_dir, self.round_start, self.node_round,
-                      _node_rounds(self.node_rounds, self.server_round))
+                      _node_rounds(self.node_rounds, self.server_round), self.proximal_mu)
 
 
-F = TypeVar("F", bound=InstructionFields)
+F = TypeVar("F", bound=Struct)
 
 
 def instruction_fields(config: ConfigRecord | dict, fields: type[F]) -> F:
@@ -222,21 +264,6 @@ class ClientReport:
     signal: SignalCounts = SignalCounts()  # the groups it trained on, and those whose rewards were all equal
     curriculum: Mapping[str, int] = field(default_factory=dict)  # tasks.curriculum: task -> level (a metric only)
     sampling: SamplingCounts = SamplingCounts()  # train.dynamic-sampling
-
-    @classmethod
-    def of(cls, learner: Learner, report: WorkReport, started: float) -> "ClientReport":
-        return cls(
-            node_index=learner.identity.index, num_examples=report.num_examples,
-            cumulative_reward=learner.state.cumulative_reward, total_steps=learner.state.steps, t_start=started,
-            t_end=time.time(), sample_seconds=report.sample_seconds, update_seconds=report.update_seconds,
-            train_reward=report.mean_reward("private") if report.has("private") else None,
-            train_completions=sum(s.completions for s in report.steps if s.kind == "private"),
-            rollout_reward=report.mean_reward("rollout") if report.has("rollout") else None,
-            model=learner.identity.model_name, tasks=tuple(learner.task_names),
-            formats=FormatCounts.of_shapes(learner.sampled_shapes),
-            foreign=msgspec.structs.replace(report.foreign, fallbacks=sum(report.fallbacks.values())),
-            uptake=report.uptake, signal=report.signal, sampling=report.sampling,
-            curriculum=learner.curriculum_levels)
 
     def metrics(self) -> dict:
         out = {"node-index": self.node_index, "num-examples": self.num_examples,
@@ -329,15 +356,6 @@ class OwnAdapterReply:
     def from_message(cls, message: Message, asked: AskedEvaluations) -> "OwnAdapterReply":
         metrics, payload, report = read_reply(message)
         return cls(report, **own_evaluations(metrics, payload, asked))
-
-    def record(self, ctx: RoundContext, node: int) -> None:
-        """Into the round's log: the node's results (the metrics row's node_eval, their mean its eval, labelled
-        self-reported; round 1's starting points make round 0's row) and the seconds they took."""
-        if self.eval_initial is not None:
-            ctx.log.initial_evals[str(node)] = self.eval_initial
-        if self.eval is not None:
-            ctx.log.node_evals[str(node)] = self.eval
-        ctx.log.eval_seconds += self.eval_seconds
 
 
 def own_evaluations(metrics: Any, payload: dict, asked: AskedEvaluations) -> dict:

@@ -12,7 +12,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from pubswap_flwr.protocols import catalog, optimizers  # light: numpy only
+from pubswap_flwr.algorithms import server_optimizers  # light: numpy only
+from pubswap_flwr.config import catalog
 
 GOLDEN_DIR = Path(__file__).resolve().parent
 
@@ -21,9 +22,9 @@ GOLDEN_DIR = Path(__file__).resolve().parent
 COMMON = {"seed": 3, "num-server-rounds": 2, "train.local-steps": 2, "train.prompts-per-step": 2,
           "train.completions-per-prompt": 4, "eval.items-per-task": 6, "eval.samples": 1, "tasks.partial-credit": True,
           "model.threads": 1}
-# each mode's golden runs are declared in its catalog entry (pubswap_flwr/protocols/catalog.py), each server
-# optimizer's in its class (pubswap_flwr/protocols/optimizers)
-DECLARED = {**catalog.golden_runs(), **optimizers.golden_runs()}
+# each mode's golden runs are declared in its catalog entry (pubswap_flwr/config/catalog.py), each server
+# optimizer's in its class (pubswap_flwr/algorithms/server_optimizers)
+DECLARED = {**catalog.golden_runs(), **server_optimizers.golden_runs()}
 # name -> (run config, nodes)
 RUNS: dict[str, tuple[dict[str, Any], int]] = {name: ({**COMMON, **run["config"]}, run["nodes"])
                                                for name, run in DECLARED.items()}

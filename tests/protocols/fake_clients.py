@@ -49,9 +49,9 @@ def honest_reply(index: int, message: Message) -> RecordDict:
         segment = Segment.from_record(message.content)
         if segment.adapter is not None and step:  # segment 0: the global the final adapter steps from
             honest_reply.adapters[index] = stepped(segment.adapter, index, step)  # type: ignore[attr-defined]
-        responses = {uid: [f"<answer>{i % 3}</answer>" for i in range(segment.k)] for uid in segment.public_uids}
+        responses = {uid: [f"<answer>{i % 3}</answer>" for i in range(segment.config.k)] for uid in segment.config.uids}
         adapter = None
-        if segment.final:
+        if segment.config.final:
             adapter = honest_reply.adapters[index]  # type: ignore[attr-defined]
         return SegmentReply(report(index), responses, adapter).to_record()
     packets = (Packet("", ITEM, ("<answer>6</answer>", "<answer>5</answer>")),)
@@ -131,9 +131,9 @@ def serve_rounds(flat: dict, tamper: Tamper | None, *, nodes: int = 3, rounds: i
     from pubswap_flwr.config import ExperimentConfig
     from pubswap_flwr.protocols import protocol_class
     from pubswap_flwr.protocols.base import RoundContext
-    from pubswap_flwr.server.exchange import Exchange
+    from pubswap_flwr.rounds.exchange import Exchange
+    from pubswap_flwr.rounds.roundlog import RoundLog
     from pubswap_flwr.server.metrics import RunRecorder, read_metrics
-    from pubswap_flwr.server.roundlog import RoundLog
     from pubswap_flwr.server.runner import Runner
     from pubswap_flwr.shared import task_universe
 

@@ -19,8 +19,7 @@ from flwr.app import Array, ArrayRecord
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pubswap_flwr.config import ExperimentConfig
-from pubswap_flwr.protocols import catalog
+from pubswap_flwr.config import ExperimentConfig, catalog
 from pubswap_flwr.rollouts import Behaviour
 from pubswap_flwr.server import checkpoint
 from pubswap_flwr.server.checkpoint import CheckpointError, ServerCheckpoint

@@ -21,12 +21,12 @@ from hypothesis import strategies as st
 
 from pubswap_flwr.algorithms.sapo_selection import Packet, select_external
 from pubswap_flwr.config import ExperimentConfig
-from pubswap_flwr.node.learner import Learner, NodeSettings
-from pubswap_flwr.node.state import NodeIdentity
+from pubswap_flwr.node_runtime.learner import Learner, NodeSettings
+from pubswap_flwr.node_runtime.state import NodeIdentity
 from pubswap_flwr.protocols.fedavg import aggregate_adapters
 from pubswap_flwr.protocols.sapo import SapoNode
 from pubswap_flwr.protocols.sapo_messages import SapoTrain
-from pubswap_flwr.server.roundlog import RoundLog
+from pubswap_flwr.rounds.roundlog import RoundLog
 from pubswap_flwr.tasks import MixtureStream, StreamCursor, TaskItem, score_completion
 from pubswap_flwr.wire.codecs import PAYLOAD_KEY, payload_from_record, payload_record
 from tests.protocols.fake_clients import serve_rounds

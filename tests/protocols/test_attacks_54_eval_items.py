@@ -22,14 +22,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pubswap_flwr.cli import main as pubswap
-from pubswap_flwr.config import ExperimentConfig
-from pubswap_flwr.protocols import catalog, protocol_class
+from pubswap_flwr.config import ExperimentConfig, catalog
+from pubswap_flwr.protocols import protocol_class
 from pubswap_flwr.protocols.base import RoundContext
 from pubswap_flwr.report import write_report
 from pubswap_flwr.report.summaries import item_values
-from pubswap_flwr.server.exchange import Exchange
+from pubswap_flwr.rounds.exchange import Exchange
+from pubswap_flwr.rounds.roundlog import RoundLog
 from pubswap_flwr.server.metrics import RunRecorder, read_metrics
-from pubswap_flwr.server.roundlog import RoundLog
 from pubswap_flwr.server.runner import Runner
 from pubswap_flwr.shared import task_universe
 from pubswap_flwr.wire.codecs import PAYLOAD_KEY, payload_from_record, payload_record

@@ -16,7 +16,7 @@ from pubswap_flwr.algorithms.public_schedule import even_positions, fixed_positi
 from pubswap_flwr.algorithms.pubswap_response_sets import Response, balanced_choice, build_response_sets, most_likely
 from pubswap_flwr.algorithms.sapo_selection import Packet
 from pubswap_flwr.config import ConfigError, ExperimentConfig
-from pubswap_flwr.node.learner import Learner, WorkReport
+from pubswap_flwr.node_runtime.learner import Learner, WorkReport
 from pubswap_flwr.protocols.pubswap import (
     DonorChoice,
     PubSwapProtocol,
@@ -25,7 +25,7 @@ from pubswap_flwr.protocols.pubswap import (
     SwapEntry,
     likeliest,
 )
-from pubswap_flwr.protocols.pubswap_messages import SegmentAsk, check_behaviours
+from pubswap_flwr.protocols.pubswap_messages import SegmentAsk, SegmentConfig, check_behaviours
 from pubswap_flwr.rollouts import Behaviour
 from pubswap_flwr.tasks import TaskItem
 from pubswap_flwr.wire.records import ClientReport, Header
@@ -116,7 +116,7 @@ def test_donor_choices_round_trip_and_malformed_ones_are_refused():
     sets = {"public/gcd/1": (SwapEntry(0.0, 0), SwapEntry(0.0, 1))}
     choices = {"public/gcd/1": DonorChoice((1,), (SwapEntry(1.0, -1, "<answer>2</answer>", "p",
                                                              Behaviour((3, 4), (-0.5, -1.0))),))}
-    segment = Segment(HEADER, 1, (), 2, False, None, sets, None, choices)
+    segment = Segment(HEADER, SegmentConfig(private_steps=1, k=2), None, sets, None, choices)
     assert Segment.from_record(segment.to_record()) == segment
     for bad, reason in (({"slots": [2], "candidates": []}, r"slots must be distinct integers in \[0, 2\)"),
                         ({"slots": [0, 0], "candidates": []}, "distinct"),

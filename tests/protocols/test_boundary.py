@@ -16,7 +16,7 @@ from safetensors.numpy import load_file
 from pubswap_flwr.algorithms.lora_averaging import weighted_mean
 from pubswap_flwr.algorithms.sapo_selection import Packet, fair_share
 from pubswap_flwr.config import ExperimentConfig
-from pubswap_flwr.node.state import NodeIdentity
+from pubswap_flwr.node_runtime.state import NodeIdentity
 from pubswap_flwr.server.metrics import read_metrics
 from pubswap_flwr.server.runner import mean_eval
 from pubswap_flwr.simulation import simulate_in_process
@@ -205,7 +205,7 @@ def test_a_nodes_self_reported_shortcut_flags_cross_the_boundary_only_as_its_own
 
 
 def test_a_packet_whose_provenance_cannot_be_read_is_refused_by_the_server_and_by_receivers(tmp_path):
-    from pubswap_flwr.node.learner import Learner, NodeSettings, WorkReport
+    from pubswap_flwr.node_runtime.learner import Learner, NodeSettings, WorkReport
     from pubswap_flwr.protocols.sapo import SapoNode
 
     crafted = {**ITEM, "verifier": "rg", "provenance": {"generator": "gcd", "config": [1, 2], "seed": 1, "index": 2}}

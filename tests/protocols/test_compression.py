@@ -106,7 +106,7 @@ def test_a_node_killed_mid_message_repeats_the_round_from_its_snapshot_after_a_r
     """A kill inside a node's round-3 handler leaves its round-3 snapshot and a new global.safetensors, but node.json
     still at round 2: the resumed round restores the snapshot (its marker says round 3 began), so the node holds
     the global the server's delta is against and the run repeats the uninterrupted one."""
-    from pubswap_flwr.node.state import GLOBAL_FILE, NodeStore
+    from pubswap_flwr.node_runtime.state import GLOBAL_FILE, NodeStore
     from tests.golden.runs import comparable
 
     flat = {"strategy.compression": "int8", "num-server-rounds": 3}

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from pubswap_flwr.config import ExperimentConfig
 from pubswap_flwr.protocols.fedavg import aggregate_adapters
-from pubswap_flwr.server.roundlog import RoundLog
+from pubswap_flwr.rounds.roundlog import RoundLog
 
 DIM, ROUNDS, NOISE, SEEDS = 64, 20, 1.0, range(3)
 PLAIN_MEAN = {"strategy.aggregation": "mean", "strategy.median-clip": 0.0}

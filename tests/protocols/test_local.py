@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 from safetensors.numpy import load_file
 
-from pubswap_flwr.node.state import ADAPTER_FILE
+from pubswap_flwr.node_runtime.state import ADAPTER_FILE
 from pubswap_flwr.server.metrics import read_metrics
 from pubswap_flwr.simulation import simulate_in_process
 from pubswap_flwr.wire.codecs import ADAPTER_KEY

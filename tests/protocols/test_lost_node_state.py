@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from pubswap_flwr.node.state import NodeIdentity
-from pubswap_flwr.protocols.serving import NodeStateError, check_state_continues
+from pubswap_flwr.node_runtime.serving import NodeStateError, check_state_continues
+from pubswap_flwr.node_runtime.state import NodeIdentity
 from pubswap_flwr.server import checkpoint
 from pubswap_flwr.server.metrics import read_metrics
 from pubswap_flwr.simulation import simulate_in_process

@@ -12,10 +12,11 @@ from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
 from pubswap_flwr.algorithms.sapo_selection import Packet
-from pubswap_flwr.protocols.fedavg import AdapterReply, LocalRound
+from pubswap_flwr.protocols.fedavg import AdapterReply, LocalRound, LocalRoundConfig
 from pubswap_flwr.protocols.pubswap import Segment, SegmentReply, SwapEntry
-from pubswap_flwr.protocols.pubswap_messages import SegmentAsk
+from pubswap_flwr.protocols.pubswap_messages import SegmentAsk, SegmentConfig
 from pubswap_flwr.protocols.sapo import CollectRollouts, SapoAsyncRound, SapoReply, SapoTrain
+from pubswap_flwr.protocols.sapo_messages import CollectRolloutsConfig, SapoTrainConfig
 from pubswap_flwr.server.metrics import read_metrics
 from pubswap_flwr.simulation import simulate_in_process
 from pubswap_flwr.tasks import Score, TaskItem
@@ -52,19 +53,20 @@ def _reply(content: RecordDict) -> Message:
 
 
 def test_instructions_round_trip_through_records():
-    local = LocalRound(HEADER, ADAPTER, 5)
+    local = LocalRound(HEADER, LocalRoundConfig(local_steps=5), ADAPTER)
     back = LocalRound.from_record(local.to_record())
-    assert back.header == HEADER and back.local_steps == 5
+    assert back.header == HEADER and back.config.local_steps == 5
     assert all(np.array_equal(back.adapter[k], ADAPTER[k].astype(np.float16)) for k in ADAPTER)  # fp16 on the wire
     sets = {"public/gcd/1": (SwapEntry(1.0, 2), SwapEntry(0.0, -1, "<answer>3</answer>", "00001-7"))}
-    segment = Segment(HEADER, 2, ("public/gcd/1", "public/gcd/4"), 4, False, None, sets)
+    segment = Segment(HEADER, SegmentConfig(private_steps=2, public_uids="public/gcd/1\npublic/gcd/4", k=4), None, sets)
     assert Segment.from_record(segment.to_record()) == segment
-    assert Segment.from_record(Segment(HEADER, 0, (), 4, True).to_record()).response_sets is None
+    assert Segment.from_record(Segment(HEADER, SegmentConfig(k=4, final=True)).to_record()).response_sets is None
     pool = (Packet("00000-1", ITEM, ("<answer>2</answer>", "<answer>5</answer>")),)
     for kind in (SapoTrain, SapoAsyncRound):
-        message = kind(HEADER, pool, evaluate=True, save_adapter=False, evaluate_initial=True)
+        message = kind(HEADER, SapoTrainConfig(evaluate=True, evaluate_initial=True), pool)
         assert kind.from_record(message.to_record()) == message
-    assert CollectRollouts.from_record(CollectRollouts(HEADER, True).to_record()) == CollectRollouts(HEADER, True)
+    collect = CollectRollouts(HEADER, CollectRolloutsConfig(evaluate_initial=True))
+    assert CollectRollouts.from_record(collect.to_record()) == collect
     assert {LocalRound.message_type, Segment.message_type, CollectRollouts.message_type, SapoTrain.message_type,
             SapoAsyncRound.message_type} == {"train.local_round", "train.segment", "query.rollouts", "train.sapo",
                                             "train.sapo_async"}
@@ -101,7 +103,7 @@ def test_replies_round_trip_and_the_server_rescores_public_responses():
 
 def test_a_malformed_relayed_packet_is_refused_naming_its_place_in_the_pool():
     good = Packet("00000-1", ITEM, ("<answer>2</answer>",))
-    content = SapoTrain(HEADER, (good, good)).to_record()
+    content = SapoTrain(HEADER, SapoTrainConfig(), (good, good)).to_record()
     payload = payload_from_record(content[PAYLOAD_KEY])
     payload["pool"][1]["completions"] = "not a list"
     content[PAYLOAD_KEY] = payload_record(payload)
@@ -141,11 +143,11 @@ def test_a_record_of_the_wrong_kind_or_a_list_for_a_count_is_a_wire_error():
     content[ADAPTER_KEY] = ConfigRecord({"a.lora_A.weight": "text"})
     with pytest.raises(WireError, match="record 'adapter' must be ArrayRecord, got ConfigRecord"):
         AdapterReply.from_message(_reply(content), ADAPTER)
-    content = LocalRound(HEADER, ADAPTER, 5).to_record()
+    content = LocalRound(HEADER, LocalRoundConfig(local_steps=5), ADAPTER).to_record()
     content[CONFIG_KEY] = MetricRecord({"server-round": 3, "local-steps": 5})
     with pytest.raises(WireError, match="record 'config' must be ConfigRecord, got MetricRecord"):
         LocalRound.from_record(content)
-    content = LocalRound(HEADER, ADAPTER, 5).to_record()
+    content = LocalRound(HEADER, LocalRoundConfig(local_steps=5), ADAPTER).to_record()
     content[CONFIG_KEY] = ConfigRecord({**content[CONFIG_KEY], "local-steps": [5, 6]})
     with pytest.raises(ValueError, match=re.escape("instruction config.local-steps: expected `int`, got `array`")):
         LocalRound.from_record(content)
@@ -164,10 +166,14 @@ MISSING = object()
     (SapoTrain, "save-adapter", "no", "instruction config.save-adapter: expected `bool`, got `str`"),  # was True
     (CollectRollouts, "run-name", MISSING, "instruction config: object missing required field `run-name`"),
     (CollectRollouts, "node-round", 4, "node-round = 4 is not a round in [0, 3]"),
+    (LocalRound, "proximal-mu", -0.1, "instruction config.proximal-mu: expected `float` >= 0"),
+    (Segment, "proximal-mu", 1e6, "instruction config.proximal-mu: expected `float` <= 1000"),
 ])
 def test_an_instruction_whose_config_breaks_its_declaration_is_refused_naming_the_key(kind, key, value, reason):
-    message = {LocalRound: LocalRound(HEADER, ADAPTER, 5), Segment: Segment(HEADER, 2, ("public/gcd/1",), 4, False),
-               SapoTrain: SapoTrain(HEADER, ()), CollectRollouts: CollectRollouts(HEADER, True)}[kind]
+    message = {LocalRound: LocalRound(HEADER, LocalRoundConfig(local_steps=5), ADAPTER),
+               Segment: Segment(HEADER, SegmentConfig(private_steps=2, public_uids="public/gcd/1", k=4)),
+               SapoTrain: SapoTrain(HEADER, SapoTrainConfig(), ()),
+               CollectRollouts: CollectRollouts(HEADER, CollectRolloutsConfig(evaluate_initial=True))}[kind]
     content = message.to_record()
     config = {k: v for k, v in content[CONFIG_KEY].items() if k != key}
     content[CONFIG_KEY] = ConfigRecord(config if value is MISSING else {**config, key: value})
@@ -175,6 +181,32 @@ def test_an_instruction_whose_config_breaks_its_declaration_is_refused_naming_th
         kind.from_record(content)
     content[CONFIG_KEY] = ConfigRecord({**message.to_record()[CONFIG_KEY], "a-later-key": "ignored"})
     assert kind.from_record(content).header == HEADER  # a key the declaration does not name is left alone
+
+
+def test_fedprox_mu_travels_in_the_header_and_only_when_set():
+    from dataclasses import replace
+
+    with_mu = LocalRound(replace(HEADER, proximal_mu=0.05), LocalRoundConfig(local_steps=5), ADAPTER)
+    assert with_mu.to_record()[CONFIG_KEY]["proximal-mu"] == 0.05
+    assert LocalRound.from_record(with_mu.to_record()).header.proximal_mu == 0.05
+    plain = LocalRound(HEADER, LocalRoundConfig(local_steps=5), ADAPTER).to_record()
+    assert "proximal-mu" not in plain[CONFIG_KEY]  # other modes' bytes unchanged
+    assert LocalRound.from_record(plain).header.proximal_mu == 0.0
+
+
+@pytest.mark.parametrize("flat, mu", [({"strategy.mode": "fedprox"}, 0.05), ({"strategy.mode": "fedavg"}, 0.0),
+                                      ({"strategy.mode": "pubswap", "pubswap.base": "fedprox"}, 0.05),
+                                      ({"strategy.mode": "pubswap"}, 0.0)])
+def test_the_protocol_puts_its_mu_in_every_message_it_sends(flat, mu, tmp_path):
+    from pubswap_flwr.config import ExperimentConfig
+    from pubswap_flwr.protocols import run_protocol
+    from pubswap_flwr.rounds.context import RoundContext
+
+    cfg = ExperimentConfig.from_flat({**flat, "strategy.proximal-mu": 0.05})
+    protocol = run_protocol(cfg).from_config(cfg)
+    assert protocol.proximal_mu == mu
+    ctx = RoundContext(1, False, False, None, None, "run", str(tmp_path))
+    assert ctx.header(True, protocol.proximal_mu).to_config().get("proximal-mu", 0.0) == mu
 
 
 def test_a_round_start_without_the_global_adapter_is_refused_with_a_reason():

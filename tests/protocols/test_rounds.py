@@ -9,7 +9,7 @@ from collections import Counter
 import msgspec
 import pytest
 
-from pubswap_flwr.protocols import catalog
+from pubswap_flwr.config import catalog
 from pubswap_flwr.server.metrics import read_metrics
 from pubswap_flwr.simulation import simulate_in_process
 from tests.golden.runs import comparable

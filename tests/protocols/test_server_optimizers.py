@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from pubswap_flwr.protocols import optimizers
+from pubswap_flwr.algorithms import server_optimizers as optimizers
 from pubswap_flwr.server.metrics import read_metrics
 from pubswap_flwr.simulation import simulate_in_process
 from tests.golden.runs import comparable

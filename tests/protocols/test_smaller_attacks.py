@@ -14,7 +14,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from pubswap_flwr.config import ExperimentConfig
-from pubswap_flwr.node.state import NodeIdentity
+from pubswap_flwr.node_runtime.state import NodeIdentity
 from pubswap_flwr.rollouts import Behaviour
 from pubswap_flwr.server import checkpoint
 from pubswap_flwr.server.checkpoint import CheckpointError

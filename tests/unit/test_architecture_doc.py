@@ -1,5 +1,5 @@
 """docs/architecture.md stays true: every file, folder, module and `file.py:name` it names exists, it names every
-import contract of pyproject.toml, its "add a mode" recipe touches exactly the files protocols/catalog.py's docstring
+import contract of pyproject.toml, its "add a mode" recipe touches exactly the files config/catalog.py's docstring
 lists (and every file test_catalog's messages name), it shows the messages of test_catalog's checks, and README.md
 and docs/guide.md link to it."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pubswap_flwr.protocols import catalog
+from pubswap_flwr.config import catalog
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "pubswap_flwr"
@@ -181,9 +181,9 @@ def test_every_function_or_class_the_page_names_is_defined_in_the_file_it_names(
 def test_the_checks_find_a_missing_file_a_missing_name_and_a_placeholder_that_matches_nothing():
     page = ("`pubswap_flwr/server/runner.py` and `pubswap_flwr/nowhere.py`, `node/warm/`, `nowhere/`, "
             "`tests/golden/<run>.json`, "
-            "`tests/golden/<run>.yaml.json`, `pubswap_flwr.protocols.catalog`, `pubswap_flwr.protocols.nowhere`, "
+            "`tests/golden/<run>.yaml.json`, `pubswap_flwr.config.catalog`, `pubswap_flwr.protocols.nowhere`, "
             "`python -m tests.golden.runs write <run>`\n```mermaid\nflowchart TB\n  a[\"gone.py\"]\n```\n"
-            "server/runner.py:Runner._rounds server/runner.py:Runner._nothing server/exchange.py:Exchange "
+            "server/runner.py:Runner._rounds server/runner.py:Runner._nothing rounds/exchange.py:Exchange "
             "protocols/pubswap.py:segmentt")
     assert missing_names(page) == ["gone.py", "nowhere/", "pubswap_flwr/nowhere.py", "tests/golden/<run>.yaml.json",
                                    "pubswap_flwr.protocols.nowhere"]
@@ -232,7 +232,7 @@ def test_the_page_lists_every_module_of_each_layers_contract_in_its_order(contra
 # -- the "add a mode" recipe against the catalog's docstring and test_catalog -----------------------------------------
 def test_the_add_a_mode_recipe_touches_exactly_the_files_the_catalog_docstring_lists():
     listed = _catalog_docstring_files()
-    assert {"pubswap_flwr/protocols/*.py", "pubswap_flwr/protocols/catalog.py", "docs/protocols.md"} <= listed
+    assert {"pubswap_flwr/protocols/*.py", "pubswap_flwr/config/catalog.py", "docs/protocols.md"} <= listed
     recipe = _recipe_files(PAGE.read_text(), "### A mode")
     assert recipe == listed, (f"docs/architecture.md's 'A mode' recipe (its bold files) differs from catalog.py's "
                               f"list: only the page has {sorted(recipe - listed)}, only catalog.py "
@@ -246,7 +246,7 @@ def test_the_add_a_mode_recipe_touches_every_file_test_catalogs_checks_name():
             named |= {_canonical(path) for path in FILE_NAME.findall(message)}
             if "catalog entry" in message:
                 named.add(_canonical(str(Path(catalog.__file__).relative_to(ROOT))))
-    assert {"tests/golden/*.json", "docs/protocols.md", "pubswap_flwr/protocols/catalog.py"} <= named
+    assert {"tests/golden/*.json", "docs/protocols.md", "pubswap_flwr/config/catalog.py"} <= named
     assert named <= _recipe_files(PAGE.read_text(), "### A mode")
 
 

@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 
 from pubswap_flwr import cli
-from pubswap_flwr.config import MODES, SECTIONS, ExperimentConfig, key_choices, key_table
+from pubswap_flwr.algorithms import server_optimizers
+from pubswap_flwr.config import MODES, SECTIONS, ExperimentConfig, catalog, key_choices, key_table
 from pubswap_flwr.node import app as nodeapp
-from pubswap_flwr.protocols import catalog, client_handlers, optimizers, protocol_class, register_client_handlers
+from pubswap_flwr.protocols import client_handlers, protocol_class, register_client_handlers
 
 PROJECT = Path(__file__).resolve().parents[2]
 GOLDEN_DIR = PROJECT / "tests" / "golden"  # tests/golden/runs.py's, not imported: it needs runs this file checks
@@ -64,8 +65,9 @@ def test_every_instruction_type_is_routed():
     from pubswap_flwr.wire import records
 
     for path in _declared_paths():  # every protocol module: their Instruction subclasses
-        importlib.import_module(path.partition(":")[0], catalog.__package__)
-    sent = {c.message_type for c in _subclasses(records.Instruction) if "message_type" in vars(c)}
+        importlib.import_module(path.partition(":")[0], catalog.PROTOCOLS_PACKAGE)
+    sent = {c.message_type for c in _subclasses(records.Instruction)
+            if "message_type" in vars(c) and c.__module__.startswith("pubswap_flwr.")}  # not the tests' own
     assert sent == set(catalog.message_types())
 
 
@@ -133,9 +135,9 @@ def test_an_unknown_mode_names_the_known_ones():
 
 
 def test_importing_the_catalog_and_the_config_loads_neither_torch_nor_flower_nor_a_protocol_module():
-    code = ("import sys, pubswap_flwr.config, pubswap_flwr.protocols.catalog; "
+    code = ("import sys, pubswap_flwr.config, pubswap_flwr.config.catalog; "
             "print(sorted(m for m in ('torch', 'flwr', 'pubswap_flwr.protocols.base', "
-            "'pubswap_flwr.wire.records', 'pubswap_flwr.protocols.serving') if m in sys.modules))")
+            "'pubswap_flwr.wire.records', 'pubswap_flwr.node_runtime.serving') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=PROJECT)
     assert done.stdout.strip() == "[]"
 
@@ -171,9 +173,9 @@ def test_every_mode_has_a_golden_run_and_its_recorded_file(mode):
             f"tests.golden.runs write {name})"
 
 
-@pytest.mark.parametrize("optimizer", [n for n in optimizers.names() if n != "none"])
+@pytest.mark.parametrize("optimizer", [n for n in server_optimizers.names() if n != "none"])
 def test_every_server_optimizer_has_a_golden_run_and_its_recorded_file(optimizer):
-    runs = [name for name, run in optimizers.OPTIMIZERS[optimizer].golden_runs.items()
+    runs = [name for name, run in server_optimizers.OPTIMIZERS[optimizer].golden_runs.items()
             if run["config"].get("strategy.server-optimizer") == optimizer]
     assert runs, f"server optimizer {optimizer!r} has no golden run: declare one in its class's golden_runs"
     for name in runs:
@@ -186,7 +188,7 @@ def test_every_golden_file_is_a_declared_golden_run():
 
     recorded = sorted(path.stem for path in GOLDEN_DIR.glob("*.json"))
     assert not set(recorded) - set(DECLARED), f"golden files no run declares: {sorted(set(recorded) - set(DECLARED))}"
-    assert len(DECLARED) == len(catalog.golden_runs()) + len(optimizers.golden_runs())  # no name declared twice
+    assert len(DECLARED) == len(catalog.golden_runs()) + len(server_optimizers.golden_runs())  # no name declared twice
 
 
 def _documented_modes() -> dict[str, str]:
@@ -224,3 +226,37 @@ def test_every_mode_and_its_section_are_listed_by_pubswap_keys(mode, capsys):
         listed = {line.split()[0] for line in lines if line.startswith(f"{section[0]}.")}
         assert listed == {key for key in key_table() if key.startswith(f"{section[0]}.")} != set(), \
             f"mode {mode!r}: `pubswap keys` does not list its section {section[0]!r}"
+
+
+# -- mode lists derive from the catalog --------------------------------------------------------------------------------
+def _literal_mode_lists(source: str, modes: set[str]) -> list[str]:
+    """Where the code (docstrings and messages aside) names modes by hand: a comparison of a `mode` with a mode's
+    name, or a tuple, list or set literal holding two or more of them."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            named_mode = any(isinstance(s, ast.Attribute) and s.attr == "mode" or isinstance(s, ast.Name)
+                             and s.id == "mode" for s in sides)
+            if named_mode and any(isinstance(s, ast.Constant) and s.value in modes for s in sides):
+                found.append(f"line {node.lineno}: a mode compared with a literal")
+        elif isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            names = [e.value for e in node.elts if isinstance(e, ast.Constant) and e.value in modes]
+            if len(names) >= 2:
+                found.append(f"line {node.lineno}: modes {names} listed by hand")
+    return found
+
+
+def test_no_module_of_the_package_lists_modes_by_hand_outside_the_catalog():
+    from pathlib import Path
+
+    modes = set(catalog.modes())
+    package = Path(catalog.__file__).resolve().parents[1]
+    found = {str(path.relative_to(package)): hits for path in sorted(package.rglob("*.py"))
+             if path.name != "catalog.py" and (hits := _literal_mode_lists(path.read_text(), modes))}
+    assert found == {}, f"modes named by hand, not derived from config/catalog.py: {found}"
+    # the check sees both forms
+    assert _literal_mode_lists('if cfg.strategy.mode == "sapo": pass\nx = ("fedavg", "pubswap")\n', modes) == [
+        "line 1: a mode compared with a literal", "line 2: modes ['fedavg', 'pubswap'] listed by hand"]

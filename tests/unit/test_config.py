@@ -282,7 +282,7 @@ def test_local_steps_message_says_what_is_allowed():
 
 
 def test_mode_message_lists_modes():
-    from pubswap_flwr.protocols import catalog
+    from pubswap_flwr.config import catalog
 
     with pytest.raises(ConfigError) as info:
         build(**{"strategy.mode": "fedsgd"})
@@ -379,7 +379,7 @@ def test_the_runs_protocol_sets_fedprox_mu_only_where_fedprox_applies(flat, expe
     from pubswap_flwr.protocols import run_protocol
 
     cfg = build(**flat, **{"strategy.proximal-mu": 0.05})
-    assert run_protocol(cfg).proximal_mu(cfg) == (0.05 if expected else 0.0)
+    assert run_protocol(cfg).from_config(cfg).proximal_mu == (0.05 if expected else 0.0)
 
 
 def test_with_overrides_and_replace_section():

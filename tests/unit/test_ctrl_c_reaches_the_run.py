@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pubswap_flwr import cli, simulation
+from pubswap_flwr import cli, interruption, simulation
 from pubswap_flwr.config import ExperimentConfig
-from pubswap_flwr.server import metrics
 from pubswap_flwr.server.metrics import RunRecorder, read_status
 
 PROJECT = Path(__file__).resolve().parents[2]
@@ -22,9 +21,9 @@ SMOKE = PROJECT / "configs" / "smoke.toml"
 
 @pytest.fixture(autouse=True)
 def _no_interrupt_left():
-    metrics.clear_interrupt()
+    interruption.clear_interrupt()
     yield
-    metrics.clear_interrupt()  # the flag is the process's: other tests' runs must not see this one's Ctrl-C
+    interruption.clear_interrupt()  # the flag is the process's: other tests' runs must not see this one's Ctrl-C
 
 
 class _DropsWhatItRaises:
@@ -42,7 +41,7 @@ def test_a_ctrl_c_dropped_on_its_way_still_stops_the_command(tmp_path, monkeypat
     def run_whose_ctrl_c_is_dropped(config, nodes):
         _DropsWhatItRaises()  # deleted at once: the KeyboardInterrupt is raised in __del__, and dropped
         gc.collect()
-        seen["interrupted"] = metrics.interrupted()  # the run's next check raises RunInterrupted
+        seen["interrupted"] = interruption.interrupted()  # the run's next check raises RunInterrupted
 
     earlier = RunRecorder(tmp_path / "earlier", ExperimentConfig.from_flat({"run-name": "earlier"}), "e")
     earlier.started -= 1.0  # an earlier run of this process, still running: not this command's to report or stop
@@ -69,6 +68,6 @@ def test_other_dropped_errors_still_reach_the_previous_hook_while_a_run_goes_on(
         DropsAnError()
         gc.collect()
     assert [str(err) for err in reported] == ["a real problem in a finaliser"]
-    assert not metrics.interrupted()
+    assert not interruption.interrupted()
     DropsAnError()  # the previous hook is back after the run
     assert len(reported) == 2

@@ -9,8 +9,8 @@ import json
 import pytest
 
 from pubswap_flwr.config import ExperimentConfig
-from pubswap_flwr.node.learner import Learner, NodeSettings
-from pubswap_flwr.node.state import STATE_FILE, NodeIdentity
+from pubswap_flwr.node_runtime.learner import Learner, NodeSettings
+from pubswap_flwr.node_runtime.state import STATE_FILE, NodeIdentity
 from pubswap_flwr.rollouts import Completion, RolloutGroup
 from pubswap_flwr.shared import task_universe
 from pubswap_flwr.tasks import PRESETS

@@ -8,6 +8,7 @@ import logging
 import re
 
 from pubswap_flwr.evaluation import ProgressLog, evaluate
+from pubswap_flwr.settings import EvalSettings
 from pubswap_flwr.tasks import TaskItem
 from tests.unit.test_evaluation import ScriptedPolicy
 
@@ -25,7 +26,7 @@ def test_eval_progress_eta_lines_count_items_and_the_eta_falls(caplog):
     ticks = itertools.count(0, 7)  # a fake clock: 7 s pass between two readings
     progress = ProgressLog("held-out evaluation", clock=lambda: float(next(ticks)), every=20.0)
     with caplog.at_level(logging.INFO, logger="pubswap_flwr"):
-        evaluate(policy, items, sampled=False, batch_size=4, progress=progress)
+        evaluate(policy, items, EvalSettings(sampled=False, batch_size=4), progress=progress)
     lines = [r.getMessage() for r in caplog.records if r.name == "pubswap_flwr"]
     parsed = [LINE.fullmatch(line) for line in lines]
     assert all(parsed), lines
@@ -51,8 +52,8 @@ def test_eval_progress_eta_the_servers_evaluation_logs_it_and_stops_on_ctrl_c(ca
     flag `pubswap simulate` sets when Ray's ServerApp thread is not the one interrupted)."""
     import pytest
 
+    from pubswap_flwr import interruption
     from pubswap_flwr.config import ExperimentConfig
-    from pubswap_flwr.server import metrics
     from pubswap_flwr.server.app import GlobalEvaluator
 
     evaluator = GlobalEvaluator(ExperimentConfig.from_flat({"eval.items-per-task": 2, "eval.samples": 1,
@@ -64,12 +65,12 @@ def test_eval_progress_eta_the_servers_evaluation_logs_it_and_stops_on_ctrl_c(ca
     total = len(evaluator.items)
     assert lines and lines[-1].startswith("held-out evaluation: ") and f" {total}/{total} items, " in lines[-1]
     assert lines[-1].endswith("ETA 0 s")
-    metrics.interrupt()
+    interruption.interrupt()
     try:
-        with pytest.raises(metrics.RunInterrupted):
+        with pytest.raises(interruption.RunInterrupted):
             evaluator.evaluate(adapter)
     finally:
-        metrics.clear_interrupt()
+        interruption.clear_interrupt()
 
 
 def test_eval_progress_eta_each_pass_is_timed_from_its_own_start():

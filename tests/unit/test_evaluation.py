@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from pubswap_flwr.evaluation import evaluate, item_estimates, mean_and_se
+from pubswap_flwr.settings import EvalSettings
 from pubswap_flwr.tasks import TaskItem
 
 
@@ -52,7 +53,7 @@ def test_sampled_pass_at_1_averages_n_samples_per_item_with_its_standard_error()
     policy = ScriptedPolicy({"a": right.format(1), "b": wrong, "c": wrong},
                             {"a": [right.format(1)] * 4, "b": [right.format(2), wrong, wrong, wrong],
                              "c": [wrong, right.format(3)]})
-    out = evaluate(policy, items, samples=4, batch_size=8)
+    out = evaluate(policy, items, EvalSettings(samples=4, batch_size=8))
     # per item sampled accuracy: a 1, b 1/4, c 2/4 -> mean 7/12; SE = sd([1, .25, .5]) / sqrt(3)
     assert out["sampled_accuracy"] == pytest.approx(7 / 12)
     sd = math.sqrt(((1 - 7 / 12) ** 2 + (0.25 - 7 / 12) ** 2 + (0.5 - 7 / 12) ** 2) / 2)
@@ -73,7 +74,7 @@ def test_sampled_pass_at_1_averages_n_samples_per_item_with_its_standard_error()
 
 def test_samples_must_be_positive():
     with pytest.raises(ValueError, match="samples per item must be >= 1, got 0"):
-        evaluate(ScriptedPolicy({}, {}), [_item("a", "t", "1")], samples=0)
+        evaluate(ScriptedPolicy({}, {}), [_item("a", "t", "1")], EvalSettings(samples=0))
 
 
 def test_lenient_accuracy_and_well_formed_share_are_reported_beside_strict():
@@ -81,7 +82,7 @@ def test_lenient_accuracy_and_well_formed_share_are_reported_beside_strict():
     policy = ScriptedPolicy({"a": "7 + 5 = 12.", "b": "<answer>7</answer>", "c": "It is olleh"},
                             {"a": ["so 12", "<answer>12</answer>"], "b": ["<answer>7</answer> and 8", "9"],
                              "c": ["hello", "olleh"]})
-    out = evaluate(policy, items, samples=2, batch_size=8, lenient=True)
+    out = evaluate(policy, items, EvalSettings(samples=2, batch_size=8, lenient=True))
     assert out["greedy_accuracy"] == pytest.approx(1 / 3)  # strict: only b's tagged answer
     assert out["greedy_lenient_accuracy"] == pytest.approx(1.0)  # last number / last word
     assert out["greedy_well_formed"] == pytest.approx(1 / 3)
@@ -113,7 +114,7 @@ def test_a_constant_answer_policy_is_flagged_as_a_shortcut_with_the_constant_bas
     items = _gcd_items(40) + [_item("s", "sum", "5")]
     answers = {i.uid: "<answer>1</answer>" for i in items}  # "1" to every question, as the real-model adapters did
     policy = ScriptedPolicy(answers, {uid: [text] for uid, text in answers.items()})
-    out = evaluate(policy, items, samples=2, batch_size=8)
+    out = evaluate(policy, items, EvalSettings(samples=2, batch_size=8))
     gcd = out["per_task"]["gcd"]
     assert gcd["greedy_accuracy"] == pytest.approx(0.25)  # exactly the constant's score: no skill at all
     assert gcd["constant_accuracy"] == pytest.approx(10 / 40) and gcd["constant_answer"] == "1"
@@ -126,7 +127,7 @@ def test_a_policy_that_answers_each_question_is_not_flagged():
     items = _gcd_items(40)
     answers = {i.uid: f"<answer>{i.answer}</answer>" for i in items}
     policy = ScriptedPolicy(answers, {uid: [text] for uid, text in answers.items()})
-    out = evaluate(policy, items, samples=1, batch_size=8)
+    out = evaluate(policy, items, EvalSettings(samples=1, batch_size=8))
     assert out["greedy_accuracy"] == 1.0 and out["per_task"]["gcd"]["greedy_modal_share"] == pytest.approx(0.25)
     assert out["greedy_shortcut_tasks"] == [] and out["sampled_shortcut_tasks"] == []
 
@@ -134,7 +135,7 @@ def test_a_policy_that_answers_each_question_is_not_flagged():
 def test_a_task_whose_gold_answers_are_one_value_is_not_flagged_for_matching_them():
     items = [_item(f"y{i}", "yes", "yes") for i in range(10)]
     policy = ScriptedPolicy({i.uid: "<answer>yes</answer>" for i in items}, {})
-    out = evaluate(policy, items, sampled=False)
+    out = evaluate(policy, items, EvalSettings(sampled=False))
     assert out["per_task"]["yes"]["constant_accuracy"] == 1.0 and out["greedy_shortcut_tasks"] == []
 
 
@@ -146,8 +147,8 @@ def test_a_policy_that_mixes_greedy_and_sampled_rows_is_evaluated_in_one_pass_wi
     apart = ScriptedPolicy(greedy, sampled)
     together = ScriptedPolicy(greedy, sampled, can_mix_greedy=True)
     progress: list[tuple] = []
-    expected = evaluate(apart, items, samples=4, batch_size=10, lenient=True)
-    got = evaluate(together, items, samples=4, batch_size=10, lenient=True,
+    expected = evaluate(apart, items, EvalSettings(samples=4, batch_size=10, lenient=True))
+    got = evaluate(together, items, EvalSettings(samples=4, batch_size=10, lenient=True),
                    progress=lambda *args: progress.append(args))
     assert got == expected
     # 10 sequences per call: two items x (1 greedy + 4 sampled), then one; no separate greedy pass
@@ -159,5 +160,5 @@ def test_a_policy_that_mixes_greedy_and_sampled_rows_is_evaluated_in_one_pass_wi
 def test_without_sampling_the_greedy_pass_runs_alone_even_when_rows_could_mix():
     items = [_item("a", "t1", "1")]
     policy = ScriptedPolicy({"a": "<answer>1</answer>"}, {}, can_mix_greedy=True)
-    out = evaluate(policy, items, sampled=False)
+    out = evaluate(policy, items, EvalSettings(sampled=False))
     assert policy.calls == [(1, 1, True)] and out["greedy_accuracy"] == 1.0 and "sampled_accuracy" not in out

@@ -12,7 +12,7 @@ from flwr.app import ConfigRecord, Error, Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
 from pubswap_flwr.inprocess import InProcessGrid
-from pubswap_flwr.server.exchange import PULL_INTERVAL, Exchange
+from pubswap_flwr.rounds.exchange import PULL_INTERVAL, Exchange
 
 
 @pytest.fixture(autouse=True)

@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
+from pubswap_flwr.algorithms.server_optimizers import build
 from pubswap_flwr.config import ExperimentConfig
-from pubswap_flwr.protocols.optimizers import build
 
 
 def fedadam(**keys):

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pubswap_flwr.algorithms.server_optimizers import build
 from pubswap_flwr.config import ExperimentConfig
-from pubswap_flwr.protocols.optimizers import build
 
 
 def fedavgm(**keys):

@@ -22,8 +22,8 @@ from pubswap_flwr.algorithms.pubswap_response_sets import (
 from pubswap_flwr.algorithms.sapo_selection import shared_groups
 from pubswap_flwr.config import ConfigError, ExperimentConfig
 from pubswap_flwr.report import write_report
+from pubswap_flwr.rounds.roundlog import RoundLog
 from pubswap_flwr.server.metrics import MetricsError, RunRecorder, check_row
-from pubswap_flwr.server.roundlog import RoundLog
 from pubswap_flwr.wire.counters import SignalCounts
 from pubswap_flwr.wire.validate import Rejected
 from tests.unit.test_report_files import _table, make_run
@@ -111,8 +111,8 @@ def test_the_sapo_key_is_off_by_default_and_a_bool():
 
 @pytest.fixture()
 def sapo_node(tmp_path):
-    from pubswap_flwr.node.learner import Learner, NodeSettings
-    from pubswap_flwr.node.state import NodeIdentity
+    from pubswap_flwr.node_runtime.learner import Learner, NodeSettings
+    from pubswap_flwr.node_runtime.state import NodeIdentity
     from pubswap_flwr.protocols.sapo import SapoNode
 
     def build(**overrides):
@@ -137,7 +137,7 @@ def _scripted_rollout(node):
 
 
 def test_sapo_node_with_the_option_shares_only_its_mixed_groups_and_keeps_all_for_training(sapo_node):
-    from pubswap_flwr.node.learner import WorkReport
+    from pubswap_flwr.node_runtime.learner import WorkReport
 
     plain, filtered = sapo_node(), sapo_node(**{"sapo.share-informative-only": True})
     for node in (plain, filtered):
@@ -188,7 +188,7 @@ def test_the_progress_line_shows_the_rounds_zero_advantage_share(tmp_path, caplo
 
 
 def test_round_log_adds_up_a_clients_segments_and_writes_its_share():
-    from pubswap_flwr.server.exchange import ExchangeResult
+    from pubswap_flwr.rounds.exchange import ExchangeResult
     from pubswap_flwr.wire.records import ClientReport
 
     round_log = RoundLog(1)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pubswap_flwr.config import ExperimentConfig
-from pubswap_flwr.config_keys import ConfigError
+from pubswap_flwr.config.keys import ConfigError
 from pubswap_flwr.shared import task_universe
 from pubswap_flwr.tasks import PRESETS
 from pubswap_flwr.tasks.curriculum import level_config

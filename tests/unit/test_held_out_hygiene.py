@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pubswap_flwr.config import ExperimentConfig
-from pubswap_flwr.config_keys import load_toml
+from pubswap_flwr.config.keys import load_toml
 from pubswap_flwr.policy.model import data_dir
 from pubswap_flwr.shared import supervised_questions, task_universe
 from pubswap_flwr.tasks import HeldOutSet, ItemListStream, MixtureStream, StreamCursor, TaskItem, node_mixes, parse_mix

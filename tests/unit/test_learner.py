@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from pubswap_flwr.config import ExperimentConfig
-from pubswap_flwr.node.learner import Learner, NodeSettings
-from pubswap_flwr.node.state import REFERENCE_FILE, NodeIdentity
+from pubswap_flwr.node_runtime.learner import Learner, NodeSettings
+from pubswap_flwr.node_runtime.state import REFERENCE_FILE, NodeIdentity
 
 CFG = ExperimentConfig.from_flat({"eval.items-per-task": 2, "model.lora-r": 4})
 

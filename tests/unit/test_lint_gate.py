@@ -112,11 +112,11 @@ def test_the_import_contracts_hold_today_and_catch_torch_in_a_light_module(tmp_p
     shutil.copytree(ROOT / "pubswap_flwr", tmp_path / "pubswap_flwr", ignore=shutil.ignore_patterns("__pycache__"))
     kept = _lint_imports(tmp_path)
     assert kept.returncode == 0 and "0 broken" in kept.stdout, kept.stdout + kept.stderr
-    config_keys = tmp_path / "pubswap_flwr" / "config_keys.py"
+    config_keys = tmp_path / "pubswap_flwr" / "config/keys.py"
     config_keys.write_text(config_keys.read_text() + "\n\ndef _heavy():\n    import torch\n\n    return torch\n")
     broken = _lint_imports(tmp_path)
     assert broken.returncode == 1
-    assert "pubswap_flwr.config_keys -> torch" in broken.stdout and "1 broken" in broken.stdout, broken.stdout
+    assert "pubswap_flwr.config.keys -> torch" in broken.stdout and "1 broken" in broken.stdout, broken.stdout
 
 
 def _ruff(tmp_path: Path, source: str) -> subprocess.CompletedProcess:
@@ -185,3 +185,72 @@ def test_the_cycle_check_finds_a_cycle_through_a_function_level_import(tmp_path,
     monkeypatch.syspath_prepend(str(tmp_path))
     assert _import_cycles("cyclic_pkg") == {("cyclic_pkg.a", "cyclic_pkg.b"), ("cyclic_pkg.b", "cyclic_pkg.c"),
                                             ("cyclic_pkg.a", "cyclic_pkg.c")}
+
+
+def _unlevelled(modules: set[str], layers: list[str]) -> list[str]:
+    """The modules no level of a layers contract covers (a level names folders and modules joined by ':' or '|'; a
+    folder covers every module inside it). The package's own __init__ is in no level."""
+    names = [name.strip() for layer in layers for name in layer.replace("|", ":").split(":")]
+    root = names[0].split(".")[0] if names else ""
+    return sorted(m for m in modules if m != root and not any(m == n or m.startswith(n + ".") for n in names))
+
+
+def test_every_module_of_the_package_has_a_level_in_contract_c():
+    import tomllib
+
+    import grimp
+
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    levels = next(c for c in contracts if c["name"].startswith("the package in levels by folder"))["layers"]
+    modules = set(grimp.build_graph("pubswap_flwr", include_external_packages=False).modules)
+    assert len(modules) > 100 and _unlevelled(modules, levels) == []
+    # a new single module outside every folder of the order is caught; one inside a folder takes its folder's level
+    assert _unlevelled(modules | {"pubswap_flwr.newcomer", "pubswap_flwr.wire.newcomer"}, levels) == [
+        "pubswap_flwr.newcomer"]
+
+
+def _imports_of(package: str, sources: str, targets: tuple[str, ...]) -> list[tuple[str, str]]:
+    """(importer, imported) pairs where a module under `sources` imports one under `targets`, counting imports under
+    `if TYPE_CHECKING:` (which the contracts leave out)."""
+    import grimp
+
+    graph = grimp.build_graph(package, include_external_packages=False, exclude_type_checking_imports=False)
+    inside = lambda module, roots: any(module == r or module.startswith(r + ".") for r in roots)  # noqa: E731
+    return sorted((a, b) for a in graph.modules if inside(a, (sources,))
+                  for b in graph.find_modules_directly_imported_by(a) if inside(b, targets))
+
+
+def test_the_wire_imports_neither_party_not_even_for_types():
+    parties = tuple(f"pubswap_flwr.{f}" for f in ("server", "rounds", "node", "node_runtime", "protocols"))
+    assert _imports_of("pubswap_flwr", "pubswap_flwr.wire", parties) == []
+    # the check sees a type-only import (a round's context names the exchange for its type)
+    assert _imports_of("pubswap_flwr", "pubswap_flwr.rounds.context", ("pubswap_flwr.rounds.exchange",)) == [
+        ("pubswap_flwr.rounds.context", "pubswap_flwr.rounds.exchange")]
+
+
+def _long_signatures(source: str) -> list[str]:
+    """Functions with more than 7 parameters (self and cls aside) without a `# parameters: <why>` line just above
+    their first decorator or their `def`."""
+    import ast
+
+    lines = source.splitlines()
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = node.args
+            names = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs if x.arg not in ("self", "cls")]
+            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            above = lines[first - 2].strip() if first >= 2 else ""
+            if len(names) > 7 and not (above.startswith("# parameters: ") and len(above) > len("# parameters: ")):
+                found.append(f"{node.name} ({len(names)} parameters)")
+    return found
+
+
+def test_a_function_over_7_parameters_says_why():
+    found = {str(path.relative_to(ROOT)): hits for path in sorted((ROOT / "pubswap_flwr").rglob("*.py"))
+             if (hits := _long_signatures(path.read_text()))}
+    assert found == {}, f"functions over 7 parameters without a '# parameters: <why>' line above them: {found}"
+    eight = "def f(a, b, c, d, e, f, g, h):\n    pass\n"
+    assert _long_signatures(eight) == ["f (8 parameters)"]
+    assert _long_signatures("# parameters: the command's options\n" + eight) == []
+    assert _long_signatures("def f(self, a, b, c, d, e, f, g):\n    pass\n") == []

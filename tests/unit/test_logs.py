@@ -116,7 +116,7 @@ def _message(node: int, number: int, kind: str):
 
 
 def test_every_exchange_logs_its_progress_inside_the_round():
-    from pubswap_flwr.server.exchange import Exchange
+    from pubswap_flwr.rounds.exchange import Exchange
 
     lines: list[str] = []
     collector = logging.Handler()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pubswap_flwr.config import ExperimentConfig
-from pubswap_flwr.node.state import NodeIdentity
+from pubswap_flwr.node_runtime.state import NodeIdentity
 
 CFG = ExperimentConfig.from_flat({"model.node-models": "embedded:tiny,embedded:tiny-b",
                                   "tasks.data-paths": "a.jsonl,b.jsonl,c.jsonl"})

@@ -11,13 +11,13 @@ import pytest
 
 from pubswap_flwr.algorithms.sapo_selection import Packet
 from pubswap_flwr.config import ExperimentConfig
-from pubswap_flwr.node.learner import Learner, NodeSettings
-from pubswap_flwr.node.state import NodeIdentity
+from pubswap_flwr.node_runtime.learner import Learner, NodeSettings
+from pubswap_flwr.node_runtime.state import NodeIdentity
 from pubswap_flwr.protocols.sapo import SapoNode
 from pubswap_flwr.tasks import MixtureStream, StreamCursor
 
 PACKAGE = Path(__file__).resolve().parents[2] / "pubswap_flwr"
-NODE_SIDE = ["node", "protocols/serving.py", "protocols/sapo.py", "protocols/sapo_verify.py", "protocols/pubswap.py",
+NODE_SIDE = ["node", "node_runtime/serving.py", "protocols/sapo.py", "protocols/sapo_verify.py", "protocols/pubswap.py",
              "protocols/fedavg.py", "protocols/local.py", "protocols/transfer.py"]
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from pubswap_flwr.node.state import OLD_OPTIMIZER_FILE, OPTIMIZER_FILE, NodeState, NodeStore
+from pubswap_flwr.node_runtime.state import OLD_OPTIMIZER_FILE, OPTIMIZER_FILE, NodeState, NodeStore
 from pubswap_flwr.rollouts import Completion, RolloutGroup
 from pubswap_flwr.tasks import TaskItem
 
@@ -242,7 +242,7 @@ def test_node_state_tensor_file_that_is_not_a_regular_file_is_refused(tiny_polic
 def test_node_state_reference_and_compression_files_that_are_not_regular_files_are_refused(tmp_path, kind):
     import numpy as np
 
-    from pubswap_flwr.node.state import GLOBAL_FILE, REFERENCE_FILE
+    from pubswap_flwr.node_runtime.state import GLOBAL_FILE, REFERENCE_FILE
     from pubswap_flwr.untrusted import UntrustedFileError
 
     store = NodeStore(tmp_path, "m")
@@ -256,7 +256,7 @@ def test_node_state_reference_and_compression_files_that_are_not_regular_files_a
 
 
 def test_node_state_missing_files_are_a_fresh_node(tiny_policy, tmp_path):
-    from pubswap_flwr.node.state import GLOBAL_FILE
+    from pubswap_flwr.node_runtime.state import GLOBAL_FILE
 
     store = NodeStore(tmp_path / "new", "m")
     assert store.load(tiny_policy) == NodeState(model_name="m")

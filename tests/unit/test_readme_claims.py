@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pubswap_flwr.config import describe, key_choices
-from pubswap_flwr.config_keys import load_toml
+from pubswap_flwr.config.keys import load_toml
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()

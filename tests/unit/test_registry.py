@@ -29,7 +29,7 @@ def test_a_replacing_registry_takes_the_latest_entry():
 
 
 def test_the_projects_registries_share_the_mechanism():
-    from pubswap_flwr.protocols.optimizers import OPTIMIZERS
+    from pubswap_flwr.algorithms.server_optimizers import OPTIMIZERS
     from pubswap_flwr.server.trackers import BACKENDS
     from pubswap_flwr.tasks.files import ADAPTERS
     from pubswap_flwr.tasks.specs import TaskError

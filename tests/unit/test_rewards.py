@@ -141,8 +141,8 @@ def test_the_scoring_budget_of_the_server_and_of_sapo_receivers_applies_the_runs
 
 def test_a_sapo_receiver_rescores_a_peers_completions_with_its_own_configured_reward(tmp_path):
     from pubswap_flwr.algorithms.sapo_selection import Packet
-    from pubswap_flwr.node.learner import Learner, NodeSettings
-    from pubswap_flwr.node.state import NodeIdentity
+    from pubswap_flwr.node_runtime.learner import Learner, NodeSettings
+    from pubswap_flwr.node_runtime.state import NodeIdentity
     from pubswap_flwr.protocols.sapo import SapoNode
     from pubswap_flwr.tasks import MixtureStream, StreamCursor
 

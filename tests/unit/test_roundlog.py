@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from pubswap_flwr.server.roundlog import RoundLog
+from pubswap_flwr.rounds.roundlog import RoundLog
 from pubswap_flwr.wire.counters import FormatCounts
 
 

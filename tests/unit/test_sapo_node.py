@@ -11,8 +11,8 @@ import pytest
 
 from pubswap_flwr.algorithms.sapo_selection import Packet, reputation, select_external, weighted_sample
 from pubswap_flwr.config import ExperimentConfig
-from pubswap_flwr.node.learner import Learner, NodeSettings, WorkReport
-from pubswap_flwr.node.state import NodeIdentity
+from pubswap_flwr.node_runtime.learner import Learner, NodeSettings, WorkReport
+from pubswap_flwr.node_runtime.state import NodeIdentity
 from pubswap_flwr.protocols.sapo import SapoNode
 
 MIX = "gcd:1,rg:binary_matrix:1"

@@ -8,8 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pubswap_flwr.algorithms import server_optimizers as optimizers
 from pubswap_flwr.config import ConfigError, ExperimentConfig, key_choices
-from pubswap_flwr.protocols import optimizers, protocol_class
+from pubswap_flwr.protocols import protocol_class
 from pubswap_flwr.server import checkpoint
 
 OPTIMIZERS = [name for name in optimizers.names() if name != "none"]

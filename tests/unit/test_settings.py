@@ -8,11 +8,11 @@ from dataclasses import fields
 from pathlib import Path
 
 from pubswap_flwr.config import ExperimentConfig
-from pubswap_flwr.config_sections import GenerationConfig, TrainConfig
+from pubswap_flwr.config.sections import GenerationConfig, TrainConfig
 from pubswap_flwr.settings import GenerationSettings, GRPOSettings
 from pubswap_flwr.shared import policy_spec
 
-SECTIONS = Path(__file__).resolve().parents[2] / "pubswap_flwr" / "config_sections.py"
+SECTIONS = Path(__file__).resolve().parents[2] / "pubswap_flwr" / "config/sections.py"
 
 
 def _opt_defaults(path: Path, section: str) -> dict[str, ast.expr]:
@@ -47,7 +47,7 @@ def test_the_default_run_config_builds_the_default_settings():
 
 
 def test_the_check_finds_a_literal_default(tmp_path):
-    copy = tmp_path / "config_sections.py"
+    copy = tmp_path / "sections.py"
     copy.write_text(SECTIONS.read_text().replace("opt(GRPO.is_cap,", "opt(2.0,")
                     .replace("opt(GENERATION.top_k,", "opt(0,"))
     assert literal_defaults(copy) == ["GenerationConfig.top_k", "TrainConfig.is_cap"]

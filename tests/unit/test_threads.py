@@ -68,7 +68,7 @@ def test_apply_sets_torch_and_logs_each_choice_once(monkeypatch, caplog):
 
 def test_node_config_num_cpus_is_checked(tmp_path):
     from pubswap_flwr.config import ExperimentConfig
-    from pubswap_flwr.node.state import NodeIdentity
+    from pubswap_flwr.node_runtime.state import NodeIdentity
 
     cfg = ExperimentConfig.from_flat({})
     identity = NodeIdentity.from_flower(cfg, {"state-dir": str(tmp_path), "num-cpus": "2"}, 5, None, "r")

@@ -9,7 +9,7 @@ import struct
 import pytest
 
 from pubswap_flwr.config import ConfigError, ExperimentConfig
-from pubswap_flwr.config_sections import REPORT_TO
+from pubswap_flwr.config.sections import REPORT_TO
 from pubswap_flwr.server import trackers
 
 ROWS = [

@@ -44,6 +44,7 @@ def test_on_the_runs_own_items_the_published_adapter_repeats_its_numbers(fedavg_
     from pubswap_flwr.config import ExperimentConfig
     from pubswap_flwr.evaluation import evaluate
     from pubswap_flwr.policy import Policy
+    from pubswap_flwr.settings import EvalSettings
     from pubswap_flwr.shared import policy_spec, task_universe
 
     cfg = ExperimentConfig.from_flat(json.loads((fedavg_run / "config.json").read_text())["config"])
@@ -52,8 +53,8 @@ def test_on_the_runs_own_items_the_published_adapter_repeats_its_numbers(fedavg_
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        again = evaluate(policy, task_universe(cfg).held_out.items, samples=2, batch_size=cfg.eval.batch_size,
-                         seed=cfg.seed)
+        again = evaluate(policy, task_universe(cfg).held_out.items,
+                         EvalSettings(samples=2, batch_size=cfg.eval.batch_size, seed=cfg.seed))
     finally:
         torch.set_num_threads(threads)
     own = [json.loads(line) for line in (fedavg_run / "metrics.jsonl").read_text().splitlines()][-1]["eval"]

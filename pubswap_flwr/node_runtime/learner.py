@@ -18,7 +18,7 @@ import torch
 
 from ..algorithms.dynamic_sampling import FilledStep, SamplingBudget, equal_streaks, fill_step, skips
 from ..config import ExperimentConfig
-from ..config_sections import EvalConfig, GenerationConfig, ModelConfig, StrategyConfig, TasksConfig, TrainConfig
+from ..config.sections import EvalConfig, GenerationConfig, ModelConfig, StrategyConfig, TasksConfig, TrainConfig
 from ..policy import Policy, cached_policy
 from ..policy.behaviour import accept_behaviour
 from ..policy.threads import apply_threads

@@ -27,8 +27,8 @@ from safetensors.numpy import save_file as save_numpy
 from safetensors.torch import load, save_file
 
 from ..config import ExperimentConfig
-from ..config_keys import PLAIN_COMPONENT, is_plain_component
-from ..config_sections import MAX_LEARNING_RATE
+from ..config.keys import PLAIN_COMPONENT, is_plain_component
+from ..config.sections import MAX_LEARNING_RATE
 from ..policy import Policy
 from ..schema import RewardTotal, decode_json, parse, parse_value_of
 from ..tasks import StreamCursor

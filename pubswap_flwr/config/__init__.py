@@ -1,7 +1,7 @@
 """One typed experiment config, built from Flower's flat dotted run-config keys; errors name the offending key.
 
-Every key has a default: the top-level ones here, a core section's in config_sections.py, a protocol's own section's
-(pubswap, sapo) in protocols/catalog.py, where each mode's cross-key checks live too; config_keys.py has the field
+Every key has a default: the top-level ones here, a core section's in config/sections.py, a protocol's own section's
+(pubswap, sapo) in config/catalog.py, where each mode's cross-key checks live too; config/keys.py has the field
 and check helpers. pyproject.toml's
 [tool.flwr.app.config] lists every key, and `flwr run . -c FILE.toml` or `-c "key=value"` override them. Keys are
 `<section>.<field-with-dashes>` (e.g. `train.local-steps`) plus the top-level `num-server-rounds`, `seed` and
@@ -16,7 +16,9 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
-from .config_keys import (
+from ..places import resolve_output
+from . import catalog
+from .keys import (
     INT64_MAX,
     MAX_COMPLETIONS_PER_BATCH,
     PLAIN_COMPONENT,
@@ -27,11 +29,11 @@ from .config_keys import (
 )
 
 # re-exported for modules that import them from config
-from .config_keys import flatten as flatten
-from .config_keys import load_toml as load_toml
-from .config_keys import parse_overrides as parse_overrides
-from .config_sections import MODES as MODES
-from .config_sections import (
+from .keys import flatten as flatten
+from .keys import load_toml as load_toml
+from .keys import parse_overrides as parse_overrides
+from .sections import MODES as MODES
+from .sections import (
     DeployConfig,
     EvalConfig,
     GenerationConfig,
@@ -41,19 +43,17 @@ from .config_sections import (
     TasksConfig,
     TrainConfig,
 )
-from .places import resolve_output
-from .protocols import catalog
 
 
 def _run_name(key: str, value: Any) -> None:
     """The server's run name names each node's state folder too: every node refuses one that is not a plain path
-    component (node/state.py:safe_component), so the server refuses it first."""
+    component (node_runtime/state.py:safe_component), so the server refuses it first."""
     if value != "" and not is_plain_component(value):
         raise ConfigError(f"{key} {value!r} is not {PLAIN_COMPONENT}")
 
 
 def _with_protocol_sections(cls: type) -> type:
-    """Each protocol's own section (protocols/catalog.py: pubswap, sapo) becomes a field of `cls` after `strategy`,
+    """Each protocol's own section (config/catalog.py: pubswap, sapo) becomes a field of `cls` after `strategy`,
     like the core sections declared on it (the dataclass decorator above it then makes them fields)."""
     annotations = dict(cls.__dict__["__annotations__"])
     added = catalog.sections()
@@ -126,7 +126,7 @@ class ExperimentConfig:
         return out
 
     def validate(self) -> None:
-        """Checks that involve more than one key; those of the run's protocol are its own (protocols/catalog.py)."""
+        """Checks that involve more than one key; those of the run's protocol are its own (config/catalog.py)."""
         if self.resume and not self.run_name:
             raise ConfigError("resume = true needs run-name: the run to continue is output.dir/run-name")
         catalog.validate(self)
@@ -144,12 +144,6 @@ class ExperimentConfig:
         if t.prompts_per_step * t.completions_per_prompt > MAX_COMPLETIONS_PER_BATCH:
             raise ConfigError(f"train.prompts-per-step x train.completions-per-prompt = {t.prompts_per_step} x "
                               f"{t.completions_per_prompt}: more than {MAX_COMPLETIONS_PER_BATCH} completions per step")
-        for key, value in (("train.dynamic-sampling", t.dynamic_sampling),
-                           ("train.skip-equal-prompts", t.skip_equal_prompts)):
-            if value and self.strategy.mode == "sapo":
-                raise ConfigError(f"{key} = {value}: a node's private steps only (fedavg, fedprox, pubswap, local); "
-                                  "strategy.mode = 'sapo' has none (its nodes sample their groups in its rollout "
-                                  "phase)")
         dynamic_cap = math.floor(t.prompts_per_step * t.dynamic_sampling_max_factor + 1e-9)
         if t.dynamic_sampling and dynamic_cap * t.completions_per_prompt > MAX_COMPLETIONS_PER_BATCH:
             raise ConfigError(f"train.dynamic-sampling-max-factor = {t.dynamic_sampling_max_factor:g}: up to "
@@ -158,8 +152,8 @@ class ExperimentConfig:
 
     def _check_curriculum(self) -> None:
         """tasks.curriculum: a band low < high, generated tasks that all have a curriculum, a start level in range."""
-        from .tasks import TaskError, parse_custom_tasks, parse_mix
-        from .tasks.curriculum import check_levels
+        from ..tasks import TaskError, parse_custom_tasks, parse_mix
+        from ..tasks.curriculum import check_levels
 
         t = self.tasks
         if t.curriculum_low >= t.curriculum_high:
@@ -175,12 +169,12 @@ class ExperimentConfig:
 
     def _check_harder_tier(self) -> None:
         """eval.harder-tier: a server that evaluates a global adapter, generated tasks with a level above the start."""
-        from .tasks import TaskError, parse_custom_tasks, parse_mix
-        from .tasks.curriculum import check_levels
+        from ..tasks import TaskError, parse_custom_tasks, parse_mix
+        from ..tasks.curriculum import check_levels
 
         if not catalog.protocol(self.strategy.mode).averages_adapters:
             raise ConfigError(f"eval.harder-tier = true: {self.strategy.mode} mode has no global adapter for the "
-                              "server to evaluate (fedavg, fedprox and pubswap have one)")
+                              f"server to evaluate ({', '.join(catalog.averaging_modes())} have one)")
         if self.eval.data_path:
             raise ConfigError("eval.harder-tier = true needs generated held-out items, not eval.data-path")
         try:

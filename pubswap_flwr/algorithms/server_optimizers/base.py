@@ -3,19 +3,35 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Callable, ClassVar
+from abc import ABC, abstractmethod
+from typing import Any, Callable, ClassVar, Protocol
 
 import numpy as np
 
 from ...registry import Registry
 
-if TYPE_CHECKING:
-    from ...config import StrategyConfig
-
 Adapter = dict[str, np.ndarray]
 STATE_KEY = "server_optimizer"  # its entry in the protocol's checkpoint state
 
 OPTIMIZERS: Registry[type["ServerOptimizer"]] = Registry("server optimizer")
+
+
+class OptimizerSettings(Protocol):
+    """The `strategy.*` keys a server optimizer reads (the config's StrategyConfig has them): which optimizer, its
+    learning rate (0: the optimizer's default) and the FedOpt family's shared keys."""
+
+    @property
+    def server_optimizer(self) -> str: ...
+    @property
+    def server_lr(self) -> float: ...
+    @property
+    def server_momentum(self) -> float: ...
+    @property
+    def server_beta1(self) -> float: ...
+    @property
+    def server_beta2(self) -> float: ...
+    @property
+    def server_tau(self) -> float: ...
 
 
 def register(name: str) -> Callable[[type["ServerOptimizer"]], type["ServerOptimizer"]]:
@@ -36,7 +52,7 @@ def norm(adapter: Adapter) -> float:
     return math.sqrt(sum(float(np.sum(np.square(adapter[k], dtype=np.float64))) for k in sorted(adapter)))
 
 
-class ServerOptimizer:
+class ServerOptimizer(ABC):
     """Moves the global adapter from the round's aggregate. `step(current, aggregate)` gets the global the round's
     clients started from and the aggregate of their adapters, and returns the new global (fp32). State: `steps`
     taken and `arrays`, named adapter-shaped fp32 arrays (moments), both checkpointed with the protocol so a
@@ -49,7 +65,7 @@ class ServerOptimizer:
     # its golden runs (tests/golden): run name -> {"config": flat overrides naming it, "nodes": how many}
     golden_runs: ClassVar[dict[str, dict[str, Any]]] = {}
 
-    def __init__(self, settings: "StrategyConfig"):
+    def __init__(self, settings: OptimizerSettings):
         self.settings = settings
         self.steps = 0
         self.arrays: dict[str, Adapter] = {}
@@ -58,8 +74,9 @@ class ServerOptimizer:
     def lr(self) -> float:
         return self.settings.server_lr or self.default_lr
 
+    @abstractmethod
     def step(self, current: Adapter, aggregate: Adapter) -> Adapter:
-        raise NotImplementedError
+        """The new global adapter (fp32) from the one the round's clients started from and their aggregate."""
 
     def describe(self) -> str:
         return f"server-optimizer={self.name} server-lr={self.lr:g}"

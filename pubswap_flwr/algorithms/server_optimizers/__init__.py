@@ -5,20 +5,15 @@ family's shared keys (`server-momentum`, `server-beta1`, `server-beta2`, `server
 
 Every module in this folder registers its optimizer with `@register("<name>")` (base.py) and is imported here, so
 the config's choices and the protocols find it without a list to extend: adding an optimizer is its module (its
-class declares its golden run in `golden_runs`), its tests, its recorded tests/golden/<name>.json and
-its docs. Importing this package loads numpy only (config.py imports it).
-"""
+class declares its golden run in `golden_runs`), its tests, its recorded tests/golden/<name>.json and its docs.
+Importing this package loads numpy only (config/sections.py imports it for `strategy.server-optimizer`'s choices)."""
 
 from __future__ import annotations
 
 import importlib
 import pkgutil
-from typing import TYPE_CHECKING
 
-from .base import OPTIMIZERS, STATE_KEY, Adapter, ServerOptimizer, norm, register
-
-if TYPE_CHECKING:
-    from ...config import StrategyConfig
+from .base import OPTIMIZERS, STATE_KEY, Adapter, OptimizerSettings, ServerOptimizer, norm, register
 
 for _module in pkgutil.iter_modules(__path__):
     if _module.name != "base":
@@ -40,9 +35,9 @@ def described() -> str:
     return "; ".join(f"{name}: {OPTIMIZERS[name].doc}" for name in names())
 
 
-def build(settings: "StrategyConfig") -> ServerOptimizer:
+def build(settings: OptimizerSettings) -> ServerOptimizer:
     return OPTIMIZERS[settings.server_optimizer](settings)
 
 
-__all__ = ["OPTIMIZERS", "STATE_KEY", "Adapter", "ServerOptimizer", "build", "described", "golden_runs", "names",
-           "norm", "register"]
+__all__ = ["OPTIMIZERS", "STATE_KEY", "Adapter", "OptimizerSettings", "ServerOptimizer", "build", "described",
+           "golden_runs", "names", "norm", "register"]

@@ -11,6 +11,7 @@ from typing import Any
 from .. import metrics_schema as schema
 from ..metrics_schema import WELL_FORMED_WARNING
 from ..wire.counters import ForeignCounts, FormatCounts, SamplingCounts, SignalCounts, UptakeCounts
+from ..wire.records import OwnAdapterReply
 from .exchange import ExchangeResult
 
 log = logging.getLogger("pubswap_flwr")
@@ -112,3 +113,12 @@ class RoundLog:
     def drop(self, node: int, reason: str) -> None:
         self.dropped[node] = reason
         log.warning("round %d: dropped client %d: %s", self.number, node, reason)
+
+    def record_own_evaluations(self, node: int, reply: OwnAdapterReply) -> None:
+        """A node that keeps its own adapter: its self-reported held-out results (the metrics row's node_eval, their
+        mean its eval, labelled self-reported; round 1's starting points make round 0's row) and their seconds."""
+        if reply.eval_initial is not None:
+            self.initial_evals[str(node)] = reply.eval_initial
+        if reply.eval is not None:
+            self.node_evals[str(node)] = reply.eval
+        self.eval_seconds += reply.eval_seconds

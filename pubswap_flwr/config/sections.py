@@ -1,6 +1,6 @@
 """The config's core sections, one frozen dataclass per `[section]` (model, generation, train, tasks, eval,
-strategy, output, deploy), each field with its default, bounds and help (config_keys.opt); config.py assembles them
-with the protocols' own sections into ExperimentConfig."""
+strategy, output, deploy), each field with its default, bounds and help (config/keys.py: opt); config/__init__.py
+assembles them with the protocols' own sections into ExperimentConfig."""
 
 from __future__ import annotations
 
@@ -8,7 +8,11 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from .config_keys import (
+from ..algorithms import server_optimizers
+from ..places import OUTPUT_ROOT_ENV
+from ..settings import GenerationSettings, GRPOSettings
+from . import catalog
+from .keys import (
     ConfigError,
     _check,
     below_half,
@@ -20,14 +24,12 @@ from .config_keys import (
     one_of,
     opt,
 )
-from .places import OUTPUT_ROOT_ENV
-from .protocols import catalog, optimizers
-from .settings import GenerationSettings, GRPOSettings
 
 GENERATION, GRPO = GenerationSettings(), GRPOSettings()  # the defaults of the keys they share (settings.py)
 
 MODES = catalog.modes()
 MAX_LEARNING_RATE = 10  # train.learning-rate, each train.node-learning-rates entry, node-config learning-rate
+MAX_PROXIMAL_MU = 1000  # strategy.proximal-mu, and the mu an instruction's header may carry
 AGGREGATORS = ("geometric-median", "mean", "median", "trimmed-mean")
 REPORT_TO = ("none", "tensorboard", "wandb", "mlflow")  # pubswap_flwr/server/trackers.py
 
@@ -35,7 +37,7 @@ REPORT_TO = ("none", "tensorboard", "wandb", "mlflow")  # pubswap_flwr/server/tr
 def _reward_names(key: str, value: Any) -> None:
     """tasks.rewards' syntax only: reading a config (also one from a run directory verify was given) never imports
     the functions it names (tasks/rewards.py)."""
-    from .tasks.rewards import RewardError, parse_rewards
+    from ..tasks.rewards import RewardError, parse_rewards
 
     try:
         parse_rewards(value, key)
@@ -45,7 +47,7 @@ def _reward_names(key: str, value: Any) -> None:
 
 def _trl_reward_names(key: str, value: Any) -> None:
     """tasks.trl-rewards' syntax only (as `_reward_names`)."""
-    from .tasks.rewards import RewardError, parse_trl_rewards
+    from ..tasks.rewards import RewardError, parse_trl_rewards
 
     try:
         parse_trl_rewards(value, key)
@@ -217,13 +219,14 @@ class EvalConfig:
                                        "eval.items-per-task items per task of tasks.mix at curriculum level "
                                        "tasks.curriculum-start + 1, from their own seed ranges (disjoint from the "
                                        "held-out tier, left out of training), recorded as eval.harder_tier; modes "
-                                       "with a global adapter (fedavg, fedprox, pubswap)")
+                                       f"with a global adapter ({', '.join(catalog.averaging_modes())})")
 
 
 @dataclass(frozen=True)
 class StrategyConfig:
     mode: str = opt("fedavg", one_of(*MODES))
-    proximal_mu: float = opt(0.01, between(0, 1000), "FedProx mu (used by fedprox, and pubswap with base fedprox)")
+    proximal_mu: float = opt(0.01, between(0, MAX_PROXIMAL_MU),
+                             "FedProx mu (used by fedprox, and pubswap with base fedprox)")
     fraction_train: float = opt(1.0, fraction)
     min_clients: int = opt(2, between(1, 100_000), "a round proceeds when at least this many clients replied; "
                                                    "robust aggregation is only as robust as the smallest round (under "
@@ -274,9 +277,10 @@ class StrategyConfig:
                            "adapters on the wire: none (fp16 tensors); int8 / int4: blockwise-quantized deltas against "
                            "the last global, with error feedback, both directions (not sapo: it sends no adapters)")
     compression_block: int = opt(64, between(1, 65536), "values per fp16 scale with strategy.compression")
-    server_optimizer: str = opt("none", one_of(*optimizers.names()),
+    server_optimizer: str = opt("none", one_of(*server_optimizers.names()),
                                 "how the global adapter moves from the round's aggregate of the clients' adapters "
-                                "(fedavg, fedprox, pubswap; sapo keeps none): " + optimizers.described())
+                                f"({', '.join(catalog.averaging_modes())}; the others keep none): "
+                                + server_optimizers.described())
     server_lr: float = opt(0.0, between(0, 1000), "eta, the server optimizer's step size; 0 = its own default (above)")
     server_momentum: float = opt(0.9, below_one, "mu of momentum on the round updates: v = mu v + update")
     server_beta1: float = opt(0.9, below_one, "adaptive optimizers (Reddi et al.'s FedOpt): decay of the updates' "

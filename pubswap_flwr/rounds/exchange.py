@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Callable, Generic, Iterable, Protocol, TypeVar
 from flwr.app import ConfigRecord, Message
 from flwr.serverapp import Grid
 
+from ..interruption import check_interrupted
 from ..wire.codecs import CONFIG_KEY, NODE_ROUND_KEY, NODE_ROUNDS_KEY, record_bytes
 from ..wire.validate import Rejected
-from .metrics import check_interrupted
 
 if TYPE_CHECKING:
     from ..wire.records import ClientReport
@@ -100,6 +100,7 @@ class Exchange:
     """The server's side of the wire for one run. `settle_seconds`: how long the node set must stay unchanged
     before a round starts (simulated nodes register one by one; an in-process grid has them all at once)."""
 
+    # parameters: the exchange's strategy.* settings and its clock, keyword-only
     def __init__(self, grid: Grid, *, timeout: float, min_clients: int, fraction: float, seed: int,
                  settle_seconds: float = 1.0, pull_interval: float = PULL_INTERVAL,
                  progress_every: float = PROGRESS_EVERY, reward_range: tuple[float, float] = (0.0, 1.0)):
@@ -228,7 +229,7 @@ class Exchange:
 
     def _stamp_node_round(self, msg: Message) -> int:
         """Tell the node the last round whose reply from it was accepted (its saved state must reach that round:
-        `protocols.serving.check_state_continues`): by its index when the node id is known, else every index's
+        `node_runtime.serving.check_state_continues`): by its index when the node id is known, else every index's
         round, for the node to look its own up. Returns the round this message belongs to."""
         config = msg.content.config_records.get(CONFIG_KEY)
         if config is None:

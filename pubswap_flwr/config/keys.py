@@ -1,7 +1,7 @@
 """The typed run-config key: a dataclass field with its check and doc (`opt`), the checks keys use, ConfigError,
 and how flat keys are read from TOML files and key=value text.
 
-config.py builds the experiment config from these; a protocol's own section (protocols/catalog.py) uses them too.
+config/__init__.py builds the experiment config from these; a protocol's own section (config/catalog.py) uses them too.
 """
 
 from __future__ import annotations

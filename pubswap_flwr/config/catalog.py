@@ -3,7 +3,7 @@
 A protocol family declares itself with `register(Protocol(...))` at the end of this file:
 - `modes`: each `strategy.mode` it runs, with the dotted path of its server class (a `base.ServerProtocol`);
 - `handlers`: each client message type it sends (`train.<action>` or `query.<action>`, Flower's only forms), with
-  the dotted path of the client handler serving it (`handler(work: serving.ClientWork) -> RecordDict`);
+  the dotted path of the client handler serving it (`handler(work: node_runtime.serving.ClientWork) -> RecordDict`);
 - `section`: its own run-config section, a frozen dataclass of `opt` fields (keys `<section>.<key>`), if any;
 - `node_state`: the dotted path of the msgspec Struct its nodes keep between messages (node.json's `mode`, read
   through `Learner.family_state`), if any;
@@ -15,11 +15,11 @@ A protocol family declares itself with `register(Protocol(...))` at the end of t
   and the modes the property tests serve (test_properties.py, test_attack_properties.py);
 - `golden_runs`: name -> {"config": flat overrides naming its strategy.mode, "nodes": how many}: the runs whose
   metrics tests/golden/<name>.json records (over tests/golden/runs.py's COMMON settings; tests/unit/test_golden.py
-  repeats them). A server optimizer declares its golden runs in its class (protocols/optimizers).
+  repeats them). A server optimizer declares its golden runs in its class (algorithms/server_optimizers).
 Both are plain dicts and tuples, checked here for form (a run's mode one of the family's, a flow of its own message
 types); tests/unit/test_catalog.py checks each mode has them.
-Dotted paths (`module:name`, a module relative to this package when it starts with '.') are imported when first
-used, so importing the catalog (config.py does, and so does the ClientApp's routing in a deployed node's
+Dotted paths (`module:name`, a module relative to protocols/ when it starts with '.') are imported when first
+used, so importing the catalog (the config does, and so does the ClientApp's routing in a deployed node's
 per-message process) loads neither torch nor Flower (an import contract in pyproject.toml, `lint-imports`).
 Everything else derives from it: config.MODES and the protocol sections of ExperimentConfig, the ClientApp's routing
 (node/app.py, protocols.register_client_handlers), the choices `pubswap keys` lists, and the tests' lists of modes,
@@ -38,8 +38,8 @@ tests/protocols/fake_clients.py; for a mode with its own section, its keys with 
 [tool.flwr.app.config] (tests/unit/test_config.py fails without them).
 tests/unit/test_catalog.py fails, naming the mode, when any of 2-4 is missing. A mode sending another family's
 messages (FedProx is FedAvg with mu) is one more entry in that family's `modes` (and its smoke and golden runs). A
-server optimizer (fedavgm, fedadam) is not a mode: it is a module in protocols/optimizers/, which registers itself
-and declares its golden run there.
+server optimizer (fedavgm, fedadam) is not a mode: it is a module in algorithms/server_optimizers/, which registers
+itself and declares its golden run there.
 """
 
 from __future__ import annotations
@@ -49,10 +49,10 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from ..config_keys import MAX_COMPLETIONS_PER_BATCH, ConfigError, between, fraction, one_of, opt
+from .keys import MAX_COMPLETIONS_PER_BATCH, ConfigError, between, fraction, one_of, opt
 
 if TYPE_CHECKING:
-    from ..config import ExperimentConfig
+    from . import ExperimentConfig
 
 MESSAGE_TYPE = re.compile(r"(train|query)\.[A-Za-z_][A-Za-z0-9_]*")  # evaluate.* is Flower's, unused here
 MODE_NAME = re.compile(r"[a-z][a-z0-9_-]*")
@@ -127,10 +127,13 @@ def _check_runs(protocol: Protocol, kind: str, runs: Mapping[str, Mapping[str, A
             raise ValueError(f"{where}: nodes must be a positive int")
 
 
+PROTOCOLS_PACKAGE = "pubswap_flwr.protocols"  # where a dotted path starting with '.' is
+
+
 def load(path: str) -> Any:
-    """The object a dotted path names (its module imported now)."""
+    """The object a dotted path names (its module imported now; `.fedavg` is protocols/fedavg.py)."""
     module, _, name = path.partition(":")
-    return getattr(importlib.import_module(module, __package__), name)
+    return getattr(importlib.import_module(module, PROTOCOLS_PACKAGE), name)
 
 
 # -- what derives from the catalog ---------------------------------------------------------------------------------
@@ -140,6 +143,11 @@ def families() -> list[Protocol]:
 
 def modes() -> tuple[str, ...]:
     return tuple(CATALOG)
+
+
+def averaging_modes() -> tuple[str, ...]:
+    """The modes whose server keeps a global adapter (the help texts and errors of the keys that act on it)."""
+    return tuple(mode for mode, p in CATALOG.items() if p.averages_adapters)
 
 
 def protocol(mode: str) -> Protocol:
@@ -312,6 +320,11 @@ class SapoConfig:
 
 
 def check_sapo(cfg: "ExperimentConfig") -> None:
+    for key, value in (("train.dynamic-sampling", cfg.train.dynamic_sampling),
+                       ("train.skip-equal-prompts", cfg.train.skip_equal_prompts)):
+        if value:
+            raise ConfigError(f"{key} = {value}: a node's private steps only; strategy.mode = 'sapo' has none (its "
+                              "nodes sample their groups in its rollout phase)")
     s = cfg.sapo
     if s.local + s.external == 0:
         raise ConfigError("sapo.local + sapo.external must be >= 1")

@@ -19,6 +19,7 @@ import numpy as np
 from .base import Adapter, ServerOptimizer, register
 
 
+# parameters: FedAdam's step as Reddi et al. write it (its state m, v and hyper-parameters), a pure function
 def adam_step(current: Adapter, aggregate: Adapter, m: Adapter | None, v: Adapter | None, step: int, lr: float,
               beta1: float, beta2: float, tau: float) -> tuple[Adapter, Adapter, Adapter]:
     """Step `step` (1-based) of FedAdam: (the new global, m, v), fp32 (computed in fp64); m and v None at step 1."""

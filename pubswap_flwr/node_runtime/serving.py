@@ -7,28 +7,41 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Generic, Protocol, TypeVar
 
+import msgspec
 from flwr.app import Context, Message, RecordDict
 
 from ..config import ExperimentConfig
 from ..evaluation import evaluate
 from ..logs import route_logs_to_flower
-from ..node.learner import Learner, NodeSettings, WorkReport
-from ..node.state import NodeIdentity
+from ..shared import eval_settings
+from ..wire.counters import FormatCounts
 from ..wire.records import ClientReport, Header, config_of
-from .base import ServerProtocol
+from .learner import Learner, NodeSettings, WorkReport
+from .state import NodeIdentity
 
 log = logging.getLogger("pubswap_flwr")
 
 
+class ModeTraits(Protocol):
+    """What a node reads of its run's protocol (a protocols.base.ServerProtocol class): whether nodes may run
+    different models. Everything else of the protocol's settings comes in the message."""
+
+    per_node_models: bool
+
+
+Section = TypeVar("Section")  # a mode's own config section (config/catalog.py), or None for a mode without one
+
+
 @dataclass
-class ClientWork:
+class ClientWork(Generic[Section]):
     """What a client handler works with: this node's learner (with the run-wide settings it reads), the mode's own
-    config section (sapo.*, pubswap.*; None for a mode without one), the decoded message, and the report."""
+    config section (sapo.*, pubswap.*: `ClientWork[SapoConfig]`; None for a mode without one), the decoded message,
+    and the report."""
 
     learner: Learner
-    section: Any
+    section: Section
     header: Header
     message: Message
     report: WorkReport = field(default_factory=WorkReport)
@@ -40,21 +53,36 @@ class ClientWork:
 
     def evaluate(self) -> dict:
         """The node's own model on the held-out set (SAPO: there is no global model)."""
-        e, settings = self.settings.eval, self.settings
-        return evaluate(self.learner.policy, self.learner.universe.held_out.items, sampled=e.sampled,
-                        samples=e.samples, batch_size=e.batch_size, seed=settings.seed,
-                        max_chars=settings.generation.max_completion_chars, lenient=e.lenient,
-                        rewards=self.learner.rewards)
+        s = self.settings
+        return evaluate(self.learner.policy, self.learner.universe.held_out.items,
+                        eval_settings(s.eval, s.generation, s.seed), rewards=self.learner.rewards)
 
     def client_report(self) -> ClientReport:
-        return ClientReport.of(self.learner, self.report, self.started)
+        return client_report(self.learner, self.report, self.started)
 
 
-ClientHandler = Callable[[ClientWork], RecordDict]
+def client_report(learner: Learner, report: WorkReport, started: float) -> ClientReport:
+    """The report every reply carries, from the node's learner and what this message's work did (the node builds it;
+    the wire only declares and checks it)."""
+    return ClientReport(
+        node_index=learner.identity.index, num_examples=report.num_examples,
+        cumulative_reward=learner.state.cumulative_reward, total_steps=learner.state.steps, t_start=started,
+        t_end=time.time(), sample_seconds=report.sample_seconds, update_seconds=report.update_seconds,
+        train_reward=report.mean_reward("private") if report.has("private") else None,
+        train_completions=sum(s.completions for s in report.steps if s.kind == "private"),
+        rollout_reward=report.mean_reward("rollout") if report.has("rollout") else None,
+        model=learner.identity.model_name, tasks=tuple(learner.task_names),
+        formats=FormatCounts.of_shapes(learner.sampled_shapes),
+        foreign=msgspec.structs.replace(report.foreign, fallbacks=sum(report.fallbacks.values())),
+        uptake=report.uptake, signal=report.signal, sampling=report.sampling,
+        curriculum=learner.curriculum_levels)
+
+
+ClientHandler = Callable[[ClientWork[Any]], RecordDict]
 
 
 # -- modes whose nodes keep their own adapters (sapo, local): self-evaluation ------------------------------------
-def evaluate_own_adapter(work: ClientWork, evaluate: bool, save: bool) -> tuple[dict | None, float]:
+def evaluate_own_adapter(work: ClientWork[Any], evaluate: bool, save: bool) -> tuple[dict | None, float]:
     """A node that keeps its own adapter: its held-out results when asked (`evaluate`), with the seconds they took,
     and at the run's end (`save`) the adapter saved portable in its state dir (tokenizer, card, base-model
     reference)."""
@@ -98,7 +126,7 @@ def check_state_continues(learner: Learner, header: Header) -> None:
 
 
 def serve(handler: ClientHandler, modes: tuple[str, ...],
-          resolve: Callable[[ExperimentConfig], type[ServerProtocol]], run_config: dict | None = None,
+          resolve: Callable[[ExperimentConfig], ModeTraits], run_config: dict | None = None,
           section: str | None = None):
     """A ClientApp function running `handler` (a message type the protocol of `modes` sends): reads the config,
     builds this node's learner from its disk state, snapshots at a round's start, runs the handler, saves the state.
@@ -120,7 +148,7 @@ def serve(handler: ClientHandler, modes: tuple[str, ...],
             raise ValueError(f"this node's model {identity.model_name!r} differs from the run's model.name "
                              f"{cfg.model.name!r}; strategy.mode = {cfg.strategy.mode!r} averages one model, so "
                              "every node must run it (sapo lets nodes keep different models)")
-        learner = Learner(NodeSettings.of(cfg), identity, protocol.proximal_mu(cfg))
+        learner = Learner(NodeSettings.of(cfg), identity, header.proximal_mu)
         check_state_continues(learner, header)
         if header.round_start:
             learner.begin_round(header.server_round)
