@@ -274,7 +274,8 @@ def learning_lines(arms: Arms, summary: dict) -> list[str]:
         return []
     pairs = {arm: [p for p in found if p is not None] for arm, found in every_end.items()}
     keys = [(label, key) for label, key in LEARNING
-            if all(key in first and key in last for found in pairs.values() for first, last in found)]
+            if all(first.get(key) is not None and last.get(key) is not None  # null: not recorded
+                   for found in pairs.values() for first, last in found)]
     lines = ["", "## Change since round 0", "",
              "Held-out metrics of the model each run started from (round 0: for a real model after its warm-up, "
              "before RL) and of the last evaluated round, mean over seeds, and their difference seed by seed with its "

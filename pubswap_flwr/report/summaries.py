@@ -78,7 +78,8 @@ def summarize_run(run_dir: Path) -> RunSummary:
         "sampled_accuracy_se": _get(final, "sampled_accuracy_se"),
         "samples": _get(final, "samples"),
         "sampled_reward": _get(final, "sampled_reward"),
-        "cumulative_reward": trained[-1].get("cumulative_reward", 0.0) if trained else 0.0,
+        "cumulative_reward": (_get(trained[-1], "cumulative_reward") if "cumulative_reward" in trained[-1] else 0.0)
+        if trained else 0.0,  # recorded as null: not a number (NaN), which the tables leave out
         "rounds": float(max(r["round"] for r in rows)),
         "wall_s": wall,
         "megabytes": sum(r["bytes"]["sent_by_clients"] + r["bytes"]["received_by_clients"]

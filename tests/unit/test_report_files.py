@@ -383,3 +383,15 @@ def test_arms_that_send_the_same_bytes_stay_distinguishable(tmp_path, monkeypatc
     looks = [(marker, style) for arm in SWEEP_ORDER for _, marker, style in lines[arm]]
     assert len(set(looks)) == len(SWEEP_ORDER)  # each arm its own marker and line style
     assert {style for _, style in looks} == {"-", "--", ":", "-."}
+
+
+def test_a_null_where_a_number_belongs_is_left_out_not_a_crash(tmp_path):
+    runs = [make_run(tmp_path, "a", s, 0.3) for s in (0, 1)] + [make_run(tmp_path, "b", s, 0.4) for s in (0, 1)]
+    for run in runs[2:]:  # arm b's files hold nulls (found by test_file_properties' hypothesis search)
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        rows[-1]["cumulative_reward"] = None
+        rows[0]["eval"]["greedy_accuracy"] = None
+        (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    text = write_report(tmp_path, runs).read_text()
+    assert _table(text, "b")[6] == "–"  # cumulative reward: not a number
+    assert "| b | greedy strict |" not in text and "| a | sampled strict |" in text  # a metric not every run has
