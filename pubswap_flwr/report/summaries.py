@@ -90,14 +90,15 @@ def summarize_run(run_dir: Path) -> RunSummary:
     values.update(format_health(trained))
     arm, seed = arm_and_seed(run_dir)
     samples = {row["round"]: row["eval"].get("samples") for row in evaluated}
-    items, item_tasks = item_values(run_dir, samples)
-    harder_items, _ = item_values(run_dir, samples, harder=True)
+    recorded = read_eval_items(run_dir)  # read once for both tiers
+    items, item_tasks = item_values(run_dir, samples, rows=recorded)
+    harder_items, _ = item_values(run_dir, samples, harder=True, rows=recorded)
     return RunSummary(arm, seed, run_dir, rows[-1].get("mode", "?"), values, final.get("per_task", {}), rows,
                       items=items, item_tasks=item_tasks, node_evals=node_evals, harder_items=harder_items)
 
 
-def item_values(run_dir: Path, samples_by_round: dict[int, int | None] | None = None, harder: bool = False
-                ) -> tuple[dict[int, dict[str, dict[str, float]]], dict[str, str]]:
+def item_values(run_dir: Path, samples_by_round: dict[int, int | None] | None = None, harder: bool = False,
+                rows: list[dict] | None = None) -> tuple[dict[int, dict[str, dict[str, float]]], dict[str, str]]:
     """Per evaluated round, each held-out item's greedy (0/1) and sampled (share of samples right) accuracy from
     eval_items.jsonl: the global adapter's, or (sapo, local) the mean over the nodes that reported the item (`harder`:
     the global adapter's on eval.harder-tier's items, from the rounds that recorded them); and each item's task where
@@ -108,7 +109,7 @@ def item_values(run_dir: Path, samples_by_round: dict[int, int | None] | None = 
     path = run_dir / EVAL_ITEMS_FILE
     out: dict[int, dict[str, dict[str, float]]] = {}
     tasks: dict[str, str] = {}
-    for row in read_eval_items(run_dir):
+    for row in read_eval_items(run_dir) if rows is None else rows:  # `rows`: the file's rows, read by the caller
         number = row["round"]
         fallback = (samples_by_round or {}).get(number) or 1
         records = eval_items_records(row, str(path), fallback)

@@ -96,7 +96,7 @@ class Instruction:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if not isinstance(cls.__dict__.get("message_type", getattr(cls, "message_type", None)), str):
+        if not isinstance(getattr(cls, "message_type", None), str):
             raise TypeError(f"{cls.__name__}: an instruction must name its message_type")
 
     def config_record(self) -> dict:
