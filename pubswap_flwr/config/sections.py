@@ -76,7 +76,10 @@ class ModelConfig:
     lora_alpha: int = opt(32, between(1, 65536), "LoRA scale = alpha / r")
     lora_dropout: float = opt(0.0, below_half)
     lora_targets: str = opt("all-linear", doc="all-linear, or comma-separated module names")
-    node_models: str = opt("", doc="simulation: comma-separated model names assigned to partitions round robin")
+    node_models: str = opt("", doc="simulation: comma-separated model names assigned to partitions round robin; in "
+                                   "a mode that averages one adapter each must have model.name's parameter shapes "
+                                   "(packaged variants of one GGUF file: a skilled donor beside the warm model), and "
+                                   "the server evaluates the global adapter on model.name")
     threads: int = opt(0, between(0, 4096), "torch threads of every process that runs the model; 0 = the CPUs it was "
                                             "given (node-config num-cpus, Ray's num-cpus per client, OMP_NUM_THREADS, "
                                             "else the CPUs it may run on)")

@@ -15,6 +15,7 @@ from flwr.app import Context, Message, RecordDict
 from ..config import ExperimentConfig
 from ..evaluation import evaluate
 from ..logs import route_logs_to_flower
+from ..model_packages import same_shapes, shape_family
 from ..shared import eval_settings
 from ..wire.counters import FormatCounts
 from ..wire.records import ClientReport, Header, config_of
@@ -144,10 +145,11 @@ def serve(handler: ClientHandler, modes: tuple[str, ...],
         header = Header.from_config(config_of(message.content))
         identity = NodeIdentity.from_flower(cfg, dict(context.node_config), context.node_id, header.run_dir or None,
                                             header.run_name)
-        if not protocol.per_node_models and identity.model_name != cfg.model.name:
-            raise ValueError(f"this node's model {identity.model_name!r} differs from the run's model.name "
-                             f"{cfg.model.name!r}; strategy.mode = {cfg.strategy.mode!r} averages one model, so "
-                             "every node must run it (sapo lets nodes keep different models)")
+        if not protocol.per_node_models and not same_shapes(identity.model_name, cfg.model.name):
+            raise ValueError(f"this node's model {identity.model_name!r} has other parameter shapes than the run's "
+                             f"model.name {cfg.model.name!r} ({shape_family(identity.model_name)} against "
+                             f"{shape_family(cfg.model.name)}); strategy.mode = {cfg.strategy.mode!r} averages one "
+                             "adapter, so every node's base must take it (sapo lets nodes keep different models)")
         learner = Learner(NodeSettings.of(cfg), identity, header.proximal_mu)
         check_state_continues(learner, header)
         if header.round_start:

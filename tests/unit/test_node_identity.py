@@ -7,7 +7,7 @@ from pathlib import Path
 from pubswap_flwr.config import ExperimentConfig
 from pubswap_flwr.node_runtime.state import NodeIdentity
 
-CFG = ExperimentConfig.from_flat({"model.node-models": "embedded:tiny,embedded:tiny-b",
+CFG = ExperimentConfig.from_flat({"strategy.mode": "sapo", "model.node-models": "embedded:tiny,embedded:tiny-b",
                                   "tasks.data-paths": "a.jsonl,b.jsonl,c.jsonl"})
 
 
