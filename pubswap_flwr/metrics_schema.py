@@ -30,6 +30,10 @@ SERVER_OPTIMIZER: Final = "server_optimizer"
 ZERO_ADVANTAGE_SHARE: Final = "zero_advantage_share"
 ZERO_ADVANTAGE_BEFORE_SWAP: Final = "zero_advantage_before_swap"
 ZERO_ADVANTAGE_AFTER_SWAP: Final = "zero_advantage_after_swap"
+# in SWAP (summed over the round's public steps) and per public step: each client's public groups (one per prompt)
+# whose rewards differ, before and after the swap ({client label: count}): the groups a public step can learn from
+MIXED_GROUPS_BEFORE_SWAP: Final = "mixed_groups_before_swap"
+MIXED_GROUPS_AFTER_SWAP: Final = "mixed_groups_after_swap"
 
 # -- the held-out metrics in EVAL / NODE_EVAL ---------------------------------------------------------------------
 GREEDY_ACCURACY: Final = "greedy_accuracy"

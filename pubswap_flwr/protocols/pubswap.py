@@ -29,7 +29,7 @@ import numpy as np
 from flwr.app import RecordDict
 
 from .. import metrics_schema as schema
-from ..algorithms.group_signal import zero_advantage_share
+from ..algorithms.group_signal import has_signal, zero_advantage_share
 from ..algorithms.public_schedule import even_positions, fixed_positions, public_step_count
 from ..algorithms.pubswap_response_sets import Response, build_response_sets, most_likely, rewards_after_swap
 from ..config import ExperimentConfig
@@ -226,6 +226,8 @@ class PubSwapProtocol(AveragingProtocol):
         own_reward: dict[int, list[float]] = {node: [] for node in nodes}
         equal_before: list[float] = []  # per prompt: the share of the clients' groups with all rewards equal
         equal_after: list[float] = []
+        mixed_before = {node: 0 for node in nodes}  # per client: its groups with unequal rewards, before and after
+        mixed_after = {node: 0 for node in nodes}
         for uid in uids:
             pool = [Response(label(node), i, text, reward, (behaviour.get(node) or {}).get(uid, [None] * k)[i])
                     for node in nodes for i, (text, reward) in enumerate(responses[node][uid])]
@@ -245,6 +247,8 @@ class PubSwapProtocol(AveragingProtocol):
                 swapped_pairs += outcome.swapped > 0
                 donors.append(outcome.donors_available)
                 own_reward[node].extend(reward for _, reward in responses[node][uid])
+                mixed_before[node] += has_signal([reward for _, reward in responses[node][uid]])
+                mixed_after[node] += has_signal(rewards_after_swap(outcome))
             before = zero_advantage_share([reward for _, reward in responses[node][uid]] for node in nodes)
             after = zero_advantage_share(rewards_after_swap(outcomes[label(node)]) for node in nodes)
             if before is not None and after is not None:
@@ -267,6 +271,8 @@ class PubSwapProtocol(AveragingProtocol):
             "policy_disagreement": float(np.mean(disagreement)) if disagreement else 0.0,
             schema.ZERO_ADVANTAGE_BEFORE_SWAP: equal_before,
             schema.ZERO_ADVANTAGE_AFTER_SWAP: equal_after,
+            schema.MIXED_GROUPS_BEFORE_SWAP: {str(n): c for n, c in mixed_before.items()},
+            schema.MIXED_GROUPS_AFTER_SWAP: {str(n): c for n, c in mixed_after.items()},
         }
         if any(withheld.values()):
             metrics["behaviours_withheld"] = {str(n): c for n, c in withheld.items()}
@@ -288,6 +294,10 @@ def summarise_public_steps(steps: list[dict]) -> dict:
         shares = [share for s in steps for share in s.get(key, ())]  # over every public prompt of the round
         if shares:
             summary[key] = float(np.mean(shares))
+    for key in (schema.MIXED_GROUPS_BEFORE_SWAP, schema.MIXED_GROUPS_AFTER_SWAP):  # per client, summed over steps
+        counts = [s[key] for s in steps if key in s]
+        if counts:
+            summary[key] = {n: sum(c.get(n, 0) for c in counts) for n in dict.fromkeys(n for c in counts for n in c)}
     withheld = [s["behaviours_withheld"] for s in steps if "behaviours_withheld" in s]
     if withheld:
         summary["behaviours_withheld"] = {n: sum(w.get(n, 0) for w in withheld) for w0 in withheld for n in w0}

@@ -69,4 +69,12 @@ def test_pubswap_records_the_share_before_and_after_the_swap_per_public_prompt(t
         assert all(0 <= share <= 1 for share in before + after)
     for key in ("zero_advantage_before_swap", "zero_advantage_after_swap"):  # the mean over the round's prompts
         assert row["swap"][key] == pytest.approx(statistics.fmean(s for step in steps for s in step[key]))
+    for before_key, mixed_key in (("zero_advantage_before_swap", "mixed_groups_before_swap"),
+                                  ("zero_advantage_after_swap", "mixed_groups_after_swap")):
+        for step in steps:  # per client, its groups with unequal rewards: the shares' complement, client by client
+            counts = step[mixed_key]
+            assert set(counts) == set(row["clients"])
+            assert all(0 <= c <= len(step["prompts"]) for c in counts.values())
+            assert sum(counts.values()) == round(sum((1 - share) * step["clients"] for share in step[before_key]))
+        assert row["swap"][mixed_key] == {n: sum(step[mixed_key][n] for step in steps) for n in row["clients"]}
     assert all("trained_groups" in c for c in row["clients"].values())
