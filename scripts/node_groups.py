@@ -1,6 +1,9 @@
 """SAPO node groups: held-out results of the nodes that run each model (e.g. the weak nodes of a strong/weak swarm),
 or (`--split own-task`) of each node on the tasks it practises against the tasks only its peers practise, per arm
-with 95% CIs over seeds, and paired against a baseline arm seed by seed. Reads metrics.jsonl and status.json only.
+with 95% CIs over seeds, and paired against a baseline arm seed by seed. Reads metrics.jsonl and status.json, and
+for the model groups eval_items.jsonl: each model's nodes' held-out pass@1 item by item (the mean over its nodes),
+last round - round 0 and arm - baseline, with intervals over seeds x items (the reports' construction,
+pubswap_flwr/report/item_intervals.py).
 
     python scripts/node_groups.py docs/results/control-sapo-strong-weak/runs --baseline sapo-8-0
     python scripts/node_groups.py docs/results/control-sapo-skills/runs --baseline sapo-8-0 --split own-task
@@ -15,11 +18,18 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pubswap_flwr.report import fmt_ci, group, mean_ci, paired_differences, summarize_run  # noqa: E402
+from pubswap_flwr.report.item_intervals import (  # noqa: E402
+    INTERVAL_CONSTRUCTION,
+    learning_item_interval,
+    paired_item_interval,
+)
+from pubswap_flwr.report.summaries import RunSummary, item_values  # noqa: E402
 from pubswap_flwr.server.metrics import read_status  # noqa: E402
 
 METRICS = ("sampled_accuracy", "greedy_accuracy")
@@ -73,6 +83,49 @@ def mechanism(rows: list[dict]) -> dict[str, dict[str, float]]:
                       if c["model"] == model and c.get("well_formed") is not None]
             out[model][label] = sum(shares) / len(shares) if shares else float("nan")
     return out
+
+
+def node_models(rows: list[dict]) -> dict[str, str]:
+    """node id -> the model it ran, from the metrics rows' clients."""
+    return {node: c["model"] for row in rows for node, c in row.get("clients", {}).items()}
+
+
+def model_runs(summary: RunSummary) -> dict[str, RunSummary]:
+    """model -> the run as seen through that model's nodes only: its per-item held-out values are the mean over
+    those nodes (eval_items.jsonl); empty when the run recorded no per-item results."""
+    models = node_models(summary.rows)
+    out = {}
+    for model in sorted(set(models.values())):
+        items, _ = item_values(summary.run_dir, nodes={node for node, m in models.items() if m == model})
+        if items:
+            out[model] = replace(summary, items=items)
+    return out
+
+
+def print_item_intervals(runs: list[RunSummary], baseline: str) -> None:
+    """Per model: each arm's last - round 0 and arm - baseline at the last round, over seeds x items."""
+    by_model: dict[str, list[RunSummary]] = {}
+    for summary in runs:
+        for model, seen in model_runs(summary).items():
+            by_model.setdefault(model, []).append(seen)
+    if not by_model:
+        return
+    print()
+    print(f"Over seeds x items ({INTERVAL_CONSTRUCTION}), each item the mean over the model's nodes:")
+    print()
+    print("| model | arm | metric | last - round 0 | arm - " + baseline + " |")
+    print("|---|---|---|---|---|")
+    for model, seen in by_model.items():
+        arms = group(seen)
+        for arm, members in arms.items():
+            for metric in METRICS:
+                gain = learning_item_interval(members, metric)
+                paired = None if arm == baseline or baseline not in arms else paired_item_interval(
+                    members, arms[baseline], metric)
+                cells = [fmt_ci(gain, signed=True) if gain else "n/a",
+                         fmt_ci(paired, signed=True) if paired else ""]
+                print(f"| {model} | {arm} (seeds {', '.join(str(r.seed) for r in members)}) | {metric} | "
+                      + " | ".join(cells) + " |")
 
 
 def completed_runs(runs: Path) -> tuple[list[Path], list[str]]:
@@ -131,6 +184,8 @@ def main() -> None:
     for pair in paired_differences(arms, args.baseline, keys):
         print(f"| {pair.arm} (seeds {', '.join(map(str, pair.seeds))}) | "
               + " | ".join(fmt_ci(pair.intervals[k], signed=True) for k in keys) + " |")
+    if args.split == "model":
+        print_item_intervals(runs, args.baseline)
     if args.mechanism:
         print()
         print_mechanism(run_dirs)

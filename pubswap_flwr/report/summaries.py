@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import statistics
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -98,9 +99,11 @@ def summarize_run(run_dir: Path) -> RunSummary:
 
 
 def item_values(run_dir: Path, samples_by_round: dict[int, int | None] | None = None, harder: bool = False,
-                rows: list[dict] | None = None) -> tuple[dict[int, dict[str, dict[str, float]]], dict[str, str]]:
+                rows: list[dict] | None = None, nodes: Collection[str] | None = None
+                ) -> tuple[dict[int, dict[str, dict[str, float]]], dict[str, str]]:
     """Per evaluated round, each held-out item's greedy (0/1) and sampled (share of samples right) accuracy from
-    eval_items.jsonl: the global adapter's, or (sapo, local) the mean over the nodes that reported the item (`harder`:
+    eval_items.jsonl: the global adapter's, or (sapo, local) the mean over the nodes that reported the item (only
+    those in `nodes`, node ids, when given: e.g. the receivers of a swarm) (`harder`:
     the global adapter's on eval.harder-tier's items, from the rounds that recorded them); and each item's task where
     the records name it. A record without its `samples` (the first runs that wrote the file) takes
     the round's eval.samples from metrics.jsonl. The file is read as the runner writes it: a record listing an item
@@ -120,6 +123,8 @@ def item_values(run_dir: Path, samples_by_round: dict[int, int | None] | None = 
             chosen = {HARDER_TIER_ITEMS: tier}
         else:
             chosen = {GLOBAL_ITEMS: records[GLOBAL_ITEMS]} if GLOBAL_ITEMS in records else records
+            if nodes is not None:
+                chosen = {key: record for key, record in chosen.items() if key in nodes}
         sums: dict[str, dict[str, list[float]]] = {}
         for key, record in chosen.items():
             for uid, task in zip(record.uids, record.tasks or ()):

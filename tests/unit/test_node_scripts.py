@@ -75,3 +75,74 @@ def test_only_completed_runs_are_grouped(tmp_path):
     done, left_out = _script("node_groups").completed_runs(tmp_path)
     assert [p.name for p in done] == ["sapo-8-0-s0"]
     assert left_out == ["left out sapo-4-4-s0: no status", "left out sapo-8-0-s1: running"]
+
+
+def _swarm_run(root, arm: str, seed: int, receiver_counts: dict[str, list[int]]) -> None:
+    """A finished 3-node run: node d runs the donor, w1 and w2 the warm model; 4 held-out items x 4 samples; the
+    receivers solve nothing at round 0 and `receiver_counts` (samples right per item) at round 1."""
+    run = root / f"{arm}-s{seed}"
+    run.mkdir()
+    uids, tasks = ["u0", "u1", "u2", "u3"], ["chain"] * 4
+    clients = {"d": {"model": "donor", "node_index": 0}, "w1": {"model": "warm", "node_index": 1},
+               "w2": {"model": "warm", "node_index": 2}}
+    evaluation = {"sampled_accuracy": 0.1, "greedy_accuracy": 0.1}
+    rows = [{"round": 0, "eval": evaluation, "node_eval": {n: evaluation for n in clients}},
+            {"round": 1, "eval": evaluation, "node_eval": {n: evaluation for n in clients}, "clients": clients}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "status.json").write_text(json.dumps({"status": "completed"}))
+
+    def record(counts: list[int]) -> dict:
+        return {"uids": uids, "tasks": tasks, "samples": 4, "greedy": [min(c, 1) for c in counts], "sampled": counts}
+
+    items = [{"round": 0, "d": record([2, 2, 2, 2]), "w1": record([0] * 4), "w2": record([0] * 4)},
+             {"round": 1, "d": record([4, 4, 4, 4]), **{n: record(c) for n, c in receiver_counts.items()}}]
+    (run / "eval_items.jsonl").write_text("".join(json.dumps(r) + "\n" for r in items))
+
+
+def test_model_groups_resolve_by_item_over_the_model_s_nodes_only(tmp_path, capsys):
+    """The receivers' per-item values are the mean over the warm nodes, not over every node; their gain and their
+    difference from the baseline come over seeds x items."""
+    script = _script("node_groups")
+    for seed in (0, 1, 2):
+        _swarm_run(tmp_path, "sapo-4-4", seed, {"w1": [1, 0, 2, 0], "w2": [1, 2, 0, seed]})
+        _swarm_run(tmp_path, "sapo-8-0", seed, {"w1": [0] * 4, "w2": [0] * 4})
+    runs = [script.summarize_run(d) for d in script.completed_runs(tmp_path)[0]]
+    seen = script.model_runs(next(r for r in runs if r.arm == "sapo-4-4" and r.seed == 2))
+    assert sorted(seen) == ["donor", "warm"]
+    assert seen["warm"].items[1]["sampled_accuracy"] == {"u0": 0.25, "u1": 0.25, "u2": 0.25, "u3": 0.25}
+    assert seen["warm"].items[0]["sampled_accuracy"] == dict.fromkeys(["u0", "u1", "u2", "u3"], 0.0)
+    assert seen["donor"].items[1]["sampled_accuracy"] == dict.fromkeys(["u0", "u1", "u2", "u3"], 1.0)
+    script.print_item_intervals(runs, "sapo-8-0")
+    lines = capsys.readouterr().out.splitlines()
+    # seeds 0, 1, 2: the warm nodes' mean per item at round 1 is 0.75/4, 0.875/4 and 1/4 of an item: +0.1875, +0.2188
+    # and +0.25; their mean +0.219 is both the gain since round 0 and the difference from sapo-8-0 (which gains 0)
+    (warm,) = [line for line in lines if line.startswith("| warm | sapo-4-4") and "sampled_accuracy" in line]
+    gain, paired = warm.split(" | ")[3:5]
+    assert float(gain.split(" [")[0]) == float(paired.split(" [")[0]) == pytest.approx(0.21875, abs=5e-4)
+    (base,) = [line for line in lines if line.startswith("| warm | sapo-8-0") and "sampled_accuracy" in line]
+    assert base.split(" | ")[3] == "0.000 [0.000, 0.000]" and base.rstrip().endswith("|  |")
+    (donor,) = [line for line in lines if line.startswith("| donor | sapo-4-4") and "sampled_accuracy" in line]
+    assert float(donor.split(" | ")[3].split(" [")[0]) == pytest.approx(0.5)
+
+
+def test_swap_groups_counts_each_client_s_mixed_public_groups_before_and_after_the_swap(tmp_path, capsys):
+    step = {"prompts": ["p0", "p1"], "responses_swapped": {"a": 0, "b": 3},
+            "mixed_groups_before_swap": {"a": 1, "b": 0}, "mixed_groups_after_swap": {"a": 1, "b": 2}}
+    rows = [{"round": 0},
+            {"round": 1, "clients": {"b": {"node_index": 1, "model": "warm"}, "a": {"node_index": 0, "model": "donor"}},
+             "public_steps": [step, step],
+             "swap": {"mixed_groups_before_swap": {"a": 2, "b": 0}, "mixed_groups_after_swap": {"a": 2, "b": 4}}}]
+    script = _script("swap_groups")
+    entries = script.swap_rows(rows)
+    assert [(e["client"], e["model"]) for e in entries] == [(0, "donor"), (1, "warm")]
+    assert entries[1] == {"round": 1, "client": 1, "model": "warm", "public groups": 4, "mixed before": 0,
+                          "mixed after": 4, "swapped in": 6}
+    run = tmp_path / "pubswap-balanced-s0"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "status.json").write_text(json.dumps({"status": "completed"}))
+    assert script.main([str(tmp_path)]) == 0
+    assert "| pubswap-balanced | 1 | warm | 4 | 0 | 4 | 6 |" in capsys.readouterr().out
+    (tmp_path / "empty").mkdir()
+    assert script.main([str(tmp_path / "empty")]) == 2
+    assert "no completed PubSwap run with mixed-group counts" in capsys.readouterr().err
