@@ -19,6 +19,7 @@ import argparse
 import json
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -88,6 +89,22 @@ def add_constants(out: Path) -> None:
     out.with_suffix(".md").write_text(table(result))
 
 
+def scaled_variant(name: str, scale: float, scratch: Path) -> str:
+    """The HF folder of packaged variant `name` with its adapter merged times `scale`, built under `scratch`."""
+    from dataclasses import replace
+
+    from pubswap_flwr.model_packages import PACKAGED
+    from pubswap_flwr.policy.packaged import ensure_folder, merge_adapter
+
+    variant = PACKAGED.get(name)
+    if variant is None or not variant.adapter or not variant.base:
+        sys.exit(f"--adapter-scale needs a packaged variant with an adapter; --model {name!r} is none of "
+                 f"{', '.join(n for n, m in PACKAGED.items() if m.adapter)}")
+    target = scratch / "model"
+    merge_adapter(replace(variant, adapter_scale=scale), ensure_folder(variant.base), target)
+    return str(target)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
@@ -101,6 +118,9 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--adapter-scale", type=float, default=None,
+                        help="probe the packaged variant --model with its adapter merged times this (a candidate "
+                             "scaled variant: merged into a temporary folder, not the model cache)")
     parser.add_argument("--add-constants", action="store_true",
                         help="only fill the best-constant column into the existing --out table (no model)")
     args = parser.parse_args()
@@ -116,7 +136,11 @@ def main() -> None:
     from pubswap_flwr.tasks import HeldOutSet, parse_custom_tasks, parse_mix
 
     apply_threads()
-    settings = {"model": args.model, "template": args.template, "items": args.items, "samples": args.samples,
+    scratch = tempfile.TemporaryDirectory(prefix="zero-shot-")  # a scaled variant's folder lives only while we run
+    model_name = args.model if args.adapter_scale is None else scaled_variant(args.model, args.adapter_scale,
+                                                                             Path(scratch.name))
+    scale = {"adapter_scale": args.adapter_scale} if args.adapter_scale is not None else {}
+    settings = {"model": args.model, **scale, "template": args.template, "items": args.items, "samples": args.samples,
                 "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "data_seed": DATA_SEED,
                 **({"custom": args.custom} if args.custom else {})}
     result = json.loads(args.out.read_text()) if args.out.is_file() else {}
@@ -126,7 +150,7 @@ def main() -> None:
     result.setdefault("tasks", {})
     result["command"] = "python scripts/zero_shot.py " + " ".join(sys.argv[1:])
     result["code"] = code_version()
-    policy = Policy(PolicySpec(model_name=args.model, lora=LoraSettings(r=8, alpha=16), template=args.template,
+    policy = Policy(PolicySpec(model_name=model_name, lora=LoraSettings(r=8, alpha=16), template=args.template,
                                generation=GenerationSettings(max_new_tokens=args.max_new_tokens,
                                                              temperature=args.temperature, max_prompt_tokens=512)))
     names = [t for t in args.tasks.split(",") if t]

@@ -162,9 +162,10 @@ def merge_adapter(model: PackagedModel, base_folder: str, target: Path) -> None:
         raise PackagedModelError(f"model {model.name!r} needs its adapter {adapter}, which is missing; "
                                  f"rebuild it as {adapter / 'build.json'} says")
     quiet_transformers()
-    log.info("building %s: %s with the adapter %s merged", model.name, model.base, adapter)
+    log.info("building %s: %s with the adapter %s merged (scale %g)", model.name, model.base, adapter,
+             model.adapter_scale)
     base = AutoModelForCausalLM.from_pretrained(base_folder)
-    merged = PeftModel.from_pretrained(base, str(adapter)).merge_and_unload()
+    merged = scaled(PeftModel.from_pretrained(base, str(adapter)), model.adapter_scale).merge_and_unload()
     partial = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
         merged.save_pretrained(str(partial))
@@ -172,13 +173,26 @@ def merge_adapter(model: PackagedModel, base_folder: str, target: Path) -> None:
         for child in partial.iterdir():
             child.chmod(0o644)
         partial.chmod(0o755)
-        write_marker(partial, {"name": model.name, "base": model.base, "adapter": str(adapter)})
+        write_marker(partial, {"name": model.name, "base": model.base, "adapter": str(adapter),
+                               "adapter_scale": model.adapter_scale})
         if target.exists():
             shutil.rmtree(target)
         partial.rename(target)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
+
+
+def scaled(peft_model, scale: float):
+    """`peft_model` with every LoRA update B A multiplied by `scale` (its B matrices scaled in place)."""
+    if scale != 1.0:
+        import torch
+
+        with torch.no_grad():
+            for name, parameter in peft_model.named_parameters():
+                if "lora_B" in name:
+                    parameter.mul_(scale)
+    return peft_model
 
 
 def ensure_folder(name: str) -> str:
