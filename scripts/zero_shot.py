@@ -42,7 +42,8 @@ def code_version() -> str:
 
 def table(result: dict) -> str:
     s = result["settings"]
-    lines = [f"# Zero-shot: {s['model']}, template `{s['template']}`, {s['max_new_tokens']} new tokens", "",
+    model = s["model"] + (f" with its adapter merged times {s['adapter_scale']:g}" if "adapter_scale" in s else "")
+    lines = [f"# Zero-shot: {model}, template `{s['template']}`, {s['max_new_tokens']} new tokens", "",
              f"{s['items']} held-out items per task (data seed {s['data_seed']}); greedy, and {s['samples']} samples "
              f"per item at T = {s['temperature']}. Strict: a correct answer inside `<answer></answer>` (the training "
              "reward). Lenient: the tagged answer, else the last number (numeric answers) or last word. Well-formed: "

@@ -68,8 +68,9 @@ class ModelConfig:
                                          "a cached folder), smollm2-135m-warm (the same after the answer-format "
                                          "warm-up: the real model RL starts from; -c configs/real.toml has its "
                                          "settings), smollm2-135m-donor-chain-sum (the warm model fine-tuned "
-                                         "on chain_sum_3x2 worked solutions: pubswap_flwr/donor.py), a local HF "
-                                         "model directory, or a Hub id")
+                                         "on chain_sum_3x2 worked solutions: pubswap_flwr/donor.py), "
+                                         "smollm2-135m-half-warm (the warm-up's adapter at half its update: tags "
+                                         "about half its answers), a local HF model directory, or a Hub id")
     dtype: str = opt("float32", one_of("float32", "bfloat16", "float16"))
     device: str = opt("auto", device_name, "auto (cuda when torch sees a GPU, else cpu), cpu, cuda, cuda:N or mps")
     lora_r: int = opt(16, between(1, 1024))

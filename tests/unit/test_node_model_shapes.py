@@ -5,7 +5,8 @@ import pytest
 from pubswap_flwr.config import ConfigError, ExperimentConfig
 from pubswap_flwr.model_packages import PACKAGED, same_shapes, shape_family
 
-SMOLLM2_FAMILY = ["smollm2-135m-instruct", "smollm2-135m-warm", "smollm2-135m-donor-chain-sum"]
+SMOLLM2_FAMILY = ["smollm2-135m-instruct", "smollm2-135m-warm", "smollm2-135m-donor-chain-sum",
+                  "smollm2-135m-half-warm"]
 
 
 def test_packaged_variants_of_one_gguf_file_are_one_shape_family():
