@@ -179,11 +179,12 @@ def main() -> None:
         print(f"| {arm} | {', '.join(str(r.seed) for r in members)} | "
               + " | ".join(fmt_ci(mean_ci(r.values.get(k) for r in members)) for k in keys) + " |")
     print()
-    print(f"| arm − {args.baseline} | " + " | ".join(keys) + " |")
-    print("|---|" + "---|" * len(keys))
-    for pair in paired_differences(arms, args.baseline, keys):
+    shared = [k for k in keys if all(k in r.values for r in runs)]  # a model some arm lacks (its donors) pairs nothing
+    print(f"| arm − {args.baseline} | " + " | ".join(shared) + " |")
+    print("|---|" + "---|" * len(shared))
+    for pair in paired_differences(arms, args.baseline, shared):
         print(f"| {pair.arm} (seeds {', '.join(map(str, pair.seeds))}) | "
-              + " | ".join(fmt_ci(pair.intervals[k], signed=True) for k in keys) + " |")
+              + " | ".join(fmt_ci(pair.intervals[k], signed=True) for k in shared) + " |")
     if args.split == "model":
         print_item_intervals(runs, args.baseline)
     if args.mechanism:

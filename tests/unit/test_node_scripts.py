@@ -77,13 +77,13 @@ def test_only_completed_runs_are_grouped(tmp_path):
     assert left_out == ["left out sapo-4-4-s0: no status", "left out sapo-8-0-s1: running"]
 
 
-def _swarm_run(root, arm: str, seed: int, receiver_counts: dict[str, list[int]]) -> None:
+def _swarm_run(root, arm: str, seed: int, receiver_counts: dict[str, list[int]], donor: str = "donor") -> None:
     """A finished 3-node run: node d runs the donor, w1 and w2 the warm model; 4 held-out items x 4 samples; the
     receivers solve nothing at round 0 and `receiver_counts` (samples right per item) at round 1."""
     run = root / f"{arm}-s{seed}"
     run.mkdir()
     uids, tasks = ["u0", "u1", "u2", "u3"], ["chain"] * 4
-    clients = {"d": {"model": "donor", "node_index": 0}, "w1": {"model": "warm", "node_index": 1},
+    clients = {"d": {"model": donor, "node_index": 0}, "w1": {"model": "warm", "node_index": 1},
                "w2": {"model": "warm", "node_index": 2}}
     evaluation = {"sampled_accuracy": 0.1, "greedy_accuracy": 0.1}
     rows = [{"round": 0, "eval": evaluation, "node_eval": {n: evaluation for n in clients}},
@@ -146,3 +146,23 @@ def test_swap_groups_counts_each_client_s_mixed_public_groups_before_and_after_t
     (tmp_path / "empty").mkdir()
     assert script.main([str(tmp_path / "empty")]) == 2
     assert "no completed PubSwap run with mixed-group counts" in capsys.readouterr().err
+
+
+def test_a_model_that_only_some_arms_run_is_left_out_of_the_pairing(tmp_path, monkeypatch, capsys):
+    """Arms whose donors run different models (transfer-sapo-format): the receivers pair, the donors do not."""
+    import sys
+
+    script = _script("node_groups")
+    for seed in (0, 1):
+        _swarm_run(tmp_path, "sapo-4-4-half", seed, {"w1": [1, 1, 0, 0], "w2": [0] * 4}, donor="half")
+        _swarm_run(tmp_path, "sapo-4-4-warm", seed, {"w1": [0] * 4, "w2": [0] * 4}, donor="warm-donor")
+    monkeypatch.setattr(sys, "argv", ["node_groups.py", str(tmp_path), "--baseline", "sapo-4-4-warm"])
+    script.main()
+    out = capsys.readouterr().out
+    (header,) = [line for line in out.splitlines() if line.startswith("| arm − sapo-4-4-warm |")]
+    assert header == "| arm − sapo-4-4-warm | warm greedy_accuracy | warm sampled_accuracy |"
+    (pair,) = [line for line in out.splitlines() if line.startswith("| sapo-4-4-half (seeds 0, 1) |")]
+    assert pair.count(" | ") == 2  # the arm and the receivers' two metrics (node_eval: 0.1 in every run here)
+    (items,) = [line for line in out.splitlines() if line.startswith("| warm | sapo-4-4-half")
+                and "sampled_accuracy" in line]
+    assert float(items.split(" | ")[4].split(" [")[0]) == pytest.approx(1 / 16, abs=5e-4)  # (1/4 + 1/4) / 2 / 4
