@@ -95,7 +95,7 @@ def _universe(mix: str, public_mix: str, custom: str, per_task: int, public_size
 
 
 def task_universe(cfg: ExperimentConfig) -> TaskUniverse:
-    names = [cfg.model.name] + [n.strip() for n in cfg.model.node_models.split(",") if n.strip()]
+    names = cfg.model.named
     return _universe(cfg.tasks.mix, cfg.pubswap.public_mix, cfg.tasks.custom, cfg.eval.items_per_task,
                      cfg.pubswap.public_size, cfg.tasks.data_seed, cfg.tasks.node_mixes, cfg.eval.data_path,
                      cfg.eval.data_format or cfg.tasks.data_format, cfg.generation.max_prompt_tokens,

@@ -35,9 +35,14 @@ from pubswap_flwr.server.metrics import read_status  # noqa: E402
 METRICS = ("sampled_accuracy", "greedy_accuracy")
 
 
+def node_models(rows: list[dict]) -> dict[str, str]:
+    """node id -> the model it ran, from the metrics rows' clients."""
+    return {node: c["model"] for row in rows for node, c in row.get("clients", {}).items()}
+
+
 def model_groups(rows: list[dict]) -> dict[str, dict[str, float]]:
     """model -> metric -> mean over that model's nodes, at the last round where nodes evaluated."""
-    models = {node: c["model"] for row in rows for node, c in row.get("clients", {}).items()}
+    models = node_models(rows)
     last = [r for r in rows if r.get("node_eval")][-1]
     out: dict[str, dict[str, list[float]]] = {}
     for node, evaluation in last["node_eval"].items():
@@ -83,11 +88,6 @@ def mechanism(rows: list[dict]) -> dict[str, dict[str, float]]:
                       if c["model"] == model and c.get("well_formed") is not None]
             out[model][label] = sum(shares) / len(shares) if shares else float("nan")
     return out
-
-
-def node_models(rows: list[dict]) -> dict[str, str]:
-    """node id -> the model it ran, from the metrics rows' clients."""
-    return {node: c["model"] for row in rows for node, c in row.get("clients", {}).items()}
 
 
 def model_runs(summary: RunSummary) -> dict[str, RunSummary]:

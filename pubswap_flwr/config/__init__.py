@@ -189,10 +189,9 @@ class ExperimentConfig:
         """model.node-models in a mode that averages one adapter: every node's frozen base must take model.name's
         adapter (same parameter shapes); their weights may differ (a skilled donor beside the warm model)."""
         mode = self.strategy.mode
-        names = [n.strip() for n in self.model.node_models.split(",") if n.strip()]
         if not catalog.protocol(mode).averages_adapters:
             return
-        odd = [n for n in dict.fromkeys(names) if not same_shapes(n, self.model.name)]
+        odd = [n for n in self.model.named if not same_shapes(n, self.model.name)]
         if odd:
             family = [n for n in PACKAGED if same_shapes(n, self.model.name)] or [self.model.name]
             raise ConfigError(f"model.node-models names {', '.join(map(repr, odd))}: strategy.mode = {mode!r} "

@@ -85,6 +85,11 @@ class ModelConfig:
                                             "given (node-config num-cpus, Ray's num-cpus per client, OMP_NUM_THREADS, "
                                             "else the CPUs it may run on)")
 
+    @property
+    def named(self) -> list[str]:
+        """Every model the run names, each once: model.name, then each of model.node-models."""
+        return list(dict.fromkeys([self.name, *(n.strip() for n in self.node_models.split(",") if n.strip())]))
+
 
 @dataclass(frozen=True)
 class GenerationConfig:

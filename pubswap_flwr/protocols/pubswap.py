@@ -233,6 +233,7 @@ class PubSwapProtocol(AveragingProtocol):
                     for node in nodes for i, (text, reward) in enumerate(responses[node][uid])]
             outcomes = build_response_sets(pool, p.swap, p.correct_threshold, k, rng, p.donor,
                                            p.donor_candidates) if pool else {}
+            groups_before, groups_after = [], []  # this prompt's group of each client, rewards before and after
             for node in nodes:
                 me = label(node)
                 outcome = outcomes[me]
@@ -246,11 +247,14 @@ class PubSwapProtocol(AveragingProtocol):
                 swapped[node] += outcome.swapped
                 swapped_pairs += outcome.swapped > 0
                 donors.append(outcome.donors_available)
-                own_reward[node].extend(reward for _, reward in responses[node][uid])
-                mixed_before[node] += has_signal([reward for _, reward in responses[node][uid]])
-                mixed_after[node] += has_signal(rewards_after_swap(outcome))
-            before = zero_advantage_share([reward for _, reward in responses[node][uid]] for node in nodes)
-            after = zero_advantage_share(rewards_after_swap(outcomes[label(node)]) for node in nodes)
+                own = [reward for _, reward in responses[node][uid]]
+                kept = rewards_after_swap(outcome)
+                own_reward[node].extend(own)
+                groups_before.append(own)
+                groups_after.append(kept)
+                mixed_before[node] += has_signal(own)
+                mixed_after[node] += has_signal(kept)
+            before, after = zero_advantage_share(groups_before), zero_advantage_share(groups_after)
             if before is not None and after is not None:
                 equal_before.append(before)
                 equal_after.append(after)
@@ -294,13 +298,10 @@ def summarise_public_steps(steps: list[dict]) -> dict:
         shares = [share for s in steps for share in s.get(key, ())]  # over every public prompt of the round
         if shares:
             summary[key] = float(np.mean(shares))
-    for key in (schema.MIXED_GROUPS_BEFORE_SWAP, schema.MIXED_GROUPS_AFTER_SWAP):  # per client, summed over steps
-        counts = [s[key] for s in steps if key in s]
+    for key in (schema.MIXED_GROUPS_BEFORE_SWAP, schema.MIXED_GROUPS_AFTER_SWAP, "behaviours_withheld"):
+        counts = [s[key] for s in steps if key in s]  # per client, summed over the steps that recorded it
         if counts:
             summary[key] = {n: sum(c.get(n, 0) for c in counts) for n in dict.fromkeys(n for c in counts for n in c)}
-    withheld = [s["behaviours_withheld"] for s in steps if "behaviours_withheld" in s]
-    if withheld:
-        summary["behaviours_withheld"] = {n: sum(w.get(n, 0) for w in withheld) for w0 in withheld for n in w0}
     return summary
 
 

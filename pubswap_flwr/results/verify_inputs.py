@@ -73,11 +73,6 @@ def adapter_folder(folder: Path, run_dir: Path) -> bool:
     return True
 
 
-def named_models(cfg) -> list[str]:
-    """The models a run's config names: model.name and each of model.node-models."""
-    return list(dict.fromkeys([cfg.model.name] + [n.strip() for n in cfg.model.node_models.split(",") if n.strip()]))
-
-
 def _same_model(named: str, base: str) -> bool:
     if named == base:
         return True
@@ -99,7 +94,7 @@ def adapter_base(folder: Path, cfg, run_dir: Path) -> str:
     if not isinstance(base, str):
         raise VerifyError(f"{path}: base_model_name_or_path must name the base model as text, got "
                           f"{str(base)[:60]!r}")
-    named = named_models(cfg)
+    named = cfg.model.named
     match = next((n for n in named if _same_model(n, base)), None)
     if match is None:
         raise VerifyError(f"{path}: base model {base[:200]!r} is none the run's {CONFIG_FILE} names "

@@ -237,8 +237,7 @@ def check_model_packages(cfg: ExperimentConfig) -> None:
     a package that is not installed: found here in a moment, not when the model is prepared (half a minute in)."""
     from ..model_packages import PACKAGED, PackagedModelError, gguf_path
 
-    names = [cfg.model.name, *(n.strip() for n in cfg.model.node_models.split(",") if n.strip())]
-    for name in dict.fromkeys(names):
+    for name in cfg.model.named:
         if name in PACKAGED:
             try:
                 gguf_path(PACKAGED[name])
