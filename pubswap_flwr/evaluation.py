@@ -4,7 +4,9 @@ averaged over n samples per item, each with its standard error over items, per t
 At this model scale RL moves sampled behaviour first (greedy accuracy can even dip while sampled reward
 rises; tests/integration/test_learning.py), so both are reported. One sample per item leaves a standard error of
 about 0.02 on a few hundred items, the size of a whole short run's gain; n samples per item shrink the part of it
-that comes from sampling. Sampling uses a fixed seed so rounds and arms are comparable.
+that comes from sampling. Sampling uses a fixed seed so rounds and arms are comparable, and since 2026-12-06 (#55)
+each item's samples come from random streams of its own (the seed and the item's uid), so splitting the items across
+batches or processes changes no result; figures from before that date are not comparable draw for draw.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 
 from .metrics_schema import ITEM_RESULTS
 from .policy import Policy
+from .policy.sampling import stream_seed
 from .settings import EvalSettings
 from .tasks import TaskItem, lenient_answer, lenient_score, score_completion
 from .tasks.rewards import RewardTable
@@ -95,6 +98,11 @@ class Scoring(NamedTuple):
     rewards: RewardTable | None
 
 
+def item_seed(seed: int, uid: str) -> int:
+    """The seed of an item's sampled completions in an evaluation with seed `seed` (see `_scores`)."""
+    return stream_seed(seed, "held-out item", uid)
+
+
 def _scores(policy: Policy, items: Sequence[TaskItem], per_item: int, parts: Sequence[slice], pass_name: str,
             scoring: Scoring, **sample) -> list[Scores]:
     """One generation pass: `per_item` completions of every item (`policy.sample(..., **sample)`, batch_size
@@ -102,15 +110,23 @@ def _scores(policy: Policy, items: Sequence[TaskItem], per_item: int, parts: Seq
     evaluation's settings, its progress callback and its reward table. A Scores is (task -> per
     item, the rewards of its samples; with `lenient`, task -> per item, each sample's lenient correctness (1/0)
     followed by whether it is well-formed (1/0), else {}; task -> every sample's answer (the tagged one, else the last
-    number or word: tasks.lenient_answer), for the shortcut check)."""
+    number or word: tasks.lenient_answer), for the shortcut check). A policy with per-item streams
+    (`has_item_streams`) draws each item's samples from streams seeded by the evaluation's seed and the item's uid
+    (`item_seed`), so an item's results do not depend on the items beside it, the batch size or how items are split
+    across calls or processes; any other policy samples from the global generator as `_passes` seeds it."""
     settings, progress, user_rewards = scoring
     max_chars, lenient = settings.max_chars, settings.lenient
     scores: list[Scores] = [({}, {}, {}) for _ in parts]
     per_call = max(1, settings.batch_size // per_item)
     table = user_rewards or RewardTable()
+    streams = getattr(policy, "has_item_streams", False) and not sample.get("greedy", False)
     for start in range(0, len(items), per_call):
         chunk = items[start:start + per_call]
-        out = policy.sample(chunk, per_item, with_logprobs=False, **sample)
+        if streams:
+            out = policy.sample(chunk, per_item, with_logprobs=False,
+                                item_seeds=[item_seed(settings.seed, item.uid) for item in chunk], **sample)
+        else:
+            out = policy.sample(chunk, per_item, with_logprobs=False, **sample)
         for into, part in zip(scores, parts):
             _add_scores(into, chunk, [row[part] for row in out], table, max_chars, lenient)
         if progress is not None:

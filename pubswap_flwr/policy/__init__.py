@@ -99,11 +99,17 @@ class Policy:
         return self.spec.generation.sampler == "cached"
 
     def sample(self, items: Sequence[TaskItem], k: int, *, greedy: bool = False, with_logprobs: bool = True,
-               greedy_first: int = 0) -> list[list[Sample]]:
+               greedy_first: int = 0, item_seeds: Sequence[int] | None = None) -> list[list[Sample]]:
+        """k completions of each item (sampling.generate; `item_seeds`: its prompt_seeds, one per item)."""
         with self.sampler.merged():
             return generate(self.sampling_model, self.tokenizer, self.prompts(items), num_return=k,
                             settings=self.spec.generation, greedy=greedy, with_logprobs=with_logprobs,
-                            greedy_first=greedy_first)
+                            greedy_first=greedy_first, prompt_seeds=item_seeds)
+
+    @property
+    def has_item_streams(self) -> bool:
+        """Whether `sample(..., item_seeds=...)` can draw each item's samples from streams of its own."""
+        return self.spec.generation.sampler == "cached"
 
     # -- learning --------------------------------------------------------------------------------------------
     def update(self, groups: Sequence[RolloutGroup], proximal_reference: dict[str, torch.Tensor] | None = None,

@@ -4,6 +4,7 @@ and per task; greedy pass@1 stays one greedy sample per item."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -162,3 +163,29 @@ def test_without_sampling_the_greedy_pass_runs_alone_even_when_rows_could_mix():
     policy = ScriptedPolicy({"a": "<answer>1</answer>"}, {}, can_mix_greedy=True)
     out = evaluate(policy, items, EvalSettings(sampled=False))
     assert policy.calls == [(1, 1, True)] and out["greedy_accuracy"] == 1.0 and "sampled_accuracy" not in out
+
+
+def test_an_items_results_do_not_depend_on_how_items_are_split(tiny_policy, monkeypatch):
+    """Per-item random streams (#55): the same per-item greedy and sampled counts whatever the batch size, the
+    order of the items, a split into two calls (as two processes would evaluate them) or separate greedy and sampled
+    passes; the evaluation's seed still changes the sampled ones."""
+    from pubswap_flwr import evaluation
+    from pubswap_flwr.tasks import HeldOutSet, parse_mix
+
+    items = HeldOutSet.build(parse_mix("basic_arithmetic:1,gcd:1,count_bits:1"), per_task=4).items
+    settings = EvalSettings(samples=3, batch_size=256, seed=11, lenient=True)
+
+    def per_item(chosen, **changes):
+        out = evaluate(tiny_policy, chosen, replace(settings, **changes))["item_results"]
+        return {uid: (g, s) for uid, g, s in zip(out["uids"], out["greedy"], out["sampled"])}
+
+    whole = per_item(items)
+    assert per_item(items, batch_size=4) == whole
+    assert per_item(items[::-1]) == whole
+    assert {**per_item(items[:5]), **per_item(items[5:])} == whole
+    monkeypatch.setattr(evaluation, "SHARED_PREFILL", False)
+    assert per_item(items) == whole
+    other_seed = [per_item(items, seed=seed) for seed in (12, 13, 14)]
+    assert any(result != whole for result in other_seed)
+    assert all({uid: g for uid, (g, _) in result.items()} == {uid: g for uid, (g, _) in whole.items()}
+               for result in other_seed)  # greedy does not sample
