@@ -126,6 +126,10 @@ class TrainConfig:
                                  doc="a real vocabulary's update recomputes the completion pass's decoder layers in "
                                      "the backward pass instead of keeping their activations (SmolLM2 client peak "
                                      "3.2 -> 1.8 GB at 1.4x the update time); false keeps them")
+    update_dtype: str = opt(GRPO.update_dtype, one_of("float32", "bfloat16"),
+                            "the update's forward and backward passes: float32, or bfloat16 autocast (the LoRA "
+                            "weights, their gradients, Adam and the loss stay float32; a bound against float32: "
+                            "tests/unit/test_update_dtype.py)")
     max_grad_norm: float = opt(GRPO.max_grad_norm, between(0, 1e6), "0 = no clipping")
     weight_decay: float = opt(GRPO.weight_decay, between(0, 100))
     reset_optimizer: bool = opt(False, doc="reset Adam moments when a new global adapter arrives")
