@@ -17,6 +17,7 @@ class GenerationSettings:
     sampler: str = "cached"
     dtype: str = "auto"  # the sampling copy's precision (policy.sampling_precision)
     stop_at_answer: bool = False  # cached sampler: EOS right after a completion closes its </answer>
+    decode_step: bool = True  # cached sampler: policy.decode_step's forward for Llama-family models (not a config key)
 
 
 @dataclass(frozen=True)

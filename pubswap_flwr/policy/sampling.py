@@ -6,8 +6,9 @@ Two samplers give the same distribution (`generation.sampler`):
   as they are a quarter of it (`generate` keeps decoding pad for them until the last row ends), and nothing else runs
   per step: one forward, temperature / top-k / top-p as Hugging Face applies them, one draw (by inverse CDF:
   `draw`). Each layer's keys and values go into a buffer with room for the whole completion (`GrowingLayer`), not a
-  new concatenated copy per token. On CPU, decoding a small model is bound by reading its weights, so the per-step
-  work that remains is the forward itself.
+  new concatenated copy per token. Each step's forward is `decode_step.DecodeStep` for Llama-family models (the
+  same operations as Hugging Face's forward without its per-call Python; `GenerationSettings.decode_step = False`
+  or an unsupported model: Hugging Face's), and the attention mask is a preallocated buffer viewed per step.
 - "generate": Hugging Face's `model.generate` (the reference: greedy completions of both are equal in fp32).
 """
 
@@ -21,6 +22,7 @@ from typing import Sequence
 import torch
 
 from ..settings import GenerationSettings as GenerationSettings  # declared there, light; re-exported
+from .decode_step import DecodeStep
 
 SAMPLERS = ("cached", "generate")
 COMPACT_FRACTION = 0.25  # drop finished rows from the decode batch once they are this share of it
@@ -271,6 +273,13 @@ def _generate_cached(model, tokenizer, batch: dict[str, torch.Tensor], num_retur
         mask = mask.repeat_interleave(num_return, dim=0)
         positions = positions.repeat_interleave(num_return, dim=0)
     rows = logits.shape[0]
+    step_forward = DecodeStep.for_model(model) if settings.decode_step and all(
+        isinstance(layer, growing_layer_class()) for layer in cache.layers) else None
+    # every row's attention mask over the cache, with room for the whole completion (new tokens are never padding)
+    prompt_length = mask.shape[1]
+    attention = torch.ones(rows, prompt_length + settings.max_new_tokens, dtype=torch.bool, device=ids.device)
+    attention[:, :prompt_length] = mask.bool()
+    padded = not bool(attention[:, :prompt_length].all())
     greedy_rows = torch.arange(rows, device=ids.device) % num_return < (num_return if greedy else greedy_first)
     last_position = positions[:, -1:]
     active = torch.arange(rows, device=ids.device)  # original row of each row still in the decode batch
@@ -304,13 +313,17 @@ def _generate_cached(model, tokenizer, batch: dict[str, torch.Tensor], num_retur
         if int(finished.sum()) >= max(1, COMPACT_FRACTION * finished.numel()):
             keep = (~finished).nonzero().squeeze(1)
             cache.batch_select_indices(keep)
-            active, mask, last_position, chosen = active[keep], mask[keep], last_position[keep], chosen[keep]
+            active, attention, last_position, chosen = active[keep], attention[keep], last_position[keep], chosen[keep]
             finished, closed, greedy_rows = finished[keep], closed[keep], greedy_rows[keep]
-        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            padded = not bool(attention[:, :prompt_length].all())
         last_position = last_position + 1
-        out = model(input_ids=chosen[:, None], attention_mask=mask, position_ids=last_position, cache=cache,
-                    use_cache=True)
-        logits = out.logits[:, -1, :]
+        length = prompt_length + step + 1  # the cache's tokens once this step's are in
+        if step_forward is not None:
+            logits = step_forward(chosen, last_position, cache, attention[:, :length] if padded else None)
+        else:
+            out = model(input_ids=chosen[:, None], attention_mask=attention[:, :length].to(mask.dtype),
+                        position_ids=last_position, cache=cache, use_cache=True)
+            logits = out.logits[:, -1, :]
     return tokens, logps
 
 
