@@ -135,6 +135,7 @@ def sampling(args) -> list:
     rates = {name: [] for name in arms}
     seconds = {name: [] for name in arms}
     kept = None
+    outputs: dict[str, list] = {}  # our two arms' tokens per repeat: the same seed, so the same draws
     for repeat in range(args.repeats + 1):  # the first pass warms up
         for name, fn in arms.items():
             torch.manual_seed(repeat)
@@ -143,8 +144,10 @@ def sampling(args) -> list:
             if repeat:
                 rates[name].append(tokens / elapsed)
                 seconds[name].append(elapsed)
-            if name.startswith("ours"):
+            if name == f"ours ({low})":
                 kept = out
+            if name.startswith("ours"):
+                outputs.setdefault(name, []).append([[s.token_ids for s in row] for row in out])
     base = statistics.median(rates["generate fp32"])
     print(f"\n1. Sampling {len(prompts)} prompts x {args.k} completions, <= {args.new_tokens} new tokens, T = 1, "
           f"{torch.get_num_threads()} torch thread(s), median of {args.repeats}:")
@@ -159,7 +162,8 @@ def sampling(args) -> list:
     print(f"  like for like, ours / the best generate on the same {low} copy ({best}) = "
           f"{ours_rate / fair[best]:.2f}  (goal >= 3)")
     print(f"  the decode step (policy/decode_step.py) against Hugging Face's forward in the same loop = "
-          f"{ours_rate / statistics.median(rates[f'ours, HF forward ({low})']):.2f}")
+          f"{ours_rate / statistics.median(rates[f'ours, HF forward ({low})']):.2f}; the same tokens in every "
+          f"repeat: {'yes' if outputs[f'ours ({low})'] == outputs[f'ours, HF forward ({low})'] else 'NO'}")
     groups = _groups(policy, items, kept)
     batch = build_batch(policy.tokenizer, groups, policy.spec.generation)
     with torch.no_grad():

@@ -1,4 +1,4 @@
-"""The sampler's one-token decode step for Llama-family models: Hugging Face's forward, op for op, less its Python.
+"""The sampler's one-token decode step for Llama and Qwen2 models: Hugging Face's forward, op for op, less its Python.
 
 A decode step of SmolLM2-135M at batch 32 spends about three quarters of its time around its matrix products (#36):
 module calls, keyword plumbing, a causal mask and rotary table rebuilt per step, a cache object per layer. Here the
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2")  # the families tested against Hugging Face's forward
 _STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its DecodeStep
 
 
@@ -58,7 +58,8 @@ def unsupported_reason(model) -> str | None:
         return f"model type {getattr(config, 'model_type', None)!r} is not one of {SUPPORTED_MODEL_TYPES}"
     if getattr(config, "_attn_implementation", None) != "sdpa":
         return f"attention implementation {getattr(config, '_attn_implementation', None)!r} (sdpa only)"
-    if any(kind != "full_attention" for kind in (getattr(config, "layer_types", None) or [])):
+    if any(kind != "full_attention" for kind in (getattr(config, "layer_types", None) or [])) or getattr(
+            config, "use_sliding_window", False):
         return "sliding-window layers"
     if getattr(config, "hidden_act", None) != "silu":
         return f"activation {getattr(config, 'hidden_act', None)!r} (silu only)"
