@@ -14,7 +14,8 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import Callable, NamedTuple, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Iterator, NamedTuple, Sequence
 
 import torch
 
@@ -117,21 +118,55 @@ def _scores(policy: Policy, items: Sequence[TaskItem], per_item: int, parts: Seq
     settings, progress, user_rewards = scoring
     max_chars, lenient = settings.max_chars, settings.lenient
     scores: list[Scores] = [({}, {}, {}) for _ in parts]
-    per_call = max(1, settings.batch_size // per_item)
     table = user_rewards or RewardTable()
-    streams = getattr(policy, "has_item_streams", False) and not sample.get("greedy", False)
-    for start in range(0, len(items), per_call):
-        chunk = items[start:start + per_call]
-        if streams:
-            out = policy.sample(chunk, per_item, with_logprobs=False,
-                                item_seeds=[item_seed(settings.seed, item.uid) for item in chunk], **sample)
-        else:
-            out = policy.sample(chunk, per_item, with_logprobs=False, **sample)
+    own_streams = getattr(policy, "has_item_streams", False)
+    streams = own_streams and not sample.get("greedy", False)
+    # several calls at once only where an item's completions do not depend on its batch (the cached sampler)
+    workers = eval_workers(settings) if own_streams else 1
+    per_call = max(1, settings.batch_size // workers // per_item)
+    chunks = [items[start:start + per_call] for start in range(0, len(items), per_call)]
+
+    def seeds(chunk: Sequence[TaskItem]) -> dict:
+        return {"item_seeds": [item_seed(settings.seed, item.uid) for item in chunk]} if streams else {}
+
+    done = 0
+    for chunk, out in zip(chunks, _sampled_chunks(policy, chunks, per_item, workers, seeds, sample)):
         for into, part in zip(scores, parts):
             _add_scores(into, chunk, [row[part] for row in out], table, max_chars, lenient)
+        done += len(chunk)
         if progress is not None:
-            progress(pass_name, start + len(chunk), len(items))
+            progress(pass_name, done, len(items))
     return scores
+
+
+def eval_workers(settings: EvalSettings) -> int:
+    """eval.workers as a count: 0 means one per torch thread of this process."""
+    return settings.workers or torch.get_num_threads()
+
+
+def _sampled_chunks(policy: Policy, chunks: list[Sequence[TaskItem]], per_item: int, workers: int,
+                    seeds: Callable[[Sequence[TaskItem]], dict], sample: dict) -> Iterator[list]:
+    """Each chunk's completions, in order: one call at a time on the process's torch threads, or with `workers` > 1
+    that many calls at once in threads of one torch thread each (torch's operations run outside the GIL; one call on
+    2 threads leaves most of a decode step's small operations on one core)."""
+    if workers <= 1 or len(chunks) <= 1:
+        for chunk in chunks:
+            yield policy.sample(chunk, per_item, with_logprobs=False, **seeds(chunk), **sample)
+        return
+    threads = torch.get_num_threads()
+
+    def one_thread() -> None:
+        torch.set_num_threads(1)
+
+    try:
+        with policy.concurrent_sampling() as call, \
+                ThreadPoolExecutor(max_workers=workers, initializer=one_thread) as pool:
+            futures = [pool.submit(call, chunk, per_item, with_logprobs=False, **seeds(chunk), **sample)
+                       for chunk in chunks]
+            for future in futures:
+                yield future.result()
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _passes(policy: Policy, items: Sequence[TaskItem], settings: EvalSettings, progress: Progress | None,

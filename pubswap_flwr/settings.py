@@ -17,13 +17,13 @@ class GenerationSettings:
     sampler: str = "cached"
     dtype: str = "auto"  # the sampling copy's precision (policy.sampling_precision)
     stop_at_answer: bool = False  # cached sampler: EOS right after a completion closes its </answer>
-    decode_step: bool = True  # cached sampler: policy.decode_step's forward for Llama-family models (not a config key)
+    decode_step: bool = True  # cached sampler: policy/decode_step.py's forward for Llama and Qwen2 models
 
 
 @dataclass(frozen=True)
 class EvalSettings:
-    """How a held-out evaluation samples (eval.sampled, eval.samples, eval.batch-size, eval.lenient; the run's seed;
-    generation.max-completion-chars): shared.eval_settings builds it from a run's config."""
+    """How a held-out evaluation samples (eval.sampled, eval.samples, eval.batch-size, eval.lenient, eval.workers; the
+    run's seed; generation.max-completion-chars): shared.eval_settings builds it from a run's config."""
 
     sampled: bool = True
     samples: int = 1
@@ -31,6 +31,7 @@ class EvalSettings:
     seed: int = 0
     max_chars: int = 4096
     lenient: bool = False
+    workers: int = 0  # sampling calls at once, one torch thread each: 0 = one per torch thread of the process
 
 
 @dataclass(frozen=True)

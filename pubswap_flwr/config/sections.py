@@ -102,6 +102,10 @@ class GenerationConfig:
     stop_at_answer: bool = opt(GENERATION.stop_at_answer,
                                doc="cached sampler: end a completion with EOS right after it closes its </answer> "
                                    "(the EOS log-prob is the model's own there)")
+    decode_step: bool = opt(GENERATION.decode_step,
+                            doc="cached sampler: each decode step of a Llama or Qwen2 model runs policy/decode_step.py "
+                                "(Hugging Face's operations without its per-module Python; the same tokens and "
+                                "log-probs); false: Hugging Face's forward")
     max_completion_chars: int = opt(4096, between(1, 1_048_576), "longer completions get reward 0; also the "
                                                                  "limit on peers' response texts")
 
@@ -218,7 +222,12 @@ class EvalConfig:
                                   "first")
     samples: int = opt(4, between(1, 1024), "samples per held-out item at generation.temperature: sampled pass@1 and "
                                         "reward average them (standard errors over items are reported)")
-    batch_size: int = opt(256, between(1, 65536))
+    batch_size: int = opt(256, between(1, 65536), "sequences sampled at once (split among eval.workers)")
+    workers: int = opt(0, between(0, 64), "sampling calls run at once, each on one torch thread, over batches of "
+                                          "eval.batch-size / workers sequences: 0 = one per torch thread the "
+                                          "process has, 1 = one call on all of them. Results do not depend on it "
+                                          "(each item draws from streams of its own); two calls at once use 2 "
+                                          "cores better than one call on 2 threads (benchmarks/real_model.py part 7)")
     lenient: bool = opt(False, doc="also report lenient accuracy (the tagged answer, else the last number or word: "
                                    "right whatever the format) and the well-formed share of the same samples")
     data_path: str = opt("", doc="JSONL/parquet file used as the held-out set instead of generated task items")

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 
@@ -102,9 +103,22 @@ class Policy:
                greedy_first: int = 0, item_seeds: Sequence[int] | None = None) -> list[list[Sample]]:
         """k completions of each item (sampling.generate; `item_seeds`: its prompt_seeds, one per item)."""
         with self.sampler.merged():
-            return generate(self.sampling_model, self.tokenizer, self.prompts(items), num_return=k,
-                            settings=self.spec.generation, greedy=greedy, with_logprobs=with_logprobs,
-                            greedy_first=greedy_first, prompt_seeds=item_seeds)
+            return self._sample_merged(items, k, greedy=greedy, with_logprobs=with_logprobs,
+                                       greedy_first=greedy_first, item_seeds=item_seeds)
+
+    def _sample_merged(self, items: Sequence[TaskItem], k: int, **options) -> list[list[Sample]]:
+        return generate(self.sampling_model, self.tokenizer, self.prompts(items), num_return=k,
+                        settings=self.spec.generation, greedy=options.get("greedy", False),
+                        with_logprobs=options.get("with_logprobs", True),
+                        greedy_first=options.get("greedy_first", 0), prompt_seeds=options.get("item_seeds"))
+
+    @contextlib.contextmanager
+    def concurrent_sampling(self) -> Iterator[Callable[..., list[list[Sample]]]]:
+        """`sample` for calls from several threads at once: the adapter merged once around them all (merging per
+        call would race), each call as `sample(items, k, **options)`. The caller runs the threads and sizes their
+        torch threads."""
+        with self.sampler.merged():
+            yield self._sample_merged
 
     @property
     def has_item_streams(self) -> bool:

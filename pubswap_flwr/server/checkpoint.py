@@ -43,7 +43,10 @@ ADAPTER_FILE = "global.safetensors"
 _TMP_DIR = f".{CHECKPOINT_DIR}.tmp"
 _OLD_DIR = f".{CHECKPOINT_DIR}.old"  # the previous checkpoint while it is being replaced (and older versions' swap)
 # Keys a resumed run may change: how many rounds in total, the resume flag itself, and where metrics are reported.
-RESUMABLE_CHANGES = {"num-server-rounds", "resume", "output.report-to", "run-claim"}
+# keys a resumed run may change: none changes what the run computes (eval.workers: every item draws from streams of
+# its own; generation.decode-step: the same tokens and log-probs as Hugging Face's forward)
+RESUMABLE_CHANGES = {"num-server-rounds", "resume", "output.report-to", "run-claim", "eval.workers",
+                     "generation.decode-step"}
 ADAPTER_NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")  # a protocol's other adapters: `<name>.safetensors`
 
 

@@ -426,3 +426,14 @@ def test_the_downlink_is_restored_from_the_latest_checkpoint_only(tmp_path, capl
         assert older._restore(checkpoint.load(tmp_path)) == 1
     assert older.protocol.broadcast.current is None  # whole globals next round
     assert "the compressed downlink restarts with whole globals" in caplog.text
+
+
+def test_a_resume_may_change_how_work_is_split_but_not_what_is_computed():
+    from pubswap_flwr.config import ConfigError
+
+    saved_run = checkpoint.ServerCheckpoint(1, {k: v for k, v in FEDAVG.items()
+                                                if k not in ("eval.workers", "generation.decode-step")})
+    checkpoint.check_compatible(saved_run, ExperimentConfig.from_flat({**FEDAVG, "eval.workers": 1,
+                                                                      "generation.decode-step": False}))
+    with pytest.raises(ConfigError, match="changed keys: eval.batch-size"):
+        checkpoint.check_compatible(saved_run, ExperimentConfig.from_flat({**FEDAVG, "eval.batch-size": 8}))
