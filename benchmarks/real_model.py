@@ -39,6 +39,7 @@ measured side by side in one run, printing medians and ratios.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -371,7 +372,7 @@ def _where_sampling_goes(policy, args) -> None:
 EVAL_MIX = "basic_arithmetic:1,chain_sum:1,products:1"  # configs/real.toml's held-out mix
 
 
-def _evaluation_arm(old: bool, per_task: int, threads: int, queue) -> None:
+def _evaluation_arm(old: bool, per_task: int, threads: int, queue, workers: int = 0) -> None:
     import torch
     from transformers import DynamicCache
 
@@ -383,15 +384,19 @@ def _evaluation_arm(old: bool, per_task: int, threads: int, queue) -> None:
 
     torch.set_num_threads(threads)
     policy = _policy(model="smollm2-135m-warm", temperature=0.7)
-    if old:  # the code before 2026-12-03: no head hook, Hugging Face's concatenating cache, torch.multinomial
+    if old:  # the code before 2026-12-03: no head hook, Hugging Face's concatenating cache and forward,
+        # torch.multinomial from the global generator (no per-item streams), a greedy pass then a sampled pass
         for model in (policy.model, policy.sampling_model):
             model.get_output_embeddings()._forward_pre_hooks.clear()
         sampling.decode_cache = lambda model, room: DynamicCache(config=model.config)
-        sampling.draw = lambda probs: torch.multinomial(probs, num_samples=1).squeeze(1)
+        sampling.draw = lambda probs, uniforms=None: torch.multinomial(probs, num_samples=1).squeeze(1)
         evaluation.SHARED_PREFILL = False  # a greedy pass, then a sampled pass, each prefilling every prompt
+        type(policy).has_item_streams = property(lambda self: False)  # type: ignore[method-assign]
+        policy.spec = dataclasses.replace(policy.spec, generation=dataclasses.replace(policy.spec.generation,
+                                                                                      decode_step=False))
     items = HeldOutSet.build(parse_mix(EVAL_MIX), per_task=per_task, data_seed=11).items
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    settings = EvalSettings(samples=4, batch_size=256, seed=0, lenient=True)
+    settings = EvalSettings(samples=4, batch_size=256, seed=0, lenient=True, workers=1 if old else workers)
     elapsed, result = timed(lambda: evaluate(policy, items, settings))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     greedy = {key: value for key, value in result.items() if key.startswith("greedy")}
@@ -423,11 +428,14 @@ def _evaluation_pairs(args, threads: int) -> None:
     print(f"\n7. Held-out evaluation of smollm2-135m-warm, {args.eval_items} items per task x 3 tasks, greedy + 4 "
           f"samples, batch 256, {threads} thread(s), each arm in its own process (old, new interleaved, "
           f"{args.eval_repeats} pair(s)):")
-    runs: dict[str, list] = {"old": [], "new": []}
+    # "new, 1 worker": one sampling call at a time on all the threads (eval.workers = 1), beside the default
+    labels = ("old", "new") if threads == 1 else ("old", "new", "new, 1 worker")
+    runs: dict[str, list] = {label: [] for label in labels}
     for _ in range(args.eval_repeats):
-        for label in ("old", "new"):
+        for label in labels:
             queue = context.Queue()
-            proc = context.Process(target=_evaluation_arm, args=(label == "old", args.eval_items, threads, queue))
+            proc = context.Process(target=_evaluation_arm, args=(label == "old", args.eval_items, threads, queue,
+                                                                 1 if label == "new, 1 worker" else 0))
             proc.start()
             runs[label].append(queue.get())
             proc.join()
@@ -439,6 +447,10 @@ def _evaluation_pairs(args, threads: int) -> None:
     new_time = statistics.median(r[0] for r in runs["new"])
     old_peak = statistics.median(r[2] for r in runs["old"])
     new_peak = statistics.median(r[2] for r in runs["new"])
+    if "new, 1 worker" in runs:
+        one = statistics.median(r[0] for r in runs["new, 1 worker"])
+        print(f"  eval.workers: {threads} calls at once on one thread each against one call on {threads} threads: "
+              f"{new_time:.1f} / {one:.1f} s = {one / new_time:.2f}x faster")
     print(f"  median time old / new = {old_time:.1f} / {new_time:.1f} s = {old_time / new_time:.2f}x  (goal >= 3x); "
           f"peak RSS {old_peak:.0f} -> {new_peak:.0f} MiB; greedy metrics the same in every run: "
           f"{'yes' if same else 'NO'} (sampled ones come from other draws of the same distribution)")
