@@ -39,7 +39,7 @@ def causal_lm(model):
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
-def _plain_linear(module) -> torch.nn.Module | None:
+def _plain_linear(module) -> torch.nn.Linear | None:
     """The nn.Linear whose forward `module` computes: itself, or a PEFT LoRA layer's base layer when the adapter is
     merged into it (or it has none active); None when an unmerged adapter adds its own path."""
     if hasattr(module, "base_layer"):
@@ -48,6 +48,14 @@ def _plain_linear(module) -> torch.nn.Module | None:
             return None
         module = module.base_layer
     return module if type(module) is torch.nn.Linear else None
+
+
+def _linear(module) -> torch.nn.Linear:
+    """`_plain_linear` of a layer `unsupported_reason` accepted."""
+    linear = _plain_linear(module)
+    if linear is None:
+        raise ValueError(f"DecodeStep cannot run a {type(module).__name__} layer")
+    return linear
 
 
 def unsupported_reason(model) -> str | None:
@@ -100,7 +108,7 @@ class DecodeStep:
         self.embed = inner.embed_tokens.weight
         self.norm = inner.norm.weight
         self.norm_eps = inner.norm.variance_epsilon
-        self.head = _plain_linear(lm.lm_head).weight  # type: ignore[union-attr]
+        self.head = _linear(lm.lm_head).weight
         self.rotary = inner.rotary_emb
         self.version = self.weights_version(model)
         self.layers = [self._layer(layer) for layer in inner.layers]
@@ -113,10 +121,10 @@ class DecodeStep:
 
     def _layer(self, layer) -> _Layer:
         attn, mlp = layer.self_attn, layer.mlp
-        q, k, v, o = (_plain_linear(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj))
-        gate, up, down = (_plain_linear(m) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
-        projections = [(m.weight, m.bias) for m in (q, k, v)]  # type: ignore[union-attr]
-        gate_up = [gate.weight, up.weight]  # type: ignore[union-attr]
+        q, k, v, o = (_linear(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj))
+        gate, up, down = (_linear(m) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
+        projections: list[tuple[torch.Tensor, torch.Tensor | None]] = [(m.weight, m.bias) for m in (q, k, v)]
+        gate_up = [gate.weight, up.weight]
         with torch.no_grad():
             if self.fuse:
                 biases = [b for _, b in projections]
@@ -124,9 +132,9 @@ class DecodeStep:
                     [b if b is not None else w.new_zeros(w.shape[0]) for w, b in projections])
                 projections = [(torch.cat([w for w, _ in projections]), bias)]
                 gate_up = [torch.cat(gate_up)]
-        return _Layer(layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon, projections,
-                      o.weight, o.bias, layer.post_attention_layernorm.weight,  # type: ignore[union-attr]
-                      layer.post_attention_layernorm.variance_epsilon, gate_up, down.weight)  # type: ignore[union-attr]
+        return _Layer(layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon, projections, o.weight,
+                      o.bias, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon,
+                      gate_up, down.weight)
 
     @classmethod
     def for_model(cls, model) -> DecodeStep | None:
