@@ -595,10 +595,10 @@ def update_arms(args) -> None:
               f"{base / median:.2f}x the default before #55 (goal >= 1.8x at a peak <= {PEAK_GOAL_MIB} MiB)")
 
 
-def _simulate_round(checkout: Path, label: str, out: Path) -> tuple[float, Path]:
-    """One configs/real.toml round (2 clients through Ray) with the code of `checkout`; its wall time and run."""
+def _simulate_round(checkout: Path, config: str, label: str, out: Path) -> tuple[float, Path]:
+    """One round of `config` (2 clients through Ray) with the code of `checkout`; its wall time and run."""
     env = {**os.environ, "PYTHONPATH": str(checkout)}
-    cmd = [sys.executable, "-m", "pubswap_flwr.cli", "simulate", "-c", str(checkout / "configs" / "real.toml"), "-c",
+    cmd = [sys.executable, "-m", "pubswap_flwr.cli", "simulate", "-c", str(checkout / config), "-c",
            "num-server-rounds=1", "--nodes", "2", "--out", str(out), "--run-name", label]
     started = time.perf_counter()
     subprocess.run(cmd, check=True, cwd=out, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -614,7 +614,7 @@ def whole_round(args) -> None:
     if not (before / "pubswap_flwr").is_dir():
         raise SystemExit(f"--before {before}: not a checkout of this project (no pubswap_flwr/ in it)")
     arms = {"before": before, "now": ROOT}
-    print(f"\n9. A whole configs/real.toml round, 2 clients through Ray, code of {before} (before) against this "
+    print(f"\n9. A whole {args.round_config} round, 2 clients through Ray, code of {before} (before) against this "
           f"checkout (now), {args.round_repeats} pair(s) interleaved:")
     walls: dict[str, list[float]] = {label: [] for label in arms}
     runs: dict[str, list[list[dict]]] = {label: [] for label in arms}
@@ -623,7 +623,7 @@ def whole_round(args) -> None:
             for label, checkout in arms.items():
                 out = Path(tmp) / f"{label}-{repeat}"
                 out.mkdir()
-                wall, run_dir = _simulate_round(checkout, label, out)
+                wall, run_dir = _simulate_round(checkout, args.round_config, label, out)
                 walls[label].append(wall)
                 runs[label].append([json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()])
                 print(f"  {label:<7} {wall:7.0f} s   load average {os.getloadavg()[0]:.2f}")
@@ -691,6 +691,7 @@ def main() -> None:
     parser.add_argument("--update-rounds", type=int, default=2, help="rounds of part 8's arms, interleaved")
     parser.add_argument("--before", help="part 9: a checkout of the commit before #55 (git worktree add DIR COMMIT)")
     parser.add_argument("--round-repeats", type=int, default=1, help="before/now pairs in part 9")
+    parser.add_argument("--round-config", default="configs/real.toml", help="part 9's config, in each checkout")
     parser.add_argument("--skip", default="", help="comma-separated parts to skip: sampling,update,ceiling,"
                                                    "memory,threads,evaluation,round,update-arms,whole-round")
     args = parser.parse_args()
