@@ -57,6 +57,19 @@ MODEL = "smollm2-135m-instruct"
 MIX = "basic_arithmetic:1,gcd:1,count_bits:1,spell_backward:1"
 
 
+def peak_mib() -> float:
+    """This process's peak resident memory in MiB: /proc's VmHWM, which starts afresh in a spawned process
+    (getrusage's ru_maxrss survives exec, so a child spawned by a parent that had loaded the model reported the
+    parent's peak), else ru_maxrss."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def _policy(dtype: str = "auto", sampler: str = "cached", new_tokens: int = 64, lora_r: int = 8,
             micro_batch: int = 64, model: str = MODEL, temperature: float = 1.0, update_dtype: str = "float32",
             recompute_layers: bool = True):
@@ -395,10 +408,10 @@ def _evaluation_arm(old: bool, per_task: int, threads: int, queue, workers: int 
         policy.spec = dataclasses.replace(policy.spec, generation=dataclasses.replace(policy.spec.generation,
                                                                                       decode_step=False))
     items = HeldOutSet.build(parse_mix(EVAL_MIX), per_task=per_task, data_seed=11).items
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    before = peak_mib()
     settings = EvalSettings(samples=4, batch_size=256, seed=0, lenient=True, workers=1 if old else workers)
     elapsed, result = timed(lambda: evaluate(policy, items, settings))
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = peak_mib()
     greedy = {key: value for key, value in result.items() if key.startswith("greedy")}
     queue.put((elapsed, before, peak, json.dumps(greedy, sort_keys=True), result["sampled_accuracy"],
                result["sampled_accuracy_se"]))
@@ -469,7 +482,7 @@ def _client_memory(dtype: str, micro_batch: int, queue) -> None:
     # every row trained (the update's largest footprint), as in part 2
     policy.update([RolloutGroup(g.prompt, g.completions, [float(i % 2) for i in range(len(g.completions))])
                    for g in groups])
-    queue.put(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    queue.put(peak_mib())
 
 
 def memory() -> None:
@@ -548,11 +561,11 @@ def _update_arm(update_dtype: str, recompute: bool, micro_batch: int, repeats: i
     torch.manual_seed(0)
     groups = [RolloutGroup(g.prompt, g.completions, [float(i % 2) for i in range(len(g.completions))])
               for g in _groups(policy, items, policy.sample(items, 8))]  # every row trained
-    held = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    held = peak_mib()
     policy.update(groups)  # warm-up
     times = [timed(lambda: policy.update(groups))[0] for _ in range(repeats)]
     tokens = sum(len(c.token_ids) for g in groups for c in g.completions)
-    queue.put((times, tokens, held, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))
+    queue.put((times, tokens, held, peak_mib()))
 
 
 def update_arms(args) -> None:

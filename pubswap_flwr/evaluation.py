@@ -6,7 +6,9 @@ rises; tests/integration/test_learning.py), so both are reported. One sample per
 about 0.02 on a few hundred items, the size of a whole short run's gain; n samples per item shrink the part of it
 that comes from sampling. Sampling uses a fixed seed so rounds and arms are comparable, and since 2026-12-06 (#55)
 each item's samples come from random streams of its own (the seed and the item's uid), so splitting the items across
-batches or processes changes no result; figures from before that date are not comparable draw for draw.
+batches or processes changes no draw where the numerics do not depend on the batch (fp32); a bf16 model's rounding
+does, so there a different split changes some samples (the same distribution). Figures from before that date are not
+comparable draw for draw.
 """
 
 from __future__ import annotations
@@ -114,7 +116,8 @@ def _scores(policy: Policy, items: Sequence[TaskItem], per_item: int, parts: Seq
     number or word: tasks.lenient_answer), for the shortcut check). A policy with per-item streams
     (`has_item_streams`) draws each item's samples from streams seeded by the evaluation's seed and the item's uid
     (`item_seed`), so an item's results do not depend on the items beside it, the batch size or how items are split
-    across calls or processes; any other policy samples from the global generator as `_passes` seeds it."""
+    across calls or processes, up to the rounding a batch's size changes (bf16: some draws); any other policy samples
+    from the global generator as `_passes` seeds it."""
     settings, progress, user_rewards = scoring
     max_chars, lenient = settings.max_chars, settings.lenient
     scores: list[Scores] = [({}, {}, {}) for _ in parts]
@@ -140,7 +143,9 @@ def _scores(policy: Policy, items: Sequence[TaskItem], per_item: int, parts: Seq
 
 
 def eval_workers(settings: EvalSettings) -> int:
-    """eval.workers as a count: 0 means one per torch thread of this process."""
+    """eval.workers as a count: 0 means one per torch thread of this process. An item's draws do not depend on its
+    batch where the numerics do not (the tiny fp32 models); a bf16 model's rounding does depend on the batch's size,
+    so there a split changes some draws (the same distribution)."""
     return settings.workers or torch.get_num_threads()
 
 

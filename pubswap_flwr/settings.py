@@ -31,7 +31,7 @@ class EvalSettings:
     seed: int = 0
     max_chars: int = 4096
     lenient: bool = False
-    workers: int = 0  # sampling calls at once, one torch thread each: 0 = one per torch thread of the process
+    workers: int = 1  # sampling calls at once, one torch thread each: 0 = one per torch thread of the process
 
 
 @dataclass(frozen=True)

@@ -89,8 +89,30 @@ def test_a_bfloat16_update_keeps_float32_weights_and_moments(setup):
 
 def test_the_update_dtype_is_a_checked_config_key():
     assert ExperimentConfig.from_flat({"train.update-dtype": "bfloat16"}).train.update_dtype == "bfloat16"
-    assert ExperimentConfig.from_flat({}).train.update_dtype == "float32"
+    assert ExperimentConfig.from_flat({}).train.update_dtype == "auto"
     with pytest.raises(ConfigError, match="train.update-dtype"):
         ExperimentConfig.from_flat({"train.update-dtype": "float16"})
     with pytest.raises(ValueError, match="train.update-dtype must be one of"):
         completion_logps(None, None, slice(0, 1), update_dtype="int8")
+
+
+def test_auto_takes_bfloat16_where_sampling_would(monkeypatch):
+    """train.update-dtype = "auto" (the default): bfloat16 for a float32 model of 50M parameters or more on a device
+    with native bf16 (benchmarks/real_model.py part 8), else float32; the embedded models update in float32, so the
+    goldens keep their numbers."""
+    import pubswap_flwr.policy as policy_module
+    from pubswap_flwr.policy import update_precision
+
+    cpu = torch.device("cpu")
+    small = torch.nn.Linear(10, 10)
+    assert update_precision("auto", "float32", small, cpu) == "float32"
+    assert update_precision("bfloat16", "float32", small, cpu) == "bfloat16"
+    assert update_precision("float32", "float32", small, cpu) == "float32"
+    monkeypatch.setattr(policy_module, "AUTO_LOW_PRECISION_PARAMETERS", 100)
+    monkeypatch.setattr(policy_module, "native_bf16", lambda device: True)
+    assert update_precision("auto", "float32", small, cpu) == "bfloat16"  # 110 parameters: large enough now
+    assert update_precision("auto", "bfloat16", small, cpu) == "bfloat16"  # a bf16 model computes in it anyway
+    monkeypatch.setattr(policy_module, "native_bf16", lambda device: False)
+    assert update_precision("auto", "float32", small, cpu) == "float32"
+    policy = Policy(PolicySpec(lora=LoraSettings(r=8, alpha=16), grpo=GRPOSettings(update_dtype="auto")))
+    assert policy.update_dtype == "float32" and policy.learner.settings.update_dtype == "float32"
