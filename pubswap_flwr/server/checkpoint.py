@@ -43,7 +43,9 @@ ADAPTER_FILE = "global.safetensors"
 _TMP_DIR = f".{CHECKPOINT_DIR}.tmp"
 _OLD_DIR = f".{CHECKPOINT_DIR}.old"  # the previous checkpoint while it is being replaced (and older versions' swap)
 # Keys a resumed run may change: how many rounds in total, the resume flag itself, and where metrics are reported.
-RESUMABLE_CHANGES = {"num-server-rounds", "resume", "output.report-to", "run-claim"}
+# keys a resumed run may change: none changes what the run computes (generation.decode-step: the same tokens and
+# log-probs as Hugging Face's forward)
+RESUMABLE_CHANGES = {"num-server-rounds", "resume", "output.report-to", "run-claim", "generation.decode-step"}
 ADAPTER_NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")  # a protocol's other adapters: `<name>.safetensors`
 
 
@@ -335,7 +337,7 @@ def check_adapter(saved: ServerCheckpoint, model_adapter: Mapping[str, Any]) -> 
 
 
 # keys whose default changed after they were added: a checkpoint written before they existed ran with these values
-FIRST_DEFAULTS = {"tasks.partial-credit": True}
+FIRST_DEFAULTS = {"tasks.partial-credit": True, "train.update-dtype": "float32"}
 
 
 def check_compatible(checkpoint: ServerCheckpoint, cfg: ExperimentConfig) -> None:
@@ -346,7 +348,10 @@ def check_compatible(checkpoint: ServerCheckpoint, cfg: ExperimentConfig) -> Non
     changed = sorted(k for k in set(now) | set(checkpoint.config)
                      if k not in RESUMABLE_CHANGES and now.get(k) != checkpoint.config.get(k, defaults.get(k)))
     if changed:
-        raise ConfigError(f"cannot resume with a different config; changed keys: {', '.join(changed)}")
+        was = "; ".join(f"{k} = {checkpoint.config.get(k, defaults.get(k))!r} in the checkpoint, {now.get(k)!r} now"
+                        for k in changed)
+        raise ConfigError(f"cannot resume with a different config; changed keys: {', '.join(changed)} ({was}: set "
+                          f"them as the checkpoint has them to resume)")
     if cfg.num_server_rounds < checkpoint.round:
         raise ConfigError(f"num-server-rounds = {cfg.num_server_rounds} is below the checkpointed round "
                           f"{checkpoint.round}")

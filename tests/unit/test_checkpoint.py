@@ -426,3 +426,13 @@ def test_the_downlink_is_restored_from_the_latest_checkpoint_only(tmp_path, capl
         assert older._restore(checkpoint.load(tmp_path)) == 1
     assert older.protocol.broadcast.current is None  # whole globals next round
     assert "the compressed downlink restarts with whole globals" in caplog.text
+
+
+def test_a_resume_may_change_the_decode_step_but_not_how_evaluation_batches_are_split():
+    from pubswap_flwr.config import ConfigError
+
+    saved_run = checkpoint.ServerCheckpoint(1, {k: v for k, v in FEDAVG.items() if k != "generation.decode-step"})
+    checkpoint.check_compatible(saved_run, ExperimentConfig.from_flat({**FEDAVG, "generation.decode-step": False}))
+    with pytest.raises(ConfigError, match="changed keys: eval.batch-size, eval.workers"):  # bf16 draws depend on both
+        checkpoint.check_compatible(saved_run, ExperimentConfig.from_flat({**FEDAVG, "eval.batch-size": 8,
+                                                                          "eval.workers": 2}))

@@ -4,6 +4,7 @@ and per task; greedy pass@1 stays one greedy sample per item."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -162,3 +163,63 @@ def test_without_sampling_the_greedy_pass_runs_alone_even_when_rows_could_mix():
     policy = ScriptedPolicy({"a": "<answer>1</answer>"}, {}, can_mix_greedy=True)
     out = evaluate(policy, items, EvalSettings(sampled=False))
     assert policy.calls == [(1, 1, True)] and out["greedy_accuracy"] == 1.0 and "sampled_accuracy" not in out
+
+
+def test_an_items_results_do_not_depend_on_how_items_are_split(tiny_policy, monkeypatch):
+    """Per-item random streams (#55): the same per-item greedy and sampled counts whatever the batch size, the
+    order of the items, a split into two calls (as two processes would evaluate them) or separate greedy and sampled
+    passes; the evaluation's seed still changes the sampled ones."""
+    from pubswap_flwr import evaluation
+    from pubswap_flwr.tasks import HeldOutSet, parse_mix
+
+    items = HeldOutSet.build(parse_mix("basic_arithmetic:1,gcd:1,count_bits:1"), per_task=4).items
+    settings = EvalSettings(samples=3, batch_size=256, seed=11, lenient=True)
+
+    def per_item(chosen, **changes):
+        out = evaluate(tiny_policy, chosen, replace(settings, **changes))["item_results"]
+        return {uid: (g, s) for uid, g, s in zip(out["uids"], out["greedy"], out["sampled"])}
+
+    whole = per_item(items)
+    assert per_item(items, batch_size=4) == whole
+    assert per_item(items[::-1]) == whole
+    assert {**per_item(items[:5]), **per_item(items[5:])} == whole
+    monkeypatch.setattr(evaluation, "SHARED_PREFILL", False)
+    assert per_item(items) == whole
+    other_seed = [per_item(items, seed=seed) for seed in (12, 13, 14)]
+    assert any(result != whole for result in other_seed)
+    assert all({uid: g for uid, (g, _) in result.items()} == {uid: g for uid, (g, _) in whole.items()}
+               for result in other_seed)  # greedy does not sample
+
+
+def test_workers_sample_at_once_on_one_thread_each_with_the_same_results(tiny_policy, monkeypatch):
+    """eval.workers (#55): calls run at once in threads of one torch thread each, over batches of
+    batch-size / workers sequences; every item's results are those of one call at a time, and the process's torch
+    threads are as before afterwards."""
+    import threading
+
+    import torch
+
+    from pubswap_flwr.tasks import HeldOutSet, parse_mix
+
+    items = HeldOutSet.build(parse_mix("basic_arithmetic:1,gcd:1,count_bits:1"), per_task=4).items
+    settings = EvalSettings(samples=3, batch_size=16, seed=11, lenient=True, workers=1)
+    calls: list[tuple[int, int, int]] = []  # (thread, its torch threads, items) per call
+    real = tiny_policy._sample_merged
+
+    def recorded(chosen, k, **options):
+        calls.append((threading.get_ident(), torch.get_num_threads(), len(chosen)))
+        return real(chosen, k, **options)
+
+    monkeypatch.setattr(tiny_policy, "_sample_merged", recorded)
+    before = torch.get_num_threads()
+    alone = evaluate(tiny_policy, items, settings)
+    assert [n for _, _, n in calls] == [4, 4, 4] and len({t for t, _, _ in calls}) == 1  # 16 // 4 items a call
+    for workers in (2, 3):
+        calls.clear()
+        together = evaluate(tiny_policy, items, replace(settings, workers=workers))
+        assert together == alone
+        assert sum(n for _, _, n in calls) == len(items)
+        assert max(n for _, _, n in calls) == 16 // workers // 4  # the batch shared among the workers
+        assert len({t for t, _, _ in calls}) > 1 and threading.get_ident() not in {t for t, _, _ in calls}
+        assert {threads for _, threads, _ in calls} == {1}
+        assert torch.get_num_threads() == before

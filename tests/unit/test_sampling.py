@@ -350,3 +350,50 @@ def test_greedy_first_is_checked(policies):
     with pytest.raises(ValueError, match="greedy_first needs generation.sampler = \"cached\""):
         generate(policy.model, policy.tokenizer, ["x"], num_return=2, greedy_first=1,
                  settings=dataclasses.replace(settings, sampler="generate"))
+
+
+def test_prompt_seeds_make_each_prompt_s_samples_its_own(policies):
+    """With prompt_seeds, a prompt's sampled completions depend on its seed alone: the same in a batch of 8, alone,
+    in another order, and after its greedy completion (greedy_first); the global generator is neither read nor
+    moved."""
+    policy = policies["embedded:tiny"]
+    prompts = _prompts(policy)
+    seeds = [1000 + i for i in range(len(prompts))]
+    settings = GenerationSettings(max_new_tokens=16, temperature=1.0)
+
+    def run(chosen, seed_list, **kw):
+        with policy.sampler.merged():
+            out = generate(policy.model, policy.tokenizer, chosen, num_return=3, settings=settings,
+                           prompt_seeds=seed_list, **kw)
+        return [[s.token_ids for s in row] for row in out]
+
+    state = torch.get_rng_state()
+    together = run(prompts, seeds)
+    assert torch.equal(torch.get_rng_state(), state)
+    alone = [run([p], [s])[0] for p, s in zip(prompts, seeds)]
+    backwards = run(prompts[::-1], seeds[::-1])[::-1]
+    assert together == alone == backwards
+    with_greedy = run(prompts, seeds, greedy_first=1)
+    assert [row[1:] for row in with_greedy] == [row[:2] for row in together]  # sample k draws stream k either way
+    assert run(prompts, [s + 1 for s in seeds]) != together  # other seeds, other samples
+    assert any(len(set(map(tuple, row))) > 1 for row in together)  # the samples of a prompt differ
+
+
+def test_prompt_seeds_are_checked(policies):
+    policy = policies["embedded:tiny"]
+    settings = GenerationSettings(max_new_tokens=4)
+    with pytest.raises(ValueError, match="prompt_seeds holds 1 seeds for 2 prompts"):
+        generate(policy.model, policy.tokenizer, ["x", "y"], num_return=2, settings=settings, prompt_seeds=[1])
+    with pytest.raises(ValueError, match="per-prompt random streams \\(prompt_seeds\\) need generation.sampler"):
+        generate(policy.model, policy.tokenizer, ["x"], num_return=2, prompt_seeds=[1],
+                 settings=dataclasses.replace(settings, sampler="generate"))
+
+
+def test_row_streams_follow_the_seed_and_the_sample_index():
+    from pubswap_flwr.policy.sampling import row_streams
+
+    rows = row_streams([5, 6], num_return=3, greedy_first=1, steps=4)
+    assert rows.shape == (6, 4) and rows.dtype == torch.float64 and bool(((rows >= 0) & (rows < 1)).all())
+    assert torch.equal(rows[1], row_streams([5], 2, 0, 4)[0])  # prompt 5's first sample after its greedy row
+    assert torch.equal(rows[2], row_streams([5], 2, 0, 4)[1]) and torch.equal(rows[5], row_streams([6], 2, 0, 4)[1])
+    assert not torch.equal(rows[1], rows[4])

@@ -191,7 +191,7 @@ def test_verify_flags_a_constant_answer_adapter_on_gcd(fedavg_run, capsys, monke
 
     from pubswap_flwr.policy import Policy
 
-    def always_one(self, items, k, *, greedy=False, with_logprobs=True, greedy_first=0):
+    def always_one(self, items, k, *, greedy=False, with_logprobs=True, greedy_first=0, item_seeds=None):
         return [[SimpleNamespace(text="<answer>1</answer>") for _ in range(k)] for _ in items]
 
     monkeypatch.setattr(Policy, "sample", always_one)

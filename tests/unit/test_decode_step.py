@@ -1,0 +1,129 @@
+"""policy/decode_step.py: the sampler's own decode step gives the tokens and log-probs Hugging Face's forward gives in
+the same loop (bit for bit in fp32 and in bf16), with padding and without, for both embedded architectures; it is
+rebuilt when the weights change and stands aside for models it cannot run."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+
+from pubswap_flwr.policy import LoraSettings, Policy, PolicySpec
+from pubswap_flwr.policy.decode_step import DecodeStep, unsupported_reason
+from pubswap_flwr.policy.sampling import GenerationSettings, generate
+from pubswap_flwr.tasks import HeldOutSet, parse_mix
+
+MIX = "basic_arithmetic:1,gcd:1,count_bits:1,spell_backward:1"
+
+
+@pytest.fixture(scope="module")
+def policies():
+    torch.manual_seed(0)
+    out = {}
+    for name in ("embedded:tiny", "embedded:tiny-b"):
+        policy = Policy(PolicySpec(model_name=name, lora=LoraSettings(r=8, alpha=16)))
+        with torch.no_grad():  # a non-trivial adapter, so the merged weights matter
+            for param in policy.model.parameters():
+                if param.requires_grad:
+                    param.add_(0.05 * torch.randn_like(param))
+        out[name] = policy
+    return out
+
+
+def _prompts(policy, count: int = 6) -> list[str]:
+    items = HeldOutSet.build(parse_mix(MIX), per_task=count).items
+    return policy.prompts(items[::max(1, len(items) // count)][:count])
+
+
+def _both(model, tokenizer, prompts, settings, **kwargs):
+    """The same call with the decode step and with Hugging Face's forward in every step."""
+    runs = []
+    for decode_step in (True, False):
+        torch.manual_seed(7)
+        runs.append(generate(model, tokenizer, prompts, settings=dataclasses.replace(settings, decode_step=decode_step),
+                             **kwargs))
+    return runs
+
+
+def _assert_same(ours, theirs):
+    assert [[s.token_ids for s in row] for row in ours] == [[s.token_ids for s in row] for row in theirs]
+    assert [[s.logprobs for s in row] for row in ours] == [[s.logprobs for s in row] for row in theirs]
+    assert [[s.finished for s in row] for row in ours] == [[s.finished for s in row] for row in theirs]
+
+
+@pytest.mark.parametrize("name", ["embedded:tiny", "embedded:tiny-b"])
+@pytest.mark.parametrize("greedy", [True, False])
+def test_same_tokens_and_logprobs_as_hugging_face_forward(policies, name, greedy):
+    policy = policies[name]
+    prompts = _prompts(policy)  # different lengths: left padding, the masked attention path
+    settings = GenerationSettings(max_new_tokens=24, temperature=0.8, top_k=50, top_p=0.95)
+    with policy.sampler.merged():
+        ours, theirs = _both(policy.sampling_model, policy.tokenizer, prompts, settings, num_return=4,
+                             greedy=greedy, greedy_first=0 if greedy else 1)
+        assert DecodeStep.for_model(policy.sampling_model) is not None  # it ran the steps
+    _assert_same(ours, theirs)
+    assert sum(len(s.token_ids) for row in ours for s in row) > 4 * len(prompts)  # it decoded past the prefill
+    assert any(s.finished for row in ours for s in row)  # rows left the batch: the compaction path ran
+
+
+def test_same_without_padding_and_with_per_prompt_streams(policies):
+    policy = policies["embedded:tiny"]
+    prompt = _prompts(policy, 1)[0]
+    settings = GenerationSettings(max_new_tokens=16)
+    with policy.sampler.merged():  # one prompt: no row is padded, attention without a mask (grouped heads)
+        ours, theirs = _both(policy.sampling_model, policy.tokenizer, [prompt, prompt], settings, num_return=3,
+                             prompt_seeds=[1, 2])
+    _assert_same(ours, theirs)
+    assert [s.token_ids for s in ours[0]] != [s.token_ids for s in ours[1]]  # each prompt its own streams
+
+
+def test_bf16_copy_gives_the_same_as_hugging_face_forward(policies):
+    policy = policies["embedded:tiny-b"]
+    with policy.sampler.merged():
+        low = copy.deepcopy(policy.sampling_model).to(torch.bfloat16)
+    assert isinstance(low, torch.nn.Module)
+    ours, theirs = _both(low, policy.tokenizer, _prompts(policy), GenerationSettings(max_new_tokens=16), num_return=2)
+    _assert_same(ours, theirs)
+    assert next(iter(ours[0][0].logprobs), None) is not None
+
+
+def test_rebuilt_after_the_weights_change(policies):
+    policy = policies["embedded:tiny"]
+    model = copy.deepcopy(policy.model).merge_and_unload()
+    prompts = _prompts(policy, 3)
+    settings = GenerationSettings(max_new_tokens=12)
+    first = DecodeStep.for_model(model)
+    assert DecodeStep.for_model(model) is first  # nothing written: the same step
+    with torch.no_grad():
+        model.model.layers[0].mlp.down_proj.weight.mul_(1.5)
+    second = DecodeStep.for_model(model)
+    assert second is not first
+    ours, theirs = _both(model, policy.tokenizer, prompts, settings, num_return=1, greedy=True)
+    _assert_same(ours, theirs)
+
+
+def test_unmerged_adapter_falls_back_to_hugging_face_forward(policies):
+    policy = policies["embedded:tiny"]  # the PEFT model outside `merged()`: its adapters add their own path
+    assert unsupported_reason(policy.model) == "a linear layer with an unmerged adapter"
+    assert DecodeStep.for_model(policy.model) is None
+    with pytest.raises(ValueError, match="DecodeStep cannot run this model: a linear layer with an unmerged adapter"):
+        DecodeStep(policy.model)
+    ours, theirs = _both(policy.model, policy.tokenizer, _prompts(policy, 3), GenerationSettings(max_new_tokens=8),
+                         num_return=1, greedy=True)
+    _assert_same(ours, theirs)
+    with policy.sampler.merged():  # merged, the LoRA layers compute their base layers: supported
+        assert unsupported_reason(policy.model) is None
+
+
+def test_unsupported_configurations_are_named(policies):
+    model = copy.deepcopy(policies["embedded:tiny"].model).merge_and_unload()
+    model.config._attn_implementation = "eager"
+    assert unsupported_reason(model) == "attention implementation 'eager' (sdpa only)"
+    model.config._attn_implementation = "sdpa"
+    model.config.hidden_act = "gelu"
+    assert unsupported_reason(model) == "activation 'gelu' (silu only)"
+    model.config.hidden_act = "silu"
+    model.config.model_type = "gpt2"
+    assert "model type 'gpt2' is not one of" in unsupported_reason(model)
