@@ -44,7 +44,8 @@ class GRPOSettings:
     inner_iterations: int = 1
     micro_batch_size: int = 64
     recompute_layers: bool = True  # grpo_loss.completion_logps: the chunked path's completion layers recomputed
-    update_dtype: str = "float32"  # grpo_loss.completion_logps: "bfloat16" runs the update's passes under autocast
+    update_dtype: str = "auto"  # grpo_loss.completion_logps: "bfloat16" runs the update's passes under autocast;
+    # "auto": GRPOLearner resolves it (policy.update_precision)
     max_grad_norm: float = 1.0
     weight_decay: float = 0.0
     adam_beta1: float = 0.9  # not run-config keys: TRL's defaults

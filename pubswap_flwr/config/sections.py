@@ -135,7 +135,7 @@ class TrainConfig:
                                  doc="a real vocabulary's update recomputes the completion pass's decoder layers in "
                                      "the backward pass instead of keeping their activations (SmolLM2 client peak "
                                      "3.2 -> 1.8 GB at 1.4x the update time); false keeps them")
-    update_dtype: str = opt("auto", one_of("auto", "float32", "bfloat16"),
+    update_dtype: str = opt(GRPO.update_dtype, one_of("auto", "float32", "bfloat16"),
                             "the update's forward and backward passes: float32, or bfloat16 autocast (the LoRA "
                             "weights, their gradients, Adam and the loss stay float32; a bound against float32: "
                             "tests/unit/test_update_dtype.py); auto: bfloat16 where generation.dtype's auto samples "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
 import torch
@@ -24,6 +24,10 @@ from .lora import (
     to_wire,
 )
 from .model import _DTYPES, ModelError, load_causal_lm, load_tokenizer, resolve_device, resolve_model
+from .precision import AUTO_LOW_PRECISION_PARAMETERS as AUTO_LOW_PRECISION_PARAMETERS
+from .precision import native_bf16 as native_bf16
+from .precision import sampling_precision as sampling_precision
+from .precision import update_precision as update_precision
 from .sampling import GenerationSettings, Sample, generate
 
 __all__ = [
@@ -74,12 +78,14 @@ class Policy:
         else:
             self.sampler = LowPrecisionSampling(self.model, self.sampling_dtype)
             self.sampling_model = self.sampler.copy
-        self.update_dtype = update_precision(spec.grpo.update_dtype, spec.dtype, self.model, self.device)
-        grpo = spec.grpo if spec.grpo.update_dtype == self.update_dtype else replace(spec.grpo,
-                                                                                     update_dtype=self.update_dtype)
-        self.learner = GRPOLearner(self.model, self.tokenizer, grpo, spec.generation)
+        self.learner = GRPOLearner(self.model, self.tokenizer, spec.grpo, spec.generation)
         memory.release()  # loading's temporaries (GGUF de-quantization, state dicts) back to the system
         self.formatter = PromptFormatter(self.tokenizer, spec.template)
+
+    @property
+    def update_dtype(self) -> str:
+        """The update's precision, train.update-dtype resolved ("float32" or "bfloat16")."""
+        return self.learner.settings.update_dtype
 
     # -- adapter ---------------------------------------------------------------------------------------------
     def adapter(self) -> dict[str, torch.Tensor]:
@@ -137,44 +143,6 @@ class Policy:
 
 
 LORA_INIT_SEED = 0  # the adapter a Policy starts with, before any reset(seed)
-AUTO_LOW_PRECISION_PARAMETERS = 50_000_000  # below this, sampling is bound by per-step overheads, not weight reads
-
-
-def native_bf16(device: torch.device) -> bool:
-    """Whether `device` computes bf16 matrix products natively (CPU: AVX512-BF16 or AMX; CUDA: Ampere or newer)."""
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
-    if device.type == "cpu":
-        return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
-    return False
-
-
-def sampling_precision(setting: str, model_dtype: str, model, device: torch.device) -> torch.dtype:
-    """`generation.dtype`: an explicit dtype, or for "auto" bfloat16 when the model has at least 50M parameters, is
-    trained in float32 and the device has native bf16; else the model's own dtype. Measured on SmolLM2-135M (2-core
-    CPU with AVX512-BF16): a decode step takes 0.041 s in bf16 against 0.069 s in fp32 (benchmarks/real_model.py);
-    the embedded 0.85M model's steps are overhead-bound and gain nothing."""
-    if setting != "auto":
-        if setting not in _DTYPES:
-            raise ValueError(f"generation.dtype must be auto or one of {', '.join(_DTYPES)}, got {setting!r}")
-        return _DTYPES[setting]
-    own = _DTYPES[model_dtype]
-    if own != torch.float32 or not native_bf16(device):
-        return own
-    size = sum(p.numel() for p in model.parameters())
-    return torch.bfloat16 if size >= AUTO_LOW_PRECISION_PARAMETERS else own
-
-
-def update_precision(setting: str, model_dtype: str, model, device: torch.device) -> str:
-    """`train.update-dtype`: "float32" or "bfloat16" as given, or for "auto" bfloat16 where `sampling_precision`'s
-    auto picks it (a float32 model of 50M parameters or more on a device with native bf16), else float32. Chosen by
-    benchmarks/real_model.py part 8 (SmolLM2, one client's update at configs/real.toml's micro-batch, layers
-    recomputed): bfloat16 1.31-1.41x float32 at a peak of 2231 against 2011 MiB."""
-    if setting != "auto":
-        return setting
-    return "bfloat16" if sampling_precision("auto", model_dtype, model, device) == torch.bfloat16 else "float32"
-
-
 def initial_adapter(model, seed: int) -> None:
     """Re-initialise every LoRA layer deterministically: the same seed gives the same adapter in any process and on
     any device (the random draws are always made on the CPU, so a GPU client and a CPU server agree)."""

@@ -177,12 +177,12 @@ class DecodeStep:
             # rotary embedding (Hugging Face's apply_rotary_pos_emb) of the queries and keys together
             rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
             qk = (qk * cos) + (rotated * sin)
+            key, value = qk[:, heads:], qkv[:, (heads + kv_heads) * head_dim:].view(rows, kv_heads, head_dim)
             end = cached.length + 1
-            if end > cached.capacity:
-                raise RuntimeError(f"the decode cache is full ({cached.capacity} tokens)")
-            cached._keys[:, :, cached.length] = qk[:, heads:]
-            cached._values[:, :, cached.length] = qkv[:, (heads + kv_heads) * head_dim:].view(rows, kv_heads,
-                                                                                             head_dim)
+            if end > cached.capacity:  # GrowingLayer.update's growth, for a cache made with less room
+                cached._grow(end + cached.room, key[:, :, None], value[:, :, None])
+            cached._keys[:, :, cached.length] = key
+            cached._values[:, :, cached.length] = value
             cached.length = end
             cached._view()
             query = qk[:, :heads]

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 import torch
@@ -44,6 +44,7 @@ from .grpo_loss import (
     completion_logps,
     micro_batch_loss,
     proximal_term,
+    resolved_update_dtype,
 )
 
 # re-exported for tests and benchmarks that import them from grpo
@@ -186,6 +187,8 @@ class GRPOLearner:
                              f"{settings.foreign_correction!r}")
         self.model = model
         self.tokenizer = tokenizer
+        if settings.update_dtype == "auto":
+            settings = replace(settings, update_dtype=resolved_update_dtype(model))
         self.settings = settings
         self.generation = generation  # sampling temperature and token limits: one source for sampling and update
         self.params = {n: p for n, p in model.named_parameters() if p.requires_grad}

@@ -273,8 +273,9 @@ def _generate_cached(model, tokenizer, batch: dict[str, torch.Tensor], num_retur
         mask = mask.repeat_interleave(num_return, dim=0)
         positions = positions.repeat_interleave(num_return, dim=0)
     rows = logits.shape[0]
-    step_forward = DecodeStep.for_model(model) if settings.decode_step and all(
-        isinstance(layer, growing_layer_class()) for layer in cache.layers) else None
+    layers = getattr(cache, "layers", ())
+    step_forward = DecodeStep.for_model(model) if settings.decode_step and layers and all(
+        isinstance(layer, growing_layer_class()) for layer in layers) else None
     # every row's attention mask over the cache, with room for the whole completion (new tokens are never padding)
     prompt_length = mask.shape[1]
     attention = torch.ones(rows, prompt_length + settings.max_new_tokens, dtype=torch.bool, device=ids.device)

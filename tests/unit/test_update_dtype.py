@@ -92,7 +92,7 @@ def test_the_update_dtype_is_a_checked_config_key():
     assert ExperimentConfig.from_flat({}).train.update_dtype == "auto"
     with pytest.raises(ConfigError, match="train.update-dtype"):
         ExperimentConfig.from_flat({"train.update-dtype": "float16"})
-    with pytest.raises(ValueError, match="train.update-dtype must be one of"):
+    with pytest.raises(ValueError, match="train.update-dtype must be auto or one of"):
         completion_logps(None, None, slice(0, 1), update_dtype="int8")
 
 
@@ -100,7 +100,7 @@ def test_auto_takes_bfloat16_where_sampling_would(monkeypatch):
     """train.update-dtype = "auto" (the default): bfloat16 for a float32 model of 50M parameters or more on a device
     with native bf16 (benchmarks/real_model.py part 8), else float32; the embedded models update in float32, so the
     goldens keep their numbers."""
-    import pubswap_flwr.policy as policy_module
+    import pubswap_flwr.policy.precision as policy_module
     from pubswap_flwr.policy import update_precision
 
     cpu = torch.device("cpu")
