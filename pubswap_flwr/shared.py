@@ -3,7 +3,6 @@ public set, every task spec), the policy spec, and seeds."""
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, fields
 from functools import lru_cache
 from pathlib import Path
@@ -13,6 +12,7 @@ from .config import ExperimentConfig
 from .config.sections import EvalConfig, GenerationConfig, ModelConfig, TasksConfig, TrainConfig
 from .policy import GenerationSettings, GRPOSettings, LoraSettings, PolicySpec
 from .policy.data import ModelError, data_dir
+from .policy.sampling import stream_seed
 from .settings import EvalSettings
 from .tasks import HeldOutSet, PublicSet, load_items, parse_custom_tasks, parse_mix
 from .tasks.curriculum import at_level
@@ -174,5 +174,5 @@ def eval_settings(evaluation: EvalConfig, generation: GenerationConfig, seed: in
 
 
 def derive_seed(*parts: Any) -> int:
-    digest = hashlib.sha256(":".join(str(p) for p in parts).encode()).digest()
-    return int.from_bytes(digest[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF
+    """A 63-bit seed from `parts`, the same on every machine (policy.sampling.stream_seed)."""
+    return stream_seed(*parts)

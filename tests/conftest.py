@@ -188,3 +188,21 @@ def tiny_policy():
 
     torch.manual_seed(0)
     return Policy(PolicySpec(lora=LoraSettings(r=8, alpha=16)))
+
+
+def perturbed_tiny_policies() -> dict:
+    """Both embedded models with a non-trivial adapter (LoRA B not zero), so merged weights matter: name -> Policy."""
+    import torch
+
+    from pubswap_flwr.policy import LoraSettings, Policy, PolicySpec
+
+    torch.manual_seed(0)
+    out = {}
+    for name in ("embedded:tiny", "embedded:tiny-b"):
+        policy = Policy(PolicySpec(model_name=name, lora=LoraSettings(r=8, alpha=16)))
+        with torch.no_grad():
+            for param in policy.model.parameters():
+                if param.requires_grad:
+                    param.add_(0.05 * torch.randn_like(param))
+        out[name] = policy
+    return out

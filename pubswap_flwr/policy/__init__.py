@@ -115,11 +115,11 @@ class Policy:
             return self._sample_merged(items, k, greedy=greedy, with_logprobs=with_logprobs,
                                        greedy_first=greedy_first, item_seeds=item_seeds)
 
-    def _sample_merged(self, items: Sequence[TaskItem], k: int, **options) -> list[list[Sample]]:
+    def _sample_merged(self, items: Sequence[TaskItem], k: int, *, greedy: bool = False, with_logprobs: bool = True,
+                       greedy_first: int = 0, item_seeds: Sequence[int] | None = None) -> list[list[Sample]]:
         return generate(self.sampling_model, self.tokenizer, self.prompts(items), num_return=k,
-                        settings=self.spec.generation, greedy=options.get("greedy", False),
-                        with_logprobs=options.get("with_logprobs", True),
-                        greedy_first=options.get("greedy_first", 0), prompt_seeds=options.get("item_seeds"))
+                        settings=self.spec.generation, greedy=greedy, with_logprobs=with_logprobs,
+                        greedy_first=greedy_first, prompt_seeds=item_seeds)
 
     @contextlib.contextmanager
     def concurrent_sampling(self) -> Iterator[Callable[..., list[list[Sample]]]]:

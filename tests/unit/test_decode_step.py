@@ -10,26 +10,17 @@ import dataclasses
 import pytest
 import torch
 
-from pubswap_flwr.policy import LoraSettings, Policy, PolicySpec
 from pubswap_flwr.policy.decode_step import DecodeStep, unsupported_reason
 from pubswap_flwr.policy.sampling import GenerationSettings, generate
 from pubswap_flwr.tasks import HeldOutSet, parse_mix
+from tests.conftest import perturbed_tiny_policies
 
 MIX = "basic_arithmetic:1,gcd:1,count_bits:1,spell_backward:1"
 
 
 @pytest.fixture(scope="module")
 def policies():
-    torch.manual_seed(0)
-    out = {}
-    for name in ("embedded:tiny", "embedded:tiny-b"):
-        policy = Policy(PolicySpec(model_name=name, lora=LoraSettings(r=8, alpha=16)))
-        with torch.no_grad():  # a non-trivial adapter, so the merged weights matter
-            for param in policy.model.parameters():
-                if param.requires_grad:
-                    param.add_(0.05 * torch.randn_like(param))
-        out[name] = policy
-    return out
+    return perturbed_tiny_policies()
 
 
 def _prompts(policy, count: int = 6) -> list[str]:
