@@ -22,12 +22,14 @@ from .adapter_files import (
     check_adapter_folder,
     read_card,
 )
+from .model_packages import PACKAGED, PackagedModelError, licence_of, terms_path
 from .untrusted import UntrustedFileError, check_no_links, read_bytes
 
 # Light at import (the `pubswap` command registers this module's subcommand): torch, transformers and peft load
 # only when an adapter is saved, loaded or exported.
 EMBEDDED_PREFIX = "embedded:"  # policy.model.EMBEDDED_PREFIX
 CARD_FILE = "README.md"
+NOTICE_FILE = "NOTICE"  # what a licence that asks for a notice file gets (the Gemma Terms of Use, section 3.1)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 PROJECT = "pubswap-flwr"
 
@@ -116,6 +118,22 @@ def write_card(directory: Path, summary: dict[str, Any], *, merged: bool = False
     shipped_base = (directory / BASE_DIR / "config.json").is_file()
     (directory / CARD_FILE).write_text(render_card(summary, merged=merged, has_tokenizer=has_tokenizer,
                                                    shipped_base=shipped_base))
+    licence = licence_of(str(summary.get("base_model", "")))
+    if licence is not None and licence.notice:
+        (directory / NOTICE_FILE).write_text(licence.notice + "\n")
+
+
+def ship_terms(directory: Path, base_model: str) -> None:
+    """A copy of the base model's licence terms beside an export, where its licence asks every recipient to get one
+    (read from the model's installed package); ExportError when that package is missing."""
+    if base_model not in PACKAGED:
+        return
+    try:
+        terms = terms_path(PACKAGED[base_model])
+    except PackagedModelError as err:
+        raise ExportError(f"{err} (its licence terms ship with every export)") from None
+    if terms is not None:
+        shutil.copyfile(terms, Path(directory) / terms.name)
 
 
 def _is_hub_id(name: str) -> bool:
@@ -139,6 +157,9 @@ def render_card(summary: dict[str, Any], *, merged: bool = False, has_tokenizer:
     header = ["---", f"library_name: {'transformers' if merged else 'peft'}"]
     if _is_hub_id(base):
         header.append(f"base_model: {base}")
+    licence = licence_of(base)
+    if licence is not None:
+        header.append(f"license: {licence.card_id}")
     header += ["tags:", "- pubswap-flwr", "- grpo", "- lora", "- federated-learning", "---", ""]
     what = "a standalone model (LoRA adapter merged into the base weights)" if merged else "a LoRA adapter"
     node = f", node {summary['node']}" if summary.get("node") else ""
@@ -162,6 +183,8 @@ def render_card(summary: dict[str, Any], *, merged: bool = False, has_tokenizer:
             lines.append(f"| {label} | {summary['metrics'][key]:.4f} |")
     if not summary["metrics"]:
         lines.append("| metrics | not evaluated at this round (see the run's metrics.jsonl) |")
+    if licence is not None:
+        lines += ["", "## Licence", "", *licence.card_lines()]
     lines += ["", "## Load it", ""]
     if merged:
         lines += ["```python", "from transformers import AutoModelForCausalLM, AutoTokenizer", "",
@@ -326,6 +349,7 @@ def _write_export(adapter_dir: Path, config: AdapterConfigFile, base: str, token
             (work / ADAPTER_CONFIG).write_text(json.dumps(peft_config, indent=2, sort_keys=True) + "\n")
     tokenizer.save_pretrained(str(work))
     write_card(work, summary, merged=merged)
+    ship_terms(work, str(summary.get("base_model", "")))
     ordinary_permissions(work)
 
 

@@ -61,10 +61,15 @@ def supervised_questions(build_json: Path) -> frozenset[str]:
     return frozenset(question_key(item.question) for item in source_items(tasks, per_task))
 
 
-def distilled_target(text: str, item: TaskItem) -> str | None:
-    """The warm-up target made from one of the model's completions, or None when its answer is wrong."""
+def distilled_target(text: str, item: TaskItem, next_question: str = "") -> str | None:
+    """The warm-up target made from one of the model's completions, or None when its answer is wrong. With
+    `next_question` (a plain-format prompt's, tasks/prompts.py) the completion is first cut where the model begins a
+    question of its own: a base model goes on writing examples, and only what precedes them answers this one."""
+    if next_question and next_question in text:
+        text = text[:text.index(next_question)]
     if score_completion(text, item).reward >= 1.0:
-        return text.strip()
+        # a plain prompt ends in "Answer:", and the space the model put after it is part of its answer
+        return text.rstrip() if next_question else text.strip()
     if lenient_score(text, item).reward < 1.0:
         return None
     answer = lenient_answer(text, item.answer)
@@ -81,7 +86,7 @@ def collect_targets(policy: Policy, items: list[TaskItem], samples: int,
         chunk = items[start:start + batch_items]
         for item, row in zip(chunk, policy.sample(chunk, samples, with_logprobs=False)):
             for sample in row:
-                target = distilled_target(sample.text, item)
+                target = distilled_target(sample.text, item, policy.formatter.next_question)
                 if target is not None:
                     targets.append((item, target))
                     break

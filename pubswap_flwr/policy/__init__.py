@@ -9,6 +9,7 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
+from ..model_packages import prompt_format_of
 from ..rollouts import RolloutGroup
 from ..tasks import PromptFormatter, TaskItem
 from . import memory
@@ -80,7 +81,7 @@ class Policy:
             self.sampling_model = self.sampler.copy
         self.learner = GRPOLearner(self.model, self.tokenizer, spec.grpo, spec.generation)
         memory.release()  # loading's temporaries (GGUF de-quantization, state dicts) back to the system
-        self.formatter = PromptFormatter(self.tokenizer, spec.template)
+        self.formatter = PromptFormatter(self.tokenizer, spec.template, prompt_format_of(spec.model_name))
 
     @property
     def update_dtype(self) -> str:

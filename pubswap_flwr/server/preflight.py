@@ -235,12 +235,12 @@ def check_rewards(cfg: ExperimentConfig) -> None:
 def check_model_packages(cfg: ExperimentConfig) -> None:
     """ConfigError naming the pip command when a packaged model the run names (model.name, model.node-models) needs
     a package that is not installed: found here in a moment, not when the model is prepared (half a minute in)."""
-    from ..model_packages import PACKAGED, PackagedModelError, gguf_path
+    from ..model_packages import PACKAGED, PackagedModelError, check_installed
 
     for name in cfg.model.named:
         if name in PACKAGED:
             try:
-                gguf_path(PACKAGED[name])
+                check_installed(PACKAGED[name])
             except PackagedModelError as err:
                 raise ConfigError(str(err)) from None
 

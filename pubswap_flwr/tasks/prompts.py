@@ -1,4 +1,5 @@
-"""Prompt templates: the question as a ChatML user turn that asks for the answer inside <answer>...</answer>."""
+"""Prompt templates: the question and an instruction to answer inside <answer>...</answer>, as a user turn of the
+tokenizer's chat template, or as plain text for a base model without one."""
 
 from __future__ import annotations
 
@@ -14,6 +15,11 @@ INSTRUCTIONS = {
 }
 
 CHATML_USER = "<|im_start|>user\n{content}<|im_end|>\n<|im_start|>assistant\n"
+# A base model's prompt (prompt format "plain", model_packages.PROMPT_FORMATS): the question and instruction, then
+# "Answer:" for the completion to continue; {bos} is the tokenizer's BOS text when its tokenizer puts one before every
+# text by itself (Gemma does; prompts are encoded without special tokens, so the text must carry it).
+PLAIN_PROMPT = "{bos}Question: {content}\nAnswer:"
+PLAIN_NEXT_QUESTION = "\nQuestion:"  # where a base model that goes on past its answer starts a question of its own
 
 
 def user_message(question: str, family: str = "plain") -> str:
@@ -23,7 +29,9 @@ def user_message(question: str, family: str = "plain") -> str:
 
 
 class PromptFormatter:
-    """Renders items as generation prompts with the tokenizer's chat template.
+    """Renders items as generation prompts: with the tokenizer's chat template (prompt format "chat"), or as
+    PLAIN_PROMPT (format "plain", which a base model's table entry declares; a tokenizer without a chat template
+    gets it too).
 
     For ChatML templates (the embedded models, Qwen) the prompt is built by string formatting, which gives the
     same text as `apply_chat_template(..., add_generation_prompt=True)` about 400x faster (measured on the embedded
@@ -31,12 +39,26 @@ class PromptFormatter:
     any other template goes through `apply_chat_template`.
     """
 
-    def __init__(self, tokenizer: Any, template: str = "auto"):
+    def __init__(self, tokenizer: Any, template: str = "auto", prompt_format: str = "chat"):
         if template != "auto" and template not in INSTRUCTIONS:
             raise TaskError(f"unknown prompt template {template!r}; known: auto, {', '.join(sorted(INSTRUCTIONS))}")
+        if prompt_format not in ("chat", "plain"):
+            raise TaskError(f"unknown prompt format {prompt_format!r}; known: chat, plain")
         self.tokenizer = tokenizer
         self.template = template
-        self.chatml = self._is_chatml(tokenizer)
+        self.plain = prompt_format == "plain" or not getattr(tokenizer, "chat_template", None)
+        self.chatml = not self.plain and self._is_chatml(tokenizer)
+        self.bos = self._own_bos(tokenizer) if self.plain else ""
+        # the text after which a completion no longer answers this prompt ("" for chat prompts: the turn ends it)
+        self.next_question = PLAIN_NEXT_QUESTION if self.plain else ""
+
+    @staticmethod
+    def _own_bos(tokenizer: Any) -> str:
+        """The BOS text when the tokenizer starts every encoded text with it by itself, else ""."""
+        bos_id = getattr(tokenizer, "bos_token_id", None)
+        if bos_id is None:
+            return ""
+        return tokenizer.bos_token if tokenizer("x")["input_ids"][:1] == [bos_id] else ""
 
     @staticmethod
     def _is_chatml(tokenizer: Any) -> bool:
@@ -52,9 +74,9 @@ class PromptFormatter:
 
     def __call__(self, item: TaskItem) -> str:
         content = user_message(item.question, self.family(item))
+        if self.plain:
+            return PLAIN_PROMPT.format(bos=self.bos, content=content)
         if self.chatml:
             return CHATML_USER.format(content=content)
-        if getattr(self.tokenizer, "chat_template", None):
-            return self.tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
-                                                      add_generation_prompt=True)
-        return f"{content}\n"
+        return self.tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
+                                                  add_generation_prompt=True)

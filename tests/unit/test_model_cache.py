@@ -24,7 +24,7 @@ def cache(monkeypatch, tmp_path):
     root = tmp_path / "cache"
     root.mkdir(mode=0o700)
     monkeypatch.setenv(packaged.CACHE_ENV, str(root))
-    monkeypatch.setattr(packaged, "gguf_path", lambda model: tmp_path / "x.gguf")
+    monkeypatch.setattr(packaged, "check_installed", lambda model: None)
     calls = []
 
     def convert(model, target):

@@ -42,7 +42,7 @@ def test_a_converted_folder_is_used_only_when_complete(monkeypatch, tmp_path):
     folder.mkdir()
     (folder / "config.json").write_text("{}")  # an interrupted conversion: no marker
     calls = []
-    monkeypatch.setattr(packaged, "gguf_path", lambda model: tmp_path / "x.gguf")
+    monkeypatch.setattr(packaged, "check_installed", lambda model: None)
     monkeypatch.setattr(packaged, "convert", lambda model, target: calls.append(target) or
                         (target / packaged.MARKER).write_text("{}"))
     assert resolve_model("smollm2-135m-instruct") == str(folder)

