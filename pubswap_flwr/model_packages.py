@@ -5,7 +5,7 @@ package in a moment; policy/packaged.py assembles, converts and loads them."""
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 
@@ -183,7 +183,7 @@ def terms_path(model: PackagedModel) -> Path | None:
 def check_installed(model: PackagedModel) -> None:
     """PackagedModelError naming the pip line unless every package the model is read from is installed with its
     file (a variant: its root's); nothing is read or written."""
-    root = root_model(model)
+    root = replace(root_model(model), name=model.name)  # errors name the model asked for
     if root.parts:
         part_paths(root)
         terms_path(root)
