@@ -27,14 +27,12 @@ PEAK_GOAL_MIB, HELD_GOAL_MIB = 3072, 2048
 
 
 def _client(model: str, threads: int, queue) -> None:
-    import real_model
     import torch
     from client_memory import _reset_peak, _status
     from real_model import _groups, _items, _policy
 
     from pubswap_flwr.rollouts import RolloutGroup
 
-    real_model.MODEL = model
     torch.set_num_threads(threads)
     out: dict = {}
     _reset_peak()

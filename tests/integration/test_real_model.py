@@ -9,6 +9,8 @@ import json
 import pytest
 import torch
 
+from tests.integration.conversion import convert_recording
+
 pytestmark = pytest.mark.slow
 
 PROMPTS = ["What is 7 + 5?", "Find the greatest common divisor of 84 and 36."]
@@ -18,22 +20,9 @@ PROMPTS = ["What is 7 + 5?", "Find the greatest common divisor of 84 and 36."]
 def converted(tmp_path_factory):
     """A fresh conversion into a private cache, and the (model, tokenizer) the conversion loaded from the GGUF file:
     the logits test compares the folder with them (loading the GGUF again took as long as the conversion, ~50 s)."""
-    from pubswap_flwr.policy import packaged
-
     pytest.importorskip("gguf")
     folder = tmp_path_factory.mktemp("cache") / "smollm2-135m-instruct"
-    loads = []
-    load_from_gguf = packaged.load_from_gguf
-
-    def recording(path, dtype=None):
-        loads.append(load_from_gguf(path, dtype))
-        return loads[-1]
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(packaged, "load_from_gguf", recording)
-        packaged.convert(packaged.PACKAGED["smollm2-135m-instruct"], folder)
-    assert len(loads) == 1
-    return folder, loads[0]
+    return folder, convert_recording("smollm2-135m-instruct", folder)
 
 
 def test_converted_logits_equal_the_gguf_loaded_models(converted):

