@@ -1,13 +1,18 @@
 """Format warm-up of a real model by self-distillation, so that RL with answer-tag rewards has a signal from the start.
 
     python -m pubswap_flwr.warmup build --model smollm2-135m-instruct --out data/models/smollm2-warm
+    python -m pubswap_flwr.warmup build --model gemma3-270m --shots 4 --out <folder>   (a base model)
 
 A pretrained instruct model of this size rarely puts its answer in `<answer></answer>` tags (SmolLM2-135M: never, in
 zero-shot; docs/results/zero-shot-smollm2), so every reward is 0 and GRPO learns nothing. The warm-up teaches the
 format and nothing else it did not find itself:
 1. sample `--samples` completions per item (at `--temperature`, the runs' prompt template) for `--items` generated items
    per task, from a seed range no run uses (`source_items`; reasoning-gym repeats question texts across seeds, so every
-   run's held-out set leaves these questions out: `supervised_questions`, shared.task_universe);
+   run's held-out set leaves these questions out: `supervised_questions`, shared.task_universe). With `--shots N`
+   (plain-format models only) each source prompt first shows N solved items of yet another seed range
+   (`shot_items`), answer only, as the instruction asks: a base model follows a shown format and seldom an
+   instruction. The answers it writes are still its own, and the targets are fine-tuned on the prompt without them;
+   a plain completion ends where the model starts a question of its own (tasks/prompts.py);
 2. keep, per item, the first completion whose lenient answer (tasks.lenient_answer: the last number or word) is
    correct, cut just after that answer and followed by a new line and `<answer>X</answer>` (a completion already
    tagged and correct is kept as it is): the model's own working and its own right answer, now in the tags;
@@ -42,6 +47,7 @@ log = logging.getLogger("pubswap_flwr.warmup")
 
 SOURCE_SEED = 707  # items the targets come from
 CHECK_SEED = 708  # held-out items for the before / after check (runs use tasks.data-seed, default 0)
+SHOT_SEED = 709  # the solved examples shown before source prompts (`--shots`)
 
 
 def source_items(tasks: str, per_task: int) -> list[TaskItem]:
@@ -49,16 +55,29 @@ def source_items(tasks: str, per_task: int) -> list[TaskItem]:
     return HeldOutSet.build(parse_mix(tasks), per_task=per_task, data_seed=SOURCE_SEED).items
 
 
+def shot_items(tasks: str, shots: int, per_task: int) -> list[TaskItem]:
+    """The `shots` solved items shown before every source prompt (`--shots`): the tasks in turn, from SHOT_SEED,
+    none with the question of one of the `per_task` source items per task (its answer would be in its prompt)."""
+    specs = parse_mix(tasks)
+    if shots <= 0 or not specs:
+        return []
+    source = {question_key(item.question) for item in source_items(tasks, per_task)}
+    pool = HeldOutSet.build(specs, per_task=-(-shots // len(specs)), data_seed=SHOT_SEED, exclude=source).items
+    by_task = [[item for item in pool if item.task == spec.name] for spec in specs]
+    return [by_task[n % len(specs)][n // len(specs)] for n in range(shots)]
+
+
 def supervised_questions(build_json: Path) -> frozenset[str]:
-    """The question keys (tasks.splits.question_key) a warmed-up model was fine-tuned on, from its build.json:
-    every source item's question (a superset of the targets' questions), regenerated from the recorded tasks and
-    items per task. A run's held-out set leaves them out."""
+    """The question keys (tasks.splits.question_key) a warmed-up model was fine-tuned on or shown, from its
+    build.json: every source item's question (a superset of the targets' questions) and the solved examples',
+    regenerated from the recorded tasks, items per task and shots. A run's held-out set leaves them out."""
     try:
         build = json.loads(build_json.read_text())
-        tasks, per_task = str(build["tasks"]), int(build["items_per_task"])
+        tasks, per_task, shots = str(build["tasks"]), int(build["items_per_task"]), int(build.get("shots", 0))
     except (OSError, ValueError, KeyError, TypeError) as err:
-        raise ValueError(f"{build_json}: cannot read the warm-up's tasks and items_per_task ({err})") from err
-    return frozenset(question_key(item.question) for item in source_items(tasks, per_task))
+        raise ValueError(f"{build_json}: cannot read the warm-up's tasks, items_per_task and shots ({err})") from err
+    shown = source_items(tasks, per_task) + shot_items(tasks, shots, per_task)
+    return frozenset(question_key(item.question) for item in shown)
 
 
 def distilled_target(text: str, item: TaskItem, next_question: str = "") -> str | None:
@@ -79,12 +98,12 @@ def distilled_target(text: str, item: TaskItem, next_question: str = "") -> str 
     return f"{text[:end].rstrip()}\n<answer>{answer}</answer>"
 
 
-def collect_targets(policy: Policy, items: list[TaskItem], samples: int,
-                    batch_items: int) -> list[tuple[TaskItem, str]]:
+def collect_targets(policy: Policy, items: list[TaskItem], samples: int, batch_items: int,
+                    examples: list[TaskItem] | None = None) -> list[tuple[TaskItem, str]]:
     targets = []
     for start in range(0, len(items), batch_items):
         chunk = items[start:start + batch_items]
-        for item, row in zip(chunk, policy.sample(chunk, samples, with_logprobs=False)):
+        for item, row in zip(chunk, policy.sample(chunk, samples, with_logprobs=False, examples=examples or ())):
             for sample in row:
                 target = distilled_target(sample.text, item, policy.formatter.next_question)
                 if target is not None:
@@ -102,15 +121,21 @@ def build(args: argparse.Namespace, argv: list[str]) -> dict:
                                                     temperature=args.temperature),
                       grpo=GRPOSettings())
     policy = Policy(spec)
+    if args.shots < 0:
+        raise SystemExit(f"--shots must be 0 or more, got {args.shots}")
+    if args.shots and not policy.formatter.plain:
+        raise SystemExit(f"--shots shows solved examples before plain-format prompts; {args.model} has a chat "
+                         f"template (its warm-up samples zero-shot: leave --shots out)")
     policy.reset(args.seed)
     tasks = parse_mix(args.tasks)
     source = source_items(args.tasks, args.items)
+    shots = shot_items(args.tasks, args.shots, args.items)
     check = HeldOutSet.build(tasks, per_task=args.check_items, data_seed=CHECK_SEED,
-                             exclude={question_key(item.question) for item in source}).items
+                             exclude={question_key(item.question) for item in source + shots}).items
     started = time.perf_counter()
     before = held_out_check(policy, check, args.check_samples)
     log.info("before: %s", before["overall"])
-    targets = collect_targets(policy, source, args.samples, args.batch_items)
+    targets = collect_targets(policy, source, args.samples, args.batch_items, shots)
     if not targets:
         raise SystemExit("no completion had a right answer: nothing to warm up on (more --items or --samples?)")
     counts = {spec.name: sum(1 for item, _ in targets if item.task == spec.name) for spec in tasks}
@@ -122,6 +147,8 @@ def build(args: argparse.Namespace, argv: list[str]) -> dict:
     report = {"command": "python -m pubswap_flwr.warmup " + " ".join(argv), "model": args.model,
               "code": provenance.collect()["code"],
               "tasks": args.tasks, "template": args.template, "seed": args.seed, "items_per_task": args.items,
+              "shots": args.shots, "shown": [{"task": item.task, "question": item.question, "answer": item.answer}
+                                             for item in shots],
               "samples_per_item": args.samples, "max_new_tokens": args.max_new_tokens,
               "temperature": args.temperature, "lora_r": args.lora_r,
               "epochs": args.epochs, "batch": args.batch, "lr": args.lr, "targets": counts,
@@ -143,6 +170,8 @@ def main(argv: list[str] | None = None) -> None:
     b.add_argument("--template", default="plain")
     b.add_argument("--items", type=int, default=400, help="source items per task")
     b.add_argument("--samples", type=int, default=8, help="completions sampled per source item")
+    b.add_argument("--shots", type=int, default=0,
+                   help="solved examples shown before each source prompt (plain-format models only; default none)")
     b.add_argument("--max-new-tokens", type=int, default=64)
     b.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (source and check)")
     b.add_argument("--batch-items", type=int, default=8, help="source items per sampling call")

@@ -101,8 +101,8 @@ class Policy:
         self.learner.reset_optimizer()
 
     # -- sampling --------------------------------------------------------------------------------------------
-    def prompts(self, items: Sequence[TaskItem]) -> list[str]:
-        return [self.formatter(item) for item in items]
+    def prompts(self, items: Sequence[TaskItem], examples: Sequence[TaskItem] = ()) -> list[str]:
+        return [self.formatter(item, examples) for item in items]
 
     @property
     def can_mix_greedy(self) -> bool:
@@ -110,17 +110,21 @@ class Policy:
         return self.spec.generation.sampler == "cached"
 
     def sample(self, items: Sequence[TaskItem], k: int, *, greedy: bool = False, with_logprobs: bool = True,
-               greedy_first: int = 0, item_seeds: Sequence[int] | None = None) -> list[list[Sample]]:
-        """k completions of each item (sampling.generate; `item_seeds`: its prompt_seeds, one per item)."""
+               greedy_first: int = 0, item_seeds: Sequence[int] | None = None,
+               examples: Sequence[TaskItem] = ()) -> list[list[Sample]]:
+        """k completions of each item (sampling.generate; `item_seeds`: its prompt_seeds, one per item; `examples`:
+        solved items shown before each prompt, plain-format models only: PromptFormatter)."""
         with self.sampler.merged():
             return self._sample_merged(items, k, greedy=greedy, with_logprobs=with_logprobs,
-                                       greedy_first=greedy_first, item_seeds=item_seeds)
+                                       greedy_first=greedy_first, item_seeds=item_seeds, examples=examples)
 
     def _sample_merged(self, items: Sequence[TaskItem], k: int, *, greedy: bool = False, with_logprobs: bool = True,
-                       greedy_first: int = 0, item_seeds: Sequence[int] | None = None) -> list[list[Sample]]:
-        return generate(self.sampling_model, self.tokenizer, self.prompts(items), num_return=k,
+                       greedy_first: int = 0, item_seeds: Sequence[int] | None = None,
+                       examples: Sequence[TaskItem] = ()) -> list[list[Sample]]:
+        return generate(self.sampling_model, self.tokenizer, self.prompts(items, examples), num_return=k,
                         settings=self.spec.generation, greedy=greedy, with_logprobs=with_logprobs,
-                        greedy_first=greedy_first, prompt_seeds=item_seeds)
+                        greedy_first=greedy_first, prompt_seeds=item_seeds,
+                        stop_text=self.formatter.next_question)
 
     @contextlib.contextmanager
     def concurrent_sampling(self) -> Iterator[Callable[..., list[list[Sample]]]]:

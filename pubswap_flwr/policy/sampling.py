@@ -27,21 +27,26 @@ from .decode_step import DecodeStep
 SAMPLERS = ("cached", "generate")
 COMPACT_FRACTION = 0.25  # drop finished rows from the decode batch once they are this share of it
 ANSWER_CLOSE = "</answer>"
+TAIL_TOKENS = 8  # how many of a row's last tokens TextEnd decodes: more than any ending takes
 
 
-class AnswerClose:
-    """Which rows have just closed their answer: the tail of each row's text is decoded only when its newest token
-    can end the closing tag (its text contains '>'), so the check costs nothing on most steps."""
+class TextEnd:
+    """Which rows have just written one of `endings` (the closing answer tag, a plain prompt's next question): the
+    tail of a row's text is decoded only when its newest token holds the last character of an ending, so the check
+    costs nothing on most steps."""
 
-    def __init__(self, tokenizer) -> None:
+    def __init__(self, tokenizer, endings: Sequence[str]) -> None:
         self.tokenizer = tokenizer
-        self._ends_tag: dict[int, bool] = {}
+        self.endings = tuple(ending for ending in endings if ending)
+        self._last_chars = {ending[-1] for ending in self.endings}
+        self._can_end: dict[int, bool] = {}
 
-    def closed(self, ids: list[int]) -> bool:
+    def ended(self, ids: list[int]) -> bool:
         token = ids[-1]
-        if token not in self._ends_tag:
-            self._ends_tag[token] = ">" in self.tokenizer.decode([token])
-        return self._ends_tag[token] and self.tokenizer.decode(ids[-8:]).rstrip().endswith(ANSWER_CLOSE)
+        if token not in self._can_end:
+            text = self.tokenizer.decode([token])
+            self._can_end[token] = any(char in text for char in self._last_chars)
+        return self._can_end[token] and self.tokenizer.decode(ids[-TAIL_TOKENS:]).rstrip().endswith(self.endings)
 
 
 @functools.cache
@@ -257,7 +262,7 @@ def stream_seed(*parts: object) -> int:
 # parameters: generate's options, passed on unchanged
 def _generate_cached(model, tokenizer, batch: dict[str, torch.Tensor], num_return: int,
                      settings: GenerationSettings, greedy: bool, with_logprobs: bool,
-                     greedy_first: int = 0, prompt_seeds: Sequence[int] | None = None
+                     greedy_first: int = 0, prompt_seeds: Sequence[int] | None = None, stop_text: str = ""
                      ) -> tuple[list[list[int]], list[list[float]] | None]:
     eos = tokenizer.eos_token_id
     ids, mask = batch["input_ids"], batch["attention_mask"]
@@ -287,14 +292,15 @@ def _generate_cached(model, tokenizer, batch: dict[str, torch.Tensor], num_retur
     tokens: list[list[int]] = [[] for _ in range(rows)]
     logps: list[list[float]] | None = [[] for _ in range(rows)] if with_logprobs else None
     finished = torch.zeros(rows, dtype=torch.bool, device=ids.device)  # by current batch row
-    closer = AnswerClose(tokenizer) if settings.stop_at_answer else None
+    endings = ((ANSWER_CLOSE,) if settings.stop_at_answer else ()) + ((stop_text,) if stop_text else ())
+    ender = TextEnd(tokenizer, endings) if endings else None
     closed = torch.zeros(rows, dtype=torch.bool, device=ids.device)  # by current batch row: EOS comes next
     streams = (row_streams(prompt_seeds, num_return, greedy_first, settings.max_new_tokens).to(ids.device)
                if prompt_seeds is not None and not greedy else None)
     for step in range(settings.max_new_tokens):
         scores, chosen = _choose(logits, greedy_rows, settings, with_logprobs,
                                  None if streams is None else streams[active, step])
-        # generation.stop-at-answer: EOS follows a closed answer (its log-prob is the model's own for EOS there)
+        # EOS follows a closed answer (generation.stop-at-answer) or the stop text (its log-prob is the model's own)
         chosen = torch.where(closed, torch.full_like(chosen, eos), chosen)
         chosen = torch.where(finished, torch.full_like(chosen, tokenizer.pad_token_id), chosen)
         step_logps = (torch.log_softmax(scores, dim=-1).gather(-1, chosen[:, None]).squeeze(-1).tolist()
@@ -306,8 +312,8 @@ def _generate_cached(model, tokenizer, batch: dict[str, torch.Tensor], num_retur
             if logps is not None and step_logps is not None:
                 logps[original].append(step_logps[row])
         finished = finished | (chosen == eos)
-        if closer is not None:
-            closed = torch.tensor([not done and closer.closed(tokens[original]) for done, original
+        if ender is not None:
+            closed = torch.tensor([not done and ender.ended(tokens[original]) for done, original
                                    in zip(finished.tolist(), active.tolist())], dtype=torch.bool, device=ids.device)
         if bool(finished.all()) or step + 1 == settings.max_new_tokens:
             break
@@ -332,12 +338,14 @@ def _generate_cached(model, tokenizer, batch: dict[str, torch.Tensor], num_retur
 @torch.no_grad()
 def generate(model, tokenizer, prompts: list[str], *, num_return: int, settings: GenerationSettings,
              greedy: bool = False, with_logprobs: bool = True, greedy_first: int = 0,
-             prompt_seeds: Sequence[int] | None = None) -> list[list[Sample]]:
+             prompt_seeds: Sequence[int] | None = None, stop_text: str = "") -> list[list[Sample]]:
     """`num_return` completions for every prompt (one batched call); result[i] holds prompt i's completions.
     `greedy_first` (cached sampler only): the first that many of each prompt's completions are greedy and the rest
     sampled, all from one prefill of the prompt (the held-out evaluation's greedy and sampled passes in one).
     `prompt_seeds` (cached sampler only; one per prompt): each prompt's samples draw from streams of its own seed
-    (`row_streams`), not from the global generator, so they do not depend on how prompts are batched."""
+    (`row_streams`), not from the global generator, so they do not depend on how prompts are batched.
+    `stop_text` (cached sampler only): a completion that writes it ends there, EOS following as with
+    `settings.stop_at_answer` (a plain prompt's next question: a base model goes on with questions of its own)."""
     if not prompts:
         return []
     if prompt_seeds is not None and len(prompt_seeds) != len(prompts):
@@ -350,7 +358,7 @@ def generate(model, tokenizer, prompts: list[str], *, num_return: int, settings:
     batch = {k: v.to(device) for k, v in encode_prompts(tokenizer, prompts, settings.max_prompt_tokens).items()}
     if settings.sampler == "cached":
         ids, logps = _generate_cached(model, tokenizer, batch, num_return, settings, greedy, with_logprobs,
-                                      greedy_first, prompt_seeds)
+                                      greedy_first, prompt_seeds, stop_text)
     elif greedy_first and not greedy:
         raise ValueError("greedy_first needs generation.sampler = \"cached\" (generate draws every row alike)")
     elif prompt_seeds is not None and not greedy:

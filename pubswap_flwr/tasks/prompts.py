@@ -3,7 +3,7 @@ tokenizer's chat template, or as plain text for a base model without one."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from .items import TaskItem
 from .specs import TaskError
@@ -18,7 +18,8 @@ CHATML_USER = "<|im_start|>user\n{content}<|im_end|>\n<|im_start|>assistant\n"
 # A base model's prompt (prompt format "plain", model_packages.PROMPT_FORMATS): the question and instruction, then
 # "Answer:" for the completion to continue; {bos} is the tokenizer's BOS text when its tokenizer puts one before every
 # text by itself (Gemma does; prompts are encoded without special tokens, so the text must carry it).
-PLAIN_PROMPT = "{bos}Question: {content}\nAnswer:"
+PLAIN_PROMPT = "{bos}{examples}Question: {content}\nAnswer:"
+PLAIN_SOLVED = "Question: {content}\nAnswer: <answer>{answer}</answer>\n\n"  # one solved example before a plain prompt
 PLAIN_NEXT_QUESTION = "\nQuestion:"  # where a base model that goes on past its answer starts a question of its own
 
 
@@ -72,10 +73,16 @@ class PromptFormatter:
     def family(self, item: TaskItem) -> str:
         return item.family if self.template == "auto" else self.template
 
-    def __call__(self, item: TaskItem) -> str:
+    def __call__(self, item: TaskItem, examples: Sequence[TaskItem] = ()) -> str:
+        """`item`'s prompt; `examples` (plain format only): solved items shown before it, each as PLAIN_SOLVED with
+        its reference answer (a warm-up's source prompts; runs never use them)."""
         content = user_message(item.question, self.family(item))
+        if examples and not self.plain:
+            raise TaskError("solved examples go before plain-format prompts only (a chat model's would be turns)")
         if self.plain:
-            return PLAIN_PROMPT.format(bos=self.bos, content=content)
+            shown = "".join(PLAIN_SOLVED.format(content=user_message(example.question, self.family(example)),
+                                                answer=example.answer) for example in examples)
+            return PLAIN_PROMPT.format(bos=self.bos, examples=shown, content=content)
         if self.chatml:
             return CHATML_USER.format(content=content)
         return self.tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,

@@ -205,6 +205,28 @@ def test_stop_at_answer_ends_with_eos_right_after_the_closing_tag(policies, monk
     assert free.text.startswith("<answer>12</answer> and more") and not free.finished
 
 
+def test_a_stop_text_ends_the_completion_with_eos_and_both_endings_apply_together(policies, monkeypatch):
+    from pubswap_flwr.policy import sampling
+
+    policy = policies["embedded:tiny"]
+    tok = policy.tokenizer
+    monkeypatch.setattr(sampling, "decode_cache", lambda model, room: type("C", (), {
+        "batch_repeat_interleave": lambda self, n: None, "batch_select_indices": lambda self, i: None})())
+    script = tok(" 12.\nQuestion: What is 3 + 4?\nAnswer: 7", add_special_tokens=False)["input_ids"]
+    settings = GenerationSettings(max_new_tokens=40)
+    [[stopped]] = generate(_Scripted(script, len(tok)), tok, ["x"], num_return=1, greedy=True, settings=settings,
+                           stop_text="\nQuestion:")
+    assert stopped.finished and stopped.token_ids[-1] == tok.eos_token_id
+    assert stopped.text == " 12.\nQuestion:" and len(stopped.logprobs) == len(stopped.token_ids)
+    [[free]] = generate(_Scripted(script, len(tok)), tok, ["x"], num_return=1, greedy=True, settings=settings)
+    assert free.text.startswith(" 12.\nQuestion: What is 3 + 4?\nAnswer: 7") and not free.finished
+    # with stop-at-answer on as well, whichever ending comes first ends the completion
+    tagged = tok("<answer>12</answer>\nQuestion: more", add_special_tokens=False)["input_ids"]
+    [[first]] = generate(_Scripted(tagged, len(tok)), tok, ["x"], num_return=1, greedy=True,
+                         settings=dataclasses.replace(settings, stop_at_answer=True), stop_text="\nQuestion:")
+    assert first.text == "<answer>12</answer>" and first.finished
+
+
 @pytest.mark.parametrize("greedy,k,max_new,room", [(True, 1, 24, 24), (False, 4, 24, 24), (False, 3, 12, 0)])
 def test_growing_cache_gives_the_same_completions_as_concatenation(policies, monkeypatch, greedy, k, max_new, room):
     """The decode cache writes in place and hands views to attention: every token and log-prob equals the ones made

@@ -97,6 +97,19 @@ def test_a_plain_prompt_carries_the_bos_its_tokenizer_would_add():
     assert ids == tokenizer(prompt[len("<bos>"):])["input_ids"] and ids.count(tokenizer.bos_token_id) == 1
 
 
+def test_solved_examples_come_after_the_bos_and_only_before_plain_prompts():
+    tokenizer = _bos_tokenizer()
+    shown = TaskItem("s", "basic_arithmetic", "Calculate 2 + 2.", "4", "exact")
+    prompt = PromptFormatter(tokenizer, prompt_format="plain")(ITEM, [shown, shown])
+    solved = ("Question: Calculate 2 + 2.\nReply with only the final answer as <answer>X</answer>.\n"
+              "Answer: <answer>4</answer>\n\n")
+    assert prompt == tokenizer.bos_token + 2 * solved + PromptFormatter(tokenizer, prompt_format="plain")(ITEM)[
+        len(tokenizer.bos_token):]
+    tokenizer.chat_template = "{{ messages }}"
+    with pytest.raises(TaskError, match="solved examples go before plain-format prompts only"):
+        PromptFormatter(tokenizer)(ITEM, [shown])
+
+
 def test_a_tokenizer_that_adds_no_bos_gets_none_and_plain_overrides_a_chat_template():
     from transformers import AutoTokenizer
 
@@ -109,7 +122,8 @@ def test_a_tokenizer_that_adds_no_bos_gets_none_and_plain_overrides_a_chat_templ
         PromptFormatter(tokenizer, prompt_format="instruct")
 
 
-def test_gemma3_270m_loads_from_the_cache_with_its_plain_prompt_samples_and_learns(gemma_cache):
+def test_gemma3_270m_loads_from_the_cache_with_its_plain_prompt_samples_and_learns(gemma_cache, monkeypatch):
+    import pubswap_flwr.policy as policy_module
     from pubswap_flwr.policy import LoraSettings, Policy, PolicySpec
     from pubswap_flwr.policy.sampling import GenerationSettings
     from pubswap_flwr.rollouts import Completion, RolloutGroup
@@ -119,7 +133,11 @@ def test_gemma3_270m_loads_from_the_cache_with_its_plain_prompt_samples_and_lear
     assert type(policy.model.get_base_model()).__name__ == "Gemma3ForCausalLM"
     [prompt] = policy.prompts([ITEM])
     assert prompt.startswith("<bos>Question: ") and prompt.endswith("\nAnswer:")
+    stops = []
+    sample = policy_module.generate
+    monkeypatch.setattr(policy_module, "generate", lambda *a, **k: stops.append(k["stop_text"]) or sample(*a, **k))
     rows = policy.sample([ITEM], 3)
+    assert stops == ["\nQuestion:"]  # the plain prompt's next question ends a completion
     assert len(rows[0]) == 3 and all(0 < len(s.token_ids) <= 12 for s in rows[0])
     before = {name: value.clone() for name, value in policy.adapter().items()}
     stats = policy.update([RolloutGroup(prompt, [Completion("<answer>12</answer>"), Completion("<answer>13</answer>")],
@@ -202,3 +220,29 @@ def test_adapters_on_gemma_carry_the_notice_and_exports_the_terms(gemma_cache, m
     assert (out / NOTICE_FILE).read_text() == GEMMA_TERMS.notice + "\n"
     assert "license: gemma" in (out / "README.md").read_text()
     assert (out / "base" / "config.json").is_file()  # the base only this project can name ships beside it
+
+
+def test_a_plain_models_warm_up_shows_solved_examples_and_records_them(gemma_cache, tmp_path, monkeypatch):
+    import pubswap_flwr.policy as policy_module
+    from pubswap_flwr import warmup
+    from pubswap_flwr.warmup import main, shot_items
+
+    # the tiny model never answers right: every completion is taken as a right one, to reach the fine-tune
+    monkeypatch.setattr(warmup, "distilled_target",
+                        lambda text, item, next_question="": f"<answer>{item.answer}</answer>")
+    prompts = []
+    sample = policy_module.generate
+    monkeypatch.setattr(policy_module, "generate", lambda model, tok, texts, **k: prompts.append(texts) or sample(
+        model, tok, texts, **k))
+    out = tmp_path / "warm"
+    main(["build", "--model", GEMMA, "--tasks", "gcd:1", "--items", "2", "--samples", "2", "--epochs", "1",
+          "--shots", "2", "--check-items", "2", "--check-samples", "1", "--lora-r", "4", "--max-new-tokens", "6",
+          "--out", str(out)])
+    record = json.loads((out / "build.json").read_text())
+    shown = shot_items("gcd:1", 2, per_task=2)
+    assert record["shots"] == 2 and [s["question"] for s in record["shown"]] == [s.question for s in shown]
+    source_prompts = [texts for texts in prompts if shown[0].question in texts[0]]
+    assert len(source_prompts) == 1 and all(text.startswith("<bos>Question: " + shown[0].question)
+                                            and text.count("<bos>") == 1 for text in source_prompts[0])
+    # the before / after checks sample the runs' prompt, without the examples
+    assert all(shown[0].question not in text for texts in prompts if texts not in source_prompts for text in texts)

@@ -63,3 +63,29 @@ def test_a_small_build_writes_a_portable_fp16_adapter_and_its_record(tmp_path, c
     # the fine-tune says how far it is, with an ETA (an epoch on the real model takes minutes)
     assert any(re.fullmatch(r"fine-tune: epoch 1/1 \d+/\d+ items, .* elapsed, ETA .*", r.getMessage())
                for r in caplog.records)
+
+
+def test_shots_take_the_tasks_in_turn_never_a_source_question_and_count_as_supervised(tmp_path):
+    from pubswap_flwr.tasks.splits import question_key
+    from pubswap_flwr.warmup import shot_items, source_items, supervised_questions
+
+    tasks = "basic_arithmetic:1,gcd:1"
+    shots = shot_items(tasks, 3, per_task=20)
+    assert [item.task for item in shots] == ["basic_arithmetic", "gcd", "basic_arithmetic"]
+    assert shots == shot_items(tasks, 3, per_task=20) and shot_items(tasks, 0, per_task=20) == []
+    source = {question_key(item.question) for item in source_items(tasks, 20)}
+    assert not source & {question_key(item.question) for item in shots}
+    record = tmp_path / "build.json"
+    record.write_text(json.dumps({"tasks": tasks, "items_per_task": 20, "shots": 3}))
+    assert supervised_questions(record) == source | {question_key(item.question) for item in shots}
+    record.write_text(json.dumps({"tasks": tasks, "items_per_task": 20}))  # a build from before --shots
+    assert supervised_questions(record) == source
+
+
+@pytest.mark.parametrize("shots,message", [("2", "embedded:tiny has a chat template"),
+                                           ("-1", "--shots must be 0 or more, got -1")])
+def test_shots_are_refused_for_a_chat_model_or_below_zero(tmp_path, shots, message):
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        main(["build", "--model", "embedded:tiny", "--tasks", "gcd:1", "--items", "2", "--shots", shots,
+              "--out", str(tmp_path / "warm")])
+    assert not (tmp_path / "warm").exists()
