@@ -77,11 +77,19 @@ class Policy:
             self.sampler = MergedSampling(self.model)
             self.sampling_model = self.model
         else:
-            self.sampler = LowPrecisionSampling(self.model, self.sampling_dtype)
+            # a bfloat16 update multiplies by the LM head in bfloat16 anyway: the frozen embedding is held once
+            share = self.sampling_dtype == torch.bfloat16 and update_precision(
+                spec.grpo.update_dtype, spec.dtype, self.model, self.device) == "bfloat16"
+            self.sampler = LowPrecisionSampling(self.model, self.sampling_dtype, share_embeddings=share)
             self.sampling_model = self.sampler.copy
         self.learner = GRPOLearner(self.model, self.tokenizer, spec.grpo, spec.generation)
         memory.release()  # loading's temporaries (GGUF de-quantization, state dicts) back to the system
         self.formatter = PromptFormatter(self.tokenizer, spec.template, prompt_format_of(spec.model_name))
+
+    @property
+    def shared_parameters(self) -> int:
+        """Frozen parameters the training model reads from the sampling copy (held once, in its precision)."""
+        return self.sampler.shared_parameters if isinstance(self.sampler, LowPrecisionSampling) else 0
 
     @property
     def update_dtype(self) -> str:

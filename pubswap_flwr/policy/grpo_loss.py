@@ -49,8 +49,11 @@ UPDATE_DTYPES = {"float32": None, "bfloat16": torch.bfloat16}
 
 
 def resolved_update_dtype(model) -> str:
-    """train.update-dtype = "auto" for `model` (precision.update_precision, from its weights' dtype and device)."""
-    weight = next(model.parameters())
+    """train.update-dtype = "auto" for `model` (precision.update_precision, from its trained weights' dtype and
+    device: a frozen embedding may be held in the sampler's precision, lora.LowPrecisionSampling)."""
+    weight = next((p for p in model.parameters() if p.requires_grad), None)
+    if weight is None:
+        weight = next(model.parameters())
     return update_precision("auto", str(weight.dtype).removeprefix("torch."), model, weight.device)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import weakref
 from dataclasses import dataclass
 from typing import Iterator
@@ -129,6 +130,61 @@ class MergedSampling:
             self.model.train(was_training)
 
 
+def _share_frozen_embeddings(model, dtype: torch.dtype) -> tuple[list[torch.nn.Parameter], list[tuple]]:
+    """Hold `model`'s frozen token embedding (and an LM head no adapter targets) in `dtype`, for the sampling copy
+    to take as they are: one tensor for both instead of a float32 one and a copy. Returns the new parameters and, for
+    `_cast_to_training`, each module with its training dtype. Tied weights stay tied; a trained weight, a LoRA layer
+    or a missing one is left alone."""
+    replaced: dict[int, torch.nn.Parameter] = {}  # id of a float32 weight -> its low-precision replacement
+    modules = []
+    for module in (model.get_input_embeddings(), model.get_output_embeddings()):
+        weight = getattr(module, "weight", None)
+        if (module is None or hasattr(module, "lora_A") or hasattr(module, "base_layer")
+                or not isinstance(weight, torch.nn.Parameter) or weight.requires_grad):
+            continue
+        if id(weight) not in replaced:
+            replaced[id(weight)] = torch.nn.Parameter(weight.detach().to(dtype), requires_grad=False)
+        module.weight = replaced[id(weight)]
+        modules.append((module, weight.dtype))
+    if replaced:
+        # The loader's tensors may be views of the weights file mapped into memory. The replaced float32 embedding's
+        # pages, touched by the cast, stay resident while any tensor keeps that mapping alive, so the other frozen
+        # weights are copied into the process's own memory and the mapping goes (Gemma-3-270M: 1922 -> 1282 MiB).
+        kept = {id(param) for param in replaced.values()}
+        with torch.no_grad():
+            for param in model.parameters():
+                if not param.requires_grad and id(param) not in kept:
+                    param.data = param.data.clone()
+    return list(replaced.values()), modules
+
+
+def _cast_to_training(modules: list[tuple]) -> None:
+    """The training model's side of `_share_frozen_embeddings` (hooks added after the copy is made, which must not
+    have them): the embedding's output cast back to the training dtype; outside autocast, the head's input cast to
+    the head's dtype and its output back. For a bfloat16 update this changes only the embedding lookup's rounding
+    (under autocast the head's product was bfloat16 already), and the training pass sees the embedding values the
+    sampler does."""
+    for module, train_dtype in modules:
+        if isinstance(module, torch.nn.Embedding):
+            module.register_forward_hook(functools.partial(_cast_output, dtype=train_dtype))
+        else:
+            module.register_forward_pre_hook(_input_to_weight_dtype)
+            module.register_forward_hook(functools.partial(_cast_output, dtype=train_dtype, outside_autocast=True))
+
+
+def _cast_output(module, args, output, dtype: torch.dtype, outside_autocast: bool = False):
+    if outside_autocast and torch.is_autocast_enabled(output.device.type):
+        return output  # autocast's own product dtype, as for any layer
+    return output.to(dtype)
+
+
+def _input_to_weight_dtype(module, args):
+    hidden = args[0]
+    if torch.is_autocast_enabled(hidden.device.type) or hidden.dtype == module.weight.dtype:
+        return None
+    return (hidden.to(module.weight.dtype), *args[1:])
+
+
 class LowPrecisionSampling:
     """Sampling on a copy of the model in a lower precision (bf16), with the adapter merged in from the fp32 master
     weights. On CPU, decoding is bound by reading the weights, so half the bytes is up to twice the speed; training
@@ -138,13 +194,18 @@ class LowPrecisionSampling:
     LoRA-targeted weights as cast(W + ΔW), and skips even that when no adapter weight changed since the last call
     (torch bumps a tensor's version on every in-place write: optimizer steps and adapter loads)."""
 
-    def __init__(self, model, dtype: torch.dtype):
+    def __init__(self, model, dtype: torch.dtype, share_embeddings: bool = False):
         self.model = model
         self.dtype = dtype
         self._layers = {name: module for name, module in model.named_modules()
                         if hasattr(module, "base_layer") and hasattr(module, "lora_A")
                         and hasattr(module, "get_delta_weight") and hasattr(module.base_layer, "weight")}
-        plain = copy.deepcopy(model).merge_and_unload()
+        # Gemma-3-270M: its embedding is 167.8M of 268.1M parameters, 640 MiB in float32 held once in bfloat16
+        shared, modules = _share_frozen_embeddings(model, dtype) if share_embeddings else ([], [])
+        self.shared_parameters = sum(param.numel() for param in shared)
+        # the copy takes the shared tensors as they are (a deep copy's memo) instead of copying them
+        plain = copy.deepcopy(model, memo={id(param): param for param in shared}).merge_and_unload()
+        _cast_to_training(modules)
         self.copy = plain.to(dtype).eval()
         for param in self.copy.parameters():
             param.requires_grad_(False)
