@@ -283,3 +283,23 @@ def test_a_bf16_update_and_sampler_hold_the_frozen_embedding_once(gemma_cache):
     assert shared.update([group]).grad_norm > 0
     assert any(not torch.equal(before[name], value) for name, value in shared.adapter().items())
     assert [len(row) for row in shared.sample([ITEM], 2)] == [2]
+
+
+def test_ask_and_verify_work_on_a_run_of_the_plain_format_model(gemma_cache, tmp_path):
+    from pubswap_flwr.results.ask import ask
+    from pubswap_flwr.results.verify import verify
+    from pubswap_flwr.simulation import simulate_in_process
+
+    out = tmp_path / "runs"
+    simulate_in_process({"seed": 3, "num-server-rounds": 1, "model.name": GEMMA, "model.lora-r": 4,
+                         "generation.max-new-tokens": 6, "train.local-steps": 1, "train.prompts-per-step": 2,
+                         "train.completions-per-prompt": 2, "eval.items-per-task": 2, "eval.samples": 1,
+                         "tasks.mix": "chain_sum:1", "tasks.per-node": 0, "model.threads": 1,
+                         "run-name": "gemma", "strategy.apply-below-robust": True, "output.dir": str(out)}, 2)
+    prompt, answers = ask(out / "gemma", "What is 3 + 4?")
+    assert prompt.startswith("<bos>Question: What is 3 + 4?\n") and prompt.endswith("\nAnswer:")
+    text = answers[0].completion
+    assert len(answers) == 1 and ("\nQuestion:" not in text or text.endswith("\nQuestion:"))
+    [record] = verify(out / "gemma", items_per_task=2, samples=1)
+    assert record["base"] == GEMMA and record["verify"]["samples"] == 1
+    assert record["verify"]["per_task"]["chain_sum"]["greedy_accuracy"] in (0.0, 0.5, 1.0)  # 2 items, re-scored
