@@ -71,8 +71,9 @@ class ModelConfig:
                                          "on chain_sum_3x2 worked solutions: pubswap_flwr/donor.py), "
                                          "smollm2-135m-half-warm (the warm-up's adapter at half its update: tags "
                                          "about half its answers), gemma3-270m (Gemma-3-270M base, Gemma Terms of "
-                                         "Use, plain prompts: bash scripts/setup.sh --with-gemma), a local HF model "
-                                         "directory, or a Hub id")
+                                         "Use, plain prompts: bash scripts/setup.sh --with-gemma), gemma3-270m-warm "
+                                         "(the same after its answer-format warm-up), a local HF model directory, "
+                                         "or a Hub id")
     dtype: str = opt("float32", one_of("float32", "bfloat16", "float16"))
     device: str = opt("auto", device_name, "auto (cuda when torch sees a GPU, else cpu), cpu, cuda, cuda:N or mps")
     lora_r: int = opt(16, between(1, 1024))
