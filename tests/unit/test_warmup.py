@@ -89,3 +89,36 @@ def test_shots_are_refused_for_a_chat_model_or_below_zero(tmp_path, shots, messa
         main(["build", "--model", "embedded:tiny", "--tasks", "gcd:1", "--items", "2", "--shots", shots,
               "--out", str(tmp_path / "warm")])
     assert not (tmp_path / "warm").exists()
+
+
+def test_the_warm_up_table_puts_the_best_constant_beside_before_and_after(tmp_path, capsys, monkeypatch):
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    from pubswap_flwr.tasks.shortcuts import check_task
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "warmup_table.py"
+    spec = importlib.util.spec_from_file_location("warmup_table", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    row = {"greedy_accuracy": 0.25, "greedy_lenient_accuracy": 0.5, "sampled_accuracy": 0.125,
+           "sampled_accuracy_se": 0.05, "sampled_lenient_accuracy": 0.375, "sampled_well_formed": 0.75}
+    build = {"model": "m", "command": "python -m pubswap_flwr.warmup build", "tasks": "gcd:1", "items_per_task": 4,
+             "shots": 1, "check_items_per_task": 6, "check_samples": 2, "temperature": 0.7, "max_new_tokens": 16,
+             "before": {"per_task": {"gcd": row}, "overall": row}, "after": {"per_task": {"gcd": row}, "overall": row}}
+    items = script.check_items(build)
+    assert len(items) == 6 and {item.task for item in items} == {"gcd"}
+    best = check_task([item.answer for item in items], [])
+    record = tmp_path / "build.json"
+    record.write_text(json.dumps(build))
+    monkeypatch.setattr(sys, "argv", ["warmup_table.py", str(record)])
+    script.main()
+    out = capsys.readouterr().out
+    assert "code version not recorded" in out
+    assert (f"| gcd | before | 0.250 | 0.500 | 0.125 ± 0.050 | 0.375 | 0.750 | "
+            f"{best.constant_accuracy:.3f} (`{best.constant_answer}`) |") in out
+    assert "|  | after | 0.250 | 0.500 | 0.125 ± 0.050 | 0.375 | 0.750 |  |" in out
+    record.write_text("{}")
+    with pytest.raises(SystemExit, match="not a warm-up record with its check"):
+        script.main()
