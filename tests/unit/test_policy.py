@@ -72,6 +72,27 @@ def test_merged_sampling_restores_base_weights_exactly(tiny_policy):
     assert all(torch.equal(before[n], after[n]) for n in before)
 
 
+def test_merged_sampling_computes_with_w_plus_delta_and_puts_the_frozen_tensor_back(tiny_policy):
+    from pubswap_flwr.policy.lora import MergedSampling
+
+    with torch.no_grad():
+        for p in tiny_policy.model.parameters():
+            if p.requires_grad:
+                p.add_(0.1)
+    sampler = MergedSampling(tiny_policy.model)
+    layers = sampler._layers
+    frozen = [layer.base_layer.weight.detach().clone() for layer in layers]
+    where = [layer.base_layer.weight.data_ptr() for layer in layers]
+    deltas = [layer.get_delta_weight("default").detach() for layer in layers]
+    with sampler.merged():
+        for layer, weight, delta in zip(layers, frozen, deltas):
+            assert torch.equal(layer.base_layer.weight, weight + delta) and layer.merged_adapters == ["default"]
+    # the very tensors come back, unchanged (nothing was written into them; no copy of them is kept between calls)
+    assert [layer.base_layer.weight.data_ptr() for layer in layers] == where
+    assert all(torch.equal(layer.base_layer.weight, weight) for layer, weight in zip(layers, frozen))
+    assert all(layer.merged_adapters == [] for layer in layers) and not hasattr(sampler, "_snapshot")
+
+
 def test_sampling_returns_ids_text_and_logprobs_consistent_with_scoring(tiny_policy):
     items = [TaskItem("a", "t", "Calculate 4 + 7.", "11", "exact"),
              TaskItem("b", "t", "Spell lamp backward", "pmal", "exact")]
