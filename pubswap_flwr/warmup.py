@@ -32,6 +32,7 @@ import logging
 import sys
 import time
 from pathlib import Path
+from typing import Sequence
 
 import torch
 
@@ -55,16 +56,23 @@ def source_items(tasks: str, per_task: int) -> list[TaskItem]:
     return HeldOutSet.build(parse_mix(tasks), per_task=per_task, data_seed=SOURCE_SEED).items
 
 
-def shot_items(tasks: str, shots: int, per_task: int) -> list[TaskItem]:
+def shot_items(tasks: str, shots: int, source: Sequence[TaskItem]) -> list[TaskItem]:
     """The `shots` solved items shown before every source prompt (`--shots`): the tasks in turn, from SHOT_SEED,
-    none with the question of one of the `per_task` source items per task (its answer would be in its prompt)."""
+    none with the question of a `source` item (its answer would be in its prompt)."""
     specs = parse_mix(tasks)
     if shots <= 0 or not specs:
         return []
-    source = {question_key(item.question) for item in source_items(tasks, per_task)}
-    pool = HeldOutSet.build(specs, per_task=-(-shots // len(specs)), data_seed=SHOT_SEED, exclude=source).items
+    pool = HeldOutSet.build(specs, per_task=-(-shots // len(specs)), data_seed=SHOT_SEED,
+                            exclude={question_key(item.question) for item in source}).items
     by_task = [[item for item in pool if item.task == spec.name] for spec in specs]
     return [by_task[n % len(specs)][n // len(specs)] for n in range(shots)]
+
+
+def check_items(tasks: str, shown: Sequence[TaskItem], per_task: int) -> list[TaskItem]:
+    """The held-out items a build checks its model on before and after: CHECK_SEED, none with a question the model
+    was `shown` (its source and solved examples)."""
+    return HeldOutSet.build(parse_mix(tasks), per_task=per_task, data_seed=CHECK_SEED,
+                            exclude={question_key(item.question) for item in shown}).items
 
 
 def supervised_questions(build_json: Path) -> frozenset[str]:
@@ -76,8 +84,8 @@ def supervised_questions(build_json: Path) -> frozenset[str]:
         tasks, per_task, shots = str(build["tasks"]), int(build["items_per_task"]), int(build.get("shots", 0))
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise ValueError(f"{build_json}: cannot read the warm-up's tasks, items_per_task and shots ({err})") from err
-    shown = source_items(tasks, per_task) + shot_items(tasks, shots, per_task)
-    return frozenset(question_key(item.question) for item in shown)
+    source = source_items(tasks, per_task)
+    return frozenset(question_key(item.question) for item in source + shot_items(tasks, shots, source))
 
 
 def distilled_target(text: str, item: TaskItem, next_question: str = "") -> str | None:
@@ -99,11 +107,11 @@ def distilled_target(text: str, item: TaskItem, next_question: str = "") -> str 
 
 
 def collect_targets(policy: Policy, items: list[TaskItem], samples: int, batch_items: int,
-                    examples: list[TaskItem] | None = None) -> list[tuple[TaskItem, str]]:
+                    examples: Sequence[TaskItem] = ()) -> list[tuple[TaskItem, str]]:
     targets = []
     for start in range(0, len(items), batch_items):
         chunk = items[start:start + batch_items]
-        for item, row in zip(chunk, policy.sample(chunk, samples, with_logprobs=False, examples=examples or ())):
+        for item, row in zip(chunk, policy.sample(chunk, samples, with_logprobs=False, examples=examples)):
             for sample in row:
                 target = distilled_target(sample.text, item, policy.formatter.next_question)
                 if target is not None:
@@ -114,6 +122,8 @@ def collect_targets(policy: Policy, items: list[TaskItem], samples: int, batch_i
 
 
 def build(args: argparse.Namespace, argv: list[str]) -> dict:
+    if args.shots < 0:  # before the model loads
+        raise SystemExit(f"--shots must be 0 or more, got {args.shots}")
     apply_threads(args.threads)
     torch.manual_seed(args.seed)
     spec = PolicySpec(model_name=args.model, lora=LoraSettings(args.lora_r, 2 * args.lora_r), template=args.template,
@@ -121,17 +131,14 @@ def build(args: argparse.Namespace, argv: list[str]) -> dict:
                                                     temperature=args.temperature),
                       grpo=GRPOSettings())
     policy = Policy(spec)
-    if args.shots < 0:
-        raise SystemExit(f"--shots must be 0 or more, got {args.shots}")
     if args.shots and not policy.formatter.plain:
         raise SystemExit(f"--shots shows solved examples before plain-format prompts; {args.model} has a chat "
                          f"template (its warm-up samples zero-shot: leave --shots out)")
     policy.reset(args.seed)
     tasks = parse_mix(args.tasks)
     source = source_items(args.tasks, args.items)
-    shots = shot_items(args.tasks, args.shots, args.items)
-    check = HeldOutSet.build(tasks, per_task=args.check_items, data_seed=CHECK_SEED,
-                             exclude={question_key(item.question) for item in source + shots}).items
+    shots = shot_items(args.tasks, args.shots, source)
+    check = check_items(args.tasks, source + shots, args.check_items)
     started = time.perf_counter()
     before = held_out_check(policy, check, args.check_samples)
     log.info("before: %s", before["overall"])

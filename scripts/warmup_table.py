@@ -17,15 +17,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def check_items(build: dict) -> list:
-    """The items the build checked its model on (warmup.build's own construction)."""
-    from pubswap_flwr.tasks import HeldOutSet, parse_mix
-    from pubswap_flwr.tasks.splits import question_key
-    from pubswap_flwr.warmup import CHECK_SEED, shot_items, source_items
+    """The items the build checked its model on (warmup.check_items, from the recorded source and shots)."""
+    from pubswap_flwr.warmup import check_items as build_check_items
+    from pubswap_flwr.warmup import shot_items, source_items
 
-    tasks, per_task = build["tasks"], int(build["items_per_task"])
-    shown = source_items(tasks, per_task) + shot_items(tasks, int(build.get("shots", 0)), per_task)
-    return HeldOutSet.build(parse_mix(tasks), per_task=int(build["check_items_per_task"]), data_seed=CHECK_SEED,
-                            exclude={question_key(item.question) for item in shown}).items
+    tasks = build["tasks"]
+    source = source_items(tasks, int(build["items_per_task"]))
+    shown = source + shot_items(tasks, int(build.get("shots", 0)), source)
+    return build_check_items(tasks, shown, int(build["check_items_per_task"]))
 
 
 def table(build: dict, source: str) -> str:

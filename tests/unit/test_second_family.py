@@ -225,7 +225,7 @@ def test_adapters_on_gemma_carry_the_notice_and_exports_the_terms(gemma_cache, m
 def test_a_plain_models_warm_up_shows_solved_examples_and_records_them(gemma_cache, tmp_path, monkeypatch):
     import pubswap_flwr.policy as policy_module
     from pubswap_flwr import warmup
-    from pubswap_flwr.warmup import main, shot_items
+    from pubswap_flwr.warmup import main, shot_items, source_items
 
     # the tiny model never answers right: every completion is taken as a right one, to reach the fine-tune
     monkeypatch.setattr(warmup, "distilled_target",
@@ -239,7 +239,7 @@ def test_a_plain_models_warm_up_shows_solved_examples_and_records_them(gemma_cac
           "--shots", "2", "--check-items", "2", "--check-samples", "1", "--lora-r", "4", "--max-new-tokens", "6",
           "--out", str(out)])
     record = json.loads((out / "build.json").read_text())
-    shown = shot_items("gcd:1", 2, per_task=2)
+    shown = shot_items("gcd:1", 2, source_items("gcd:1", 2))
     assert record["shots"] == 2 and [s["question"] for s in record["shown"]] == [s.question for s in shown]
     source_prompts = [texts for texts in prompts if shown[0].question in texts[0]]
     assert len(source_prompts) == 1 and all(text.startswith("<bos>Question: " + shown[0].question)

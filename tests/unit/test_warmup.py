@@ -70,10 +70,11 @@ def test_shots_take_the_tasks_in_turn_never_a_source_question_and_count_as_super
     from pubswap_flwr.warmup import shot_items, source_items, supervised_questions
 
     tasks = "basic_arithmetic:1,gcd:1"
-    shots = shot_items(tasks, 3, per_task=20)
+    items = source_items(tasks, 20)
+    shots = shot_items(tasks, 3, items)
     assert [item.task for item in shots] == ["basic_arithmetic", "gcd", "basic_arithmetic"]
-    assert shots == shot_items(tasks, 3, per_task=20) and shot_items(tasks, 0, per_task=20) == []
-    source = {question_key(item.question) for item in source_items(tasks, 20)}
+    assert shots == shot_items(tasks, 3, items) and shot_items(tasks, 0, items) == []
+    source = {question_key(item.question) for item in items}
     assert not source & {question_key(item.question) for item in shots}
     record = tmp_path / "build.json"
     record.write_text(json.dumps({"tasks": tasks, "items_per_task": 20, "shots": 3}))
