@@ -69,6 +69,19 @@ def pytest_collection_modifyitems(config, items):
     items[:] = [items[position] for position in slow_first(plan)]
 
 
+def pytest_runtest_setup(item):
+    """On xdist's workers, a grouped test fails where `xdist_group` would not keep its group on one worker:
+    pytest-xdist 3.8 groups by the "@<group>" it appends to a test's id, which pytest 9.2 ignores (its ids are
+    computed), so every grouped test became a unit of its own and the shared module fixtures (a Flower run, a
+    deployment) were made again for each test: the full suite took 1001 s instead of about 650 on 2026-12-07.
+    pyproject pins pytest for this."""
+    if hasattr(item.config, "workerinput") and item.config.getvalue("loadgroup") and "@" not in item.nodeid \
+            and item.get_closest_marker("xdist_group") is not None:
+        pytest.fail(f"xdist_group has no effect with pytest {pytest.__version__} and this pytest-xdist (the test id "
+                    "has no @<group> suffix): install the pytest that pyproject.toml's test extras pin (bash "
+                    "scripts/setup.sh)", pytrace=False)
+
+
 def pytest_configure(config):
     """Marks this process's children (tests/processes.py MARK) and makes Ctrl-C end the run within seconds."""
     worker = getattr(config, "workerinput", None)
