@@ -148,6 +148,12 @@ class DecodeStep:
         return step
 
     @staticmethod
+    def forget(model) -> None:
+        """Drop `model`'s decode step and the weights it holds (its fused copies, and references to weights the
+        model may have let go of)."""
+        _STEPS.pop(model, None)
+
+    @staticmethod
     def _rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         # Hugging Face's LlamaRMSNorm, operation for operation (the variance in float32, the weight in the model's)
         dtype = hidden.dtype

@@ -12,6 +12,8 @@ from typing import Iterator
 import numpy as np
 import torch
 
+from .decode_step import DecodeStep
+
 LINEAR_TARGETS = "all-linear"
 
 
@@ -138,6 +140,9 @@ class MergedSampling:
                 for layer, weight in zip(self._layers, frozen):
                     layer.base_layer.weight.data = weight
                     layer.merged_adapters = []
+            # The decode step built on the merged weights is stale now, and its fused copies of them (q, k, v and
+            # gate, up) would stay until the next sampling call rebuilds it: about 270 MiB for SmolLM2-135M
+            DecodeStep.forget(self.model)
             self.model.train(was_training)
 
 

@@ -135,26 +135,3 @@ def test_saved_adapter_loads_with_peft_and_generates(fedavg_run):
     loaded = {n: p for n, p in model.named_parameters() if "lora_" in n}
     assert loaded and any(float(p.abs().sum()) > 0 for n, p in loaded.items() if "lora_B" in n)
     assert torch.is_tensor(next(iter(loaded.values())))
-
-
-def test_math_sample_preset_runs_on_the_sample_file(flower, tmp_path):
-    """configs/math-sample.toml: nodes train on data/samples/math.jsonl (MATH format, math verifier). Flower takes
-    either one TOML file or key=value pairs per run, so the preset's keys go in as pairs next to the output dir."""
-    from pubswap_flwr.config import load_toml
-
-    from .flower_harness import PROJECT
-
-    preset = load_toml(PROJECT / "configs" / "math-sample.toml")
-    # the preset's data, format, template and tokens as shipped; a smaller run of them (one local step of 2 x 2
-    # completions, 4 held-out items) reaches the same data path and verifier
-    preset.update({"train.local-steps": 1, "train.prompts-per-step": 2, "train.completions-per-prompt": 2,
-                   "eval.items-per-task": 4})
-    pairs = " ".join(f"{k}={json.dumps(v) if isinstance(v, str) else str(v).lower()}" for k, v in preset.items())
-    row = flower.run([f"{pairs} output.dir='{tmp_path}' run-name='math' eval.sampled=false "
-                      "strategy.apply-below-robust=true"])
-    assert row["status"] == "finished:completed", row
-    rows = read_metrics(tmp_path / "math")
-    assert [r["round"] for r in rows] == [0, 1]
-    assert set(rows[1]["eval"]["per_task"]) == {"deepmath"}
-    assert all(c["tasks"] == ["math"] for c in rows[1]["clients"].values())
-    assert rows[1]["aggregated"] is True
