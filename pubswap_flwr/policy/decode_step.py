@@ -149,8 +149,7 @@ class DecodeStep:
 
     @staticmethod
     def forget(model) -> None:
-        """Drop `model`'s decode step and the weights it holds (its fused copies, and references to weights the
-        model may have let go of)."""
+        """Drop `model`'s decode step and the fused weight copies it holds."""
         _STEPS.pop(model, None)
 
     @staticmethod

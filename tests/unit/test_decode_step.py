@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import gc
+import weakref
 
 import pytest
 import torch
@@ -123,9 +125,6 @@ def test_unsupported_configurations_are_named(policies):
 def test_merged_sampling_leaves_no_step_holding_copies_of_its_merged_weights(policies):
     """After `merged()` the frozen weights are back, so the step built on the merged ones is stale; it is dropped with
     its fused copies of them (q, k, v and gate, up: about 270 MiB for SmolLM2-135M in float32)."""
-    import gc
-    import weakref
-
     policy = policies["embedded:tiny"]
     with policy.sampler.merged():
         generate(policy.sampling_model, policy.tokenizer, _prompts(policy, 2), num_return=1, greedy=True,
