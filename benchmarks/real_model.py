@@ -7,6 +7,8 @@ measured side by side in one run, printing medians and ratios.
    `model.generate` in fp32 and, like for like, `generate` on the same bf16 sampling copy (dynamic and static KV
    cache), same prompts, batch (prompts x K), new-token limit, temperature and thread count, interleaved repeats;
    generated tokens/s (through EOS) per arm; the headline ratio is against the best `generate` on the same copy.
+   The compiled arm (generation.compile-step) against the eager decode step: its ratio, its first pass (the
+   compile) and how many prompts drew token for token the same completions.
    Then the log-prob gap: the sampler's log-probs of
    the tokens it drew against the fp32 training pass's on the same tokens (mean and max absolute difference).
 2. One GRPO update (G = K completions per prompt, LoRA r 8 on all linear layers) against TRL 1.16 GRPOTrainer's
@@ -143,14 +145,20 @@ def sampling(args) -> list:
         with policy.sampler.merged():
             return generate(policy.sampling_model, policy.tokenizer, prompts, num_return=args.k, settings=settings)
 
+    def ours_compiled():  # generation.compile-step: the decode step's elementwise kernels through torch.compile
+        settings = policy.spec.generation.__class__(**{**policy.spec.generation.__dict__, "compile_step": True})
+        with policy.sampler.merged():
+            return generate(policy.sampling_model, policy.tokenizer, prompts, num_return=args.k, settings=settings)
+
     arms = {"generate fp32": plain, "cached fp32": cached_fp32, f"generate {low}": plain_low(False),
             f"generate {low} static": plain_low(True), f"ours, HF forward ({low})": ours_hf_forward,
-            f"ours ({low})": ours}
+            f"ours ({low})": ours, f"ours, compiled ({low})": ours_compiled}
     rates = {name: [] for name in arms}
     seconds = {name: [] for name in arms}
     kept = None
-    outputs: dict[str, list] = {}  # our two arms' tokens per repeat: the same seed, so the same draws
-    for repeat in range(args.repeats + 1):  # the first pass warms up
+    outputs: dict[str, list] = {}  # our arms' tokens per repeat: the same seed, so the same draws
+    first_pass: dict[str, float] = {}
+    for repeat in range(args.repeats + 1):  # the first pass warms up (and compiles the compiled arm's kernels)
         for name, fn in arms.items():
             torch.manual_seed(repeat)
             elapsed, out = timed(fn)
@@ -158,6 +166,8 @@ def sampling(args) -> list:
             if repeat:
                 rates[name].append(tokens / elapsed)
                 seconds[name].append(elapsed)
+            else:
+                first_pass[name] = elapsed
             if name == f"ours ({low})":
                 kept = out
             if name.startswith("ours"):
@@ -178,6 +188,14 @@ def sampling(args) -> list:
     print(f"  the decode step (policy/decode_step.py) against Hugging Face's forward in the same loop = "
           f"{ours_rate / statistics.median(rates[f'ours, HF forward ({low})']):.2f}; the same tokens in every "
           f"repeat: {'yes' if outputs[f'ours ({low})'] == outputs[f'ours, HF forward ({low})'] else 'NO'}")
+    compiled_name = f"ours, compiled ({low})"
+    same = sum(a == b for run_a, run_b in zip(outputs[compiled_name], outputs[f"ours ({low})"])
+               for a, b in zip(run_a, run_b))
+    print(f"  the compiled kernels (generation.compile-step) against the eager step = "
+          f"{statistics.median(rates[compiled_name]) / ours_rate:.2f}; their first pass (the compile) took "
+          f"{first_pass[compiled_name]:.1f} s against {first_pass[f'ours ({low})']:.1f} s; prompts whose completions "
+          f"were token for token the same: {same} of {len(outputs[compiled_name]) * len(prompts)} (RMSNorm rounds "
+          f"differently: the same distribution, not the same draws)")
     groups = _groups(policy, items, kept)
     batch = build_batch(policy.tokenizer, groups, policy.spec.generation)
     with torch.no_grad():

@@ -18,6 +18,7 @@ class GenerationSettings:
     dtype: str = "auto"  # the sampling copy's precision (policy.sampling_precision)
     stop_at_answer: bool = False  # cached sampler: EOS right after a completion closes its </answer>
     decode_step: bool = True  # cached sampler: policy/decode_step.py's forward for Llama and Qwen2 models
+    compile_step: bool = False  # that decode step's elementwise kernels through torch.compile
 
 
 @dataclass(frozen=True)

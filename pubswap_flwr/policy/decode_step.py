@@ -7,18 +7,86 @@ key / value products (and the MLP's gate and up products) as one product each ov
 (`fuse`), the rotary embedding of queries and keys in one pass, the new key and value written into the GrowingLayer
 buffers in place, and attention as Hugging Face's SDPA path calls it for one query token (grouped heads packed as
 queries; no mask when no row is padded). The prefill stays Hugging Face's.
+
+`compiled=True` (generation.compile-step) runs the step's elementwise work (the RMSNorms, the rotary embedding, the
+MLP's gate) as kernels torch.compile fuses; the products and attention stay as they are. RMSNorm's reduction then
+rounds differently (within about 2e-6 in float32), so the tokens are drawn from the same distribution but not bit for
+bit the same; the eager kernels are Hugging Face's operations.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
+import threading
+import time
 import weakref
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")  # the families tested against Hugging Face's forward
 _STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its DecodeStep
+_COMPILING = threading.Lock()  # torch.compile's first calls are not safe from two threads (eval.workers)
+log = logging.getLogger("pubswap_flwr")
+
+
+def rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Hugging Face's LlamaRMSNorm, operation for operation (the variance in float32, the weight in the model's)."""
+    dtype = hidden.dtype
+    hidden = hidden.to(torch.float32)
+    variance = hidden.pow(2).mean(-1, keepdim=True)
+    return weight * (hidden * torch.rsqrt(variance + eps)).to(dtype)
+
+
+def rotary(qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Hugging Face's apply_rotary_pos_emb, of queries and keys stacked on the head axis."""
+    half = qk.shape[-1] // 2
+    rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
+    return (qk * cos) + (rotated * sin)
+
+
+def gated(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """The MLP's SiLU gate."""
+    return F.silu(gate) * up
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """The step's elementwise functions: eager (Hugging Face's operations) or compiled."""
+
+    rms_norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
+    rotary: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+    gated: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+EAGER = Kernels(rms_norm, rotary, gated)
+
+
+@functools.cache
+def compiled_kernels() -> Kernels:
+    """The same functions through torch.compile (inductor), shapes dynamic (the batch shrinks as rows finish); each
+    compiles on its first call (`DecodeStep` warms them up)."""
+    return Kernels(*(torch.compile(fn, dynamic=True) for fn in (rms_norm, rotary, gated)))
+
+
+def compile_unavailable_reason(device: torch.device) -> str | None:
+    """Why torch.compile cannot build the kernels for `device`, or None when it can: inductor's CPU kernels are C++
+    that needs a compiler."""
+    if device.type != "cpu":
+        return None
+    from torch._inductor.cpp_builder import get_cpp_compiler
+    from torch._inductor.exc import InvalidCxxCompiler
+
+    try:
+        get_cpp_compiler()
+    except InvalidCxxCompiler:
+        from torch._inductor import config
+
+        return f"no C++ compiler for torch.compile's CPU kernels (searched: {config.cpp.cxx}; set CXX to one)"
+    return None
 
 
 @dataclass
@@ -93,7 +161,7 @@ class DecodeStep:
     Built from the model's current weights: `for_model` keeps one per model and rebuilds it when any weight was
     written since (torch bumps a tensor's version on every in-place write: the sampling copy's sync, the merge)."""
 
-    def __init__(self, model, fuse: bool = True):
+    def __init__(self, model, fuse: bool = True, compiled: bool = False):
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"DecodeStep cannot run this model: {reason}")
@@ -109,9 +177,46 @@ class DecodeStep:
         self.norm = inner.norm.weight
         self.norm_eps = inner.norm.variance_epsilon
         self.head = _linear(lm.lm_head).weight
-        self.rotary = inner.rotary_emb
+        self.rotary_emb = inner.rotary_emb
         self.version = self.weights_version(model)
         self.layers = [self._layer(layer) for layer in inner.layers]
+        self.compiled = compiled  # what was asked for: `kernels` stay eager when compiling cannot work
+        self.kernels = self._compiled_kernels() if compiled else EAGER
+
+    def _compiled_kernels(self) -> Kernels:
+        """The compiled kernels, warmed up on this model's shapes and dtype (the first call compiles: a one-time cost
+        per process, shorter once inductor's cache holds the kernels); the eager ones, with a warning naming why,
+        where torch.compile cannot build them."""
+        reason = compile_unavailable_reason(self.embed.device)
+        if reason is not None:
+            log.warning("generation.compile-step: %s; the decode step runs its eager kernels", reason)
+            return EAGER
+        from torch._dynamo.exc import BackendCompilerFailed
+
+        kernels = compiled_kernels()
+        start = time.perf_counter()
+        with _COMPILING, torch.no_grad():
+            try:
+                for rows in (2, 1):  # one row specializes: its own compile, here rather than mid-decode
+                    self._warm_up(kernels, rows)
+            except BackendCompilerFailed as error:
+                log.warning("generation.compile-step: torch.compile failed (%s); the decode step runs its eager "
+                            "kernels", error)
+                return EAGER
+        seconds = time.perf_counter() - start
+        if seconds > 1:
+            log.info("generation.compile-step: the decode step's kernels compiled in %.1f s", seconds)
+        return kernels
+
+    def _warm_up(self, kernels: Kernels, rows: int) -> None:
+        """Each kernel once on `rows` rows shaped and laid out as a step passes them (views of the fused products)."""
+        hidden = self.embed.new_zeros(rows, self.embed.shape[1])
+        cos, sin = self.rotary_emb(hidden, torch.zeros(rows, 1, dtype=torch.long, device=hidden.device))
+        qkv = hidden.new_zeros(rows, (self.heads + 2 * self.kv_heads) * self.head_dim)
+        kernels.rms_norm(hidden, self.norm, self.norm_eps)
+        kernels.rotary(qkv[:, :(self.heads + self.kv_heads) * self.head_dim].view(rows, -1, self.head_dim), cos, sin)
+        gate_up = hidden.new_zeros(rows, 2 * self.layers[0].down.shape[1])
+        kernels.gated(*gate_up.chunk(2, dim=-1))
 
     @staticmethod
     def weights_version(model) -> tuple:
@@ -137,28 +242,20 @@ class DecodeStep:
                       gate_up, down.weight)
 
     @classmethod
-    def for_model(cls, model) -> DecodeStep | None:
-        """The model's decode step, built on first use and again after its weights change; None when the model is
-        not supported (`unsupported_reason`)."""
+    def for_model(cls, model, compiled: bool = False) -> DecodeStep | None:
+        """The model's decode step (`compiled`: its elementwise kernels through torch.compile), built on first use and
+        again after its weights change; None when the model is not supported (`unsupported_reason`)."""
         if unsupported_reason(model) is not None:
             return None
         step = _STEPS.get(model)
-        if step is None or step.version != cls.weights_version(model):
-            step = _STEPS[model] = cls(model)
+        if step is None or step.version != cls.weights_version(model) or step.compiled != compiled:
+            step = _STEPS[model] = cls(model, compiled=compiled)
         return step
 
     @staticmethod
     def forget(model) -> None:
         """Drop `model`'s decode step and the fused weight copies it holds."""
         _STEPS.pop(model, None)
-
-    @staticmethod
-    def _rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        # Hugging Face's LlamaRMSNorm, operation for operation (the variance in float32, the weight in the model's)
-        dtype = hidden.dtype
-        hidden = hidden.to(torch.float32)
-        variance = hidden.pow(2).mean(-1, keepdim=True)
-        return weight * (hidden * torch.rsqrt(variance + eps)).to(dtype)
 
     @torch.no_grad()
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, cache, attention: torch.Tensor | None
@@ -169,19 +266,17 @@ class DecodeStep:
         rows = tokens.shape[0]
         heads, kv_heads, head_dim = self.heads, self.kv_heads, self.head_dim
         group = heads // kv_heads
+        kernels = self.kernels
         hidden = F.embedding(tokens, self.embed)
-        cos, sin = self.rotary(hidden, positions)  # rows x 1 x head_dim, in the hidden states' dtype
-        half = head_dim // 2
+        cos, sin = self.rotary_emb(hidden, positions)  # rows x 1 x head_dim, in the hidden states' dtype
         mask = None if attention is None else attention[:, None, None, :]
         for layer, cached in zip(self.layers, cache.layers):
             residual = hidden
-            hidden = self._rms_norm(hidden, layer.norm_in, layer.norm_in_eps)
+            hidden = kernels.rms_norm(hidden, layer.norm_in, layer.norm_in_eps)
             qkv = (F.linear(hidden, *layer.qkv[0]) if len(layer.qkv) == 1
                    else torch.cat([F.linear(hidden, w, b) for w, b in layer.qkv], dim=-1))
             qk = qkv[:, :(heads + kv_heads) * head_dim].view(rows, heads + kv_heads, head_dim)
-            # rotary embedding (Hugging Face's apply_rotary_pos_emb) of the queries and keys together
-            rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
-            qk = (qk * cos) + (rotated * sin)
+            qk = kernels.rotary(qk, cos, sin)
             key, value = qk[:, heads:], qkv[:, (heads + kv_heads) * head_dim:].view(rows, kv_heads, head_dim)
             end = cached.length + 1
             if end > cached.capacity:  # GrowingLayer.update's growth, for a cache made with less room
@@ -200,11 +295,11 @@ class DecodeStep:
                                                           scale=self.scaling)
             hidden = residual + F.linear(attended.reshape(rows, heads * head_dim), layer.out, layer.out_bias)
             residual = hidden
-            hidden = self._rms_norm(hidden, layer.norm_post, layer.norm_post_eps)
+            hidden = kernels.rms_norm(hidden, layer.norm_post, layer.norm_post_eps)
             if len(layer.gate_up) == 1:
                 gate, up = F.linear(hidden, layer.gate_up[0]).chunk(2, dim=-1)
             else:
                 gate, up = (F.linear(hidden, w) for w in layer.gate_up)
-            hidden = residual + F.linear(F.silu(gate) * up, layer.down)
-        hidden = self._rms_norm(hidden, self.norm, self.norm_eps)
+            hidden = residual + F.linear(kernels.gated(gate, up), layer.down)
+        hidden = kernels.rms_norm(hidden, self.norm, self.norm_eps)
         return F.linear(hidden, self.head)

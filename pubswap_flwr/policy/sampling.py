@@ -6,9 +6,10 @@ Two samplers give the same distribution (`generation.sampler`):
   as they are a quarter of it (`generate` keeps decoding pad for them until the last row ends), and nothing else runs
   per step: one forward, temperature / top-k / top-p as Hugging Face applies them, one draw (by inverse CDF:
   `draw`). Each layer's keys and values go into a buffer with room for the whole completion (`GrowingLayer`), not a
-  new concatenated copy per token. Each step's forward is `decode_step.DecodeStep` for Llama-family models (the
-  same operations as Hugging Face's forward without its per-call Python; `GenerationSettings.decode_step = False`
-  or an unsupported model: Hugging Face's), and the attention mask is a preallocated buffer viewed per step.
+  new concatenated copy per token, and finished rows leave it in place (`keep_rows`). Each step's forward is
+  `decode_step.DecodeStep` for Llama-family models (the same operations as Hugging Face's forward without its
+  per-call Python; `GenerationSettings.decode_step = False` or an unsupported model: Hugging Face's; `compile_step`:
+  its elementwise kernels through torch.compile), and the attention mask is a preallocated buffer viewed per step.
 - "generate": Hugging Face's `model.generate` (the reference: greedy completions of both are equal in fp32).
 """
 
@@ -47,6 +48,20 @@ class TextEnd:
             text = self.tokenizer.decode([token])
             self._can_end[token] = any(char in text for char in self._last_chars)
         return self._can_end[token] and self.tokenizer.decode(ids[-TAIL_TOKENS:]).rstrip().endswith(self.endings)
+
+
+def keep_rows(buffer: torch.Tensor, indices: torch.Tensor, length: int) -> torch.Tensor:
+    """`buffer[indices]` (rows x heads x capacity x head size) where the first `length` positions hold keys or values.
+    A compaction (`indices` increasing: finished rows leave) is made in place: the rows after the first that left
+    move up, only their filled positions are copied, and the buffer's first rows are returned as a view, so no buffer
+    of the whole capacity is allocated and filled again. Other orders gather as indexing does."""
+    rows = indices.tolist()
+    if any(later <= earlier for earlier, later in zip(rows, rows[1:])) or (rows and rows[0] < 0):
+        return buffer[indices, ...]
+    first = next((new for new, old in enumerate(rows) if new != old), len(rows))
+    if first < len(rows):
+        buffer[first:len(rows), :, :length] = buffer[indices[first:], :, :length]
+    return buffer[:len(rows)]
 
 
 @functools.cache
@@ -102,7 +117,8 @@ def growing_layer_class():
 
         def batch_select_indices(self, indices: torch.Tensor) -> None:
             if self.length:
-                self._keys, self._values = self._keys[indices, ...], self._values[indices, ...]
+                self._keys = keep_rows(self._keys, indices, self.length)
+                self._values = keep_rows(self._values, indices, self.length)
                 self._view()
 
         def crop(self, tokens_to_remove: int) -> None:
@@ -279,7 +295,7 @@ def _generate_cached(model, tokenizer, batch: dict[str, torch.Tensor], num_retur
         positions = positions.repeat_interleave(num_return, dim=0)
     rows = logits.shape[0]
     layers = getattr(cache, "layers", ())
-    step_forward = DecodeStep.for_model(model) if settings.decode_step and layers and all(
+    step_forward = DecodeStep.for_model(model, settings.compile_step) if settings.decode_step and layers and all(
         isinstance(layer, growing_layer_class()) for layer in layers) else None
     # every row's attention mask over the cache, with room for the whole completion (new tokens are never padding)
     prompt_length = mask.shape[1]

@@ -34,10 +34,13 @@ def test_ctrl_c_ends_the_workers_and_every_process_their_tests_started_within_5_
     mark = f"{os.environ.get(MARK, 'pytest')}/ctrl-c-{os.getpid()}"  # the inner run's processes carry it
     env = {**os.environ, MARK: mark}
     # its own session and process group, as a shell gives a foreground job: the terminal's Ctrl-C is a SIGINT to
-    # that group (pytest, its workers and every child that did not leave the group)
+    # that group (pytest, its workers and every child that did not leave the group). SIGINT's default restored in
+    # it: a suite started in the background of a non-interactive shell inherits SIGINT ignored, as no foreground
+    # job does.
     proc = subprocess.Popen([sys.executable, "-m", "pytest", RUNNING, "-n", "2", "-q", "-p", "no:cacheprovider",
                              f"--basetemp={tmp_path / 'inner'}"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         _wait_for(lambda: any("raylet" in command for command in marked(mark).values()), 240, "raylet", proc)
         time.sleep(3.0)  # the simulation under way: actors started, rounds running

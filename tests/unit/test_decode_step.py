@@ -1,19 +1,28 @@
 """policy/decode_step.py: the sampler's own decode step gives the tokens and log-probs Hugging Face's forward gives in
 the same loop (bit for bit in fp32 and in bf16), with padding and without, for both embedded architectures; it is
-rebuilt when the weights change and stands aside for models it cannot run."""
+rebuilt when the weights change and stands aside for models it cannot run. Its compiled kernels give the eager
+step's greedy tokens and log-probs within float32 rounding, or fall back to the eager ones, saying why; finished rows
+leave the cache in place."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
 import gc
+import logging
 import weakref
 
 import pytest
 import torch
 
-from pubswap_flwr.policy.decode_step import DecodeStep, unsupported_reason
-from pubswap_flwr.policy.sampling import GenerationSettings, generate
+from pubswap_flwr.policy.decode_step import (
+    EAGER,
+    DecodeStep,
+    compile_unavailable_reason,
+    compiled_kernels,
+    unsupported_reason,
+)
+from pubswap_flwr.policy.sampling import GenerationSettings, generate, keep_rows
 from pubswap_flwr.tasks import HeldOutSet, parse_mix
 from tests.conftest import perturbed_tiny_policies
 
@@ -136,3 +145,68 @@ def test_merged_sampling_leaves_no_step_holding_copies_of_its_merged_weights(pol
         del step
     gc.collect()
     assert [ref() for ref in fused] == [None] * len(fused)
+
+
+@pytest.mark.parametrize("kept", [[0, 1, 2, 3, 4], [0, 2, 3], [1, 4], [3], [0, 1, 4]])
+def test_finished_rows_leave_the_cache_in_place(kept):
+    buffer = torch.randn(5, 2, 9, 3)
+    expected = buffer[torch.tensor(kept), :, :6].clone()
+    kept_rows = keep_rows(buffer, torch.tensor(kept), 6)
+    assert kept_rows.data_ptr() == buffer.data_ptr() and kept_rows.shape == (len(kept), 2, 9, 3)  # no new buffer
+    assert torch.equal(kept_rows[:, :, :6], expected)
+
+
+def test_rows_in_another_order_are_gathered():
+    buffer = torch.randn(4, 2, 5, 3)
+    indices = torch.tensor([2, 0, 0])
+    assert torch.equal(keep_rows(buffer, indices, 5), buffer[indices])
+
+
+@pytest.fixture
+def no_cpp_compiler(monkeypatch):
+    from torch._inductor import config
+    from torch._inductor.cpp_builder import cpp_compiler_search
+
+    monkeypatch.setattr(config.cpp, "cxx", ("no-such-compiler-for-this-test",))
+    cpp_compiler_search.cache_clear()
+    yield
+    cpp_compiler_search.cache_clear()
+
+
+def test_without_a_compiler_the_compiled_step_runs_its_eager_kernels_and_says_why(policies, no_cpp_compiler, caplog):
+    reason = compile_unavailable_reason(torch.device("cpu"))
+    assert reason is not None and "no C++ compiler" in reason and "no-such-compiler-for-this-test" in reason
+    assert compile_unavailable_reason(torch.device("meta")) is None  # only CPU kernels need one
+    policy = policies["embedded:tiny"]
+    model = copy.deepcopy(policy.model).merge_and_unload()
+    eager = DecodeStep.for_model(model)
+    with caplog.at_level(logging.WARNING, logger="pubswap_flwr"):
+        step = DecodeStep.for_model(model, compiled=True)
+    assert step is not eager and step is not None and step.compiled and step.kernels is EAGER  # rebuilt, eager
+    assert f"generation.compile-step: {reason}; the decode step runs its eager kernels" in caplog.text
+    settings = GenerationSettings(max_new_tokens=12)
+    compiled = generate(model, policy.tokenizer, _prompts(policy, 3), num_return=1, greedy=True,
+                        settings=dataclasses.replace(settings, compile_step=True))
+    plain = generate(model, policy.tokenizer, _prompts(policy, 3), num_return=1, greedy=True, settings=settings)
+    _assert_same(compiled, plain)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["embedded:tiny", "embedded:tiny-b"])
+def test_compiled_kernels_give_the_eager_steps_tokens_and_logprobs_within_rounding(policies, name):
+    policy = policies[name]
+    prompts = _prompts(policy)  # padded rows; some finish early: the batch shrinks to other sizes (dynamic shapes)
+    settings = GenerationSettings(max_new_tokens=24)
+    with policy.sampler.merged():
+        runs = []
+        for compile_step in (True, False):
+            runs.append(generate(policy.sampling_model, policy.tokenizer, prompts, num_return=2, greedy=True,
+                                 settings=dataclasses.replace(settings, compile_step=compile_step)))
+            step = DecodeStep.for_model(policy.sampling_model, compile_step)  # the step that call ran
+            assert step is not None and step.kernels is (compiled_kernels() if compile_step else EAGER)
+    compiled, eager = runs
+    assert [[s.token_ids for s in row] for row in compiled] == [[s.token_ids for s in row] for row in eager]
+    gaps = [abs(a - b) for row_c, row_e in zip(compiled, eager) for c, e in zip(row_c, row_e)
+            for a, b in zip(c.logprobs, e.logprobs)]
+    assert len(gaps) > 4 * len(prompts) and max(gaps) < 1e-4  # RMSNorm's reduction rounds differently, no more
+    assert any(s.finished for row in eager for s in row)
