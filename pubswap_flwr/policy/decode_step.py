@@ -30,6 +30,7 @@ import torch.nn.functional as F
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")  # the families tested against Hugging Face's forward
 _STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its DecodeStep
 _COMPILING = threading.Lock()  # torch.compile's first calls are not safe from two threads (eval.workers)
+_WARNED: set[str] = set()  # why compiling could not work, said once per process (a step is rebuilt every round)
 log = logging.getLogger("pubswap_flwr")
 
 
@@ -87,6 +88,12 @@ def compile_unavailable_reason(device: torch.device) -> str | None:
 
         return f"no C++ compiler for torch.compile's CPU kernels (searched: {config.cpp.cxx}; set CXX to one)"
     return None
+
+
+def _warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        log.warning("%s", message)
 
 
 @dataclass
@@ -189,9 +196,9 @@ class DecodeStep:
         where torch.compile cannot build them."""
         reason = compile_unavailable_reason(self.embed.device)
         if reason is not None:
-            log.warning("generation.compile-step: %s; the decode step runs its eager kernels", reason)
+            _warn_once(f"generation.compile-step: {reason}; the decode step runs its eager kernels")
             return EAGER
-        from torch._dynamo.exc import BackendCompilerFailed
+        from torch._dynamo.exc import BackendCompilerFailed  # inductor's InductorError is one
 
         kernels = compiled_kernels()
         start = time.perf_counter()
@@ -200,8 +207,9 @@ class DecodeStep:
                 for rows in (2, 1):  # one row specializes: its own compile, here rather than mid-decode
                     self._warm_up(kernels, rows)
             except BackendCompilerFailed as error:
-                log.warning("generation.compile-step: torch.compile failed (%s); the decode step runs its eager "
-                            "kernels", error)
+                first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+                _warn_once(f"generation.compile-step: torch.compile failed ({first_line}); the decode step runs its "
+                           f"eager kernels")
                 return EAGER
         seconds = time.perf_counter() - start
         if seconds > 1:

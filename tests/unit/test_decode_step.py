@@ -10,21 +10,25 @@ import copy
 import dataclasses
 import gc
 import logging
+import os
+import subprocess
+import sys
 import weakref
 
 import pytest
 import torch
 
+from pubswap_flwr.policy import decode_step
 from pubswap_flwr.policy.decode_step import (
     EAGER,
     DecodeStep,
     compile_unavailable_reason,
-    compiled_kernels,
     unsupported_reason,
 )
 from pubswap_flwr.policy.sampling import GenerationSettings, generate, keep_rows
 from pubswap_flwr.tasks import HeldOutSet, parse_mix
 from tests.conftest import perturbed_tiny_policies
+from tests.scripts import ROOT
 
 MIX = "basic_arithmetic:1,gcd:1,count_bits:1,spell_backward:1"
 
@@ -42,9 +46,9 @@ def _prompts(policy, count: int = 6) -> list[str]:
 def _both(model, tokenizer, prompts, settings, **kwargs):
     """The same call with the decode step and with Hugging Face's forward in every step."""
     runs = []
-    for decode_step in (True, False):
+    for use_step in (True, False):
         torch.manual_seed(7)
-        runs.append(generate(model, tokenizer, prompts, settings=dataclasses.replace(settings, decode_step=decode_step),
+        runs.append(generate(model, tokenizer, prompts, settings=dataclasses.replace(settings, decode_step=use_step),
                              **kwargs))
     return runs
 
@@ -184,11 +188,46 @@ def test_without_a_compiler_the_compiled_step_runs_its_eager_kernels_and_says_wh
         step = DecodeStep.for_model(model, compiled=True)
     assert step is not eager and step is not None and step.compiled and step.kernels is EAGER  # rebuilt, eager
     assert f"generation.compile-step: {reason}; the decode step runs its eager kernels" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="pubswap_flwr"), torch.no_grad():
+        model.model.layers[0].mlp.down_proj.weight.mul_(1.0)  # a write: the step is rebuilt, as every round
+        assert DecodeStep.for_model(model, compiled=True) is not step
+    assert "generation.compile-step" not in caplog.text  # said once per process
     settings = GenerationSettings(max_new_tokens=12)
     compiled = generate(model, policy.tokenizer, _prompts(policy, 3), num_return=1, greedy=True,
                         settings=dataclasses.replace(settings, compile_step=True))
     plain = generate(model, policy.tokenizer, _prompts(policy, 3), num_return=1, greedy=True, settings=settings)
     _assert_same(compiled, plain)
+
+
+_FAILING_COMPILE = """
+import logging, sys
+import torch
+from torch._inductor import config
+from transformers import LlamaConfig, LlamaForCausalLM
+from pubswap_flwr.policy.decode_step import EAGER, DecodeStep
+logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="%(message)s")
+config.cpp.cxx = (sys.argv[1],)
+model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                     num_attention_heads=4, num_key_value_heads=2, attn_implementation="sdpa"))
+print("eager" if DecodeStep(model, compiled=True).kernels is EAGER else "compiled")
+"""
+
+
+@pytest.mark.slow
+def test_a_compiler_that_fails_leaves_the_eager_kernels_and_says_so(tmp_path):
+    failing = tmp_path / "g++"  # answers --version as a compiler does, then fails every compile
+    failing.write_text('#!/bin/sh\nif [ "$1" = "--version" ]; then echo "g++ (a test) 12"; exit 0; fi\nexit 1\n')
+    failing.chmod(0o755)
+    # its own process: a failed compile leaves inductor's process-wide state (its cache folder, its compiler) behind
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    done = subprocess.run([sys.executable, "-c", _FAILING_COMPILE, str(failing)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[-1] == "eager"
+    assert any(line.startswith("generation.compile-step: torch.compile failed (") and
+               line.endswith("); the decode step runs its eager kernels") for line in lines), done.stdout
 
 
 @pytest.mark.slow
@@ -203,7 +242,7 @@ def test_compiled_kernels_give_the_eager_steps_tokens_and_logprobs_within_roundi
             runs.append(generate(policy.sampling_model, policy.tokenizer, prompts, num_return=2, greedy=True,
                                  settings=dataclasses.replace(settings, compile_step=compile_step)))
             step = DecodeStep.for_model(policy.sampling_model, compile_step)  # the step that call ran
-            assert step is not None and step.kernels is (compiled_kernels() if compile_step else EAGER)
+            assert step is not None and step.kernels is (decode_step.compiled_kernels() if compile_step else EAGER)
     compiled, eager = runs
     assert [[s.token_ids for s in row] for row in compiled] == [[s.token_ids for s in row] for row in eager]
     gaps = [abs(a - b) for row_c, row_e in zip(compiled, eager) for c, e in zip(row_c, row_e)
