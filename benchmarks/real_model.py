@@ -36,6 +36,7 @@ measured side by side in one run, printing medians and ratios.
 5. Rounds of the real-model learning sweep (configs/real.toml, 2 clients through Flower's Ray engine: the fedavg arm
    of configs/real-pubswap.toml), split into sampling, update, evaluation and communication + orchestration, from
    a run's metrics.jsonl (--round-from RUN, or a 1-round run made here).
+10. One compaction of the sampler's KV cache (a quarter of 32 rows finished), the old gather against keep_rows.
 """
 
 from __future__ import annotations
@@ -626,6 +627,36 @@ def update_arms(args) -> None:
               f"{base / median:.2f}x the default before #55 (goal >= 1.8x at a peak <= {PEAK_GOAL_MIB} MiB)")
 
 
+def compaction(args) -> None:
+    """Part 10: finished rows leaving the decode batch's KV cache, the old way (a gather of every kept row's whole
+    buffer into new tensors) against `sampling.keep_rows` (the rows after the first finished one moved up in place,
+    their filled positions only), on SmolLM2-135M's cache shapes (30 layers x keys and values, 3 KV heads of 64)."""
+    import torch
+
+    from pubswap_flwr.policy.sampling import keep_rows
+
+    layers, heads, head_dim, rows = 30, 3, 64, args.prompts * args.k
+    capacity, filled = 80 + args.new_tokens, 80 + args.new_tokens // 2  # a prompt of ~80 tokens, half the completion
+    generator = torch.Generator().manual_seed(0)
+    timings: dict[str, list[float]] = {"gather (before)": [], "keep_rows (in place)": []}
+    for repeat in range(args.repeats * 4):
+        finished = torch.randperm(rows, generator=generator)[:rows // 4]  # COMPACT_FRACTION of the rows
+        keep = torch.tensor(sorted(set(range(rows)) - set(finished.tolist())))
+        for name in timings:
+            buffers = [torch.randn(rows, heads, capacity, head_dim) for _ in range(2 * layers)]
+            start = time.perf_counter()
+            if name.startswith("gather"):
+                kept = [buffer[keep, ...] for buffer in buffers]
+            else:
+                kept = [keep_rows(buffer, keep, filled) for buffer in buffers]
+            timings[name].append(time.perf_counter() - start)
+            assert kept[0].shape[0] == len(keep)
+    before, now = (statistics.median(t) * 1000 for t in timings.values())
+    print(f"\n10. One compaction of the decode batch's KV cache ({rows} rows -> {len(keep)}, {layers} layers, capacity "
+          f"{capacity}, {filled} positions filled), median of {len(timings['gather (before)'])}:")
+    print(f"  gather (before) {before:.2f} ms, keep_rows (in place) {now:.2f} ms: {before / now:.2f}x")
+
+
 def _simulate_round(checkout: Path, config: str, label: str, out: Path) -> tuple[float, Path]:
     """One round of `config` (2 clients through Ray) with the code of `checkout`; its wall time and run."""
     env = {**os.environ, "PYTHONPATH": str(checkout)}
@@ -724,7 +755,7 @@ def main() -> None:
     parser.add_argument("--round-repeats", type=int, default=1, help="before/now pairs in part 9")
     parser.add_argument("--round-config", default="configs/real.toml", help="part 9's config, in each checkout")
     parser.add_argument("--skip", default="", help="comma-separated parts to skip: sampling,update,ceiling,"
-                                                   "memory,threads,evaluation,round,update-arms,whole-round")
+                                                   "memory,threads,evaluation,round,update-arms,compaction,whole-round")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     import torch
@@ -746,6 +777,8 @@ def main() -> None:
         one_round(args)
     if "update-arms" not in skip:
         update_arms(args)
+    if "compaction" not in skip:
+        compaction(args)
     if "whole-round" not in skip:
         if args.before:
             whole_round(args)

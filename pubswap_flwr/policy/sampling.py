@@ -52,15 +52,16 @@ class TextEnd:
 
 def keep_rows(buffer: torch.Tensor, indices: torch.Tensor, length: int) -> torch.Tensor:
     """`buffer[indices]` (rows x heads x capacity x head size) where the first `length` positions hold keys or values.
-    A compaction (`indices` increasing: finished rows leave) is made in place: the rows after the first that left
-    move up, only their filled positions are copied, and the buffer's first rows are returned as a view, so no buffer
-    of the whole capacity is allocated and filled again. Other orders gather as indexing does."""
+    A compaction (`indices` increasing: finished rows leave) is made in place: each row after the first that left
+    moves up by one copy of its filled positions (a row is read before any later row lands on it), and the buffer's
+    first rows are returned as a view, so nothing of the whole capacity is allocated or gathered. Other orders gather
+    as indexing does."""
     rows = indices.tolist()
     if any(later <= earlier for earlier, later in zip(rows, rows[1:])) or (rows and rows[0] < 0):
         return buffer[indices, ...]
-    first = next((new for new, old in enumerate(rows) if new != old), len(rows))
-    if first < len(rows):
-        buffer[first:len(rows), :, :length] = buffer[indices[first:], :, :length]
+    for new, old in enumerate(rows):
+        if new != old:
+            buffer[new, :, :length].copy_(buffer[old, :, :length])
     return buffer[:len(rows)]
 
 
