@@ -30,7 +30,6 @@ import torch.nn.functional as F
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")  # the families tested against Hugging Face's forward
 _STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its DecodeStep
 _COMPILING = threading.Lock()  # torch.compile's first calls are not safe from two threads (eval.workers)
-_WARNED: set[str] = set()  # why compiling could not work, said once per process (a step is rebuilt every round)
 log = logging.getLogger("pubswap_flwr")
 
 
@@ -90,10 +89,61 @@ def compile_unavailable_reason(device: torch.device) -> str | None:
     return None
 
 
-def _warn_once(message: str) -> None:
-    if message not in _WARNED:
-        _WARNED.add(message)
-        log.warning("%s", message)
+@dataclass(frozen=True)
+class StepShapes:
+    """What a step's kernels are compiled for (torch.compile guards on each): device, dtype, sizes, the norms' eps and
+    whether their weights (Parameters) require gradients."""
+
+    device: torch.device
+    dtype: torch.dtype
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    eps: float
+    norm_requires_grad: bool
+
+
+@functools.cache
+def warmed_kernels(shapes: StepShapes) -> Kernels:
+    """The compiled kernels, each called once on `shapes` as a step passes them, so that they compile here (a one-time
+    cost per process, shorter once inductor's cache holds them) and not mid-decode; the eager ones, with a warning
+    naming why, where torch.compile cannot build them. Once per shapes: a step is rebuilt whenever weights change."""
+    reason = compile_unavailable_reason(shapes.device)
+    if reason is not None:
+        log.warning("generation.compile-step: %s; the decode step runs its eager kernels", reason)
+        return EAGER
+    from torch._dynamo.exc import BackendCompilerFailed  # inductor's InductorError is one
+
+    kernels = compiled_kernels()
+    start = time.perf_counter()
+    with _COMPILING, torch.no_grad():
+        try:
+            for rows in (2, 1):  # one row specializes: its own compile
+                _warm_up(kernels, shapes, rows)
+        except BackendCompilerFailed as error:
+            first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            log.warning("generation.compile-step: torch.compile failed (%s); the decode step runs its eager kernels",
+                        first_line)
+            return EAGER
+    seconds = time.perf_counter() - start
+    if seconds > 1:
+        log.info("generation.compile-step: the decode step's kernels compiled in %.1f s", seconds)
+    return kernels
+
+
+def _warm_up(kernels: Kernels, shapes: StepShapes, rows: int) -> None:
+    """Each kernel once on `rows` rows laid out as a step passes them (views of the fused products)."""
+    def zeros(*size: int) -> torch.Tensor:
+        return torch.zeros(*size, dtype=shapes.dtype, device=shapes.device)
+
+    weight = torch.nn.Parameter(zeros(shapes.hidden), requires_grad=shapes.norm_requires_grad)
+    kernels.rms_norm(zeros(rows, shapes.hidden), weight, shapes.eps)
+    qkv = zeros(rows, (shapes.heads + 2 * shapes.kv_heads) * shapes.head_dim)
+    qk = qkv[:, :(shapes.heads + shapes.kv_heads) * shapes.head_dim].view(rows, -1, shapes.head_dim)
+    kernels.rotary(qk, zeros(rows, 1, shapes.head_dim), zeros(rows, 1, shapes.head_dim))
+    kernels.gated(*zeros(rows, 2 * shapes.intermediate).chunk(2, dim=-1))
 
 
 @dataclass
@@ -188,43 +238,9 @@ class DecodeStep:
         self.version = self.weights_version(model)
         self.layers = [self._layer(layer) for layer in inner.layers]
         self.compiled = compiled  # what was asked for: `kernels` stay eager when compiling cannot work
-        self.kernels = self._compiled_kernels() if compiled else EAGER
-
-    def _compiled_kernels(self) -> Kernels:
-        """The compiled kernels, warmed up on this model's shapes and dtype (the first call compiles: a one-time cost
-        per process, shorter once inductor's cache holds the kernels); the eager ones, with a warning naming why,
-        where torch.compile cannot build them."""
-        reason = compile_unavailable_reason(self.embed.device)
-        if reason is not None:
-            _warn_once(f"generation.compile-step: {reason}; the decode step runs its eager kernels")
-            return EAGER
-        from torch._dynamo.exc import BackendCompilerFailed  # inductor's InductorError is one
-
-        kernels = compiled_kernels()
-        start = time.perf_counter()
-        with _COMPILING, torch.no_grad():
-            try:
-                for rows in (2, 1):  # one row specializes: its own compile, here rather than mid-decode
-                    self._warm_up(kernels, rows)
-            except BackendCompilerFailed as error:
-                first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-                _warn_once(f"generation.compile-step: torch.compile failed ({first_line}); the decode step runs its "
-                           f"eager kernels")
-                return EAGER
-        seconds = time.perf_counter() - start
-        if seconds > 1:
-            log.info("generation.compile-step: the decode step's kernels compiled in %.1f s", seconds)
-        return kernels
-
-    def _warm_up(self, kernels: Kernels, rows: int) -> None:
-        """Each kernel once on `rows` rows shaped and laid out as a step passes them (views of the fused products)."""
-        hidden = self.embed.new_zeros(rows, self.embed.shape[1])
-        cos, sin = self.rotary_emb(hidden, torch.zeros(rows, 1, dtype=torch.long, device=hidden.device))
-        qkv = hidden.new_zeros(rows, (self.heads + 2 * self.kv_heads) * self.head_dim)
-        kernels.rms_norm(hidden, self.norm, self.norm_eps)
-        kernels.rotary(qkv[:, :(self.heads + self.kv_heads) * self.head_dim].view(rows, -1, self.head_dim), cos, sin)
-        gate_up = hidden.new_zeros(rows, 2 * self.layers[0].down.shape[1])
-        kernels.gated(*gate_up.chunk(2, dim=-1))
+        self.kernels = warmed_kernels(StepShapes(
+            self.embed.device, self.embed.dtype, self.embed.shape[1], self.heads, self.kv_heads, self.head_dim,
+            self.layers[0].down.shape[1], self.norm_eps, self.norm.requires_grad)) if compiled else EAGER
 
     @staticmethod
     def weights_version(model) -> tuple:
